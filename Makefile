@@ -1,0 +1,31 @@
+# `make demo` and `make test` each bootstrap .venv on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP_FLAGS ?= -q --disable-pip-version-check
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml constraints-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt "torch==2.13.0"
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/autoloader demo --workdir build/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/samplers.py
+
+lint: $(STAMP)
+	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
+	$(PY) -m ruff check autoloader plugins tests benchmarks
+	$(PY) -m mypy autoloader plugins
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

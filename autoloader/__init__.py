@@ -1,0 +1,37 @@
+"""autoloader: tune PyTorch data loading before the job starts, and watch it run.
+
+``autoloader tune`` measures sample sizes, searches the worker count, probes device
+memory and replays size-balancing batch samplers into a TOML plan;
+``autoloader.DataLoader(dataset, plan="plan.toml")`` applies it.
+"""
+
+from autoloader import samplers, sizes
+from autoloader._version import __version__
+from autoloader.errors import (
+    AutoloaderError,
+    DatasetError,
+    DeviceError,
+    PlanError,
+    PluginError,
+    UsageError,
+)
+from autoloader.loader import DataLoader
+from autoloader.metrics import serve_metrics
+from autoloader.plan import Plan
+from autoloader.tuning import tune
+
+__all__ = [
+    "AutoloaderError",
+    "DataLoader",
+    "DatasetError",
+    "DeviceError",
+    "Plan",
+    "PlanError",
+    "PluginError",
+    "UsageError",
+    "__version__",
+    "samplers",
+    "serve_metrics",
+    "sizes",
+    "tune",
+]

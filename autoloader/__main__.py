@@ -1,0 +1,3 @@
+from autoloader.cli import main
+
+raise SystemExit(main())

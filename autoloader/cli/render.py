@@ -1,0 +1,99 @@
+"""Readable text for a plan: the summary ``tune`` prints and ``show`` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoloader.plan import Plan
+from autoloader.units import format_bytes
+
+
+def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(c).ljust(w) for c, w in zip(row, widths)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def render(plan: Plan, *, path: str | None = None) -> str:
+    """The plan as a few readable lines and tables."""
+    lp, bp = plan.loader, plan.batching
+    out = []
+    if path:
+        out.append(f"plan      {path}")
+    ds = plan.dataset
+    if ds:
+        out.append(
+            f"dataset   {ds.get('spec', '?')}: {ds.get('num_samples', '?')} samples, "
+            f"{_b(ds.get('total_bytes'))}; per sample min {_b(ds.get('min_bytes'))}, "
+            f"median {_b(ds.get('median_bytes'))}, mean {_b(ds.get('mean_bytes'))}, "
+            f"max {_b(ds.get('max_bytes'))}"
+        )
+        if "fingerprint" in ds:
+            out.append(f"          fingerprint {ds['fingerprint']}")
+    hw, mem = plan.hardware, plan.memory
+    if hw:
+        out.append(
+            f"device    {hw.get('device', '?')} ({hw.get('device_name', '?')}): "
+            f"{_b(hw.get('memory_free_bytes'))} free of {_b(hw.get('memory_total_bytes'))} "
+            f"[{hw.get('headroom_source', '?')}], {hw.get('cpu_count', '?')} CPUs for this rank"
+        )
+    if mem.get("budget_bytes") is not None:
+        line = f"memory    budget {_b(mem['budget_bytes'])}"
+        if "safety" in mem:
+            line += f" ({mem['safety']:.0%} kept in reserve)"
+        if "predicted_peak_bytes" in mem:
+            line += f", predicted peak {_b(mem['predicted_peak_bytes'])}"
+        out.append(line)
+    out.append(
+        f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
+        f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
+        f"persistent_workers={str(lp.persistent_workers).lower()}"
+    )
+    opts = ", ".join(f"{k}={v}" for k, v in bp.options.items())
+    out.append(
+        f"batching  {bp.strategy}{f' ({opts})' if opts else ''}: local batch "
+        f"{bp.local_batch_size} x {bp.world_size} rank(s) x {bp.grad_accum_steps} "
+        f"accumulation = global {bp.global_batch_size}; seed {bp.seed}"
+        f"{', drop_last' if bp.drop_last else ''}"
+    )
+    out.extend(_workers(plan.tuning.get("workers"), lp.num_workers))
+    out.extend(_strategies(plan.tuning.get("strategies"), bp.strategy))
+    return "\n".join(out)
+
+
+def _workers(search: Any, chosen: int) -> list[str]:
+    if not isinstance(search, dict) or not search.get("trace"):
+        return []
+    rows = []
+    for c in search["trace"]:
+        mark = " *" if c.get("workers") == chosen else ""
+        rows.append([f"{c.get('workers')}{mark}", f"{c.get('seconds_per_batch', 0):.4f}",
+                     f"{c.get('total_seconds', 0):.2f}", _b(c.get("memory_bytes")),
+                     str(c.get("batches", "")), c.get("status", "ok")])  # fmt: skip
+    head = (f"\nworker search ({search.get('rule', '?')}, {search.get('timed_batches', '?')} "
+            "timed batches; * chosen)")  # fmt: skip
+    return [head, *table(["workers", "s/batch", "total s", "memory (PSS)", "batches", "status"],
+                         rows)]  # fmt: skip
+
+
+def _strategies(reports: Any, chosen: str) -> list[str]:
+    if not isinstance(reports, dict) or not reports:
+        return []
+    rows = []
+    for name, r in reports.items():
+        rows.append([f"{name}{' *' if name == chosen else ''}", str(r.get("local_batch_size", "")),
+                     _b(r.get("worst_batch_bytes")), _b(r.get("mean_batch_bytes")),
+                     _b(r.get("std_batch_bytes")),
+                     _b(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else "-"])  # fmt: skip
+    epochs = next(iter(reports.values())).get("epochs", "?")
+    return [f"\nstrategies ({epochs} epochs replayed over all ranks; * chosen)",
+            *table(["strategy", "local batch", "worst batch", "mean batch", "std",
+                    "predicted peak"], rows)]  # fmt: skip
+
+
+def _b(n: Any) -> str:
+    return format_bytes(n) if isinstance(n, (int, float)) else "?"

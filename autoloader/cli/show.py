@@ -1,0 +1,28 @@
+"""``autoloader show PLAN``: validate a plan and print it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("show", help="validate and print a plan",
+                       description="Validate a plan file and print it as readable tables "
+                       "(or JSON). Exits 2 with the file, key and problem if it is invalid.")  # fmt: skip
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from autoloader.cli.render import render
+    from autoloader.plan import Plan
+
+    plan = Plan.load(args.plan)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(render(plan, path=args.plan))
+    return 0

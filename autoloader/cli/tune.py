@@ -1,0 +1,119 @@
+"""``autoloader tune DATASET``: measure, search, and write a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from autoloader.datasets import open_dataset
+from autoloader.errors import UsageError
+from autoloader.units import parse_bytes
+
+HELP = """\
+Runs before training, on the node that will train. Measures every sample's size once
+(cached beside the data), probes the device's free memory, replays the batch samplers
+over several epochs, searches the DataLoader worker count by timing pinned transfers,
+and writes a TOML plan atomically (a failed or interrupted run never leaves a partial
+plan nor touches an existing one).
+
+DATASET is one of: an .h5/.hdf5 file of graph events (one group per event), a directory
+of .pt files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a factory.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("tune", help="tune a loader for DATASET and write a plan",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("--out", metavar="PLAN", default="plan.toml",
+                   help="where to write the plan (default: plan.toml)")  # fmt: skip
+    p.add_argument("--global-batch-size", type=_int, default=64, metavar="N",
+                   help="samples per optimiser step over all ranks (default: 64)")  # fmt: skip
+    p.add_argument("--world-size", type=_int, default=1, metavar="N",
+                   help="ranks that will train (default: 1)")  # fmt: skip
+    p.add_argument("--device", metavar="cpu|cuda|cuda:K",
+                   help="training device (default: cuda if available, else cpu)")  # fmt: skip
+    p.add_argument("--memory-budget", metavar="BYTES",
+                   help="memory to plan for, e.g. 30GiB, 40GB, 512MiB; overrides the probe")  # fmt: skip
+    p.add_argument("--step", metavar="MODULE:CALLABLE",
+                   help="a training step step(batch) (or a zero-argument factory of one)")  # fmt: skip
+    p.add_argument("--strategies", metavar="a,b,...",
+                   help="sampler strategies to consider (default: all)")  # fmt: skip
+    p.add_argument("--safety", type=float, default=0.1, metavar="FRACTION",
+                   help="fraction of free memory kept in reserve (default: 0.1)")  # fmt: skip
+    p.add_argument("--max-workers", type=_int, metavar="N",
+                   help="largest worker count tried (default: this rank's CPUs - 1)")  # fmt: skip
+    p.add_argument("--iterations", type=_int, default=100, metavar="N",
+                   help="batches timed per worker count (default: 100)")  # fmt: skip
+    rule = p.add_mutually_exclusive_group()
+    rule.add_argument("--alpha", type=float, metavar="SECONDS",
+                      help="paper's rule: more workers must save more than SECONDS in total")  # fmt: skip
+    rule.add_argument("--tolerance", type=float, metavar="FRACTION",
+                      help="more workers must be faster by more than FRACTION (default 0.05)")  # fmt: skip
+    p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from autoloader.cli.render import render
+    from autoloader.plan import Plan
+    from autoloader.tuning import tune
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out {out}: is a directory, expected a plan file path")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    strategies = _names(args.strategies) if args.strategies is not None else None
+    step = _load_step(args.step) if args.step else None
+    dataset = open_dataset(args.dataset)
+    plan: Plan = tune(
+        dataset, global_batch_size=args.global_batch_size, world_size=args.world_size,
+        device=args.device, memory_budget=budget, step=step, strategies=strategies,
+        max_workers=args.max_workers, iterations=args.iterations, alpha=args.alpha,
+        tolerance=args.tolerance, safety=args.safety, seed=args.seed,
+        progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
+        command=shlex.join(["autoloader", *argv]),
+    )  # fmt: skip
+    plan.save(out)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    elif not args.quiet:
+        print(render(plan, path=str(out)))
+    return 0
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, but got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise UsageError(f"--strategies: expected comma-separated names, but got {text!r}")
+    return names
+
+
+def _load_step(spec: str) -> Any:
+    from autoloader.datasets.imports import import_object
+    from autoloader.errors import DatasetError
+
+    if ":" not in spec:
+        raise UsageError(f"--step: expected MODULE:CALLABLE, but got {spec!r}")
+    try:
+        obj = import_object(spec, what="--step")
+    except DatasetError as exc:
+        raise UsageError(str(exc)) from None
+    if not callable(obj):
+        raise UsageError(f"--step {spec!r}: expected a callable, found {type(obj).__name__}")
+    return obj

@@ -1,0 +1,54 @@
+"""What a dataset can tell autoloader about itself without loading samples.
+
+A dataset class may define, all optional:
+
+``autoloader_sizes(self) -> numpy.ndarray``
+    bytes per sample computed without loading samples (from shapes, file sizes...).
+``autoloader_source(self) -> DataSource``
+    where the data lives and a stamp that changes when it changes, so that measured sizes
+    can be cached beside the data and invalidated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A dataset's location on disk and a stamp that changes whenever its data does."""
+
+    path: Path
+    stamp: str
+
+    @classmethod
+    def for_file(cls, path: str | os.PathLike[str]) -> DataSource:
+        p = Path(path).resolve()
+        st = p.stat()
+        return cls(p, f"file size={st.st_size} mtime_ns={st.st_mtime_ns} ino={st.st_ino}")
+
+    @classmethod
+    def for_files(cls, directory: str | os.PathLike[str], files: list[Path]) -> DataSource:
+        digest = hashlib.sha256()
+        for f in files:
+            st = f.stat()
+            digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return cls(Path(directory).resolve(), f"files n={len(files)} {digest.hexdigest()}")
+
+    @property
+    def cache_path(self) -> Path:
+        """The sizes cache beside the data: ``data.h5.autoloader-sizes.npz`` or, for a
+        directory, ``DIR/.autoloader-sizes.npz``."""
+        if self.path.is_dir():
+            return self.path / ".autoloader-sizes.npz"
+        return self.path.with_name(self.path.name + ".autoloader-sizes.npz")
+
+    @property
+    def fallback_cache_path(self) -> Path:
+        """Where the cache goes when the data's directory is read-only."""
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autoloader"
+        key = hashlib.sha256(str(self.path).encode()).hexdigest()[:24]
+        return base / f"sizes-{key}.npz"

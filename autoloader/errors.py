@@ -1,0 +1,31 @@
+"""The exception hierarchy: every error a user can fix is an ``AutoloaderError``.
+
+The command line turns any of these into one ``autoloader: error: ...`` line and exit
+status 2; anything else is an internal failure (exit status 1).
+"""
+
+from __future__ import annotations
+
+
+class AutoloaderError(Exception):
+    """Base class of every error caused by bad input rather than by a bug."""
+
+
+class UsageError(AutoloaderError):
+    """A command-line option or API argument is invalid."""
+
+
+class PlanError(AutoloaderError):
+    """A plan file cannot be read, parsed or validated, or does not fit the data."""
+
+
+class DatasetError(AutoloaderError):
+    """A dataset cannot be found, opened or measured."""
+
+
+class DeviceError(AutoloaderError):
+    """A device is unknown, unavailable, or too small for any batch."""
+
+
+class PluginError(AutoloaderError):
+    """A dataset plugin failed to load; the message names the plugin."""

@@ -1,0 +1,181 @@
+"""``autoloader.DataLoader``: torch's DataLoader, configured by a plan and measured."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+from prometheus_client import CollectorRegistry
+
+from autoloader.errors import PlanError, UsageError
+from autoloader.loader.collate import collate
+from autoloader.loader.distributed import rank_and_world_size
+from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
+from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
+from autoloader.plan import Plan
+from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
+from autoloader.sizes import fingerprint, sample_sizes
+
+log = logging.getLogger("autoloader")
+
+_TORCH_SIGNATURE = inspect.signature(tud.DataLoader.__init__)
+
+
+def accelerator_available() -> bool:
+    """Whether pinned memory can help: an accelerator that torch can copy to exists."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return torch.cuda.is_available()
+
+
+class DataLoader(tud.DataLoader):
+    """A drop-in ``torch.utils.data.DataLoader`` that applies an autoloader plan.
+
+    Args:
+        dataset: a map-style dataset (any dataset when ``plan`` is None).
+        *args: torch's positional arguments (``batch_size``, ``shuffle``, ...).
+        plan: a plan path or ``Plan``; with None this is exactly torch's DataLoader.
+        check_fingerprint: refuse a plan tuned for other data (on by default).
+        registry: the Prometheus registry to record into (the global one by default).
+        **kwargs: torch's keyword arguments; any given explicitly wins over the plan.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *args: Any,
+        plan: str | os.PathLike[str] | Plan | None = None,
+        check_fingerprint: bool = True,
+        registry: CollectorRegistry | None = None,
+        **kwargs: Any,
+    ) -> None:
+        bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
+        given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
+        sizes: np.ndarray | None = None
+        rank = 0
+        if plan is not None:
+            self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
+            sizes = sample_sizes(dataset)
+            if check_fingerprint:
+                _check_fingerprint(self.plan, sizes)
+            rank, world = rank_and_world_size()
+            given = _apply_plan(self.plan, given, sizes, rank, world)
+        else:
+            self.plan = None
+            # Without a plan a malformed RANK only affects the metric label: never fail.
+            with contextlib.suppress(UsageError):
+                rank, _ = rank_and_world_size()
+        if given.get("collate_fn") is None and _auto_collation(given):
+            given["collate_fn"] = collate
+        self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes)
+        super().__init__(dataset, **given)
+        strategy = fp = None
+        if self.plan is not None:
+            strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
+        self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Batches, samples and bytes delivered so far, the worst batch, the time waited."""
+        return self._recorder.stats
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the batch sampler or sampler that takes one."""
+        for target in (self.batch_sampler, self.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+                return
+
+    def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
+        if self.num_workers == 0:
+            return RecordingSingleProcessIter(self)
+        self.check_worker_number_rationality()
+        return RecordingMultiProcessingIter(self)
+
+
+def _apply_plan(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
+                rank: int, world: int) -> dict[str, Any]:  # fmt: skip
+    """Torch keyword arguments from the plan; explicitly given ones win."""
+    lp, bp = plan.loader, plan.batching
+    planned: dict[str, Any] = {
+        "num_workers": lp.num_workers,
+        "pin_memory": lp.pin_memory and accelerator_available(),
+    }
+    if given.get("num_workers", lp.num_workers) > 0 and lp.num_workers > 0:
+        planned["prefetch_factor"] = lp.prefetch_factor
+        planned["persistent_workers"] = lp.persistent_workers
+    overrides = {k: v for k, v in given.items() if v != planned.get(k, v)}
+    if "batch_sampler" in given:
+        overrides["batch_sampler"] = given["batch_sampler"]
+    elif "sampler" in given:
+        # The user's sampler decides the order; the plan still sets the batch size.
+        overrides["sampler"] = given["sampler"]
+        planned["batch_size"] = bp.local_batch_size
+    else:
+        overrides.update({k: given[k] for k in ("batch_size", "shuffle", "drop_last")
+                          if k in given})  # fmt: skip
+        planned["batch_sampler"] = _planned_sampler(plan, given, sizes, rank, world)
+    if overrides:
+        log.info("autoloader: keyword arguments override the plan: %s",
+                 ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))  # fmt: skip
+    return {**planned, **given}
+
+
+def _planned_sampler(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
+                     rank: int, world: int) -> SizeBatchSampler:  # fmt: skip
+    """The plan's batch sampler; consumes batch_size/shuffle/drop_last from ``given``."""
+    bp = plan.batching
+    if bp.strategy not in STRATEGIES:
+        raise PlanError(
+            f"{plan.source}: key 'batching.strategy': expected one of "
+            f"{', '.join(STRATEGIES)}, found {bp.strategy!r}"
+        )
+    if world != bp.world_size:
+        log.warning(
+            "autoloader: plan %s was tuned for world_size=%d but this job has %d ranks; "
+            "the local batch stays %d, so the global batch is %d, not %d",
+            plan.source, bp.world_size, world, bp.local_batch_size,
+            bp.local_batch_size * world * bp.grad_accum_steps, bp.global_batch_size,
+        )  # fmt: skip
+    shuffle = given.pop("shuffle", None)
+    try:
+        return make_sampler(
+            bp.strategy, sizes, given.pop("batch_size", bp.local_batch_size),
+            shuffle=True if shuffle is None else bool(shuffle), seed=bp.seed,
+            drop_last=given.pop("drop_last", bp.drop_last),
+            num_replicas=world, rank=rank, **bp.options,
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def _check_fingerprint(plan: Plan, sizes: np.ndarray) -> None:
+    expected = plan.fingerprint
+    if expected is None:
+        return
+    found = fingerprint(sizes)
+    if found != expected:
+        recorded = plan.dataset.get("num_samples", "?")
+        raise PlanError(
+            f"{plan.source}: the plan was tuned for other data (fingerprint {expected}, "
+            f"{recorded} samples); this dataset has fingerprint {found}, {len(sizes)} "
+            "samples. Re-run `autoloader tune`, or pass check_fingerprint=False"
+        )
+
+
+def _auto_collation(given: dict[str, Any]) -> bool:
+    # torch collates with default_collate unless batch_size=None without a batch_sampler.
+    return "batch_sampler" in given or given.get("batch_size", 1) is not None
+
+
+def _local_batch_size(loader: tud.DataLoader) -> int | None:
+    if isinstance(loader.batch_sampler, SizeBatchSampler):
+        return loader.batch_sampler.batch_size
+    return loader.batch_size

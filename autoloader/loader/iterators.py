@@ -1,0 +1,55 @@
+"""torch's own loader iterators, timed: wait per batch and the batch's indices.
+
+Subclassing (rather than wrapping) keeps every behaviour of torch's iterators, their
+worker management and ``isinstance`` checks included. Indices are queued in the order the
+sampler hands them out; batches come back in that order with ``in_order=True``, and with
+``in_order=False`` the recorded batch sizes still form the same multiset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from torch.utils.data.dataloader import (
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
+)
+
+from autoloader.metrics.loader import BatchRecorder
+
+
+class _Recording:
+    _recorder: BatchRecorder
+    _pending: deque[Any]
+
+    def __init__(self, loader: Any) -> None:
+        self._recorder = loader._recorder
+        self._pending = deque()
+        super().__init__(loader)  # type: ignore[call-arg]
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._pending.clear()
+        super()._reset(loader, first_iter)  # type: ignore[misc]
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()  # type: ignore[misc]
+        self._pending.append(index)
+        return index
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        batch = super().__next__()  # type: ignore[misc]
+        waited = time.perf_counter() - start
+        index = self._pending.popleft() if self._pending else None
+        self._recorder.record(waited, index, batch)
+        return batch
+
+
+class RecordingSingleProcessIter(_Recording, _SingleProcessDataLoaderIter):
+    """``_SingleProcessDataLoaderIter`` that records each batch."""
+
+
+class RecordingMultiProcessingIter(_Recording, _MultiProcessingDataLoaderIter):
+    """``_MultiProcessingDataLoaderIter`` that records each batch."""

@@ -1,0 +1,179 @@
+"""The plan: what ``autoloader tune`` decided and the evidence for it, as TOML."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from autoloader.errors import PlanError
+from autoloader.plan.schema import SCHEMA_VERSION, validate
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """The ``[loader]`` table: how many workers and how they feed the device."""
+
+    num_workers: int
+    pin_memory: bool = True
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+
+
+@dataclass(frozen=True)
+class BatchingPlan:
+    """The ``[batching]`` table: which sampler and how large a batch, per rank."""
+
+    strategy: str
+    local_batch_size: int
+    options: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    grad_accum_steps: int = 1
+    global_batch_size: int = 0  # 0 means local x world x accumulation
+    seed: int = 0
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size == 0:
+            implied = self.local_batch_size * self.world_size * self.grad_accum_steps
+            object.__setattr__(self, "global_batch_size", implied)
+
+
+@dataclass
+class Plan:
+    """A validated plan; only ``loader`` and ``batching`` are required.
+
+    The other tables (``meta``, ``dataset``, ``hardware``, ``memory``, ``tuning``) are kept
+    as validated dictionaries: they are evidence for people and checks, not settings.
+    """
+
+    loader: LoaderPlan
+    batching: BatchingPlan
+    meta: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] = field(default_factory=dict)
+    source: str = field(default="<dict>", compare=False)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The fingerprint of the dataset this plan was tuned for, if recorded."""
+        return self.dataset.get("fingerprint")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> Plan:
+        """Validate raw tables (as parsed from TOML) and build a plan.
+
+        Raises:
+            PlanError: naming ``source``, the key, what was expected and what was found.
+        """
+        validate(data, source)
+        loader = dict(data["loader"])
+        batching = dict(data["batching"])
+        batching["options"] = dict(batching.get("options", {}))
+        b = BatchingPlan(**batching)
+        implied = b.local_batch_size * b.world_size * b.grad_accum_steps
+        if b.global_batch_size != implied:
+            raise PlanError(
+                f"{source}: key 'batching.global_batch_size': expected local_batch_size x "
+                f"world_size x grad_accum_steps = {b.local_batch_size} x {b.world_size} x "
+                f"{b.grad_accum_steps} = {implied}, found {b.global_batch_size}"
+            )
+        if loader.get("prefetch_factor") is not None and loader["num_workers"] == 0:
+            raise PlanError(
+                f"{source}: key 'loader.prefetch_factor': only valid with num_workers > 0, "
+                f"found prefetch_factor = {loader['prefetch_factor']} with num_workers = 0"
+            )
+        if loader.get("persistent_workers") and loader["num_workers"] == 0:
+            raise PlanError(
+                f"{source}: key 'loader.persistent_workers': only valid with "
+                "num_workers > 0, found persistent_workers = true with num_workers = 0"
+            )
+        extra = {k: copy.deepcopy(dict(data.get(k, {})))
+                 for k in ("meta", "dataset", "hardware", "memory", "tuning")}  # fmt: skip
+        return cls(loader=LoaderPlan(**loader), batching=b, source=source, **extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain tables, in schema order, without ``None`` values."""
+        out: dict[str, Any] = {"schema": SCHEMA_VERSION}
+        for name in ("meta", "dataset", "hardware"):
+            if getattr(self, name):
+                out[name] = copy.deepcopy(getattr(self, name))
+        out["loader"] = _drop_none(vars(self.loader))
+        batching = _drop_none(vars(self.batching))
+        batching["options"] = dict(self.batching.options)
+        out["batching"] = batching
+        for name in ("memory", "tuning"):
+            if getattr(self, name):
+                out[name] = copy.deepcopy(getattr(self, name))
+        return _drop_none(out)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read and validate a plan file.
+
+        Raises:
+            PlanError: the file is missing, a directory, not TOML, or fails validation.
+        """
+        p = Path(path)
+        if p.is_dir():
+            raise PlanError(f"{p}: is a directory, expected a TOML plan file")
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            raise PlanError(f"{p}: no such plan file") from None
+        except OSError as exc:
+            raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise PlanError(f"{p}: not a TOML plan: the file is not UTF-8 text") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise PlanError(f"{p}: not valid TOML: {exc}") from None
+        return cls.from_dict(data, source=str(p))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan atomically: a temporary file in the same directory, then rename.
+
+        An interrupted or failed save leaves any previous plan at ``path`` untouched.
+        """
+        p = Path(path)
+        if p.is_dir():
+            raise PlanError(f"{p}: is a directory, expected a path for the plan file")
+        text = tomli_w.dumps(self.to_dict())
+        directory = p.parent if str(p.parent) else Path(".")
+        if not directory.is_dir():
+            raise PlanError(f"{p}: cannot write the plan: directory {directory} does not exist")
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value if v is not None]
+    return value

@@ -1,0 +1,35 @@
+"""Size-aware batch samplers, by strategy name.
+
+Every class in ``STRATEGIES`` is a ``torch.utils.data.Sampler[list[int]]`` with the
+constructor ``cls(sizes, batch_size, *, shuffle=True, seed=0, drop_last=False,
+num_replicas=1, rank=0, **strategy_options)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoloader.samplers.base import SizeBatchSampler
+from autoloader.samplers.random import RandomBatchSampler
+
+STRATEGIES: dict[str, type[SizeBatchSampler]] = {
+    "random": RandomBatchSampler,
+}
+
+
+def make_sampler(strategy: str, sizes: Any, batch_size: int, **kwargs: Any) -> SizeBatchSampler:
+    """Build the sampler named ``strategy``.
+
+    Raises:
+        ValueError: the strategy is unknown or an option is invalid.
+    """
+    try:
+        cls = STRATEGIES[strategy]
+    except KeyError:
+        raise ValueError(
+            f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}"
+        ) from None
+    return cls(sizes, batch_size, **kwargs)
+
+
+__all__ = ["STRATEGIES", "RandomBatchSampler", "SizeBatchSampler", "make_sampler"]

@@ -1,0 +1,129 @@
+"""The batch-sampler base: argument checks, epochs, rank splitting, lengths.
+
+A strategy only decides which samples share a *global* batch (``batch_size x
+num_replicas`` samples): it implements ``_arrange(pool, num_batches, rng)``. This base
+picks the short last batch, orders the batches, and splits every global batch across
+ranks so that each rank's share has nearly equal bytes (largest first, dealt in a snake
+over the ranks: no rank carries the big samples while the others wait).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from autoloader.samplers.checks import check_bool, check_int, check_sizes
+
+
+class SizeBatchSampler(Sampler[list[int]]):
+    """Base class of the size-aware batch samplers in ``autoloader.samplers.STRATEGIES``.
+
+    Args:
+        sizes: bytes per sample (any non-negative integers).
+        batch_size: samples per batch on this rank (the local batch size).
+        shuffle: new batches every epoch; with ``False`` every epoch is the same.
+        seed: the seed of every random choice; with the epoch it fixes the batches.
+        drop_last: drop the last, incomplete global batch instead of padding it.
+        num_replicas: the number of ranks sharing the epoch.
+        rank: this rank, in ``[0, num_replicas - 1]``.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        sizes: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        self.sizes = check_sizes(sizes)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+        check_int("rank", rank, minimum=0)
+        if rank >= num_replicas:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+            )
+        self.rank = rank
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.epoch = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.num_replicas
+
+    def options(self) -> dict[str, Any]:
+        """The strategy's options, as recorded in a plan's ``[batching.options]``."""
+        return {}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch; with ``shuffle=True`` each epoch has its own batches."""
+        self.epoch = check_int("epoch", epoch, minimum=0)
+
+    def __len__(self) -> int:
+        n, g = len(self.sizes), self.global_batch_size
+        return n // g if self.drop_last else -(-n // g)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for local in self.local_batches():
+            yield local.tolist()
+
+    def local_batches(self) -> list[np.ndarray]:
+        """This rank's batches for the current epoch, as index arrays."""
+        full, tail = self.global_batches()
+        out = list(rank_share(full, self.sizes, self.num_replicas, self.rank))
+        if len(tail):
+            padded = pad_last_batch(tail, self.num_replicas)
+            out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
+        assert len(out) == len(self), (len(out), len(self))
+        return out
+
+    def global_batches(self) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's full global batches ``(k, batch_size x num_replicas)`` and the
+        short last one (empty when the count divides, or with ``drop_last``)."""
+        n, g = len(self.sizes), self.global_batch_size
+        k = n // g
+        rng = np.random.default_rng([self.seed, self.epoch if self.shuffle else 0])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        pool, tail = order[: k * g], order[k * g :]
+        full = self._arrange(pool, k, rng) if k else np.empty((0, g), dtype=np.int64)
+        if self.shuffle and k > 1:
+            full = full[rng.permutation(k)]
+        if self.drop_last:
+            tail = tail[:0]
+        return full, tail
+
+    def _arrange(self, pool: np.ndarray, num_batches: int, rng: np.random.Generator) -> np.ndarray:
+        """Arrange ``pool`` (``num_batches x global batch`` indices, in random order when
+        shuffling) into a ``(num_batches, global batch)`` array."""
+        raise NotImplementedError
+
+
+def pad_last_batch(tail: np.ndarray, num_replicas: int) -> np.ndarray:
+    """Repeat the first indices so the last global batch splits evenly over the ranks."""
+    missing = -len(tail) % num_replicas
+    return np.concatenate([tail, np.resize(tail, missing)]) if missing else tail
+
+
+def rank_share(
+    batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: int
+) -> np.ndarray:
+    """Split each row of ``batches`` over the ranks with nearly equal bytes per rank."""
+    if num_replicas == 1:
+        return batches
+    by_size = np.argsort(-sizes[batches], axis=1, kind="stable")
+    ordered = np.take_along_axis(batches, by_size, axis=1)
+    columns = np.arange(batches.shape[1])
+    block, pos = np.divmod(columns, num_replicas)
+    owner = np.where(block % 2 == 0, pos, num_replicas - 1 - pos)
+    return ordered[:, owner == rank]

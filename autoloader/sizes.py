@@ -1,0 +1,171 @@
+"""Bytes per sample, measured once and cached beside the data.
+
+Sizes drive everything downstream: the balancing samplers, the memory prediction and the
+``autoloader_batch_bytes`` metric. Datasets that can size samples without loading them
+(HDF5 shapes, tensor files) do so through ``autoloader_sizes()``; any other map-style
+dataset is measured by loading each sample once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoloader.datasets.source import DataSource
+from autoloader.errors import DatasetError
+
+log = logging.getLogger(__name__)
+
+_MEMO: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def nbytes_of(obj: Any) -> int:
+    """Bytes of the tensors and arrays inside a sample (or a collated batch).
+
+    Python numbers count as 8 bytes, the size they take once collated into a tensor.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.element_size() * obj.numel()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (bool, int, float)):
+        return 8
+    if isinstance(obj, (str, bytes)) or obj is None:
+        return 0
+    stores = getattr(obj, "stores", None)  # torch_geometric Data / HeteroData / Batch
+    if stores is not None and hasattr(obj, "to_dict"):
+        return sum(nbytes_of(v) for store in stores for v in store.values())
+    if isinstance(obj, Mapping):
+        return sum(nbytes_of(v) for v in obj.values())
+    if isinstance(obj, Sequence):
+        return sum(nbytes_of(v) for v in obj)
+    return 0
+
+
+def sample_sizes(dataset: Any, *, progress: bool = False) -> np.ndarray:
+    """Return each sample's size in bytes as a read-only int64 array.
+
+    The result is cached beside the data when the dataset names its source (see
+    ``autoloader.datasets.source``) and reused until the data changes.
+
+    Raises:
+        DatasetError: the dataset has no length, is empty, or yields bad sizes.
+    """
+    with contextlib.suppress(TypeError):
+        if dataset in _MEMO:
+            return _MEMO[dataset]
+    n = _length(dataset)
+    source: DataSource | None = None
+    if hasattr(dataset, "autoloader_source"):
+        source = dataset.autoloader_source()
+    sizes = _read_cache(source, n) if source is not None else None
+    if sizes is None:
+        if hasattr(dataset, "autoloader_sizes"):
+            sizes = np.asarray(dataset.autoloader_sizes())
+        else:
+            sizes = _measure(dataset, n, progress)
+        sizes = _check(sizes, n, dataset)
+        if source is not None:
+            _write_cache(source, sizes)
+    sizes.setflags(write=False)
+    with contextlib.suppress(TypeError):
+        _MEMO[dataset] = sizes
+    return sizes
+
+
+def fingerprint(sizes: np.ndarray) -> str:
+    """A path-independent identity of a dataset: its sample count and every sample's size.
+
+    Copies of the same data on two nodes share a fingerprint; any change to the number of
+    samples or to one sample's size changes it.
+    """
+    digest = hashlib.sha256(np.ascontiguousarray(sizes, dtype="<i8").tobytes())
+    return f"sha256:{len(sizes)}:{digest.hexdigest()[:16]}"
+
+
+def size_stats(sizes: np.ndarray) -> dict[str, int | float]:
+    """The ``[dataset]`` size statistics of a plan."""
+    return {
+        "num_samples": len(sizes),
+        "total_bytes": int(sizes.sum()),
+        "min_bytes": int(sizes.min()),
+        "median_bytes": float(np.median(sizes)),
+        "mean_bytes": round(float(sizes.mean()), 3),
+        "max_bytes": int(sizes.max()),
+    }
+
+
+def _length(dataset: Any) -> int:
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise DatasetError(
+            f"dataset {type(dataset).__name__} has no __len__: autoloader needs a "
+            "map-style dataset (one that supports len() and dataset[i])"
+        ) from None
+    if n == 0:
+        raise DatasetError(f"dataset {type(dataset).__name__} is empty: it has 0 samples")
+    return n
+
+
+def _measure(dataset: Any, n: int, progress: bool) -> np.ndarray:
+    from tqdm import tqdm
+
+    out = np.empty(n, dtype=np.int64)
+    for i in tqdm(range(n), desc="measuring sample sizes", unit="sample",
+                  disable=not progress, leave=False):  # fmt: skip
+        out[i] = nbytes_of(dataset[i])
+    return out
+
+
+def _check(sizes: np.ndarray, n: int, dataset: Any) -> np.ndarray:
+    name = type(dataset).__name__
+    if sizes.shape != (n,):
+        raise DatasetError(f"dataset {name}: expected {n} sizes, got shape {sizes.shape}")
+    if sizes.dtype.kind not in "iu":
+        raise DatasetError(f"dataset {name}: expected integer sizes, got dtype {sizes.dtype}")
+    if (sizes < 0).any():
+        raise DatasetError(f"dataset {name}: sample sizes must be >= 0")
+    return sizes.astype(np.int64, copy=True)
+
+
+def _read_cache(source: DataSource, n: int) -> np.ndarray | None:
+    for path in (source.cache_path, source.fallback_cache_path):
+        try:
+            with np.load(path, allow_pickle=False) as cached:
+                if str(cached["stamp"]) == source.stamp and cached["sizes"].shape == (n,):
+                    log.debug("sample sizes read from %s", path)
+                    return np.array(cached["sizes"], dtype=np.int64)
+        except (OSError, KeyError, ValueError):
+            continue
+    return None
+
+
+def _write_cache(source: DataSource, sizes: np.ndarray) -> None:
+    for path in (source.cache_path, source.fallback_cache_path):
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".sizes.", suffix=".npz", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, sizes=sizes, stamp=np.array(source.stamp))
+            os.replace(tmp, path)
+            log.debug("sample sizes cached in %s", path)
+            return
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            log.info("cannot cache sample sizes in %s (%s)", path, exc.strerror)
+
+
+__all__ = ["DataSource", "fingerprint", "nbytes_of", "sample_sizes", "size_stats"]

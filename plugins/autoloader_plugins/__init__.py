@@ -1,0 +1,1 @@
+"""First-party dataset plugins, registered through the ``autoloader.datasets`` group."""

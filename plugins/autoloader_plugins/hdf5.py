@@ -1,0 +1,118 @@
+"""HDF5 files of graph events: one group per event, one dataset per tensor.
+
+This is the single-file layout of the HEP workflow::
+
+    /event_000000/x            float32 [num_nodes, F]
+    /event_000000/edge_index   int64   [2, num_edges]
+    /event_000000/y            ...
+    /event_000001/...
+
+Sizes come from dataset shapes and dtypes without reading any data. The h5py handle is
+opened lazily in each process that reads (h5py handles are not fork-safe).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torch_geometric.data import Data
+
+from autoloader.datasets.source import DataSource
+from autoloader.errors import DatasetError
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SUFFIXES = (".h5", ".hdf5", ".he5")
+
+
+class GraphEventsH5(Dataset):
+    """A map-style dataset of ``torch_geometric.data.Data`` events from one HDF5 file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise DatasetError(f"DATASET '{path}': no such file")
+        if self.path.is_dir() or not _is_hdf5(self.path):
+            raise DatasetError(f"DATASET '{path}': not an HDF5 file")
+        try:
+            with h5py.File(self.path, "r") as f:
+                self.keys = [k for k, v in f.items() if isinstance(v, h5py.Group)]
+        except OSError as exc:
+            raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
+        if not self.keys:
+            raise DatasetError(
+                f"DATASET '{path}': empty: the file holds no event groups "
+                "(expected one group per event, one dataset per tensor)"
+            )
+        self._file: h5py.File | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, index: int) -> Data:
+        group = self._handle()[self.keys[index]]
+        tensors = {name: torch.from_numpy(np.asarray(ds[()])) for name, ds in group.items()
+                   if isinstance(ds, h5py.Dataset)}  # fmt: skip
+        data = Data(**tensors)
+        if "x" in tensors:
+            data.num_nodes = tensors["x"].shape[0]
+        return data
+
+    def autoloader_sizes(self) -> np.ndarray:
+        """Bytes per event from dataset shapes and dtypes; no data is read."""
+        out = np.empty(len(self.keys), dtype=np.int64)
+        with h5py.File(self.path, "r") as f:
+            for i, key in enumerate(self.keys):
+                group = f[key]
+                out[i] = sum(int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+                             for ds in group.values() if isinstance(ds, h5py.Dataset))  # fmt: skip
+        return out
+
+    def autoloader_source(self) -> DataSource:
+        return DataSource.for_file(self.path)
+
+    def _handle(self) -> h5py.File:
+        if self._file is None or self._pid != os.getpid():
+            self._file = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._file
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_file"] = None
+        state["_pid"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"GraphEventsH5('{self.path}', events={len(self)})"
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return head == HDF5_SIGNATURE or h5py.is_hdf5(str(path))
+
+
+class _Plugin:
+    name = "hdf5"
+    priority = 10
+    description = "an .h5/.hdf5 file of graph events, one group per event"
+
+    def claims(self, spec: str) -> bool:
+        p = Path(spec)
+        return p.suffix.lower() in SUFFIXES or (p.is_file() and _is_hdf5(p))
+
+    def open(self, spec: str) -> GraphEventsH5:
+        return GraphEventsH5(spec)
+
+
+PLUGIN = _Plugin()
