@@ -59,10 +59,9 @@ class GraphEventsH5(Dataset):
         group = self._handle()[self.keys[index]]
         tensors = {name: torch.from_numpy(np.asarray(ds[()])) for name, ds in group.items()
                    if isinstance(ds, h5py.Dataset)}  # fmt: skip
-        data = Data(**tensors)
-        if "x" in tensors:
-            data.num_nodes = tensors["x"].shape[0]
-        return data
+        # PyG infers the node count from `x`; an explicit num_nodes would add a stored
+        # attribute that the size measured from the file does not have.
+        return Data(**tensors)
 
     def autoloader_sizes(self) -> np.ndarray:
         """Bytes per event from dataset shapes and dtypes; no data is read."""

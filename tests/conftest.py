@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
+
+from autoloader.demo.synthetic import generate
+
+
+@pytest.fixture(scope="session")
+def events_h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic HDF5 file of graph events, shared read-only by the session."""
+    return generate(tmp_path_factory.mktemp("data") / "events.h5", 300, seed=3)
+
+
+@pytest.fixture
+def events_copy(tmp_path: Path, events_h5: Path) -> Path:
+    """A private copy of the events file that a test may modify."""
+    dst = tmp_path / "events.h5"
+    dst.write_bytes(events_h5.read_bytes())
+    return dst
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+class VariableTensors(Dataset):
+    """Samples of known, varying sizes: sample i is a float32 vector of sizes[i] // 4."""
+
+    def __init__(self, n: int = 50, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.lengths = rng.integers(1, 64, size=n)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((int(self.lengths[i]),), float(i))
+
+
+def make_dataset() -> VariableTensors:
+    """A zero-argument factory, for MODULE:ATTR tests."""
+    return VariableTensors(40)
+
+
+DATASET = VariableTensors(30)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m autoloader`` as a user would, in a fresh process."""
+    tests_dir = str(Path(__file__).parent)
+    env_path = tests_dir
+    import os
+
+    env = {**os.environ, "PYTHONPATH": env_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "autoloader", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=timeout)  # fmt: skip
+
+
+def failing_factory() -> VariableTensors:
+    raise RuntimeError("no data today")
+
+
+NOT_A_DATASET = 42

@@ -1,0 +1,177 @@
+"""autoloader.DataLoader with a plan: sampler, workers, ranks, overrides, fingerprint."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from autoloader_plugins.hdf5 import GraphEventsH5
+from conftest import VariableTensors
+from prometheus_client import CollectorRegistry
+from torch_geometric.data import Batch
+
+import autoloader
+from autoloader import DataLoader, Plan, PlanError
+from autoloader.samplers import RandomBatchSampler
+from autoloader.sizes import fingerprint, sample_sizes
+
+
+def plan_for(dataset: object, *, workers: int = 0, batch: int = 8, world: int = 1,
+             fp: bool = True, **batching: object) -> Plan:  # fmt: skip
+    sizes = sample_sizes(dataset)
+    return Plan.from_dict({
+        "schema": 1,
+        "dataset": {"fingerprint": fingerprint(sizes)} if fp else {},
+        "loader": {"num_workers": workers, "pin_memory": True,
+                   **({"prefetch_factor": 2, "persistent_workers": True} if workers else {})},
+        "batching": {"strategy": "random", "local_batch_size": batch, "world_size": world,
+                     "seed": 3, **batching},
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_plan_sets_sampler_workers_and_graph_batches(events_h5: Path, num_workers: int,
+                                                     registry: CollectorRegistry) -> None:  # fmt: skip
+    ds = GraphEventsH5(events_h5)
+    loader = DataLoader(ds, plan=plan_for(ds, workers=num_workers, batch=32), registry=registry)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert isinstance(loader.batch_sampler, RandomBatchSampler)
+    assert loader.num_workers == num_workers
+    assert loader.pin_memory is False  # no accelerator here: not pinned, and no warning
+    seen = []
+    for batch in loader:
+        assert isinstance(batch, Batch)
+        seen.append(batch.num_graphs)
+    assert sum(seen) == len(ds)
+    assert len(seen) == len(loader) == -(-len(ds) // 32)
+    rank = {"rank": "0"}
+    assert registry.get_sample_value("autoloader_batches_total", rank) == len(seen)
+    assert registry.get_sample_value("autoloader_samples_total", rank) == len(ds)
+    assert registry.get_sample_value("autoloader_batch_bytes_sum", rank) == sample_sizes(ds).sum()
+    assert registry.get_sample_value("autoloader_num_workers", rank) == num_workers
+    assert registry.get_sample_value("autoloader_local_batch_size", rank) == 32
+    assert loader.stats.worst_batch_bytes == max(
+        int(sample_sizes(ds)[b].sum()) for b in loader.batch_sampler)
+
+
+def test_no_pin_memory_warning_without_accelerator(events_h5: Path) -> None:
+    ds = GraphEventsH5(events_h5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in DataLoader(ds, plan=plan_for(ds), registry=CollectorRegistry()):
+            pass
+
+
+def test_set_epoch_changes_batches_and_is_reproducible(registry: CollectorRegistry) -> None:
+    ds = VariableTensors(64)
+    loader = DataLoader(ds, plan=plan_for(ds), registry=registry)
+    order = lambda: list(loader.batch_sampler)  # noqa: E731
+    loader.set_epoch(0)
+    e0 = order()
+    loader.set_epoch(1)
+    assert order() != e0
+    loader.set_epoch(0)
+    assert order() == e0
+
+
+def test_plan_path_is_loaded(tmp_path: Path, registry: CollectorRegistry) -> None:
+    ds = VariableTensors(20)
+    plan_for(ds, batch=5).save(tmp_path / "plan.toml")
+    loader = DataLoader(ds, plan=tmp_path / "plan.toml", registry=registry)
+    assert len(loader) == 4
+    assert loader.plan is not None and loader.plan.source == str(tmp_path / "plan.toml")
+
+
+def test_keyword_overrides_win_and_are_logged_once(caplog: pytest.LogCaptureFixture,
+                                                   registry: CollectorRegistry) -> None:  # fmt: skip
+    ds = VariableTensors(40)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        loader = DataLoader(ds, plan=plan_for(ds, workers=2, batch=8), num_workers=0,
+                            batch_size=10, drop_last=True, collate_fn=list,
+                            registry=registry)  # fmt: skip
+    assert loader.num_workers == 0
+    assert loader.batch_sampler.batch_size == 10 and loader.batch_sampler.drop_last
+    assert len(list(loader)) == 4
+    overrides = [r.message for r in caplog.records if "override the plan" in r.message]
+    assert overrides == ["autoloader: keyword arguments override the plan: batch_size=10, "
+                         "drop_last=True, num_workers=0"]  # fmt: skip
+
+
+def test_user_sampler_replaces_planned_batching_but_keeps_batch_size(
+    registry: CollectorRegistry,
+) -> None:
+    ds = VariableTensors(20)
+    loader = DataLoader(ds, plan=plan_for(ds, batch=5), registry=registry,
+                        sampler=torch.utils.data.SequentialSampler(ds), collate_fn=list)  # fmt: skip
+    assert loader.batch_size == 5
+    assert [[int(t[0]) for t in b] for b in loader] == [list(range(i, i + 5)) for i in (0, 5, 10, 15)]
+
+
+def test_plan_for_other_data_is_refused_unless_told(registry: CollectorRegistry) -> None:
+    plan = plan_for(VariableTensors(30, seed=1))
+    other = VariableTensors(30, seed=2)
+    with pytest.raises(PlanError, match=r"the plan was tuned for other data \(fingerprint "
+                       r"sha256:30:\w+, \? samples\); this dataset has fingerprint"):  # fmt: skip
+        DataLoader(other, plan=plan, registry=registry)
+    loader = DataLoader(other, plan=plan, check_fingerprint=False, collate_fn=list,
+                        registry=registry)  # fmt: skip
+    assert sum(len(b) for b in loader) == 30
+
+
+def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                  registry: CollectorRegistry) -> None:  # fmt: skip
+    ds = VariableTensors(50)
+    plan = plan_for(ds, batch=5, world=2)
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = DataLoader(ds, plan=plan, registry=registry)
+        assert loader.batch_sampler.rank == rank and loader.batch_sampler.num_replicas == 2
+        seen.append([i for b in loader.batch_sampler for i in b])
+    assert sorted(seen[0] + seen[1]) == list(range(50))
+    assert registry.get_sample_value("autoloader_local_batch_size", {"rank": "1"}) == 5
+
+
+def test_world_size_mismatch_warns(monkeypatch: pytest.MonkeyPatch,
+                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    ds = VariableTensors(20)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        DataLoader(ds, plan=plan_for(ds, batch=4, world=4), registry=CollectorRegistry())
+    assert "tuned for world_size=4 but this job has 2 ranks" in caplog.text
+
+
+def test_unknown_strategy_in_plan(registry: CollectorRegistry) -> None:
+    ds = VariableTensors(10)
+    plan = plan_for(ds)
+    bad = Plan.from_dict({**plan.to_dict(), "batching": {**plan.to_dict()["batching"],
+                                                          "strategy": "magic"}}, source="p.toml")  # fmt: skip
+    with pytest.raises(PlanError, match="p.toml: key 'batching.strategy': expected one of "
+                                        "random.*found 'magic'"):  # fmt: skip
+        DataLoader(ds, plan=bad, registry=registry)
+
+
+def test_without_plan_metrics_count_batches_and_bytes(registry: CollectorRegistry) -> None:
+    ds = VariableTensors(10)
+    loader = DataLoader(ds, batch_size=4, collate_fn=list, registry=registry)
+    assert loader.plan is None
+    batches = list(loader)
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert registry.get_sample_value("autoloader_batches_total", {"rank": "0"}) == 3
+    assert registry.get_sample_value("autoloader_samples_total", {"rank": "0"}) == 10
+    # without a plan, bytes come from the delivered batch itself
+    assert registry.get_sample_value("autoloader_batch_bytes_sum", {"rank": "0"}) == sum(
+        t.numel() * 4 for b in batches for t in b)
+
+
+def test_public_api_is_explicit() -> None:
+    assert set(autoloader.__all__) >= {"DataLoader", "Plan", "tune", "serve_metrics",
+                                       "samplers", "sizes", "__version__"}  # fmt: skip
+    assert "random" in autoloader.samplers.STRATEGIES
+    assert isinstance(autoloader.sizes.sample_sizes(VariableTensors(3)), np.ndarray)

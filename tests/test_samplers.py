@@ -1,0 +1,133 @@
+"""Invariants every strategy must keep, for any sizes (DESIGN.md, "samplers")."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoloader.samplers import STRATEGIES, make_sampler
+
+NAMES = sorted(STRATEGIES)
+
+
+def epoch(name: str, sizes: np.ndarray, batch: int, replicas: int, *, drop_last: bool,
+          seed: int = 0, ep: int = 0) -> list[list[list[int]]]:  # fmt: skip
+    """Every rank's batches for one epoch."""
+    out = []
+    for rank in range(replicas):
+        s = make_sampler(name, sizes, batch, seed=seed, drop_last=drop_last,
+                         num_replicas=replicas, rank=rank)  # fmt: skip
+        s.set_epoch(ep)
+        batches = list(s)
+        assert len(batches) == len(s)
+        out.append(batches)
+    return out
+
+
+sizes_st = st.one_of(
+    st.lists(st.integers(0, 10_000), min_size=1, max_size=300),
+    st.integers(1, 200).map(lambda n: [7] * n),  # all equal
+    st.integers(1, 200).map(lambda n: [0] * n),  # zeros
+    st.integers(1, 200).map(lambda n: [1] * (n - 1) + [10**9]),  # one giant
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(sizes=sizes_st, batch=st.integers(1, 40), replicas=st.integers(1, 5),
+       drop_last=st.booleans(), seed=st.integers(0, 2**16), ep=st.integers(0, 3))  # fmt: skip
+def test_epoch_covers_every_index_once(name: str, sizes: list[int], batch: int, replicas: int,
+                                       drop_last: bool, seed: int, ep: int) -> None:  # fmt: skip
+    arr = np.asarray(sizes, dtype=np.int64)
+    n, g = len(arr), batch * replicas
+    ranks = epoch(name, arr, batch, replicas, drop_last=drop_last, seed=seed, ep=ep)
+    counts = {len(b) for b in ranks}
+    assert len(counts) == 1, "every rank yields the same number of batches"
+    seen = Counter(i for batches in ranks for b in batches for i in b)
+    assert all(0 <= i < n for i in seen)
+    if drop_last:
+        assert all(c == 1 for c in seen.values())
+        assert n - len(seen) == n % g  # less than one global batch left out
+        assert all(len(b) == batch for batches in ranks for b in batches)
+    else:
+        assert set(seen) == set(range(n))
+        repeats = sum(c - 1 for c in seen.values())
+        assert repeats == (-n % g) % replicas if n % g else repeats == 0
+        assert repeats <= replicas - 1
+        # every batch but the last is full
+        assert all(len(b) == batch for batches in ranks for b in batches[:-1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batches_depend_only_on_seed_and_epoch(name: str) -> None:
+    sizes = np.random.default_rng(1).integers(1, 1000, 500)
+    np.random.seed(123)
+    a = epoch(name, sizes, 16, 2, drop_last=False, seed=5, ep=2)
+    np.random.seed(999)
+    import torch
+
+    torch.manual_seed(999)
+    b = epoch(name, sizes, 16, 2, drop_last=False, seed=5, ep=2)
+    assert a == b
+    assert epoch(name, sizes, 16, 2, drop_last=False, seed=5, ep=3) != a
+    assert epoch(name, sizes, 16, 2, drop_last=False, seed=6, ep=2) != a
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shuffle_false_gives_the_same_epoch_every_time(name: str) -> None:
+    sizes = np.arange(100)
+    s = make_sampler(name, sizes, 8, shuffle=False)
+    first = list(s)
+    s.set_epoch(4)
+    assert list(s) == first
+
+
+def test_random_without_shuffle_is_sequential() -> None:
+    s = make_sampler("random", np.ones(10, np.int64), 4, shuffle=False)
+    assert list(s) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_rank_shares_have_nearly_equal_bytes() -> None:
+    sizes = np.random.default_rng(0).lognormal(4.5, 0.75, 4096).astype(np.int64)
+    per_rank = []
+    for rank in range(4):
+        s = make_sampler("random", sizes, 16, num_replicas=4, rank=rank)
+        per_rank.append([int(sizes[b].sum()) for b in s])
+    per_batch = np.array(per_rank)  # (ranks, batches)
+    spread = (per_batch.max(axis=0) - per_batch.min(axis=0)) / per_batch.mean(axis=0)
+    # a snake deal of sorted sizes keeps ranks within a small fraction of each other
+    assert np.median(spread) < 0.1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size should be a positive integer value, but got batch_size=0"),
+        ({"batch_size": True}, "batch_size should be a positive integer value, but got batch_size=True"),
+        ({"batch_size": 2, "num_replicas": 0}, "num_replicas should be a positive integer value"),
+        ({"batch_size": 2, "num_replicas": 2, "rank": 2},
+         "Invalid rank 2, rank should be in the interval [0, 1]"),
+        ({"batch_size": 2, "shuffle": 1}, "shuffle should be a boolean value, but got shuffle=1"),
+        ({"batch_size": 2, "drop_last": None}, "drop_last should be a boolean value"),
+        ({"batch_size": 2, "seed": -1}, "seed should be an integer >= 0 value, but got seed=-1"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("name", NAMES)
+def test_arguments_are_checked(name: str, kwargs: dict, message: str) -> None:
+    batch = kwargs.pop("batch_size")
+    with pytest.raises(ValueError) as info:
+        make_sampler(name, [1, 2, 3], batch, **kwargs)
+    assert message in str(info.value)
+
+
+def test_bad_sizes_and_unknown_strategy() -> None:
+    with pytest.raises(ValueError, match="sizes should be non-negative, but got a size of -1"):
+        make_sampler("random", [1, -1], 1)
+    with pytest.raises(ValueError, match="sizes should be a 1-D sequence"):
+        make_sampler("random", [[1, 2]], 1)
+    with pytest.raises(ValueError, match="unknown strategy 'nope': expected one of"):
+        make_sampler("nope", [1], 1)
