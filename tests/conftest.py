@@ -70,3 +70,19 @@ def failing_factory() -> VariableTensors:
 
 
 NOT_A_DATASET = 42
+
+
+class Slow(Dataset):
+    """Each sample takes a second to load: long enough to interrupt a tune."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import time
+
+        time.sleep(1)
+        return torch.zeros(4)
+
+
+SLOW = Slow()

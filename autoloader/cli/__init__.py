@@ -50,7 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
     previous = _stop_on_sigterm()
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help and --version
+            return int(exc.code or 0)
         logging.getLogger("autoloader").setLevel(logging.INFO if args.verbose else logging.WARNING)
         return int(args.run(args, argv) or 0)
     except AutoloaderError as exc:

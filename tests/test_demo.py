@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from autoloader import Plan
+from autoloader.demo.run import run_demo
+from autoloader.demo.synthetic import LARGEST_OVER_MEAN, generate, node_counts
+
+
+def test_node_counts_are_right_skewed_with_a_giant() -> None:
+    counts = node_counts(4000)
+    assert abs(counts.max() / counts.mean() - LARGEST_OVER_MEAN) < 0.1
+    assert np.median(counts) < counts.mean()  # right skew
+    share_near_median = np.mean((counts > np.median(counts) / 2) & (counts < np.median(counts) * 2))
+    assert share_near_median > 0.5
+
+
+def test_generation_is_reproducible_and_reused(tmp_path: Path) -> None:
+    a = generate(tmp_path / "a.h5", 50, seed=1)
+    stamp = a.stat().st_mtime_ns
+    assert generate(tmp_path / "a.h5", 50, seed=1).stat().st_mtime_ns == stamp  # reused
+    b = generate(tmp_path / "b.h5", 50, seed=1)
+    import h5py
+
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        key = sorted(fa.keys())[7]
+        assert np.array_equal(fa[key]["x"][()], fb[key]["x"][()])
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    out = io.StringIO()
+    figures = run_demo(tmp_path, num_events=200, iterations=3, out=out)
+    text = out.getvalue()
+    plan = Plan.load(tmp_path / "plan.toml")
+    assert figures["batches"] == -(-200 // plan.batching.local_batch_size)
+    assert figures["scraped_batches"] == figures["batches"]
+    assert figures["worst_batch_bytes"] > 0 and figures["samples_per_second"] > 0
+    for part in ("[1/4] dataset", "[2/4] tuned", "[3/4] training", "[4/4] summary",
+                 "worst batch", "throughput"):  # fmt: skip
+        assert part in text

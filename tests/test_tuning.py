@@ -1,0 +1,119 @@
+"""The tuner's parts: the worker rule, CPU counting, device and headroom probes."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoloader import DeviceError, UsageError
+from autoloader.tuning.cpus import cgroup_cpu_limit
+from autoloader.tuning.devices import nvml_index, probe_headroom, resolve_device
+from autoloader.tuning.workers import Candidate, choose
+
+
+def trace(*times: float, failed: tuple[int, ...] = ()) -> list[Candidate]:
+    return [Candidate(w, 100, t / 100, t, 1000 + w, "failed" if w in failed else "ok")
+            for w, t in enumerate(times)]  # fmt: skip
+
+
+def test_paper_rule_keeps_fewer_workers_within_alpha() -> None:
+    # Synn and Kim's CIFAR-10 shape: 14 workers at 1.49 s beat 16 at 1.41 s with alpha 0.5
+    times = [9.0, 5.0, 3.0, 2.0, 1.8, 1.6, 1.55, 1.52, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.49, 1.45, 1.41]
+    assert choose(trace(*times), tolerance=None, alpha=0.5) == 14
+    assert choose(trace(*times), tolerance=None, alpha=0.0) == 16
+    # relative: 3 workers are within 5% of 4's time, so 4 does not replace 3
+    assert choose(trace(4.0, 2.0, 1.1, 1.0, 0.97), tolerance=0.05, alpha=None) == 3
+    assert choose(trace(4.0, 2.0, 1.1, 1.0, 0.97), tolerance=0.0, alpha=None) == 4
+
+
+def test_failed_candidates_are_skipped() -> None:
+    assert choose(trace(3.0, 1.0, 0.5, failed=(2,)), tolerance=0.05, alpha=None) == 1
+    with pytest.raises(RuntimeError, match="every worker count failed"):
+        choose(trace(1.0, failed=(0,)), tolerance=0.05, alpha=None)
+
+
+def test_cgroup_quota(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_limit(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    assert cgroup_cpu_limit(tmp_path / "absent") is None
+
+
+def test_device_resolution_on_a_cpu_machine() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    with pytest.raises(UsageError, match="expected cpu, cuda or cuda:K, but got 'cpu:1'"):
+        resolve_device("cpu:1")
+    if not torch.cuda.is_available():
+        assert resolve_device(None) == torch.device("cpu")
+        with pytest.raises(DeviceError, match="no CUDA device is available to torch"):
+            resolve_device("cuda")
+
+
+def test_host_memory_probe_and_override() -> None:
+    found = probe_headroom(torch.device("cpu"))
+    assert found.source == "psutil" and 0 < found.free_bytes <= found.total_bytes
+    assert probe_headroom(torch.device("cpu"), budget=123).free_bytes == 123
+    assert probe_headroom(torch.device("cpu"), budget=123).source == "override"
+
+
+class FakeNvml(types.ModuleType):
+    """pynvml with two GPUs; records which handle was asked for."""
+
+    def __init__(self, fail_init: bool = False) -> None:
+        super().__init__("pynvml")
+        self.fail_init = fail_init
+        self.asked: list[object] = []
+
+    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:  # noqa: N802
+        self.asked.append(i)
+        return f"gpu{i}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802
+        self.asked.append(uuid)
+        return "gpu-by-uuid"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> types.SimpleNamespace:  # noqa: N802
+        return types.SimpleNamespace(total=80 * 2**30, free=70 * 2**30, used=10 * 2**30)
+
+    def nvmlDeviceGetName(self, handle: str) -> bytes:  # noqa: N802
+        return b"Fake H100"
+
+
+def test_nvml_probe_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    found = probe_headroom(torch.device("cuda", 1))
+    assert (found.source, found.device_name, found.free_bytes) == ("nvml", "Fake H100", 70 * 2**30)
+    assert fake.asked == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def")
+    assert nvml_index(torch.device("cuda", 1)) == "GPU-def"
+    probe_headroom(torch.device("cuda", 0))
+    assert fake.asked[-1] == "GPU-abc"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(DeviceError, match="cuda:2 is not in CUDA_VISIBLE_DEVICES='0'"):
+        nvml_index(torch.device("cuda", 2))
+
+
+def test_missing_nvml_falls_through_to_torch(monkeypatch: pytest.MonkeyPatch,
+                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 * 2**30, 8 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    with caplog.at_level("INFO"):
+        found = probe_headroom(torch.device("cuda", 0))
+    assert (found.source, found.free_bytes, found.total_bytes) == ("torch", 5 * 2**30, 8 * 2**30)
+    assert "NVML unavailable (NVML Shared Library Not Found); asking torch" in caplog.text
