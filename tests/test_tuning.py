@@ -113,7 +113,7 @@ def test_missing_nvml_falls_through_to_torch(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 * 2**30, 8 * 2**30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="autoloader"):
         found = probe_headroom(torch.device("cuda", 0))
     assert (found.source, found.free_bytes, found.total_bytes) == ("torch", 5 * 2**30, 8 * 2**30)
     assert "NVML unavailable (NVML Shared Library Not Found); asking torch" in caplog.text
