@@ -121,8 +121,9 @@ def _measure(dataset: Any, n: int, progress: bool) -> np.ndarray:
     from tqdm import tqdm
 
     out = np.empty(n, dtype=np.int64)
-    for i in tqdm(range(n), desc="measuring sample sizes", unit="sample",
-                  disable=not progress, leave=False):  # fmt: skip
+    for i in tqdm(
+        range(n), desc="measuring sample sizes", unit="sample", disable=not progress, leave=False
+    ):
         out[i] = nbytes_of(dataset[i])
     return out
 

@@ -54,15 +54,23 @@ def make_dataset() -> VariableTensors:
 DATASET = VariableTensors(30)
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m autoloader`` as a user would, in a fresh process."""
     tests_dir = str(Path(__file__).parent)
     env_path = tests_dir
     import os
 
     env = {**os.environ, "PYTHONPATH": env_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "autoloader", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "autoloader", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def failing_factory() -> VariableTensors:

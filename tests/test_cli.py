@@ -54,57 +54,106 @@ def empty_h5(tmp_path: Path) -> Path:
         (["tune", "{tmp}/absent"], "DATASET '{tmp}/absent': no such file or directory"),
         (["tune", "{tmp}/fake.h5"], "DATASET '{tmp}/fake.h5': not an HDF5 file"),
         (["tune", "{tmp}/notes.txt"], "DATASET '{tmp}/notes.txt': no dataset plugin recognises it"),
-        (["tune", "{tmp}/empty.h5"], "DATASET '{tmp}/empty.h5': empty: the file holds no event groups"),
-        (["tune", "no_such_mod_z:ds"], "DATASET 'no_such_mod_z:ds': cannot import module 'no_such_mod_z'"),
-        (["tune", "{h5}", "--global-batch-size", "0"],
-         "--global-batch-size: expected a positive integer, but got 0"),
-        (["tune", "{h5}", "--global-batch-size", "-3"],
-         "--global-batch-size: expected a positive integer, but got -3"),
-        (["tune", "{h5}", "--global-batch-size", "ten"],
-         "tune: argument --global-batch-size: expected an integer, but got 'ten'"),
-        (["tune", "{h5}", "--max-workers", "-1"], "--max-workers: expected an integer >= 0, but got -1"),
-        (["tune", "{h5}", "--memory-budget", "12XB"],
-         "--memory-budget: expected a byte count such as 1073741824, 512MiB, 30GiB or 40GB, but got '12XB'"),
-        (["tune", "{h5}", "--device", "tpu"], "--device: expected cpu, cuda or cuda:K, but got 'tpu'"),
-        (["tune", "{h5}", "--device", "cuda:0"], "--device cuda:0: no CUDA device is available to torch"),
-        (["tune", "{h5}", "--strategies", "random,magic"],
-         "--strategies: unknown strategy 'magic': expected names from random"),
-        (["tune", "{h5}", "--global-batch-size", "10", "--world-size", "3"],
-         "--global-batch-size 10 is not divisible by --world-size 3"),
-        (["tune", "{h5}", "--alpha", "0.1", "--tolerance", "0.1"],
-         "tune: argument --tolerance: not allowed with argument --alpha"),
-        (["tune", "{h5}", "--safety", "1.5"], "--safety: expected a fraction in [0, 1), but got 1.5"),
-        (["tune", "{h5}", "--step", "no_such_mod_z:step"],
-         "--step 'no_such_mod_z:step': cannot import module 'no_such_mod_z'"),
-        (["tune", "{h5}", "--out", "{tmp}"], "--out {tmp}: is a directory, expected a plan file path"),
+        (
+            ["tune", "{tmp}/empty.h5"],
+            "DATASET '{tmp}/empty.h5': empty: the file holds no event groups",
+        ),
+        (
+            ["tune", "no_such_mod_z:ds"],
+            "DATASET 'no_such_mod_z:ds': cannot import module 'no_such_mod_z'",
+        ),
+        (
+            ["tune", "{h5}", "--global-batch-size", "0"],
+            "--global-batch-size: expected a positive integer, but got 0",
+        ),
+        (
+            ["tune", "{h5}", "--global-batch-size", "-3"],
+            "--global-batch-size: expected a positive integer, but got -3",
+        ),
+        (
+            ["tune", "{h5}", "--global-batch-size", "ten"],
+            "tune: argument --global-batch-size: expected an integer, but got 'ten'",
+        ),
+        (
+            ["tune", "{h5}", "--max-workers", "-1"],
+            "--max-workers: expected an integer >= 0, but got -1",
+        ),
+        (
+            ["tune", "{h5}", "--memory-budget", "12XB"],
+            "--memory-budget: expected a byte count such as 1073741824, 512MiB, 30GiB or 40GB, but got '12XB'",
+        ),
+        (
+            ["tune", "{h5}", "--device", "tpu"],
+            "--device: expected cpu, cuda or cuda:K, but got 'tpu'",
+        ),
+        (
+            ["tune", "{h5}", "--device", "cuda:0"],
+            "--device cuda:0: no CUDA device is available to torch",
+        ),
+        (
+            ["tune", "{h5}", "--strategies", "random,magic"],
+            "--strategies: unknown strategy 'magic': expected names from random",
+        ),
+        (
+            ["tune", "{h5}", "--global-batch-size", "10", "--world-size", "3"],
+            "--global-batch-size 10 is not divisible by --world-size 3",
+        ),
+        (
+            ["tune", "{h5}", "--alpha", "0.1", "--tolerance", "0.1"],
+            "tune: argument --tolerance: not allowed with argument --alpha",
+        ),
+        (
+            ["tune", "{h5}", "--safety", "1.5"],
+            "--safety: expected a fraction in [0, 1), but got 1.5",
+        ),
+        (
+            ["tune", "{h5}", "--step", "no_such_mod_z:step"],
+            "--step 'no_such_mod_z:step': cannot import module 'no_such_mod_z'",
+        ),
+        (
+            ["tune", "{h5}", "--out", "{tmp}"],
+            "--out {tmp}: is a directory, expected a plan file path",
+        ),
         (["show", "{tmp}/bad.toml"], "{tmp}/bad.toml: not valid TOML: "),
         (["show", "{tmp}/future.toml"], "{tmp}/future.toml: key 'schema': this plan uses schema 9"),
-        (["show", "{tmp}/wrongtype.toml"],
-         "{tmp}/wrongtype.toml: key 'loader.num_workers': expected an integer >= 0, found 'x' (string)"),
+        (
+            ["show", "{tmp}/wrongtype.toml"],
+            "{tmp}/wrongtype.toml: key 'loader.num_workers': expected an integer >= 0, found 'x' (string)",
+        ),
         (["show", "{tmp}/notable.toml"], "{tmp}/notable.toml: missing table [batching]"),
         (["show", "{tmp}"], "{tmp}: is a directory, expected a TOML plan file"),
         (["show", "{tmp}/absent.toml"], "{tmp}/absent.toml: no such plan file"),
         (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],
-)  # fmt: skip
-def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                         events_h5: Path, empty_h5: Path, argv: list[str],
-                                         expected: str) -> None:  # fmt: skip
+)
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    events_h5: Path,
+    empty_h5: Path,
+    argv: list[str],
+    expected: str,
+) -> None:
     (tmp_path / "fake.h5").write_text("not hdf5")
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "bad.toml").write_text("schema = 1\n[loader\n")
     (tmp_path / "future.toml").write_text(GOOD_PLAN.replace("schema = 1", "schema = 9"))
-    (tmp_path / "wrongtype.toml").write_text(GOOD_PLAN.replace("num_workers = 0", "num_workers = 'x'"))
+    (tmp_path / "wrongtype.toml").write_text(
+        GOOD_PLAN.replace("num_workers = 0", "num_workers = 'x'")
+    )
     (tmp_path / "notable.toml").write_text("schema = 1\n[loader]\nnum_workers = 0\n")
     fill = lambda s: s.format(tmp=tmp_path, h5=events_h5)  # noqa: E731
     line = error_line(capsys, [fill(a) for a in argv])
     assert fill(expected) in line
 
 
-def test_failed_tune_leaves_an_existing_plan_byte_for_byte(capsys: pytest.CaptureFixture[str],
-                                                           tmp_path: Path, events_h5: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_failed_tune_leaves_an_existing_plan_byte_for_byte(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    events_h5: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN + "# hand-written, keep me\n")
     before = out.read_bytes()
@@ -123,9 +172,9 @@ def test_failed_tune_leaves_an_existing_plan_byte_for_byte(capsys: pytest.Captur
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]
 
 
-def test_unexpected_failure_exits_1_with_a_traceback(capsys: pytest.CaptureFixture[str],
-                                                     events_h5: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_unexpected_failure_exits_1_with_a_traceback(
+    capsys: pytest.CaptureFixture[str], events_h5: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autoloader.tuning import workers
 
     def bug(*args: object, **kwargs: object) -> None:
@@ -135,14 +184,31 @@ def test_unexpected_failure_exits_1_with_a_traceback(capsys: pytest.CaptureFixtu
     assert main(["tune", str(events_h5)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err
-    assert err.strip().endswith("autoloader: internal error (a bug): please report the traceback above")
+    assert err.strip().endswith(
+        "autoloader: internal error (a bug): please report the traceback above"
+    )
 
 
-def test_tune_writes_a_plan_that_show_and_the_loader_accept(capsys: pytest.CaptureFixture[str],
-                                                            tmp_path: Path, events_h5: Path) -> None:  # fmt: skip
+def test_tune_writes_a_plan_that_show_and_the_loader_accept(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, events_h5: Path
+) -> None:
     out = tmp_path / "plan.toml"
-    code = main(["tune", str(events_h5), "--out", str(out), "--global-batch-size", "16",
-                 "--iterations", "4", "--max-workers", "1", "--memory-budget", "1GiB"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            str(events_h5),
+            "--out",
+            str(out),
+            "--global-batch-size",
+            "16",
+            "--iterations",
+            "4",
+            "--max-workers",
+            "1",
+            "--memory-budget",
+            "1GiB",
+        ]
+    )
     summary = capsys.readouterr().out
     assert code == 0
     plan = Plan.load(out)
@@ -151,8 +217,9 @@ def test_tune_writes_a_plan_that_show_and_the_loader_accept(capsys: pytest.Captu
     assert plan.memory["budget_bytes"] == int(2**30 * 0.9)
     trace = plan.tuning["workers"]["trace"]
     assert [c["workers"] for c in trace] == [0, 1]
-    assert all(c["batches"] == 4 and c["seconds_per_batch"] > 0 and c["memory_bytes"] > 0
-               for c in trace)  # fmt: skip
+    assert all(
+        c["batches"] == 4 and c["seconds_per_batch"] > 0 and c["memory_bytes"] > 0 for c in trace
+    )
     assert plan.loader.num_workers in (0, 1)
     assert plan.meta["command"].startswith("autoloader tune ")
     assert "worker search" in summary and "strategies" in summary
@@ -170,9 +237,19 @@ def test_tune_writes_a_plan_that_show_and_the_loader_accept(capsys: pytest.Captu
     assert sum(b.num_graphs for b in loader) == len(GraphEventsH5(events_h5))
 
 
-def test_json_and_quiet(capsys: pytest.CaptureFixture[str], tmp_path: Path, events_h5: Path) -> None:
-    args = ["tune", str(events_h5), "--out", str(tmp_path / "p.toml"), "--iterations", "2",
-            "--max-workers", "0"]  # fmt: skip
+def test_json_and_quiet(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, events_h5: Path
+) -> None:
+    args = [
+        "tune",
+        str(events_h5),
+        "--out",
+        str(tmp_path / "p.toml"),
+        "--iterations",
+        "2",
+        "--max-workers",
+        "0",
+    ]
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["schema"] == 1
     assert main([*args, "--quiet"]) == 0
@@ -193,9 +270,12 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_dash_m_and_sigterm_leave_no_partial_plan(tmp_path: Path) -> None:
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN)
-    proc = subprocess.Popen([sys.executable, "-m", "autoloader", "tune", "conftest:SLOW",
-                             "--out", str(out)], cwd=Path(__file__).parent,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoloader", "tune", "conftest:SLOW", "--out", str(out)],
+        cwd=Path(__file__).parent,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(6)  # imports done, measuring the slow samples
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

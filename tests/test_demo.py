@@ -38,6 +38,12 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert figures["batches"] == -(-200 // plan.batching.local_batch_size)
     assert figures["scraped_batches"] == figures["batches"]
     assert figures["worst_batch_bytes"] > 0 and figures["samples_per_second"] > 0
-    for part in ("[1/4] dataset", "[2/4] tuned", "[3/4] training", "[4/4] summary",
-                 "worst batch", "throughput"):  # fmt: skip
+    for part in (
+        "[1/4] dataset",
+        "[2/4] tuned",
+        "[3/4] training",
+        "[4/4] summary",
+        "worst batch",
+        "throughput",
+    ):
         assert part in text

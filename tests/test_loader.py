@@ -20,22 +20,40 @@ from autoloader.samplers import RandomBatchSampler
 from autoloader.sizes import fingerprint, sample_sizes
 
 
-def plan_for(dataset: object, *, workers: int = 0, batch: int = 8, world: int = 1,
-             fp: bool = True, **batching: object) -> Plan:  # fmt: skip
+def plan_for(
+    dataset: object,
+    *,
+    workers: int = 0,
+    batch: int = 8,
+    world: int = 1,
+    fp: bool = True,
+    **batching: object,
+) -> Plan:
     sizes = sample_sizes(dataset)
-    return Plan.from_dict({
-        "schema": 1,
-        "dataset": {"fingerprint": fingerprint(sizes)} if fp else {},
-        "loader": {"num_workers": workers, "pin_memory": True,
-                   **({"prefetch_factor": 2, "persistent_workers": True} if workers else {})},
-        "batching": {"strategy": "random", "local_batch_size": batch, "world_size": world,
-                     "seed": 3, **batching},
-    })  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "dataset": {"fingerprint": fingerprint(sizes)} if fp else {},
+            "loader": {
+                "num_workers": workers,
+                "pin_memory": True,
+                **({"prefetch_factor": 2, "persistent_workers": True} if workers else {}),
+            },
+            "batching": {
+                "strategy": "random",
+                "local_batch_size": batch,
+                "world_size": world,
+                "seed": 3,
+                **batching,
+            },
+        }
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_plan_sets_sampler_workers_and_graph_batches(events_h5: Path, num_workers: int,
-                                                     registry: CollectorRegistry) -> None:  # fmt: skip
+def test_plan_sets_sampler_workers_and_graph_batches(
+    events_h5: Path, num_workers: int, registry: CollectorRegistry
+) -> None:
     ds = GraphEventsH5(events_h5)
     loader = DataLoader(ds, plan=plan_for(ds, workers=num_workers, batch=32), registry=registry)
     assert isinstance(loader, torch.utils.data.DataLoader)
@@ -55,7 +73,8 @@ def test_plan_sets_sampler_workers_and_graph_batches(events_h5: Path, num_worker
     assert registry.get_sample_value("autoloader_num_workers", rank) == num_workers
     assert registry.get_sample_value("autoloader_local_batch_size", rank) == 32
     assert loader.stats.worst_batch_bytes == max(
-        int(sample_sizes(ds)[b].sum()) for b in loader.batch_sampler)
+        int(sample_sizes(ds)[b].sum()) for b in loader.batch_sampler
+    )
 
 
 def test_no_pin_memory_warning_without_accelerator(events_h5: Path) -> None:
@@ -86,44 +105,65 @@ def test_plan_path_is_loaded(tmp_path: Path, registry: CollectorRegistry) -> Non
     assert loader.plan is not None and loader.plan.source == str(tmp_path / "plan.toml")
 
 
-def test_keyword_overrides_win_and_are_logged_once(caplog: pytest.LogCaptureFixture,
-                                                   registry: CollectorRegistry) -> None:  # fmt: skip
+def test_keyword_overrides_win_and_are_logged_once(
+    caplog: pytest.LogCaptureFixture, registry: CollectorRegistry
+) -> None:
     ds = VariableTensors(40)
     with caplog.at_level(logging.INFO, logger="autoloader"):
-        loader = DataLoader(ds, plan=plan_for(ds, workers=2, batch=8), num_workers=0,
-                            batch_size=10, drop_last=True, collate_fn=list,
-                            registry=registry)  # fmt: skip
+        loader = DataLoader(
+            ds,
+            plan=plan_for(ds, workers=2, batch=8),
+            num_workers=0,
+            batch_size=10,
+            drop_last=True,
+            collate_fn=list,
+            registry=registry,
+        )
     assert loader.num_workers == 0
     assert loader.batch_sampler.batch_size == 10 and loader.batch_sampler.drop_last
     assert len(list(loader)) == 4
     overrides = [r.message for r in caplog.records if "override the plan" in r.message]
-    assert overrides == ["autoloader: keyword arguments override the plan: batch_size=10, "
-                         "drop_last=True, num_workers=0"]  # fmt: skip
+    assert overrides == [
+        "autoloader: keyword arguments override the plan: batch_size=10, "
+        "drop_last=True, num_workers=0"
+    ]
 
 
 def test_user_sampler_replaces_planned_batching_but_keeps_batch_size(
     registry: CollectorRegistry,
 ) -> None:
     ds = VariableTensors(20)
-    loader = DataLoader(ds, plan=plan_for(ds, batch=5), registry=registry,
-                        sampler=torch.utils.data.SequentialSampler(ds), collate_fn=list)  # fmt: skip
+    loader = DataLoader(
+        ds,
+        plan=plan_for(ds, batch=5),
+        registry=registry,
+        sampler=torch.utils.data.SequentialSampler(ds),
+        collate_fn=list,
+    )
     assert loader.batch_size == 5
-    assert [[int(t[0]) for t in b] for b in loader] == [list(range(i, i + 5)) for i in (0, 5, 10, 15)]
+    assert [[int(t[0]) for t in b] for b in loader] == [
+        list(range(i, i + 5)) for i in (0, 5, 10, 15)
+    ]
 
 
 def test_plan_for_other_data_is_refused_unless_told(registry: CollectorRegistry) -> None:
     plan = plan_for(VariableTensors(30, seed=1))
     other = VariableTensors(30, seed=2)
-    with pytest.raises(PlanError, match=r"the plan was tuned for other data \(fingerprint "
-                       r"sha256:30:\w+, \? samples\); this dataset has fingerprint"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=r"the plan was tuned for other data \(fingerprint "
+        r"sha256:30:\w+, \? samples\); this dataset has fingerprint",
+    ):
         DataLoader(other, plan=plan, registry=registry)
-    loader = DataLoader(other, plan=plan, check_fingerprint=False, collate_fn=list,
-                        registry=registry)  # fmt: skip
+    loader = DataLoader(
+        other, plan=plan, check_fingerprint=False, collate_fn=list, registry=registry
+    )
     assert sum(len(b) for b in loader) == 30
 
 
-def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch,
-                                                  registry: CollectorRegistry) -> None:  # fmt: skip
+def test_rank_and_world_size_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
+) -> None:
     ds = VariableTensors(50)
     plan = plan_for(ds, batch=5, world=2)
     seen = []
@@ -137,8 +177,9 @@ def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert registry.get_sample_value("autoloader_local_batch_size", {"rank": "1"}) == 5
 
 
-def test_world_size_mismatch_warns(monkeypatch: pytest.MonkeyPatch,
-                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_world_size_mismatch_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     ds = VariableTensors(20)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -150,10 +191,13 @@ def test_world_size_mismatch_warns(monkeypatch: pytest.MonkeyPatch,
 def test_unknown_strategy_in_plan(registry: CollectorRegistry) -> None:
     ds = VariableTensors(10)
     plan = plan_for(ds)
-    bad = Plan.from_dict({**plan.to_dict(), "batching": {**plan.to_dict()["batching"],
-                                                          "strategy": "magic"}}, source="p.toml")  # fmt: skip
-    with pytest.raises(PlanError, match="p.toml: key 'batching.strategy': expected one of "
-                                        "random.*found 'magic'"):  # fmt: skip
+    bad = Plan.from_dict(
+        {**plan.to_dict(), "batching": {**plan.to_dict()["batching"], "strategy": "magic"}},
+        source="p.toml",
+    )
+    with pytest.raises(
+        PlanError, match=r"p.toml: key 'batching.strategy': expected one of random.*found 'magic'"
+    ):
         DataLoader(ds, plan=bad, registry=registry)
 
 
@@ -167,11 +211,19 @@ def test_without_plan_metrics_count_batches_and_bytes(registry: CollectorRegistr
     assert registry.get_sample_value("autoloader_samples_total", {"rank": "0"}) == 10
     # without a plan, bytes come from the delivered batch itself
     assert registry.get_sample_value("autoloader_batch_bytes_sum", {"rank": "0"}) == sum(
-        t.numel() * 4 for b in batches for t in b)
+        t.numel() * 4 for b in batches for t in b
+    )
 
 
 def test_public_api_is_explicit() -> None:
-    assert set(autoloader.__all__) >= {"DataLoader", "Plan", "tune", "serve_metrics",
-                                       "samplers", "sizes", "__version__"}  # fmt: skip
+    assert set(autoloader.__all__) >= {
+        "DataLoader",
+        "Plan",
+        "tune",
+        "serve_metrics",
+        "samplers",
+        "sizes",
+        "__version__",
+    }
     assert "random" in autoloader.samplers.STRATEGIES
     assert isinstance(autoloader.sizes.sample_sizes(VariableTensors(3)), np.ndarray)

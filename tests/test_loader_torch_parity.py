@@ -10,7 +10,9 @@ death, time-outs, persistent workers, multiprocessing contexts and collation.
 from __future__ import annotations
 
 import collections
+import functools
 import math
+import operator
 import os
 import signal
 import warnings
@@ -35,7 +37,7 @@ IDS = ["torch", "autoloader"]
 
 
 @pytest.fixture(params=LOADERS, ids=IDS)
-def Loader(request: pytest.FixtureRequest) -> type:  # noqa: N802 - a class, as in the tests
+def Loader(request: pytest.FixtureRequest) -> type:
     return request.param
 
 
@@ -156,8 +158,8 @@ def check_sequential(loader: TorchDataLoader, x: torch.Tensor, y: torch.Tensor) 
         if bs is None:
             assert torch.equal(sample, x[i]) and torch.equal(target, y[i])
         else:
-            assert torch.equal(sample, x[i * bs:(i + 1) * bs])
-            assert torch.equal(target, y[i * bs:(i + 1) * bs])
+            assert torch.equal(sample, x[i * bs : (i + 1) * bs])
+            assert torch.equal(target, y[i * bs : (i + 1) * bs])
         count += 1
     assert count == (len(x) if bs is None else math.ceil(len(x) / bs))
 
@@ -177,16 +179,29 @@ def test_positional_arguments_mean_what_they_mean_in_torch(Loader: type, data: t
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_shuffle_covers_everything_and_is_reproducible(Loader: type, data: tuple,
-                                                       num_workers: int) -> None:  # fmt: skip
-    x, y, ds = data
-    make = lambda: Loader(ds, batch_size=7, shuffle=True, num_workers=num_workers,  # noqa: E731
-                          generator=torch.Generator().manual_seed(42))
+def test_shuffle_covers_everything_and_is_reproducible(
+    Loader: type, data: tuple, num_workers: int
+) -> None:
+    _x, y, ds = data
+
+    def make():
+        return Loader(
+            ds,
+            batch_size=7,
+            shuffle=True,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(42),
+        )
+
     first = [t.tolist() for _, t in make()]
     assert first == [t.tolist() for _, t in make()]
-    assert sorted(sum(first, [])) == sorted(y.tolist())
-    ref = [t.tolist() for _, t in TorchDataLoader(ds, batch_size=7, shuffle=True,
-                                                  generator=torch.Generator().manual_seed(42))]
+    assert sorted(functools.reduce(operator.iadd, first, [])) == sorted(y.tolist())
+    ref = [
+        t.tolist()
+        for _, t in TorchDataLoader(
+            ds, batch_size=7, shuffle=True, generator=torch.Generator().manual_seed(42)
+        )
+    ]
     assert first == ref  # the same order as torch for the same generator
 
 
@@ -205,29 +220,61 @@ def test_lengths(Loader: type, data: tuple) -> None:
     [
         ({"num_workers": -1}, ValueError, "num_workers option should be non-negative"),
         ({"timeout": -1}, ValueError, "timeout option should be non-negative"),
-        ({"batch_size": None, "drop_last": True}, ValueError,
-         "batch_size=None option disables auto-batching and is mutually exclusive"),
-        ({"num_workers": 0, "multiprocessing_context": "fork"}, ValueError,
-         r"multi-process loading \(num_workers > 0\), but got"),
-        ({"num_workers": 1, "multiprocessing_context": "bad"}, ValueError,
-         "should specify a valid start method in"),
-        ({"num_workers": 1, "multiprocessing_context": object()}, TypeError,
-         "multiprocessing_context option should be a valid context "),
-        ({"batch_size": 11, "sampler": [0, 1], "shuffle": True}, ValueError,
-         "sampler option is mutually exclusive with shuffle"),
-        ({"batch_size": 11, "batch_sampler": [[0]]}, ValueError,
-         "batch_sampler option is mutually exclusive with"),
-        ({"shuffle": True, "batch_sampler": [[0]]}, ValueError,
-         "batch_sampler option is mutually exclusive with"),
-        ({"drop_last": True, "batch_sampler": [[0]]}, ValueError,
-         "batch_sampler option is mutually exclusive with"),
-        ({"prefetch_factor": 2}, ValueError,
-         "prefetch_factor option could only be specified in multiprocessing"),
-        ({"persistent_workers": True}, ValueError, "persistent_workers option needs num_workers > 0"),
+        (
+            {"batch_size": None, "drop_last": True},
+            ValueError,
+            "batch_size=None option disables auto-batching and is mutually exclusive",
+        ),
+        (
+            {"num_workers": 0, "multiprocessing_context": "fork"},
+            ValueError,
+            r"multi-process loading \(num_workers > 0\), but got",
+        ),
+        (
+            {"num_workers": 1, "multiprocessing_context": "bad"},
+            ValueError,
+            "should specify a valid start method in",
+        ),
+        (
+            {"num_workers": 1, "multiprocessing_context": object()},
+            TypeError,
+            "multiprocessing_context option should be a valid context ",
+        ),
+        (
+            {"batch_size": 11, "sampler": [0, 1], "shuffle": True},
+            ValueError,
+            "sampler option is mutually exclusive with shuffle",
+        ),
+        (
+            {"batch_size": 11, "batch_sampler": [[0]]},
+            ValueError,
+            "batch_sampler option is mutually exclusive with",
+        ),
+        (
+            {"shuffle": True, "batch_sampler": [[0]]},
+            ValueError,
+            "batch_sampler option is mutually exclusive with",
+        ),
+        (
+            {"drop_last": True, "batch_sampler": [[0]]},
+            ValueError,
+            "batch_sampler option is mutually exclusive with",
+        ),
+        (
+            {"prefetch_factor": 2},
+            ValueError,
+            "prefetch_factor option could only be specified in multiprocessing",
+        ),
+        (
+            {"persistent_workers": True},
+            ValueError,
+            "persistent_workers option needs num_workers > 0",
+        ),
     ],
-)  # fmt: skip
-def test_invalid_argument_combinations(Loader: type, data: tuple, kwargs: dict, exc: type,
-                                       message: str) -> None:  # fmt: skip
+)
+def test_invalid_argument_combinations(
+    Loader: type, data: tuple, kwargs: dict, exc: type, message: str
+) -> None:
     with pytest.raises(exc, match=message):
         Loader(data[2], **kwargs)
 
@@ -237,9 +284,12 @@ def test_invalid_argument_combinations(Loader: type, data: tuple, kwargs: dict, 
     [
         ({"shuffle": True}, "DataLoader with IterableDataset: expected unspecified shuffle"),
         ({"sampler": [0]}, "DataLoader with IterableDataset: expected unspecified sampler"),
-        ({"batch_sampler": [[0]]}, "DataLoader with IterableDataset: expected unspecified batch_sampler"),
+        (
+            {"batch_sampler": [[0]]},
+            "DataLoader with IterableDataset: expected unspecified batch_sampler",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_arguments_for_iterable_datasets(Loader: type, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Loader(CountingIterable(20), **kwargs)
@@ -255,7 +305,9 @@ def test_attributes_cannot_be_reassigned_after_init(Loader: type, data: tuple) -
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_builtin_collection_conversion(Loader: type, num_workers: int) -> None:
     for coll in (list, tuple):
-        assert coll(Loader(Counting(20), batch_size=None, num_workers=num_workers)) == coll(range(20))
+        assert coll(Loader(Counting(20), batch_size=None, num_workers=num_workers)) == coll(
+            range(20)
+        )
         got = coll(Loader(Counting(20), batch_size=2, num_workers=num_workers))
         assert [t.tolist() for t in got] == [[i, i + 1] for i in range(0, 20, 2)]
         it = coll(Loader(CountingIterable(20), batch_size=None, num_workers=num_workers))
@@ -265,8 +317,12 @@ def test_builtin_collection_conversion(Loader: type, num_workers: int) -> None:
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize("prefetch_factor", [2, 3])
 def test_iterable_dataset_with_workers(Loader: type, prefetch_factor: int) -> None:
-    loader = Loader(WorkerSpecificIterable([0, 4, 20]), num_workers=3, batch_size=7,
-                    prefetch_factor=prefetch_factor)  # fmt: skip
+    loader = Loader(
+        WorkerSpecificIterable([0, 4, 20]),
+        num_workers=3,
+        batch_size=7,
+        prefetch_factor=prefetch_factor,
+    )
     it = iter(loader)
     fetched = {tuple(t.tolist()) for t in it}
     assert fetched == {tuple(range(4)), tuple(range(7)), tuple(range(7, 14)), tuple(range(14, 20))}
@@ -290,8 +346,11 @@ def test_iterable_dataset_length_warning(Loader: type) -> None:
     it = iter(loader)
     for _ in range(20):
         next(it)
-    with pytest.warns(UserWarning, match=r"but [0-9]+ samples have been fetched\. For "
-                                         r"multiprocessing data-loading, this"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"but [0-9]+ samples have been fetched\. For "
+        r"multiprocessing data-loading, this",
+    ):
         next(it)
 
 
@@ -320,8 +379,18 @@ def test_errors_in_iter_and_worker_init(Loader: type, data: tuple) -> None:
 def test_worker_seeds_and_init_fn(Loader: type) -> None:
     seeds = {int(b) for b in Loader(Seeds(), batch_size=None, num_workers=2)}
     assert len(seeds) == 2
-    gen = lambda: {int(b) for b in Loader(Seeds(), batch_size=None, num_workers=2,  # noqa: E731
-                                          generator=torch.Generator().manual_seed(42))}
+
+    def gen():
+        return {
+            int(b)
+            for b in Loader(
+                Seeds(),
+                batch_size=None,
+                num_workers=2,
+                generator=torch.Generator().manual_seed(42),
+            )
+        }
+
     assert gen() == gen()
     for batch in Loader(Seeds(), batch_size=2, num_workers=2, worker_init_fn=seed_init_fn):
         assert batch.tolist() == [12345, 12345]
@@ -329,8 +398,11 @@ def test_worker_seeds_and_init_fn(Loader: type) -> None:
 
 
 def test_killed_worker_is_reported(Loader: type) -> None:
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\)? ?\d+\) exited "
-                                           r"unexpectedly|is killed by signal"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"DataLoader worker \(pid\(s\)? ?\d+\) exited "
+        r"unexpectedly|is killed by signal",
+    ):
         next(iter(Loader(KillsItsWorker(), batch_size=2, num_workers=1)))
 
 
@@ -372,7 +444,7 @@ def test_sampler_and_batch_sampler_as_plain_iterables(Loader: type, data: tuple)
     loader = Loader(ds, sampler=range(2, 12), batch_size=2, num_workers=2)
     assert len(loader) == 5
     for i, (inp, _) in enumerate(loader):
-        assert torch.equal(inp, x[i * 2 + 2:i * 2 + 4])
+        assert torch.equal(inp, x[i * 2 + 2 : i * 2 + 4])
     batches = [(0, 1), (2, 3, 4), (5, 6), (7, 8, 9)]
     assert [len(inp) for inp, _ in Loader(ds, batch_sampler=batches)] == [2, 3, 2, 3]
     bs = BatchSampler(SequentialSampler(ds), 3, False)
@@ -397,11 +469,13 @@ def test_collation_of_numpy_dicts_strings_and_namedtuples(Loader: type) -> None:
 
 
 def test_excessive_worker_warning(Loader: type, data: tuple) -> None:
-    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader "
-                                         "running slow or even freeze"):  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match="excessive worker creation might get DataLoader running slow or even freeze",
+    ):
         Loader(data[2], batch_size=2, num_workers=1000)
 
 
 def test_out_of_order_delivery(Loader: type) -> None:
     got = list(Loader(Counting(20), batch_size=4, num_workers=2, in_order=False))
-    assert sorted(sum((t.tolist() for t in got), [])) == list(range(20))
+    assert sorted(functools.reduce(operator.iadd, (t.tolist() for t in got), [])) == list(range(20))

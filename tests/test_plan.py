@@ -35,16 +35,23 @@ def test_minimal_hand_written_plan_is_valid_with_defaults(tmp_path: Path) -> Non
 
 def test_round_trip_through_toml_keeps_every_table(tmp_path: Path) -> None:
     plan = Plan(
-        loader=LoaderPlan(num_workers=3, pin_memory=False, prefetch_factor=4,
-                          persistent_workers=True),
-        batching=BatchingPlan(strategy="random", local_batch_size=8, world_size=2,
-                              grad_accum_steps=2, seed=7, options={"x": 1.5}),
+        loader=LoaderPlan(
+            num_workers=3, pin_memory=False, prefetch_factor=4, persistent_workers=True
+        ),
+        batching=BatchingPlan(
+            strategy="random",
+            local_batch_size=8,
+            world_size=2,
+            grad_accum_steps=2,
+            seed=7,
+            options={"x": 1.5},
+        ),
         meta={"created": "2026-01-01T00:00:00+00:00", "host": "n1"},
         dataset={"spec": "d.h5", "num_samples": 10, "fingerprint": "sha256:10:ab"},
         hardware={"device": "cpu", "headroom_source": "psutil", "cpu_count": 4},
         memory={"budget_bytes": 100, "model": {"slope": 2.0, "points": [[1, 2], [3, 4]]}},
         tuning={"workers": {"trace": [{"workers": 0, "seconds_per_batch": 0.1}]}},
-    )  # fmt: skip
+    )
     path = tmp_path / "p.toml"
     plan.save(path)
     again = Plan.load(path)
@@ -56,39 +63,62 @@ def test_round_trip_through_toml_keeps_every_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("schema = 2\n[loader]\nnum_workers=1\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
-         "key 'schema': this plan uses schema 2, written by a newer autoloader; this version reads schema 1"),
-        ("schema = 1\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
-         "missing table [loader]"),
-        ("schema = 1\n[loader]\nnum_workers=1\n",
-         "missing table [batching]"),
-        (MINIMAL.replace("num_workers = 2", "num_workers = 'two'"),
-         "key 'loader.num_workers': expected an integer >= 0, found 'two' (string)"),
-        (MINIMAL.replace("num_workers = 2", "num_workers = -1"),
-         "key 'loader.num_workers': expected an integer >= 0, found -1 (integer)"),
-        (MINIMAL.replace("num_workers = 2", "num_workers = true"),
-         "key 'loader.num_workers': expected an integer >= 0, found True (boolean)"),
-        (MINIMAL.replace("local_batch_size = 16", "local_batch_size = 0"),
-         "key 'batching.local_batch_size': expected an integer >= 1, found 0 (integer)"),
-        (MINIMAL.replace("num_workers = 2", "num_worker = 2"),
-         "missing key 'loader.num_workers': expected an integer >= 0"),
-        (MINIMAL + "typo = 1\n",
-         "unknown key 'batching.typo': expected one of strategy, options, local_batch_size"),
-        ("extra = 1\n" + MINIMAL,
-         "unknown top-level key 'extra'"),
-        (MINIMAL + "[hardware]\nheadroom_source = 'guess'\n",
-         "key 'hardware.headroom_source': expected one of 'nvml', 'torch', 'psutil', 'override', found 'guess' (string)"),
-        ("schema = 1\nloader = 3\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
-         "key 'loader': expected a table, found 3 (integer)"),
-        (MINIMAL.replace("[batching]", "[batching]\nglobal_batch_size = 10"),
-         "key 'batching.global_batch_size': expected local_batch_size x world_size x grad_accum_steps = 16 x 1 x 1 = 16, found 10"),
+        (
+            "schema = 2\n[loader]\nnum_workers=1\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
+            "key 'schema': this plan uses schema 2, written by a newer autoloader; this version reads schema 1",
+        ),
+        (
+            "schema = 1\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
+            "missing table [loader]",
+        ),
+        ("schema = 1\n[loader]\nnum_workers=1\n", "missing table [batching]"),
+        (
+            MINIMAL.replace("num_workers = 2", "num_workers = 'two'"),
+            "key 'loader.num_workers': expected an integer >= 0, found 'two' (string)",
+        ),
+        (
+            MINIMAL.replace("num_workers = 2", "num_workers = -1"),
+            "key 'loader.num_workers': expected an integer >= 0, found -1 (integer)",
+        ),
+        (
+            MINIMAL.replace("num_workers = 2", "num_workers = true"),
+            "key 'loader.num_workers': expected an integer >= 0, found True (boolean)",
+        ),
+        (
+            MINIMAL.replace("local_batch_size = 16", "local_batch_size = 0"),
+            "key 'batching.local_batch_size': expected an integer >= 1, found 0 (integer)",
+        ),
+        (
+            MINIMAL.replace("num_workers = 2", "num_worker = 2"),
+            "missing key 'loader.num_workers': expected an integer >= 0",
+        ),
+        (
+            MINIMAL + "typo = 1\n",
+            "unknown key 'batching.typo': expected one of strategy, options, local_batch_size",
+        ),
+        ("extra = 1\n" + MINIMAL, "unknown top-level key 'extra'"),
+        (
+            MINIMAL + "[hardware]\nheadroom_source = 'guess'\n",
+            "key 'hardware.headroom_source': expected one of 'nvml', 'torch', 'psutil', 'override', found 'guess' (string)",
+        ),
+        (
+            "schema = 1\nloader = 3\n[batching]\nstrategy='random'\nlocal_batch_size=1\n",
+            "key 'loader': expected a table, found 3 (integer)",
+        ),
+        (
+            MINIMAL.replace("[batching]", "[batching]\nglobal_batch_size = 10"),
+            "key 'batching.global_batch_size': expected local_batch_size x world_size x grad_accum_steps = 16 x 1 x 1 = 16, found 10",
+        ),
         ("[loader]\nnum_workers=1\n", "missing key 'schema': expected schema = 1"),
-        (MINIMAL.replace("num_workers = 2", "num_workers = 0\nprefetch_factor = 2"),
-         "key 'loader.prefetch_factor': only valid with num_workers > 0"),
+        (
+            MINIMAL.replace("num_workers = 2", "num_workers = 0\nprefetch_factor = 2"),
+            "key 'loader.prefetch_factor': only valid with num_workers > 0",
+        ),
     ],
-)  # fmt: skip
-def test_validation_names_file_key_expected_and_found(tmp_path: Path, text: str,
-                                                       message: str) -> None:  # fmt: skip
+)
+def test_validation_names_file_key_expected_and_found(
+    tmp_path: Path, text: str, message: str
+) -> None:
     path = write(tmp_path, text)
     with pytest.raises(PlanError) as info:
         Plan.load(path)
@@ -116,8 +146,9 @@ def test_binary_file_is_refused(tmp_path: Path) -> None:
         Plan.load(path)
 
 
-def test_save_is_atomic_and_failure_keeps_the_old_plan(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_save_is_atomic_and_failure_keeps_the_old_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write(tmp_path, MINIMAL)
     before = path.read_bytes()
     plan = Plan.load(path)
@@ -133,7 +164,12 @@ def test_save_is_atomic_and_failure_keeps_the_old_plan(tmp_path: Path,
 
 
 def test_save_refuses_a_directory(tmp_path: Path) -> None:
-    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                           "batching": {"strategy": "random", "local_batch_size": 1}})  # fmt: skip
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 1},
+        }
+    )
     with pytest.raises(PlanError, match="is a directory"):
         plan.save(tmp_path)

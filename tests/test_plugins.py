@@ -44,16 +44,27 @@ def test_pt_directory_and_import_path_and_pyg(tmp_path: Path) -> None:
     [
         ("missing.h5", "DATASET 'missing.h5': no such file"),
         ("/no/such/place", "DATASET '/no/such/place': no such file or directory"),
-        ("no_such_module_x:thing", "DATASET 'no_such_module_x:thing': cannot import module "
-                                   "'no_such_module_x': ModuleNotFoundError"),
-        ("conftest:nothing", "DATASET 'conftest:nothing': module 'conftest' has no attribute 'nothing'"),
-        ("conftest:failing_factory", "DATASET 'conftest:failing_factory': the factory failed: "
-                                     "RuntimeError: no data today"),
-        ("conftest:NOT_A_DATASET", "DATASET 'conftest:NOT_A_DATASET': expected a map-style dataset "
-                                   "(with __len__ and __getitem__), found int"),
+        (
+            "no_such_module_x:thing",
+            "DATASET 'no_such_module_x:thing': cannot import module "
+            "'no_such_module_x': ModuleNotFoundError",
+        ),
+        (
+            "conftest:nothing",
+            "DATASET 'conftest:nothing': module 'conftest' has no attribute 'nothing'",
+        ),
+        (
+            "conftest:failing_factory",
+            "DATASET 'conftest:failing_factory': the factory failed: RuntimeError: no data today",
+        ),
+        (
+            "conftest:NOT_A_DATASET",
+            "DATASET 'conftest:NOT_A_DATASET': expected a map-style dataset "
+            "(with __len__ and __getitem__), found int",
+        ),
         ("pyg:NoSuchDataset", "DATASET 'pyg:NoSuchDataset': cannot import 'NoSuchDataset'"),
     ],
-)  # fmt: skip
+)
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
     with pytest.raises(DatasetError) as info:
         open_dataset(spec)
@@ -67,7 +78,7 @@ def test_non_hdf5_file_with_h5_suffix_and_unknown_file(tmp_path: Path) -> None:
         open_dataset(str(fake))
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
-    with pytest.raises(DatasetError, match="no dataset plugin recognises it; expected an .h5"):
+    with pytest.raises(DatasetError, match=r"no dataset plugin recognises it; expected an \.h5"):
         open_dataset(str(notes))
 
 
@@ -79,7 +90,7 @@ def test_empty_hdf5_and_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="empty: the file holds no event groups"):
         open_dataset(str(tmp_path / "empty.h5"))
     (tmp_path / "d").mkdir()
-    with pytest.raises(DatasetError, match="empty: the directory has no .pt files"):
+    with pytest.raises(DatasetError, match=r"empty: the directory has no \.pt files"):
         open_dataset(str(tmp_path / "d"))
 
 
@@ -139,10 +150,23 @@ def test_third_party_plugin_installed_as_its_own_distribution(tmp_path: Path) ->
         (src / name).write_text(textwrap.dedent(text))
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(src)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     code = textwrap.dedent("""\
         import sys
         from autoloader.datasets import open_dataset, find_plugins
@@ -151,10 +175,22 @@ def test_third_party_plugin_installed_as_its_own_distribution(tmp_path: Path) ->
         print(type(ds).__module__, sample_sizes(ds).tolist(),
               [r.distribution for r in find_plugins() if r.name == "ranges"])
     """)
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})  # fmt: skip
-    assert out.stdout.split() == ["autoloader_plugin_ranges", "[8,", "16,", "24,", "32,", "40]",
-                                  "['autoloader-plugin-ranges']"]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.split() == [
+        "autoloader_plugin_ranges",
+        "[8,",
+        "16,",
+        "24,",
+        "32,",
+        "40]",
+        "['autoloader-plugin-ranges']",
+    ]
 
 
 @pytest.mark.slow
@@ -162,10 +198,16 @@ def test_a_plugin_that_fails_to_load_is_named(tmp_path: Path) -> None:
     dist = tmp_path / "broken_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[autoloader.datasets]\nbroken = no_such_module_q:PLUGIN\n")
+    (dist / "entry_points.txt").write_text(
+        "[autoloader.datasets]\nbroken = no_such_module_q:PLUGIN\n"
+    )
     code = "from autoloader.cli import main; raise SystemExit(main(['tune', 'x.h5']))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "autoloader: error: dataset plugin 'broken' (no_such_module_q:PLUGIN, from broken-plugin) "

@@ -14,13 +14,22 @@ from autoloader.samplers import STRATEGIES, make_sampler
 NAMES = sorted(STRATEGIES)
 
 
-def epoch(name: str, sizes: np.ndarray, batch: int, replicas: int, *, drop_last: bool,
-          seed: int = 0, ep: int = 0) -> list[list[list[int]]]:  # fmt: skip
+def epoch(
+    name: str,
+    sizes: np.ndarray,
+    batch: int,
+    replicas: int,
+    *,
+    drop_last: bool,
+    seed: int = 0,
+    ep: int = 0,
+) -> list[list[list[int]]]:
     """Every rank's batches for one epoch."""
     out = []
     for rank in range(replicas):
-        s = make_sampler(name, sizes, batch, seed=seed, drop_last=drop_last,
-                         num_replicas=replicas, rank=rank)  # fmt: skip
+        s = make_sampler(
+            name, sizes, batch, seed=seed, drop_last=drop_last, num_replicas=replicas, rank=rank
+        )
         s.set_epoch(ep)
         batches = list(s)
         assert len(batches) == len(s)
@@ -38,10 +47,17 @@ sizes_st = st.one_of(
 
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=60, deadline=None)
-@given(sizes=sizes_st, batch=st.integers(1, 40), replicas=st.integers(1, 5),
-       drop_last=st.booleans(), seed=st.integers(0, 2**16), ep=st.integers(0, 3))  # fmt: skip
-def test_epoch_covers_every_index_once(name: str, sizes: list[int], batch: int, replicas: int,
-                                       drop_last: bool, seed: int, ep: int) -> None:  # fmt: skip
+@given(
+    sizes=sizes_st,
+    batch=st.integers(1, 40),
+    replicas=st.integers(1, 5),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**16),
+    ep=st.integers(0, 3),
+)
+def test_epoch_covers_every_index_once(
+    name: str, sizes: list[int], batch: int, replicas: int, drop_last: bool, seed: int, ep: int
+) -> None:
     arr = np.asarray(sizes, dtype=np.int64)
     n, g = len(arr), batch * replicas
     ranks = epoch(name, arr, batch, replicas, drop_last=drop_last, seed=seed, ep=ep)
@@ -107,15 +123,20 @@ def test_rank_shares_have_nearly_equal_bytes() -> None:
     ("kwargs", "message"),
     [
         ({"batch_size": 0}, "batch_size should be a positive integer value, but got batch_size=0"),
-        ({"batch_size": True}, "batch_size should be a positive integer value, but got batch_size=True"),
+        (
+            {"batch_size": True},
+            "batch_size should be a positive integer value, but got batch_size=True",
+        ),
         ({"batch_size": 2, "num_replicas": 0}, "num_replicas should be a positive integer value"),
-        ({"batch_size": 2, "num_replicas": 2, "rank": 2},
-         "Invalid rank 2, rank should be in the interval [0, 1]"),
+        (
+            {"batch_size": 2, "num_replicas": 2, "rank": 2},
+            "Invalid rank 2, rank should be in the interval [0, 1]",
+        ),
         ({"batch_size": 2, "shuffle": 1}, "shuffle should be a boolean value, but got shuffle=1"),
         ({"batch_size": 2, "drop_last": None}, "drop_last should be a boolean value"),
         ({"batch_size": 2, "seed": -1}, "seed should be an integer >= 0 value, but got seed=-1"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_arguments_are_checked(name: str, kwargs: dict, message: str) -> None:
     batch = kwargs.pop("batch_size")

@@ -24,8 +24,9 @@ def test_hdf5_sizes_from_shapes_equal_the_loaded_bytes(events_copy: Path) -> Non
     assert [nbytes_of(ds[i]) for i in range(len(ds))] == sizes.tolist()
 
 
-def test_sizes_are_cached_beside_the_data_and_reused(events_copy: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_sizes_are_cached_beside_the_data_and_reused(
+    events_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sizes = sample_sizes(GraphEventsH5(events_copy))
     cache = events_copy.with_name(events_copy.name + ".autoloader-sizes.npz")
     assert cache.is_file()
@@ -72,8 +73,10 @@ def test_generic_dataset_is_measured_by_loading_each_sample() -> None:
 
 def test_pt_directory_sizes_through_memory_maps(tmp_path: Path) -> None:
     for i in range(5):
-        torch.save(Data(x=torch.zeros(i + 1, 3), edge_index=torch.zeros(2, 2 * i, dtype=torch.long)),
-                   tmp_path / f"{i:03d}.pt")  # fmt: skip
+        torch.save(
+            Data(x=torch.zeros(i + 1, 3), edge_index=torch.zeros(2, 2 * i, dtype=torch.long)),
+            tmp_path / f"{i:03d}.pt",
+        )
     ds = PtDirectory(tmp_path)
     assert sample_sizes(ds).tolist() == [12 * (i + 1) + 32 * i for i in range(5)]
     assert (tmp_path / ".autoloader-sizes.npz").is_file()

@@ -16,13 +16,33 @@ from autoloader.tuning.workers import Candidate, choose
 
 
 def trace(*times: float, failed: tuple[int, ...] = ()) -> list[Candidate]:
-    return [Candidate(w, 100, t / 100, t, 1000 + w, "failed" if w in failed else "ok")
-            for w, t in enumerate(times)]  # fmt: skip
+    return [
+        Candidate(w, 100, t / 100, t, 1000 + w, "failed" if w in failed else "ok")
+        for w, t in enumerate(times)
+    ]
 
 
 def test_paper_rule_keeps_fewer_workers_within_alpha() -> None:
     # Synn and Kim's CIFAR-10 shape: 14 workers at 1.49 s beat 16 at 1.41 s with alpha 0.5
-    times = [9.0, 5.0, 3.0, 2.0, 1.8, 1.6, 1.55, 1.52, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.49, 1.45, 1.41]
+    times = [
+        9.0,
+        5.0,
+        3.0,
+        2.0,
+        1.8,
+        1.6,
+        1.55,
+        1.52,
+        1.5,
+        1.5,
+        1.5,
+        1.5,
+        1.5,
+        1.5,
+        1.49,
+        1.45,
+        1.41,
+    ]
     assert choose(trace(*times), tolerance=None, alpha=0.5) == 14
     assert choose(trace(*times), tolerance=None, alpha=0.0) == 16
     # relative: 3 workers are within 5% of 4's time, so 4 does not replace 3
@@ -70,25 +90,25 @@ class FakeNvml(types.ModuleType):
         self.fail_init = fail_init
         self.asked: list[object] = []
 
-    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+    def nvmlInit(self) -> None:
         if self.fail_init:
             raise RuntimeError("NVML Shared Library Not Found")
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         pass
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
         self.asked.append(i)
         return f"gpu{i}"
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
         self.asked.append(uuid)
         return "gpu-by-uuid"
 
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> types.SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> types.SimpleNamespace:
         return types.SimpleNamespace(total=80 * 2**30, free=70 * 2**30, used=10 * 2**30)
 
-    def nvmlDeviceGetName(self, handle: str) -> bytes:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: str) -> bytes:
         return b"Fake H100"
 
 
@@ -108,8 +128,9 @@ def test_nvml_probe_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch
         nvml_index(torch.device("cuda", 2))
 
 
-def test_missing_nvml_falls_through_to_torch(monkeypatch: pytest.MonkeyPatch,
-                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_missing_nvml_falls_through_to_torch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 * 2**30, 8 * 2**30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")

@@ -22,8 +22,9 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises ``UsageError`` instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog.replace('autoloader ', '', 1)}: {message}"
-                         if " " in self.prog else message)  # fmt: skip
+        raise UsageError(
+            f"{self.prog.replace('autoloader ', '', 1)}: {message}" if " " in self.prog else message
+        )
 
 
 def build_parser() -> Parser:
@@ -65,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception:
         traceback.print_exc()
-        print("autoloader: internal error (a bug): please report the traceback above",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
+        )
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)

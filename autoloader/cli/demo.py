@@ -9,13 +9,18 @@ from typing import Any
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "demo", help="generate a HEP-like dataset, tune, train a GNN for an epoch",
+        "demo",
+        help="generate a HEP-like dataset, tune, train a GNN for an epoch",
         description="Generates a synthetic HEP-like HDF5 file of graph events (right-skewed "
         "sizes, the largest about 25x the mean), tunes a plan for it, trains a small PyG GNN "
         "for one epoch with autoloader.DataLoader while serving metrics, and prints a summary.",
-    )  # fmt: skip
-    p.add_argument("--workdir", default="autoloader-demo", metavar="DIR",
-                   help="where the dataset and plan go (default: ./autoloader-demo)")  # fmt: skip
+    )
+    p.add_argument(
+        "--workdir",
+        default="autoloader-demo",
+        metavar="DIR",
+        help="where the dataset and plan go (default: ./autoloader-demo)",
+    )
     p.set_defaults(run=run)
 
 

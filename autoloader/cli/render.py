@@ -10,10 +10,10 @@ from autoloader.units import format_bytes
 
 def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     """Left-aligned columns, two spaces apart."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     lines = []
     for row in [header, *rows]:
-        cells = [str(c).ljust(w) for c, w in zip(row, widths)]
+        cells = [str(c).ljust(w) for c, w in zip(row, widths, strict=False)]
         lines.append((indent + "  ".join(cells)).rstrip())
     return lines
 
@@ -71,13 +71,24 @@ def _workers(search: Any, chosen: int) -> list[str]:
     rows = []
     for c in search["trace"]:
         mark = " *" if c.get("workers") == chosen else ""
-        rows.append([f"{c.get('workers')}{mark}", f"{c.get('seconds_per_batch', 0):.4f}",
-                     f"{c.get('total_seconds', 0):.2f}", _b(c.get("memory_bytes")),
-                     str(c.get("batches", "")), c.get("status", "ok")])  # fmt: skip
-    head = (f"\nworker search ({search.get('rule', '?')}, {search.get('timed_batches', '?')} "
-            "timed batches; * chosen)")  # fmt: skip
-    return [head, *table(["workers", "s/batch", "total s", "memory (PSS)", "batches", "status"],
-                         rows)]  # fmt: skip
+        rows.append(
+            [
+                f"{c.get('workers')}{mark}",
+                f"{c.get('seconds_per_batch', 0):.4f}",
+                f"{c.get('total_seconds', 0):.2f}",
+                _b(c.get("memory_bytes")),
+                str(c.get("batches", "")),
+                c.get("status", "ok"),
+            ]
+        )
+    head = (
+        f"\nworker search ({search.get('rule', '?')}, {search.get('timed_batches', '?')} "
+        "timed batches; * chosen)"
+    )
+    return [
+        head,
+        *table(["workers", "s/batch", "total s", "memory (PSS)", "batches", "status"], rows),
+    ]
 
 
 def _strategies(reports: Any, chosen: str) -> list[str]:
@@ -85,14 +96,23 @@ def _strategies(reports: Any, chosen: str) -> list[str]:
         return []
     rows = []
     for name, r in reports.items():
-        rows.append([f"{name}{' *' if name == chosen else ''}", str(r.get("local_batch_size", "")),
-                     _b(r.get("worst_batch_bytes")), _b(r.get("mean_batch_bytes")),
-                     _b(r.get("std_batch_bytes")),
-                     _b(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else "-"])  # fmt: skip
+        rows.append(
+            [
+                f"{name}{' *' if name == chosen else ''}",
+                str(r.get("local_batch_size", "")),
+                _b(r.get("worst_batch_bytes")),
+                _b(r.get("mean_batch_bytes")),
+                _b(r.get("std_batch_bytes")),
+                _b(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else "-",
+            ]
+        )
     epochs = next(iter(reports.values())).get("epochs", "?")
-    return [f"\nstrategies ({epochs} epochs replayed over all ranks; * chosen)",
-            *table(["strategy", "local batch", "worst batch", "mean batch", "std",
-                    "predicted peak"], rows)]  # fmt: skip
+    return [
+        f"\nstrategies ({epochs} epochs replayed over all ranks; * chosen)",
+        *table(
+            ["strategy", "local batch", "worst batch", "mean batch", "std", "predicted peak"], rows
+        ),
+    ]
 
 
 def _b(n: Any) -> str:

@@ -8,9 +8,12 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("show", help="validate and print a plan",
-                       description="Validate a plan file and print it as readable tables "
-                       "(or JSON). Exits 2 with the file, key and problem if it is invalid.")  # fmt: skip
+    p = sub.add_parser(
+        "show",
+        help="validate and print a plan",
+        description="Validate a plan file and print it as readable tables "
+        "(or JSON). Exits 2 with the file, key and problem if it is invalid.",
+    )
     p.add_argument("plan", metavar="PLAN")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)

@@ -26,34 +26,80 @@ of .pt files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a fa
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("tune", help="tune a loader for DATASET and write a plan",
-                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "tune",
+        help="tune a loader for DATASET and write a plan",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dataset", metavar="DATASET")
-    p.add_argument("--out", metavar="PLAN", default="plan.toml",
-                   help="where to write the plan (default: plan.toml)")  # fmt: skip
-    p.add_argument("--global-batch-size", type=_int, default=64, metavar="N",
-                   help="samples per optimiser step over all ranks (default: 64)")  # fmt: skip
-    p.add_argument("--world-size", type=_int, default=1, metavar="N",
-                   help="ranks that will train (default: 1)")  # fmt: skip
-    p.add_argument("--device", metavar="cpu|cuda|cuda:K",
-                   help="training device (default: cuda if available, else cpu)")  # fmt: skip
-    p.add_argument("--memory-budget", metavar="BYTES",
-                   help="memory to plan for, e.g. 30GiB, 40GB, 512MiB; overrides the probe")  # fmt: skip
-    p.add_argument("--step", metavar="MODULE:CALLABLE",
-                   help="a training step step(batch) (or a zero-argument factory of one)")  # fmt: skip
-    p.add_argument("--strategies", metavar="a,b,...",
-                   help="sampler strategies to consider (default: all)")  # fmt: skip
-    p.add_argument("--safety", type=float, default=0.1, metavar="FRACTION",
-                   help="fraction of free memory kept in reserve (default: 0.1)")  # fmt: skip
-    p.add_argument("--max-workers", type=_int, metavar="N",
-                   help="largest worker count tried (default: this rank's CPUs - 1)")  # fmt: skip
-    p.add_argument("--iterations", type=_int, default=100, metavar="N",
-                   help="batches timed per worker count (default: 100)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        metavar="PLAN",
+        default="plan.toml",
+        help="where to write the plan (default: plan.toml)",
+    )
+    p.add_argument(
+        "--global-batch-size",
+        type=_int,
+        default=64,
+        metavar="N",
+        help="samples per optimiser step over all ranks (default: 64)",
+    )
+    p.add_argument(
+        "--world-size", type=_int, default=1, metavar="N", help="ranks that will train (default: 1)"
+    )
+    p.add_argument(
+        "--device",
+        metavar="cpu|cuda|cuda:K",
+        help="training device (default: cuda if available, else cpu)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        help="memory to plan for, e.g. 30GiB, 40GB, 512MiB; overrides the probe",
+    )
+    p.add_argument(
+        "--step",
+        metavar="MODULE:CALLABLE",
+        help="a training step step(batch) (or a zero-argument factory of one)",
+    )
+    p.add_argument(
+        "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
+    )
+    p.add_argument(
+        "--safety",
+        type=float,
+        default=0.1,
+        metavar="FRACTION",
+        help="fraction of free memory kept in reserve (default: 0.1)",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=_int,
+        metavar="N",
+        help="largest worker count tried (default: this rank's CPUs - 1)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=_int,
+        default=100,
+        metavar="N",
+        help="batches timed per worker count (default: 100)",
+    )
     rule = p.add_mutually_exclusive_group()
-    rule.add_argument("--alpha", type=float, metavar="SECONDS",
-                      help="paper's rule: more workers must save more than SECONDS in total")  # fmt: skip
-    rule.add_argument("--tolerance", type=float, metavar="FRACTION",
-                      help="more workers must be faster by more than FRACTION (default 0.05)")  # fmt: skip
+    rule.add_argument(
+        "--alpha",
+        type=float,
+        metavar="SECONDS",
+        help="paper's rule: more workers must save more than SECONDS in total",
+    )
+    rule.add_argument(
+        "--tolerance",
+        type=float,
+        metavar="FRACTION",
+        help="more workers must be faster by more than FRACTION (default 0.05)",
+    )
     p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
@@ -75,13 +121,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     step = _load_step(args.step) if args.step else None
     dataset = open_dataset(args.dataset)
     plan: Plan = tune(
-        dataset, global_batch_size=args.global_batch_size, world_size=args.world_size,
-        device=args.device, memory_budget=budget, step=step, strategies=strategies,
-        max_workers=args.max_workers, iterations=args.iterations, alpha=args.alpha,
-        tolerance=args.tolerance, safety=args.safety, seed=args.seed,
-        progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
+        dataset,
+        global_batch_size=args.global_batch_size,
+        world_size=args.world_size,
+        device=args.device,
+        memory_budget=budget,
+        step=step,
+        strategies=strategies,
+        max_workers=args.max_workers,
+        iterations=args.iterations,
+        alpha=args.alpha,
+        tolerance=args.tolerance,
+        safety=args.safety,
+        seed=args.seed,
+        progress=not args.quiet and sys.stderr.isatty(),
+        spec=args.dataset,
         command=shlex.join(["autoloader", *argv]),
-    )  # fmt: skip
+    )
     plan.save(out)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

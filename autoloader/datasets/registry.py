@@ -64,8 +64,9 @@ def load_plugins() -> tuple[DatasetPlugin, ...]:
     for record in find_plugins():
         where = f"dataset plugin {record.name!r} ({record.value}, from {record.distribution})"
         try:
-            (ep,) = (e for e in entry_points(group=GROUP, name=record.name)
-                     if e.value == record.value)  # fmt: skip
+            (ep,) = (
+                e for e in entry_points(group=GROUP, name=record.name) if e.value == record.value
+            )
             plugin = ep.load()
         except Exception as exc:
             raise PluginError(f"{where} failed to load: {type(exc).__name__}: {exc}") from exc

@@ -24,8 +24,14 @@ NUM_EVENTS = 4000
 GLOBAL_BATCH = 64
 
 
-def run_demo(workdir: str | Path, *, num_events: int = NUM_EVENTS, iterations: int = 50,
-             out: TextIO = sys.stdout, progress: bool = False) -> dict[str, float]:  # fmt: skip
+def run_demo(
+    workdir: str | Path,
+    *,
+    num_events: int = NUM_EVENTS,
+    iterations: int = 50,
+    out: TextIO = sys.stdout,
+    progress: bool = False,
+) -> dict[str, float]:
     """Run the demo end to end; return its figures."""
     from autoloader_plugins.hdf5 import GraphEventsH5
 
@@ -36,14 +42,22 @@ def run_demo(workdir: str | Path, *, num_events: int = NUM_EVENTS, iterations: i
     t0 = time.perf_counter()
     data_path = generate(workdir / "events.h5", num_events)
     dataset = GraphEventsH5(data_path)
-    say(f"[1/4] dataset   {data_path} ({len(dataset)} graph events, "
-        f"{time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    say(
+        f"[1/4] dataset   {data_path} ({len(dataset)} graph events, "
+        f"{time.perf_counter() - t0:.1f} s)"
+    )
 
     t0 = time.perf_counter()
     plan_path = workdir / "plan.toml"
-    plan = tune(dataset, global_batch_size=GLOBAL_BATCH, device="cpu", iterations=iterations,
-                spec=str(data_path), progress=progress,
-                command=f"autoloader demo --workdir {workdir}")  # fmt: skip
+    plan = tune(
+        dataset,
+        global_batch_size=GLOBAL_BATCH,
+        device="cpu",
+        iterations=iterations,
+        spec=str(data_path),
+        progress=progress,
+        command=f"autoloader demo --workdir {workdir}",
+    )
     plan.save(plan_path)
     say(f"[2/4] tuned     {plan_path} ({time.perf_counter() - t0:.1f} s)")
     say()
@@ -73,15 +87,23 @@ def run_demo(workdir: str | Path, *, num_events: int = NUM_EVENTS, iterations: i
         "scraped_batches": scraped,
     }
     say("[4/4] summary")
-    say(f"  plan        {plan.batching.strategy} sampler, local batch "
-        f"{plan.batching.local_batch_size}, num_workers={plan.loader.num_workers}")  # fmt: skip
-    say(f"  throughput  {figures['samples_per_second']:.0f} samples/s "
+    say(
+        f"  plan        {plan.batching.strategy} sampler, local batch "
+        f"{plan.batching.local_batch_size}, num_workers={plan.loader.num_workers}"
+    )
+    say(
+        f"  throughput  {figures['samples_per_second']:.0f} samples/s "
         f"({stats.batches} batches in {elapsed:.1f} s; data wait {stats.wait_seconds:.2f} s, "
-        f"{stats.wait_seconds / elapsed:.0%} of the epoch)")  # fmt: skip
-    say(f"  worst batch {format_bytes(stats.worst_batch_bytes)} "
-        f"(mean {format_bytes(stats.bytes / max(stats.batches, 1))})")  # fmt: skip
-    say(f"  loss        {losses[0]:.4f} -> {losses[-1]:.4f} (mean of last 10: "
-        f"{sum(losses[-10:]) / len(losses[-10:]):.4f})")  # fmt: skip
+        f"{stats.wait_seconds / elapsed:.0%} of the epoch)"
+    )
+    say(
+        f"  worst batch {format_bytes(stats.worst_batch_bytes)} "
+        f"(mean {format_bytes(stats.bytes / max(stats.batches, 1))})"
+    )
+    say(
+        f"  loss        {losses[0]:.4f} -> {losses[-1]:.4f} (mean of last 10: "
+        f"{sum(losses[-10:]) / len(losses[-10:]):.4f})"
+    )
     say(f"  metrics     autoloader_batches_total = {scraped:.0f} scraped from the endpoint")
     return figures
 

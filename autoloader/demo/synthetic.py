@@ -20,8 +20,9 @@ EDGES_PER_NODE = 6
 LARGEST_OVER_MEAN = 25.0
 
 
-def node_counts(num_events: int, *, median: float = 40.0, sigma: float = 0.9,
-                seed: int = 0) -> np.ndarray:  # fmt: skip
+def node_counts(
+    num_events: int, *, median: float = 40.0, sigma: float = 0.9, seed: int = 0
+) -> np.ndarray:
     """Right-skewed node counts; the largest event is ``LARGEST_OVER_MEAN`` x the mean."""
     rng = np.random.default_rng(seed)
     counts = np.clip(np.rint(rng.lognormal(np.log(median), sigma, num_events)), 4, None)
@@ -30,7 +31,7 @@ def node_counts(num_events: int, *, median: float = 40.0, sigma: float = 0.9,
     rest = np.delete(counts, biggest)
     # Solve big = r * (rest.sum() + big) / n for big, so big / mean(counts) == r.
     r, n = LARGEST_OVER_MEAN, num_events
-    counts[biggest] = int(round(r * rest.sum() / (n - r)))
+    counts[biggest] = round(r * rest.sum() / (n - r))
     return counts
 
 
@@ -66,8 +67,10 @@ def generate(path: str | os.PathLike[str], num_events: int = 4000, *, seed: int 
 def _is_current(path: Path, num_events: int, seed: int) -> bool:
     try:
         with h5py.File(path, "r") as f:
-            return (f.attrs.get("generator") == "autoloader.demo.synthetic"
-                    and int(f.attrs["num_events"]) == num_events
-                    and int(f.attrs["seed"]) == seed)  # fmt: skip
+            return (
+                f.attrs.get("generator") == "autoloader.demo.synthetic"
+                and int(f.attrs["num_events"]) == num_events
+                and int(f.attrs["seed"]) == seed
+            )
     except (OSError, KeyError):
         return False

@@ -89,8 +89,9 @@ class DataLoader(tud.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
         for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
+            set_epoch = getattr(target, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
                 return
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
@@ -100,8 +101,9 @@ class DataLoader(tud.DataLoader):
         return RecordingMultiProcessingIter(self)
 
 
-def _apply_plan(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
-                rank: int, world: int) -> dict[str, Any]:  # fmt: skip
+def _apply_plan(
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
+) -> dict[str, Any]:
     """Torch keyword arguments from the plan; explicitly given ones win."""
     lp, bp = plan.loader, plan.batching
     planned: dict[str, Any] = {
@@ -119,17 +121,21 @@ def _apply_plan(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
         overrides["sampler"] = given["sampler"]
         planned["batch_size"] = bp.local_batch_size
     else:
-        overrides.update({k: given[k] for k in ("batch_size", "shuffle", "drop_last")
-                          if k in given})  # fmt: skip
+        overrides.update(
+            {k: given[k] for k in ("batch_size", "shuffle", "drop_last") if k in given}
+        )
         planned["batch_sampler"] = _planned_sampler(plan, given, sizes, rank, world)
     if overrides:
-        log.info("autoloader: keyword arguments override the plan: %s",
-                 ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))  # fmt: skip
+        log.info(
+            "autoloader: keyword arguments override the plan: %s",
+            ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())),
+        )
     return {**planned, **given}
 
 
-def _planned_sampler(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
-                     rank: int, world: int) -> SizeBatchSampler:  # fmt: skip
+def _planned_sampler(
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
+) -> SizeBatchSampler:
     """The plan's batch sampler; consumes batch_size/shuffle/drop_last from ``given``."""
     bp = plan.batching
     if bp.strategy not in STRATEGIES:
@@ -141,17 +147,26 @@ def _planned_sampler(plan: Plan, given: dict[str, Any], sizes: np.ndarray,
         log.warning(
             "autoloader: plan %s was tuned for world_size=%d but this job has %d ranks; "
             "the local batch stays %d, so the global batch is %d, not %d",
-            plan.source, bp.world_size, world, bp.local_batch_size,
-            bp.local_batch_size * world * bp.grad_accum_steps, bp.global_batch_size,
-        )  # fmt: skip
+            plan.source,
+            bp.world_size,
+            world,
+            bp.local_batch_size,
+            bp.local_batch_size * world * bp.grad_accum_steps,
+            bp.global_batch_size,
+        )
     shuffle = given.pop("shuffle", None)
     try:
         return make_sampler(
-            bp.strategy, sizes, given.pop("batch_size", bp.local_batch_size),
-            shuffle=True if shuffle is None else bool(shuffle), seed=bp.seed,
+            bp.strategy,
+            sizes,
+            given.pop("batch_size", bp.local_batch_size),
+            shuffle=True if shuffle is None else bool(shuffle),
+            seed=bp.seed,
             drop_last=given.pop("drop_last", bp.drop_last),
-            num_replicas=world, rank=rank, **bp.options,
-        )  # fmt: skip
+            num_replicas=world,
+            rank=rank,
+            **bp.options,
+        )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
 

@@ -26,4 +26,6 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"environment variable {name}: expected an integer, found {value!r}") from None
+        raise UsageError(
+            f"environment variable {name}: expected an integer, found {value!r}"
+        ) from None

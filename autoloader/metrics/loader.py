@@ -18,8 +18,25 @@ from autoloader.sizes import nbytes_of
 
 # Batches of graph events span four orders of magnitude: 1 KiB .. 64 GiB in powers of 2.
 BYTES_BUCKETS = tuple(float(2**e) for e in range(10, 37))
-WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+WAIT_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 class LoaderMetrics:
@@ -27,10 +44,15 @@ class LoaderMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         kw: dict[str, Any] = {"labelnames": ["rank"], "registry": registry}
-        self.batches = Counter("autoloader_batches", "Batches delivered to the training loop.", **kw)
-        self.samples = Counter("autoloader_samples", "Samples delivered to the training loop.", **kw)
-        self.batch_bytes = Histogram("autoloader_batch_bytes", "Bytes per delivered batch.",
-                                     buckets=BYTES_BUCKETS, **kw)  # fmt: skip
+        self.batches = Counter(
+            "autoloader_batches", "Batches delivered to the training loop.", **kw
+        )
+        self.samples = Counter(
+            "autoloader_samples", "Samples delivered to the training loop.", **kw
+        )
+        self.batch_bytes = Histogram(
+            "autoloader_batch_bytes", "Bytes per delivered batch.", buckets=BYTES_BUCKETS, **kw
+        )
         self.batch_wait = Histogram(
             "autoloader_batch_wait_seconds",
             "Time the training loop waited for the next batch.",
@@ -38,11 +60,15 @@ class LoaderMetrics:
             **kw,
         )
         self.num_workers = Gauge("autoloader_num_workers", "DataLoader worker processes.", **kw)
-        self.local_batch_size = Gauge("autoloader_local_batch_size",
-                                      "Planned samples per batch on this rank.", **kw)  # fmt: skip
-        self.plan_info = Gauge("autoloader_plan_info", "The plan in use (value is always 1).",
-                               labelnames=["rank", "strategy", "fingerprint"],
-                               registry=registry)  # fmt: skip
+        self.local_batch_size = Gauge(
+            "autoloader_local_batch_size", "Planned samples per batch on this rank.", **kw
+        )
+        self.plan_info = Gauge(
+            "autoloader_plan_info",
+            "The plan in use (value is always 1).",
+            labelnames=["rank", "strategy", "fingerprint"],
+            registry=registry,
+        )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
 
 
@@ -85,15 +111,21 @@ class BatchRecorder:
         self.metrics = metrics
         self.stats = LoaderStats()
 
-    def configure(self, num_workers: int, local_batch_size: int | None,
-                  strategy: str | None, fingerprint: str | None) -> None:  # fmt: skip
+    def configure(
+        self,
+        num_workers: int,
+        local_batch_size: int | None,
+        strategy: str | None,
+        fingerprint: str | None,
+    ) -> None:
         m = self.metrics
         m.num_workers.labels(rank=self.rank).set(num_workers)
         if local_batch_size is not None:
             m.local_batch_size.labels(rank=self.rank).set(local_batch_size)
         if strategy is not None:
-            m.plan_info.labels(rank=self.rank, strategy=strategy,
-                               fingerprint=fingerprint or "").set(1)  # fmt: skip
+            m.plan_info.labels(
+                rank=self.rank, strategy=strategy, fingerprint=fingerprint or ""
+            ).set(1)
 
     def record(self, wait_seconds: float, index: Any, batch: Any) -> None:
         """Record one batch; ``index`` is what the sampler gave (a list or one index)."""
@@ -102,7 +134,9 @@ class BatchRecorder:
             nbytes = int(self.sizes[index].sum()) if self.sizes is not None else None
         else:
             count = 1
-            nbytes = int(self.sizes[index]) if self.sizes is not None and index is not None else None
+            nbytes = (
+                int(self.sizes[index]) if self.sizes is not None and index is not None else None
+            )
         if nbytes is None:
             nbytes = nbytes_of(batch)
         st = self.stats

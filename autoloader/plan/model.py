@@ -103,8 +103,10 @@ class Plan:
                 f"{source}: key 'loader.persistent_workers': only valid with "
                 "num_workers > 0, found persistent_workers = true with num_workers = 0"
             )
-        extra = {k: copy.deepcopy(dict(data.get(k, {})))
-                 for k in ("meta", "dataset", "hardware", "memory", "tuning")}  # fmt: skip
+        extra = {
+            k: copy.deepcopy(dict(data.get(k, {})))
+            for k in ("meta", "dataset", "hardware", "memory", "tuning")
+        }
         return cls(loader=LoaderPlan(**loader), batching=b, source=source, **extra)
 
     def to_dict(self) -> dict[str, Any]:

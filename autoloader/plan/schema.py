@@ -66,54 +66,78 @@ class Key:
 # reject unknown keys by name, so a typo such as `num_worker` cannot pass silently.
 TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
     # name: (required, open, keys)
-    "meta": (False, True, {
-        "created": Key("str"),
-        "autoloader_version": Key("str"),
-        "host": Key("str"),
-        "command": Key("str"),
-    }),
-    "dataset": (False, False, {
-        "spec": Key("str"),
-        "num_samples": Key("int", minimum=1),
-        "total_bytes": Key("int", minimum=0),
-        "fingerprint": Key("str"),
-        "min_bytes": Key("int", minimum=0),
-        "median_bytes": Key("number", minimum=0),
-        "mean_bytes": Key("number", minimum=0),
-        "max_bytes": Key("int", minimum=0),
-    }),
-    "hardware": (False, False, {
-        "cpu_count": Key("int", minimum=1),
-        "device": Key("str"),
-        "device_name": Key("str"),
-        "memory_total_bytes": Key("int", minimum=0),
-        "memory_free_bytes": Key("int", minimum=0),
-        "headroom_source": Key("str", choices=HEADROOM_SOURCES),
-    }),
-    "loader": (True, False, {
-        "num_workers": Key("int", required=True, minimum=0),
-        "pin_memory": Key("bool"),
-        "prefetch_factor": Key("int", minimum=1),
-        "persistent_workers": Key("bool"),
-    }),
-    "batching": (True, False, {
-        "strategy": Key("str", required=True),
-        "options": Key("table"),
-        "local_batch_size": Key("int", required=True, minimum=1),
-        "global_batch_size": Key("int", minimum=1),
-        "world_size": Key("int", minimum=1),
-        "grad_accum_steps": Key("int", minimum=1),
-        "seed": Key("int", minimum=0),
-        "drop_last": Key("bool"),
-    }),
-    "memory": (False, True, {
-        "budget_bytes": Key("int", minimum=0),
-        "predicted_peak_bytes": Key("int", minimum=0),
-        "safety": Key("number", minimum=0),
-        "model": Key("table"),
-    }),
+    "meta": (
+        False,
+        True,
+        {
+            "created": Key("str"),
+            "autoloader_version": Key("str"),
+            "host": Key("str"),
+            "command": Key("str"),
+        },
+    ),
+    "dataset": (
+        False,
+        False,
+        {
+            "spec": Key("str"),
+            "num_samples": Key("int", minimum=1),
+            "total_bytes": Key("int", minimum=0),
+            "fingerprint": Key("str"),
+            "min_bytes": Key("int", minimum=0),
+            "median_bytes": Key("number", minimum=0),
+            "mean_bytes": Key("number", minimum=0),
+            "max_bytes": Key("int", minimum=0),
+        },
+    ),
+    "hardware": (
+        False,
+        False,
+        {
+            "cpu_count": Key("int", minimum=1),
+            "device": Key("str"),
+            "device_name": Key("str"),
+            "memory_total_bytes": Key("int", minimum=0),
+            "memory_free_bytes": Key("int", minimum=0),
+            "headroom_source": Key("str", choices=HEADROOM_SOURCES),
+        },
+    ),
+    "loader": (
+        True,
+        False,
+        {
+            "num_workers": Key("int", required=True, minimum=0),
+            "pin_memory": Key("bool"),
+            "prefetch_factor": Key("int", minimum=1),
+            "persistent_workers": Key("bool"),
+        },
+    ),
+    "batching": (
+        True,
+        False,
+        {
+            "strategy": Key("str", required=True),
+            "options": Key("table"),
+            "local_batch_size": Key("int", required=True, minimum=1),
+            "global_batch_size": Key("int", minimum=1),
+            "world_size": Key("int", minimum=1),
+            "grad_accum_steps": Key("int", minimum=1),
+            "seed": Key("int", minimum=0),
+            "drop_last": Key("bool"),
+        },
+    ),
+    "memory": (
+        False,
+        True,
+        {
+            "budget_bytes": Key("int", minimum=0),
+            "predicted_peak_bytes": Key("int", minimum=0),
+            "safety": Key("number", minimum=0),
+            "model": Key("table"),
+        },
+    ),
     "tuning": (False, True, {}),
-}  # fmt: skip
+}
 
 
 def validate(data: Mapping[str, Any], source: str) -> None:
@@ -159,9 +183,7 @@ def _validate_table(
     for key, spec in keys.items():
         if key not in table:
             if spec.required:
-                raise PlanError(
-                    f"{source}: missing key '{name}.{key}': expected {spec.expected()}"
-                )
+                raise PlanError(f"{source}: missing key '{name}.{key}': expected {spec.expected()}")
             continue
         if not spec.accepts(table[key]):
             raise PlanError(
@@ -172,8 +194,7 @@ def _validate_table(
         unknown = sorted(set(table) - set(keys))
         if unknown:
             raise PlanError(
-                f"{source}: unknown key '{name}.{unknown[0]}': expected one of "
-                f"{', '.join(keys)}"
+                f"{source}: unknown key '{name}.{unknown[0]}': expected one of {', '.join(keys)}"
             )
 
 

@@ -115,9 +115,7 @@ def pad_last_batch(tail: np.ndarray, num_replicas: int) -> np.ndarray:
     return np.concatenate([tail, np.resize(tail, missing)]) if missing else tail
 
 
-def rank_share(
-    batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: int
-) -> np.ndarray:
+def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
     """Split each row of ``batches`` over the ranks with nearly equal bytes per rank."""
     if num_replicas == 1:
         return batches

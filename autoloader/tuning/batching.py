@@ -34,12 +34,28 @@ class Replay:
         }
 
 
-def local_batch_bytes(strategy: str, sizes: np.ndarray, local_batch_size: int, *,
-                      world_size: int = 1, epoch: int = 0, seed: int = 0,
-                      drop_last: bool = False, options: dict[str, Any] | None = None) -> np.ndarray:  # fmt: skip
+def local_batch_bytes(
+    strategy: str,
+    sizes: np.ndarray,
+    local_batch_size: int,
+    *,
+    world_size: int = 1,
+    epoch: int = 0,
+    seed: int = 0,
+    drop_last: bool = False,
+    options: dict[str, Any] | None = None,
+) -> np.ndarray:
     """Bytes of every local batch of one epoch, every rank's, as a flat array."""
-    sampler = make_sampler(strategy, sizes, local_batch_size, seed=seed, drop_last=drop_last,
-                           num_replicas=world_size, rank=0, **(options or {}))  # fmt: skip
+    sampler = make_sampler(
+        strategy,
+        sizes,
+        local_batch_size,
+        seed=seed,
+        drop_last=drop_last,
+        num_replicas=world_size,
+        rank=0,
+        **(options or {}),
+    )
     sampler.set_epoch(epoch)
     full, tail = sampler.global_batches()
     groups = [full] + ([pad_last_batch(tail, world_size)[None, :]] if len(tail) else [])
@@ -51,13 +67,38 @@ def local_batch_bytes(strategy: str, sizes: np.ndarray, local_batch_size: int, *
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def replay(strategy: str, sizes: np.ndarray, local_batch_size: int, *, world_size: int = 1,
-           epochs: int = 3, seed: int = 0, drop_last: bool = False,
-           options: dict[str, Any] | None = None) -> Replay:  # fmt: skip
+def replay(
+    strategy: str,
+    sizes: np.ndarray,
+    local_batch_size: int,
+    *,
+    world_size: int = 1,
+    epochs: int = 3,
+    seed: int = 0,
+    drop_last: bool = False,
+    options: dict[str, Any] | None = None,
+) -> Replay:
     """Replay ``epochs`` epochs of ``strategy`` and summarise its local batch bytes."""
-    per_epoch = [local_batch_bytes(strategy, sizes, local_batch_size, world_size=world_size,
-                                   epoch=e, seed=seed, drop_last=drop_last, options=options)
-                 for e in range(epochs)]  # fmt: skip
+    per_epoch = [
+        local_batch_bytes(
+            strategy,
+            sizes,
+            local_batch_size,
+            world_size=world_size,
+            epoch=e,
+            seed=seed,
+            drop_last=drop_last,
+            options=options,
+        )
+        for e in range(epochs)
+    ]
     allb = np.concatenate(per_epoch)
-    return Replay(strategy, local_batch_size, epochs, len(allb), int(allb.max()),
-                  float(allb.mean()), float(allb.std()))  # fmt: skip
+    return Replay(
+        strategy,
+        local_batch_size,
+        epochs,
+        len(allb),
+        int(allb.max()),
+        float(allb.mean()),
+        float(allb.std()),
+    )

@@ -24,8 +24,11 @@ def resolve_device(spec: str | None) -> torch.device:
         DeviceError: CUDA (or device K) is not available.
     """
     if spec is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")  # fmt: skip
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
     match = _DEVICE.match(str(spec).strip().lower())
     if match is None:
         raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {spec!r}")
@@ -39,7 +42,9 @@ def resolve_device(spec: str | None) -> torch.device:
     k = int(index) if index is not None else torch.cuda.current_device()
     count = torch.cuda.device_count()
     if k >= count:
-        raise DeviceError(f"--device {spec}: only {count} CUDA device(s) are visible (0..{count - 1})")
+        raise DeviceError(
+            f"--device {spec}: only {count} CUDA device(s) are visible (0..{count - 1})"
+        )
     return torch.device("cuda", k)
 
 

@@ -100,16 +100,27 @@ def tune(
     headroom = probe_headroom(dev, memory_budget)
     local = global_batch_size // world_size
 
-    replays = {name: replay(name, sizes, local, world_size=world_size, epochs=REPLAY_EPOCHS,
-                            seed=seed) for name in names}  # fmt: skip
+    replays = {
+        name: replay(name, sizes, local, world_size=world_size, epochs=REPLAY_EPOCHS, seed=seed)
+        for name in names
+    }
     # Until a memory model exists, no strategy can be judged to fit better than another
     # by prediction; keep the most random one, the baseline.
     strategy = "random" if "random" in replays else names[0]
 
     n_max = cpus_per_rank() - 1 if max_workers is None else max_workers
-    search = workers.search(dataset, sizes, local, max_workers=max(0, n_max),
-                            iterations=iterations, device=dev, tolerance=tolerance,
-                            alpha=alpha, seed=seed, progress=progress)  # fmt: skip
+    search = workers.search(
+        dataset,
+        sizes,
+        local,
+        max_workers=max(0, n_max),
+        iterations=iterations,
+        device=dev,
+        tolerance=tolerance,
+        alpha=alpha,
+        seed=seed,
+        progress=progress,
+    )
     nw = search.num_workers
 
     budget = int(headroom.free_bytes * (1 - safety))
@@ -120,8 +131,11 @@ def tune(
             "host": socket.gethostname(),
             "command": command or "autoloader.tune()",
         },
-        dataset={"spec": spec or type(dataset).__name__, "fingerprint": fingerprint(sizes),
-                 **size_stats(sizes)},  # fmt: skip
+        dataset={
+            "spec": spec or type(dataset).__name__,
+            "fingerprint": fingerprint(sizes),
+            **size_stats(sizes),
+        },
         hardware={
             "cpu_count": cpus_per_rank(),
             "device": headroom.device,

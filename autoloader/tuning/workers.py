@@ -11,7 +11,7 @@ so the fewest workers within that margin of the best is chosen.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -72,16 +72,28 @@ def choose(trace: list[Candidate], *, tolerance: float | None, alpha: float | No
     return best.workers
 
 
-def measure(dataset: Any, sizes: np.ndarray, batch_size: int, workers: int, *,
-            iterations: int, device: torch.device, seed: int = 0) -> Candidate:  # fmt: skip
+def measure(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    workers: int,
+    *,
+    iterations: int,
+    device: torch.device,
+    seed: int = 0,
+) -> Candidate:
     """Time ``iterations`` steady-state batches with ``workers`` worker processes."""
     pin = device.type != "cpu"
     sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
     loader = DataLoader(
-        dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
-        pin_memory=pin, prefetch_factor=PREFETCH_FACTOR if workers else None,
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin,
+        prefetch_factor=PREFETCH_FACTOR if workers else None,
         persistent_workers=workers > 0,
-    )  # fmt: skip
+    )
     batches = _endless(loader, sampler)
     try:
         transfer(next(batches), device)  # start-up and the first batch are not timed
@@ -99,23 +111,34 @@ def measure(dataset: Any, sizes: np.ndarray, batch_size: int, workers: int, *,
     return Candidate(workers, iterations, total / iterations, total, memory)
 
 
-def search(dataset: Any, sizes: np.ndarray, batch_size: int, *, max_workers: int,
-           iterations: int, device: torch.device, tolerance: float | None = 0.05,
-           alpha: float | None = None, seed: int = 0, progress: bool = False) -> WorkerChoice:  # fmt: skip
+def search(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    *,
+    max_workers: int,
+    iterations: int,
+    device: torch.device,
+    tolerance: float | None = 0.05,
+    alpha: float | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> WorkerChoice:
     """Measure every count in ``0..max_workers`` and apply the paper's rule."""
     from tqdm import tqdm
 
     trace = []
     counts = range(max_workers + 1)
     for w in tqdm(counts, desc="worker search", unit="count", disable=not progress, leave=False):
-        trace.append(measure(dataset, sizes, batch_size, w, iterations=iterations,
-                             device=device, seed=seed))  # fmt: skip
+        trace.append(
+            measure(dataset, sizes, batch_size, w, iterations=iterations, device=device, seed=seed)
+        )
     chosen = choose(trace, tolerance=tolerance, alpha=alpha)
     rule = f"alpha={alpha} s" if alpha is not None else f"tolerance={tolerance}"
     return WorkerChoice(chosen, rule, trace)
 
 
-def _endless(loader: DataLoader, sampler: RandomBatchSampler) -> Iterator[Any]:
+def _endless(loader: DataLoader, sampler: RandomBatchSampler) -> Generator[Any, None, None]:
     epoch = 0
     while True:
         sampler.set_epoch(epoch)

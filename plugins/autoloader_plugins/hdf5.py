@@ -57,8 +57,11 @@ class GraphEventsH5(Dataset):
 
     def __getitem__(self, index: int) -> Data:
         group = self._handle()[self.keys[index]]
-        tensors = {name: torch.from_numpy(np.asarray(ds[()])) for name, ds in group.items()
-                   if isinstance(ds, h5py.Dataset)}  # fmt: skip
+        tensors = {
+            name: torch.from_numpy(np.asarray(ds[()]))
+            for name, ds in group.items()
+            if isinstance(ds, h5py.Dataset)
+        }
         # PyG infers the node count from `x`; an explicit num_nodes would add a stored
         # attribute that the size measured from the file does not have.
         return Data(**tensors)
@@ -69,8 +72,11 @@ class GraphEventsH5(Dataset):
         with h5py.File(self.path, "r") as f:
             for i, key in enumerate(self.keys):
                 group = f[key]
-                out[i] = sum(int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
-                             for ds in group.values() if isinstance(ds, h5py.Dataset))  # fmt: skip
+                out[i] = sum(
+                    int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+                    for ds in group.values()
+                    if isinstance(ds, h5py.Dataset)
+                )
         return out
 
     def autoloader_source(self) -> DataSource:

@@ -34,8 +34,11 @@ class PtDirectory(Dataset):
 
     def autoloader_sizes(self) -> np.ndarray:
         """Tensor bytes per file, read through a memory map: storages are not loaded."""
-        return np.fromiter((nbytes_of(_load(f, mmap=True)) for f in self.files),
-                           dtype=np.int64, count=len(self.files))  # fmt: skip
+        return np.fromiter(
+            (nbytes_of(_load(f, mmap=True)) for f in self.files),
+            dtype=np.int64,
+            count=len(self.files),
+        )
 
     def autoloader_source(self) -> DataSource:
         return DataSource.for_files(self.directory, self.files)

@@ -27,7 +27,7 @@ def _value(text: str) -> Any:
 def open_pyg(spec: str) -> Any:
     import importlib
 
-    body = spec[len(PREFIX):]
+    body = spec[len(PREFIX) :]
     path, _, query = body.partition("?")
     if not path:
         raise DatasetError(f"DATASET {spec!r}: expected pyg:CLASS[?key=value&...], found no class")
