@@ -20,6 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt -e ".[bench]"
 	$(PY) benchmarks/samplers.py
 
 lint: $(STAMP)

@@ -10,10 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 from autoloader.samplers.base import SizeBatchSampler
+from autoloader.samplers.kk import KarmarkarKarpBatchSampler
+from autoloader.samplers.outliers import (
+    BalanceBatchSampler,
+    IQRBatchSampler,
+    ZScoreBatchSampler,
+)
 from autoloader.samplers.random import RandomBatchSampler
+from autoloader.samplers.repair import lower_bound
+from autoloader.samplers.stratified import StratifiedBatchSampler
 
+# Ordered from the most random to the most balanced; the tuner prefers earlier names
+# among choices that fit equally well.
 STRATEGIES: dict[str, type[SizeBatchSampler]] = {
     "random": RandomBatchSampler,
+    "stratified": StratifiedBatchSampler,
+    "iqr": IQRBatchSampler,
+    "zscore": ZScoreBatchSampler,
+    "balance": BalanceBatchSampler,
+    "kk": KarmarkarKarpBatchSampler,
 }
 
 
@@ -32,4 +47,15 @@ def make_sampler(strategy: str, sizes: Any, batch_size: int, **kwargs: Any) -> S
     return cls(sizes, batch_size, **kwargs)
 
 
-__all__ = ["STRATEGIES", "RandomBatchSampler", "SizeBatchSampler", "make_sampler"]
+__all__ = [
+    "STRATEGIES",
+    "BalanceBatchSampler",
+    "IQRBatchSampler",
+    "KarmarkarKarpBatchSampler",
+    "RandomBatchSampler",
+    "SizeBatchSampler",
+    "StratifiedBatchSampler",
+    "ZScoreBatchSampler",
+    "lower_bound",
+    "make_sampler",
+]

@@ -3,8 +3,8 @@
 A strategy only decides which samples share a *global* batch (``batch_size x
 num_replicas`` samples): it implements ``_arrange(pool, num_batches, rng)``. This base
 picks the short last batch, orders the batches, and splits every global batch across
-ranks so that each rank's share has nearly equal bytes (largest first, dealt in a snake
-over the ranks: no rank carries the big samples while the others wait).
+ranks so that each rank's share has nearly equal bytes (largest first, each to the
+lightest rank with room: no rank carries the big samples while the others wait).
 """
 
 from __future__ import annotations
@@ -116,12 +116,28 @@ def pad_last_batch(tail: np.ndarray, num_replicas: int) -> np.ndarray:
 
 
 def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
-    """Split each row of ``batches`` over the ranks with nearly equal bytes per rank."""
+    """Split each row of ``batches`` over the ranks with nearly equal bytes per rank.
+
+    Greedy with equal counts, for all rows at once: samples in decreasing size each go to
+    the lightest rank that still has room. Every rank computes the same split.
+    """
     if num_replicas == 1:
         return batches
+    rows, g = batches.shape
+    per = g // num_replicas
     by_size = np.argsort(-sizes[batches], axis=1, kind="stable")
     ordered = np.take_along_axis(batches, by_size, axis=1)
-    columns = np.arange(batches.shape[1])
-    block, pos = np.divmod(columns, num_replicas)
-    owner = np.where(block % 2 == 0, pos, num_replicas - 1 - pos)
-    return ordered[:, owner == rank]
+    weights = sizes[ordered]
+    totals = np.zeros((rows, num_replicas), dtype=np.int64)
+    counts = np.zeros((rows, num_replicas), dtype=np.int64)
+    owner = np.empty((rows, g), dtype=np.int64)
+    r = np.arange(rows)
+    for col in range(g):
+        # a full rank is never the lightest: push it past every real total
+        masked = np.where(counts < per, totals, np.iinfo(np.int64).max)
+        choice = np.argmin(masked, axis=1)
+        owner[:, col] = choice
+        totals[r, choice] += weights[:, col]
+        counts[r, choice] += 1
+    mine = owner == rank
+    return ordered[mine].reshape(rows, per)
