@@ -1,4 +1,4 @@
-"""The tuner's parts: the worker rule, CPU counting, device and headroom probes."""
+"""The tuner's parts: CPU counting, device and headroom probes."""
 
 from __future__ import annotations
 
@@ -10,50 +10,9 @@ import pytest
 import torch
 
 from autoloader import DeviceError, UsageError
+from autoloader.accelerator import nvml_index
 from autoloader.tuning.cpus import cgroup_cpu_limit
-from autoloader.tuning.devices import nvml_index, probe_headroom, resolve_device
-from autoloader.tuning.workers import Candidate, choose
-
-
-def trace(*times: float, failed: tuple[int, ...] = ()) -> list[Candidate]:
-    return [
-        Candidate(w, 100, t / 100, t, 1000 + w, "failed" if w in failed else "ok")
-        for w, t in enumerate(times)
-    ]
-
-
-def test_paper_rule_keeps_fewer_workers_within_alpha() -> None:
-    # Synn and Kim's CIFAR-10 shape: 14 workers at 1.49 s beat 16 at 1.41 s with alpha 0.5
-    times = [
-        9.0,
-        5.0,
-        3.0,
-        2.0,
-        1.8,
-        1.6,
-        1.55,
-        1.52,
-        1.5,
-        1.5,
-        1.5,
-        1.5,
-        1.5,
-        1.5,
-        1.49,
-        1.45,
-        1.41,
-    ]
-    assert choose(trace(*times), tolerance=None, alpha=0.5) == 14
-    assert choose(trace(*times), tolerance=None, alpha=0.0) == 16
-    # relative: 3 workers are within 5% of 4's time, so 4 does not replace 3
-    assert choose(trace(4.0, 2.0, 1.1, 1.0, 0.97), tolerance=0.05, alpha=None) == 3
-    assert choose(trace(4.0, 2.0, 1.1, 1.0, 0.97), tolerance=0.0, alpha=None) == 4
-
-
-def test_failed_candidates_are_skipped() -> None:
-    assert choose(trace(3.0, 1.0, 0.5, failed=(2,)), tolerance=0.05, alpha=None) == 1
-    with pytest.raises(RuntimeError, match="every worker count failed"):
-        choose(trace(1.0, failed=(0,)), tolerance=0.05, alpha=None)
+from autoloader.tuning.devices import probe_headroom, resolve_device
 
 
 def test_cgroup_quota(tmp_path: Path) -> None:

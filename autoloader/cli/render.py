@@ -71,24 +71,29 @@ def _workers(search: Any, chosen: int) -> list[str]:
     rows = []
     for c in search["trace"]:
         mark = " *" if c.get("workers") == chosen else ""
+        ok = c.get("status", "ok") == "ok"
         rows.append(
             [
                 f"{c.get('workers')}{mark}",
-                f"{c.get('seconds_per_batch', 0):.4f}",
-                f"{c.get('total_seconds', 0):.2f}",
-                _b(c.get("memory_bytes")),
+                f"{c.get('seconds_per_batch', 0):.4f}" if ok else "-",
+                f"{c.get('startup_seconds', 0):.2f}" if ok else "-",
+                _b(c.get("memory_bytes")) if ok else "-",
                 str(c.get("batches", "")),
                 c.get("status", "ok"),
             ]
         )
     head = (
-        f"\nworker search ({search.get('rule', '?')}, {search.get('timed_batches', '?')} "
-        "timed batches; * chosen)"
+        f"\nworker search ({search.get('method', 'exhaustive')}, {search.get('rule', '?')}; "
+        f"{search.get('timed_batches', '?')} timed batches; * chosen)"
     )
-    return [
+    lines = [
         head,
-        *table(["workers", "s/batch", "total s", "memory (PSS)", "batches", "status"], rows),
+        *table(["workers", "s/batch", "start-up s", "memory (PSS)", "batches", "status"], rows),
     ]
+    for key in ("prefetch_factor_why", "persistent_workers_why"):
+        if key in search:
+            lines.append(f"  {key.removesuffix('_why')}: {search[key]}")
+    return lines
 
 
 def _strategies(reports: Any, chosen: str) -> list[str]:

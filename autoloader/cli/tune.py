@@ -100,6 +100,19 @@ def register(sub: Any) -> None:
         metavar="FRACTION",
         help="more workers must be faster by more than FRACTION (default 0.05)",
     )
+    p.add_argument(
+        "--search",
+        choices=("fast", "exhaustive"),
+        help="fast: doubling grid, early stops, bisection (default); exhaustive: every count, "
+        "--iterations batches each, as the paper (the default with --alpha)",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a worker count that delivers no batch for this long is recorded as hung (default 60)",
+    )
     p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
@@ -134,6 +147,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         tolerance=args.tolerance,
         safety=args.safety,
         seed=args.seed,
+        search=args.search,
+        worker_timeout=args.worker_timeout,
         progress=not args.quiet and sys.stderr.isatty(),
         spec=args.dataset,
         command=shlex.join(["autoloader", *argv]),

@@ -13,10 +13,12 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
+from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.errors import PlanError, UsageError
 from autoloader.loader.collate import collate
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
+from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
@@ -25,14 +27,6 @@ from autoloader.sizes import fingerprint, sample_sizes
 log = logging.getLogger("autoloader")
 
 _TORCH_SIGNATURE = inspect.signature(tud.DataLoader.__init__)
-
-
-def accelerator_available() -> bool:
-    """Whether pinned memory can help: an accelerator that torch can copy to exists."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and hasattr(acc, "is_available"):
-        return bool(acc.is_available())
-    return torch.cuda.is_available()
 
 
 class DataLoader(tud.DataLoader):
@@ -113,6 +107,11 @@ def _apply_plan(
     if given.get("num_workers", lp.num_workers) > 0 and lp.num_workers > 0:
         planned["prefetch_factor"] = lp.prefetch_factor
         planned["persistent_workers"] = lp.persistent_workers
+    if lp.worker_affinity == "gpu-local":
+        cpus = _gpu_local_cpus()
+        if cpus:
+            # The user's own worker_init_fn still runs, after the pinning.
+            planned["worker_init_fn"] = PinWorkers(cpus, then=given.pop("worker_init_fn", None))
     overrides = {k: v for k, v in given.items() if v != planned.get(k, v)}
     if "batch_sampler" in given:
         overrides["batch_sampler"] = given["batch_sampler"]
@@ -169,6 +168,16 @@ def _planned_sampler(
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def _gpu_local_cpus() -> list[int] | None:
+    """The CPUs near this rank's GPU (``LOCAL_RANK``, else the current device)."""
+    if not torch.cuda.is_available():
+        log.info("autoloader: the plan pins workers near the GPU, but there is no GPU here")
+        return None
+    local = os.environ.get("LOCAL_RANK", "")
+    index = int(local) if local.isdigit() else torch.cuda.current_device()
+    return gpu_local_cpus(nvml_index(torch.device("cuda", index)))
 
 
 def _check_fingerprint(plan: Plan, sizes: np.ndarray) -> None:

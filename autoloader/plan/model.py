@@ -31,6 +31,7 @@ class LoaderPlan:
     pin_memory: bool = True
     prefetch_factor: int | None = None
     persistent_workers: bool = False
+    worker_affinity: str = "none"  # "gpu-local": pin workers to the CPUs near the rank's GPU
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from autoloader.errors import PlanError
 
 SCHEMA_VERSION = 1
 HEADROOM_SOURCES = ("nvml", "torch", "psutil", "override")
+WORKER_AFFINITY = ("none", "gpu-local")
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "pin_memory": Key("bool"),
             "prefetch_factor": Key("int", minimum=1),
             "persistent_workers": Key("bool"),
+            "worker_affinity": Key("str", choices=WORKER_AFFINITY),
         },
     ),
     "batching": (

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import dataclass
 
 import psutil
 import torch
 
+from autoloader.accelerator import nvml_index
 from autoloader.errors import DeviceError, UsageError
 
 log = logging.getLogger(__name__)
@@ -74,19 +74,6 @@ def probe_headroom(device: torch.device, budget: int | None = None) -> Headroom:
     if budget is not None:
         return Headroom(found.device, found.device_name, found.total_bytes, budget, "override")
     return found
-
-
-def nvml_index(device: torch.device) -> int | str:
-    """The NVML index (or UUID) of a torch CUDA device, honouring CUDA_VISIBLE_DEVICES."""
-    k = device.index or 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        return k
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    if k >= len(entries):
-        raise DeviceError(f"cuda:{k} is not in CUDA_VISIBLE_DEVICES={visible!r}")
-    entry = entries[k]
-    return int(entry) if entry.isdigit() else entry
 
 
 def _probe_nvml(device: torch.device) -> Headroom | None:

@@ -6,25 +6,33 @@ import datetime as _dt
 import logging
 import socket
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from autoloader._version import __version__
-from autoloader.errors import UsageError
+from autoloader.accelerator import nvml_index
+from autoloader.errors import DatasetError, UsageError
+from autoloader.loader.collate import collate
+from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
-from autoloader.samplers import STRATEGIES, make_sampler
+from autoloader.samplers import STRATEGIES, RandomBatchSampler, make_sampler
 from autoloader.samplers.checks import check_int
 from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
 from autoloader.tuning.batching import replay
 from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import probe_headroom, resolve_device
+from autoloader.tuning.step import as_step, time_step
 
 log = logging.getLogger("autoloader")
 
 REPLAY_EPOCHS = 3
 DEFAULT_TOLERANCE = 0.05
+STEP_BATCHES = 6
 
 
 def tune(
@@ -43,6 +51,9 @@ def tune(
     safety: float = 0.1,
     seed: int = 0,
     progress: bool = True,
+    search: str | None = None,
+    worker_timeout: float = 60.0,
+    collate_fn: Any = None,
     spec: str | None = None,
     command: str | None = None,
 ) -> Plan:
@@ -53,15 +64,22 @@ def tune(
         world_size: ranks that will train.
         device: ``cpu``, ``cuda`` or ``cuda:K``; default CUDA when available.
         memory_budget: bytes; overrides the probed free device memory.
-        step: a training step ``step(batch)``; its peak memory calibrates the model.
+        step: a training step ``step(batch)``, or a zero-argument factory of one.
         strategies: sampler names to consider (default: all in ``STRATEGIES``).
         max_workers: the largest worker count tried (default: this rank's CPUs - 1).
-        iterations: batches timed per worker count.
-        alpha: seconds; the paper's absolute rule (a larger count must be faster by more).
-        tolerance: relative rule instead of ``alpha`` (default 5% of the best).
+        iterations: the most batches timed per worker count.
+        alpha: seconds; the paper's rule over an exhaustive scan (a larger count must save
+            more than ``alpha`` seconds over the timed batches).
+        tolerance: the default rule: the fewest workers within this fraction of the
+            fastest count (0.05 unless ``alpha`` is given).
         safety: fraction of the free memory kept in reserve.
         seed: the sampler seed.
         progress: show progress bars on stderr.
+        search: "fast" (doubling grid, early stops, bisection; the default) or
+            "exhaustive" (every count, ``iterations`` batches each; the default with alpha).
+        worker_timeout: seconds without a batch before a worker count is called hung.
+        collate_fn: the training loop's collate function (default: autoloader's, which is
+            torch's default_collate plus PyG graphs).
         spec, command: recorded in the plan's ``[dataset]`` and ``[meta]``.
     """
     global_batch_size = _positive("--global-batch-size", global_batch_size)
@@ -78,6 +96,11 @@ def tune(
         raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
     if not 0 <= safety < 1:
         raise UsageError(f"--safety: expected a fraction in [0, 1), but got {safety!r}")
+    if not worker_timeout > 0:
+        raise UsageError(f"--worker-timeout: expected seconds > 0, but got {worker_timeout!r}")
+    method = search or ("exhaustive" if alpha is not None else "fast")
+    if method not in ("fast", "exhaustive"):
+        raise UsageError(f"--search: expected fast or exhaustive, but got {search!r}")
     if alpha is None and tolerance is None:
         tolerance = DEFAULT_TOLERANCE
     names = list(strategies) if strategies else list(STRATEGIES)
@@ -93,8 +116,7 @@ def tune(
             f"{world_size}: every rank needs the same local batch size"
         )
     dev = device if isinstance(device, torch.device) else resolve_device(device)
-    if step is not None and not callable(step):
-        raise UsageError(f"--step: expected a callable step(batch), found {type(step).__name__}")
+    train_step = as_step(step) if step is not None else None
 
     sizes = sample_sizes(dataset, progress=progress)
     headroom = probe_headroom(dev, memory_budget)
@@ -108,22 +130,46 @@ def tune(
     # by prediction; keep the most random one, the baseline.
     strategy = "random" if "random" in replays else names[0]
 
-    n_max = cpus_per_rank() - 1 if max_workers is None else max_workers
-    search = workers.search(
-        dataset,
-        sizes,
-        local,
-        max_workers=max(0, n_max),
+    cpus, placement = _placement(dev)
+    n_max = max(0, cpus - 1) if max_workers is None else max_workers
+    step_seconds = None
+    if train_step is not None:
+        batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn or collate)
+        step_seconds = time_step(train_step, batches, dev)
+    rule = workers.Rule(tolerance=tolerance, alpha=alpha, step_seconds=step_seconds)
+    timing = workers.Timing(
         iterations=iterations,
-        device=dev,
-        tolerance=tolerance,
-        alpha=alpha,
-        seed=seed,
-        progress=progress,
+        timeout=worker_timeout,
+        precision=None if method == "exhaustive" else 0.03,
     )
-    nw = search.num_workers
+    try:
+        choice = workers.search(
+            dataset,
+            sizes,
+            local,
+            max_workers=n_max,
+            timing=timing,
+            rule=rule,
+            device=dev,
+            method=method,
+            seed=seed,
+            progress=progress,
+            worker_init_fn=PinWorkers(placement) if placement else None,
+            collate_fn=collate_fn or collate,
+        )
+    except RuntimeError as exc:
+        raise DatasetError(f"cannot load batches from the dataset: {exc}") from None
+    nw = choice.num_workers
 
     budget = int(headroom.free_bytes * (1 - safety))
+    tuning: dict[str, Any] = {
+        "workers": {"iterations": iterations, "max_workers": n_max, **choice.to_dict()},
+        "strategies": {name: r.to_dict() for name, r in replays.items()},
+    }
+    if step_seconds is not None:
+        tuning["workers"]["step_seconds"] = step_seconds
+    if placement:
+        tuning["placement"] = {"device": str(dev), "cpus": placement}
     return Plan(
         meta={
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -137,7 +183,7 @@ def tune(
             **size_stats(sizes),
         },
         hardware={
-            "cpu_count": cpus_per_rank(),
+            "cpu_count": cpus,
             "device": headroom.device,
             "device_name": headroom.device_name,
             "memory_total_bytes": headroom.total_bytes,
@@ -147,8 +193,9 @@ def tune(
         loader=LoaderPlan(
             num_workers=nw,
             pin_memory=dev.type != "cpu",
-            prefetch_factor=workers.PREFETCH_FACTOR if nw else None,
-            persistent_workers=nw > 0,
+            prefetch_factor=choice.prefetch_factor.value if nw else None,  # type: ignore[arg-type]
+            persistent_workers=bool(choice.persistent_workers.value),
+            worker_affinity="gpu-local" if placement else "none",
         ),
         batching=BatchingPlan(
             strategy=strategy,
@@ -161,17 +208,34 @@ def tune(
             drop_last=False,
         ),
         memory={"budget_bytes": budget, "safety": safety},
-        tuning={
-            "workers": {
-                "rule": search.rule,
-                "iterations": iterations,
-                "max_workers": n_max,
-                "timed_batches": search.timed_batches,
-                "trace": [c.to_dict() for c in search.trace],
-            },
-            "strategies": {name: r.to_dict() for name, r in replays.items()},
-        },
+        tuning=tuning,
     )
+
+
+def _placement(dev: torch.device) -> tuple[int, list[int] | None]:
+    """This rank's CPU count, and the GPU-local CPUs its workers should use (if any)."""
+    cpus = cpus_per_rank()
+    if dev.type != "cuda":
+        return cpus, None
+    local = gpu_local_cpus(nvml_index(dev))
+    if not local:
+        return cpus, None
+    return min(cpus, len(local)), local
+
+
+def _sample_batches(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    seed: int,
+    dev: torch.device,
+    collate_fn: Any,
+) -> list[Any]:
+    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
+    loader = TorchDataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate_fn, pin_memory=dev.type != "cpu"
+    )
+    return list(islice(loader, STEP_BATCHES))
 
 
 def _positive(name: str, value: Any) -> int:

@@ -1,0 +1,30 @@
+"""Which accelerator a process has, and how NVML names the GPU torch calls cuda:K."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from autoloader.errors import DeviceError
+
+
+def accelerator_available() -> bool:
+    """Whether pinned memory can help: an accelerator that torch can copy to exists."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return torch.cuda.is_available()
+
+
+def nvml_index(device: torch.device) -> int | str:
+    """The NVML index (or UUID) of a torch CUDA device, honouring CUDA_VISIBLE_DEVICES."""
+    k = device.index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return k
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if k >= len(entries):
+        raise DeviceError(f"cuda:{k} is not in CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[k]
+    return int(entry) if entry.isdigit() else entry

@@ -1,0 +1,65 @@
+"""The user's training step: how to load it and how long it takes."""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from autoloader.errors import UsageError
+
+Step = Callable[[Any], Any]
+
+
+def as_step(obj: Any, *, name: str = "--step") -> Step:
+    """A step from ``step(batch)`` itself or a zero-argument factory returning one."""
+    if not callable(obj):
+        raise UsageError(f"{name}: expected a callable step(batch), found {type(obj).__name__}")
+    if _required_positional(obj) == 0:
+        try:
+            made = obj()
+        except Exception as exc:
+            raise UsageError(
+                f"{name}: the step factory failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not callable(made):
+            raise UsageError(
+                f"{name}: the factory returned {type(made).__name__}, "
+                "expected a callable step(batch)"
+            )
+        return made
+    return obj
+
+
+def time_step(step: Step, batches: Iterable[Any], device: torch.device) -> float:
+    """Median seconds of ``step`` over ``batches``, the first (warm-up) excluded."""
+    times = []
+    for i, batch in enumerate(batches):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    if not times:
+        raise UsageError("--step: too few batches to time the step")
+    return statistics.median(times)
+
+
+def _required_positional(obj: Any) -> int | None:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(
+        1
+        for p in sig.parameters.values()
+        if p.kind in kinds and p.default is inspect.Parameter.empty
+    )

@@ -1,0 +1,126 @@
+"""The worker search (Num Worker Tuner, Synn and Kim), faster and step-aware."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoloader.loader.collate import collate
+from autoloader.tuning.workers import search as _search
+from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
+from autoloader.tuning.workers.search import Rule, choose, doubling_grid
+from autoloader.tuning.workers.settings import Setting, persistent_workers, prefetch_factor
+
+__all__ = [
+    "PREFETCH_FACTOR",
+    "Candidate",
+    "Rule",
+    "Timing",
+    "WorkerChoice",
+    "choose",
+    "doubling_grid",
+    "measure",
+    "search",
+]
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """The chosen settings and the whole trace that led to them."""
+
+    num_workers: int
+    prefetch_factor: Setting
+    persistent_workers: Setting
+    rule: str
+    method: str
+    trace: list[Candidate]
+
+    @property
+    def timed_batches(self) -> int:
+        return sum(c.batches for c in self.trace)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "rule": self.rule,
+            "timed_batches": self.timed_batches,
+            "prefetch_factor_why": self.prefetch_factor.why,
+            "persistent_workers_why": self.persistent_workers.why,
+            "trace": [c.to_dict() for c in self.trace],
+        }
+
+
+def search(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    *,
+    max_workers: int,
+    timing: Timing,
+    rule: Rule,
+    device: torch.device,
+    method: str = "fast",
+    seed: int = 0,
+    progress: bool = False,
+    worker_init_fn: Callable[[int], None] | None = None,
+    collate_fn: Callable[[list[Any]], Any] = collate,
+) -> WorkerChoice:
+    """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose.
+
+    Raises:
+        RuntimeError: every count failed (the dataset cannot be loaded at all).
+    """
+    from tqdm import tqdm
+
+    bar = tqdm(
+        desc="worker search",
+        unit="count",
+        disable=not progress,
+        leave=False,
+        total=max_workers + 1 if method == "exhaustive" else None,
+    )
+    run = partial(
+        measure,
+        dataset,
+        sizes,
+        batch_size,
+        timing=timing,
+        device=device,
+        seed=seed,
+        worker_init_fn=worker_init_fn,
+        collate_fn=collate_fn,
+    )
+
+    def measured(w: int, slower_than: float | None) -> Candidate:
+        bar.set_postfix_str(f"{w} workers")
+        cand = run(w, slower_than=slower_than)
+        bar.update()
+        return cand
+
+    try:
+        if method == "exhaustive":
+            trace = _search.exhaustive(measured, max_workers)
+        else:
+            trace = _search.fast(measured, max_workers, rule)
+    finally:
+        bar.close()
+    failed = [c for c in trace if not c.ok]
+    if len(failed) == len(trace):
+        raise RuntimeError(f"every worker count failed; with 0 workers: {failed[0].status}")
+    chosen_w = choose(trace, rule)
+    chosen = next(c for c in trace if c.workers == chosen_w)
+    serial = next((c for c in trace if c.workers == 0), None)
+    batches = -(-len(sizes) // batch_size)
+    return WorkerChoice(
+        chosen_w,
+        prefetch_factor(chosen, serial, rule.step_seconds),
+        persistent_workers(chosen, batches),
+        rule.describe(),
+        method,
+        trace,
+    )

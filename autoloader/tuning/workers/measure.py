@@ -1,0 +1,201 @@
+"""Time one worker count: steady-state seconds per batch through a real DataLoader.
+
+Batches are copied to the device through pinned memory where there is one, and the copy is
+synchronised, so the time is what the training loop would wait. Worker start-up and the
+first prefetch round (batches the workers prepared while starting) are not timed. Timing
+stops early once the mean is known to ``precision`` (relative standard error), or after
+``iterations`` batches. A crash, an error or a hang (``timeout``) is recorded, not raised.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from autoloader.loader.collate import collate
+from autoloader.samplers import RandomBatchSampler
+from autoloader.tuning.memory_usage import tree_memory_bytes
+from autoloader.tuning.transfer import transfer
+
+PREFETCH_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One worker count's measurement, as written to the plan's ``[tuning]`` trace."""
+
+    workers: int
+    batches: int  # timed batches (start-up and the first prefetch round excluded)
+    seconds_per_batch: float
+    total_seconds: float
+    startup_seconds: float  # until the first batch arrived
+    max_batch_seconds: float  # the slowest timed batch
+    memory_bytes: int  # PSS of the process tree while loading
+    status: str = "ok"
+    stderr_seconds: float = 0.0  # standard error of seconds_per_batch
+
+    @classmethod
+    def from_times(cls, workers: int, times: list[float], startup: float,
+                   memory: int) -> Candidate:  # fmt: skip
+        n = len(times)
+        mean = sum(times) / n
+        std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) if n > 1 else 0.0
+        return cls(workers, n, mean, sum(times), startup, max(times), memory,
+                   stderr_seconds=std / math.sqrt(n))  # fmt: skip
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How candidates are timed."""
+
+    iterations: int = 100  # the most timed batches per candidate
+    min_batches: int = 10  # the fewest timed batches before an early stop
+    precision: float | None = 0.03  # None: always time ``iterations`` batches (the paper)
+    timeout: float = 60.0  # seconds to wait for one batch before calling it a hang
+
+    def enough(self, times: list[float], slower_than: float | None = None) -> bool:
+        """Whether the mean of ``times`` is known well enough to stop: precise enough, or
+        (with ``slower_than``) clearly slower than that many seconds per batch."""
+        n = len(times)
+        if n >= self.iterations:
+            return True
+        if self.precision is None or n < self.min_batches:
+            return False
+        mean = sum(times) / n
+        if mean <= 0:
+            return True
+        stderr = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) / math.sqrt(n)
+        if slower_than is not None and mean - 2 * stderr > slower_than:
+            return True
+        return stderr / mean < self.precision
+
+
+def steady_state(batch_times: Iterator[float], timing: Timing, skip: int,
+                 slower_than: float | None = None) -> list[float]:  # fmt: skip
+    """Drop ``skip`` warm-up times, then collect until ``timing`` has enough."""
+    for _ in range(skip):
+        next(batch_times)
+    times: list[float] = []
+    while not timing.enough(times, slower_than):
+        times.append(next(batch_times))
+    return times
+
+
+def measure(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    workers: int,
+    *,
+    timing: Timing,
+    device: torch.device,
+    seed: int = 0,
+    prefetch_factor: int = PREFETCH_FACTOR,
+    slower_than: float | None = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+    collate_fn: Callable[[list[Any]], Any] = collate,
+) -> Candidate:
+    """Measure ``workers`` worker processes; failures come back as a failed candidate."""
+    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
+    with warnings.catch_warnings():
+        # Asking for more workers than torch suggests is the point of the search.
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        return _measure(
+            dataset,
+            sampler,
+            workers,
+            timing=timing,
+            device=device,
+            prefetch_factor=prefetch_factor,
+            slower_than=slower_than,
+            worker_init_fn=worker_init_fn,
+            collate_fn=collate_fn,
+        )
+
+
+def _measure(
+    dataset: Any,
+    sampler: RandomBatchSampler,
+    workers: int,
+    *,
+    timing: Timing,
+    device: torch.device,
+    prefetch_factor: int,
+    slower_than: float | None,
+    worker_init_fn: Callable[[int], None] | None,
+    collate_fn: Callable[[list[Any]], Any],
+) -> Candidate:
+    loader = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_fn,
+        pin_memory=device.type != "cpu",
+        prefetch_factor=prefetch_factor if workers else None,
+        persistent_workers=workers > 0,
+        timeout=timing.timeout if workers else 0,
+        worker_init_fn=worker_init_fn,
+    )
+    start = time.perf_counter()
+    batches = _endless(loader, sampler)
+    memory = [0]
+    try:
+        transfer(next(batches), device)
+        startup = time.perf_counter() - start
+        memory[0] = tree_memory_bytes()
+        times = steady_state(
+            _timed(batches, device, memory),
+            timing,
+            skip=max(1, workers * prefetch_factor) - 1,
+            slower_than=slower_than,
+        )
+    except (RuntimeError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Candidate(workers, 0, math.inf, math.inf, math.inf, math.inf, 0, f"failed: {reason}")
+    finally:
+        batches.close()
+        del loader
+    total = sum(times)
+    return Candidate(
+        workers,
+        len(times),
+        total / len(times),
+        total,
+        startup,
+        max(times),
+        max(memory[0], tree_memory_bytes()),
+    )
+
+
+def _timed(batches: Iterator[Any], device: torch.device, memory: list[int]) -> Iterator[float]:
+    count = 0
+    while True:
+        start = time.perf_counter()
+        transfer(next(batches), device)
+        yield time.perf_counter() - start
+        count += 1
+        if count % 16 == 0:  # PSS is read from /proc: sample it, not every batch
+            memory[0] = max(memory[0], tree_memory_bytes())
+
+
+def _endless(loader: DataLoader, sampler: RandomBatchSampler) -> Generator[Any, None, None]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1

@@ -1,0 +1,58 @@
+"""``prefetch_factor`` and ``persistent_workers`` chosen from the measurements, with why."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
+
+MAX_PREFETCH = 8
+PERSISTENT_SHARE = 0.005  # restart cost worth avoiding: 0.5% of an epoch
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: int | bool | None
+    why: str
+
+
+def prefetch_factor(
+    chosen: Candidate, serial: Candidate | None, step_seconds: float | None
+) -> Setting:
+    """Deep enough that the slowest batch does not starve the loop.
+
+    With in-order delivery, while one worker spends ``T`` on the slowest batch the loop can
+    only consume what is already queued: ``workers x prefetch`` batches, one consumed every
+    ``s`` seconds (the step, or the loading time itself). So ``workers x prefetch >= T/s + 1``.
+    """
+    w = chosen.workers
+    if w == 0:
+        return Setting(None, "no worker processes: nothing to prefetch")
+    slowest = serial.max_batch_seconds if serial is not None and serial.ok else None
+    if slowest is None or not math.isfinite(slowest):
+        return Setting(PREFETCH_FACTOR, "no serial timing to size the queue: torch's default")
+    consume = max(step_seconds or 0.0, chosen.seconds_per_batch, 1e-9)
+    need = math.ceil((slowest / consume + 1) / w)
+    value = min(max(need, PREFETCH_FACTOR), MAX_PREFETCH)
+    return Setting(
+        value,
+        f"the slowest batch loads in {slowest:.4f} s and the loop takes one every "
+        f"{consume:.4f} s: {w} workers x {value} keep {w * value} batches queued"
+        + (f" (capped at {MAX_PREFETCH})" if need > MAX_PREFETCH else ""),
+    )
+
+
+def persistent_workers(chosen: Candidate, batches_per_epoch: int) -> Setting:
+    """Keep workers between epochs when restarting them costs a visible share of one."""
+    if chosen.workers == 0:
+        return Setting(False, "no worker processes")
+    epoch = batches_per_epoch * chosen.seconds_per_batch
+    share = chosen.startup_seconds / epoch if epoch > 0 else math.inf
+    keep = share >= PERSISTENT_SHARE
+    return Setting(
+        keep,
+        f"starting {chosen.workers} workers took {chosen.startup_seconds:.3f} s, "
+        f"{share:.1%} of a {epoch:.1f} s epoch"
+        + (": kept alive between epochs" if keep else ": restarting is cheap"),
+    )
