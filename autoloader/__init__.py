@@ -15,6 +15,7 @@ from autoloader.errors import (
     PluginError,
     UsageError,
 )
+from autoloader.guard import oom_guard
 from autoloader.loader import DataLoader
 from autoloader.metrics import serve_metrics
 from autoloader.plan import Plan
@@ -30,6 +31,7 @@ __all__ = [
     "PluginError",
     "UsageError",
     "__version__",
+    "oom_guard",
     "samplers",
     "serve_metrics",
     "sizes",

@@ -95,7 +95,8 @@ def modelled() -> None:
     rule = Rule(tolerance=0.05)
     print("\nmodelled node (saturating curve, gamma noise CV 0.25, 5 seeds each)")
     print(
-        "  N   knee  time-best  fast choices     true throughput ratio (min)  batches fast/exh. (max)"
+        "  N   knee  time-best  fast choices     true throughput ratio (min)  "
+        "batches fast/exh. (max)"
     )
     for n in (16, 32, 64):
         for knee in (4, 10):
@@ -110,7 +111,7 @@ def modelled() -> None:
                 ratios.append(true(best) / true(picks[-1]))
                 shares.append(sum(c.batches for c in quick) / sum(c.batches for c in full))
             print(
-                f"  {n:<3} {knee:<5} {best:<10} {str(sorted(set(picks))):<16} "
+                f"  {n:<3} {knee:<5} {best:<10} {sorted(set(picks))!s:<16} "
                 f"{min(ratios):<28.3f} {max(shares):.3f}"
             )
 
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         cores = usable_cpus()
         compare("cpu-bound", CPUBound(), max(2, cores), 16, args.iterations)
         compare("sleep (I/O-bound)", Sleepy(), 16, 16, args.iterations)
-        from autoloader.demo.synthetic import generate
         from autoloader_plugins.hdf5 import GraphEventsH5
+
+        from autoloader.demo.synthetic import generate
 
         with tempfile.TemporaryDirectory() as tmp:
             events = GraphEventsH5(generate(Path(tmp) / "events.h5", 2000))

@@ -288,3 +288,31 @@ def test_python_dash_m_and_sigterm_leave_no_partial_plan(tmp_path: Path) -> None
     assert done.returncode == 0 and "local batch 4" in done.stdout
     bad = run_cli("show", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_show_plot_draws_a_png(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, events_h5: Path
+) -> None:
+    plan = tmp_path / "plan.toml"
+    assert (
+        main(
+            [
+                "tune",
+                str(events_h5),
+                "--out",
+                str(plan),
+                "--iterations",
+                "3",
+                "--max-workers",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    png = tmp_path / "plan.png"
+    assert main(["show", str(plan), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000
+    line = error_line(capsys, ["show", str(plan), "--plot", str(tmp_path / "no" / "x.png")])
+    assert "--plot" in line and "cannot write" in line

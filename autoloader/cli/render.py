@@ -48,6 +48,9 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         if "predicted_peak_bytes" in mem:
             line += f", predicted peak {_b(mem['predicted_peak_bytes'])}"
         out.append(line)
+    model = mem.get("model")
+    if isinstance(model, dict) and model.get("description"):
+        out.append(f"          model: {model['description']}")
     out.append(
         f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
         f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
@@ -61,6 +64,7 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"{', drop_last' if bp.drop_last else ''}"
     )
     out.extend(_workers(plan.tuning.get("workers"), lp.num_workers))
+    out.extend(_batching(plan.tuning.get("batching")))
     out.extend(_strategies(plan.tuning.get("strategies"), bp.strategy))
     return "\n".join(out)
 
@@ -94,6 +98,26 @@ def _workers(search: Any, chosen: int) -> list[str]:
         if key in search:
             lines.append(f"  {key.removesuffix('_why')}: {search[key]}")
     return lines
+
+
+def _batching(choice: Any) -> list[str]:
+    if not isinstance(choice, dict) or not choice.get("candidates"):
+        return []
+    rows = [
+        [
+            str(c.get("local_batch_size")),
+            str(c.get("grad_accum_steps")),
+            c.get("strategy", "?"),
+            _b(c.get("worst_batch_bytes")),
+            _b(c.get("predicted_peak_bytes")),
+            c.get("verdict", ""),
+        ]
+        for c in choice["candidates"]
+    ]
+    return [
+        f"\nbatch size and strategy ({choice.get('rule', '')})",
+        *table(["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"], rows),
+    ]
 
 
 def _strategies(reports: Any, chosen: str) -> list[str]:

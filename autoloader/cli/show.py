@@ -16,6 +16,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("plan", metavar="PLAN")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the worker search and each strategy's batch bytes against the "
+        "memory budget (needs matplotlib: pip install 'autoloader[plot]')",
+    )
     p.set_defaults(run=run)
 
 
@@ -24,6 +30,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from autoloader.plan import Plan
 
     plan = Plan.load(args.plan)
+    if args.plot:
+        from autoloader.cli.plot import plot
+
+        plot(plan, args.plot)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

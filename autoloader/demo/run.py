@@ -49,10 +49,36 @@ def run_demo(
 
     t0 = time.perf_counter()
     plan_path = workdir / "plan.toml"
+    # Pass 1 calibrates the memory model from the real training step. This machine has
+    # gigabytes free, so every batching fits; to show the choice the demo then plans for
+    # a device whose free memory lies between the predicted peaks of random batches and
+    # of the best-balanced ones, as a smaller GPU would.
+    probe = tune(
+        dataset,
+        global_batch_size=GLOBAL_BATCH,
+        device="cpu",
+        step=TrainStep,
+        max_workers=0,
+        iterations=3,
+        spec=str(data_path),
+        progress=progress,
+    )
+    peaks = {name: r["predicted_peak_bytes"] for name, r in probe.tuning["strategies"].items()}
+    budget = (peaks["random"] + min(peaks.values())) // 2
+    say(f"[2/4] memory    calibrated on the training step: {probe.memory['model']['description']}")
+    say(
+        f"                predicted peaks at batch {GLOBAL_BATCH}: "
+        + ", ".join(f"{n} {format_bytes(p)}" for n, p in peaks.items())
+    )
+    say(f"                the demo plans for a device with {format_bytes(budget)} free")
     plan = tune(
         dataset,
         global_batch_size=GLOBAL_BATCH,
         device="cpu",
+        step=TrainStep,
+        memory_budget=budget,
+        safety=0.0,
+        memory_model=probe.memory["model"],
         iterations=iterations,
         spec=str(data_path),
         progress=progress,
@@ -86,6 +112,7 @@ def run_demo(
         "last_loss": losses[-1],
         "scraped_batches": scraped,
     }
+    random_worst = plan.tuning["strategies"]["random"]["worst_batch_bytes"]
     say("[4/4] summary")
     say(
         f"  plan        {plan.batching.strategy} sampler, local batch "
@@ -98,7 +125,8 @@ def run_demo(
     )
     say(
         f"  worst batch {format_bytes(stats.worst_batch_bytes)} "
-        f"(mean {format_bytes(stats.bytes / max(stats.batches, 1))})"
+        f"(mean {format_bytes(stats.bytes / max(stats.batches, 1))}); random batches' "
+        f"worst in the replay: {format_bytes(random_worst)}"
     )
     say(
         f"  loss        {losses[0]:.4f} -> {losses[-1]:.4f} (mean of last 10: "

@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.errors import DeviceError
 from autoloader.samplers import make_sampler
 from autoloader.samplers.base import pad_last_batch, rank_share
+from autoloader.tuning.memory_model import MemoryModel
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Replay:
     worst_batch_bytes: int
     mean_batch_bytes: float
     std_batch_bytes: float
+    quantiles: tuple[int, ...]  # batch bytes at QUANTILES percent, for plots
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -31,10 +34,14 @@ class Replay:
             "worst_batch_bytes": self.worst_batch_bytes,
             "mean_batch_bytes": round(self.mean_batch_bytes, 1),
             "std_batch_bytes": round(self.std_batch_bytes, 1),
+            "quantiles": list(self.quantiles),
         }
 
 
-def local_batch_bytes(
+QUANTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
+
+
+def all_local_batches(
     strategy: str,
     sizes: np.ndarray,
     local_batch_size: int,
@@ -44,8 +51,8 @@ def local_batch_bytes(
     seed: int = 0,
     drop_last: bool = False,
     options: dict[str, Any] | None = None,
-) -> np.ndarray:
-    """Bytes of every local batch of one epoch, every rank's, as a flat array."""
+) -> list[np.ndarray]:
+    """Every rank's local batches of one epoch (index arrays), as the samplers make them."""
     sampler = make_sampler(
         strategy,
         sizes,
@@ -59,12 +66,19 @@ def local_batch_bytes(
     sampler.set_epoch(epoch)
     full, tail = sampler.global_batches()
     groups = [full] + ([pad_last_batch(tail, world_size)[None, :]] if len(tail) else [])
-    out = []
+    out: list[np.ndarray] = []
     for batches in groups:
         for rank in range(world_size):
-            share = rank_share(batches, sizes, world_size, rank)
-            out.append(sizes[share].sum(axis=1))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+            out.extend(rank_share(batches, sizes, world_size, rank))
+    return out
+
+
+def local_batch_bytes(
+    strategy: str, sizes: np.ndarray, local_batch_size: int, **kwargs: Any
+) -> np.ndarray:
+    """Bytes of every local batch of one epoch, every rank's, as a flat array."""
+    batches = all_local_batches(strategy, sizes, local_batch_size, **kwargs)
+    return np.array([int(sizes[b].sum()) for b in batches], dtype=np.int64)
 
 
 def replay(
@@ -93,6 +107,7 @@ def replay(
         for e in range(epochs)
     ]
     allb = np.concatenate(per_epoch)
+    quantiles = tuple(int(q) for q in np.percentile(allb, QUANTILES))
     return Replay(
         strategy,
         local_batch_size,
@@ -101,4 +116,81 @@ def replay(
         int(allb.max()),
         float(allb.mean()),
         float(allb.std()),
+        quantiles,
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (local batch size, strategy) pair considered, and the verdict on it."""
+
+    local_batch_size: int
+    grad_accum_steps: int
+    strategy: str
+    worst_batch_bytes: int
+    predicted_peak_bytes: int
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class BatchingChoice:
+    strategy: str
+    local_batch_size: int
+    grad_accum_steps: int
+    replay: Replay
+    predicted_peak_bytes: int
+    candidates: list[Candidate]
+    replays: dict[str, Replay]  # every strategy at the chosen local batch size
+
+
+def local_batch_sizes(global_batch_size: int, world_size: int) -> list[int]:
+    """Local sizes with local x world x accumulation = global, largest first."""
+    per_rank = global_batch_size // world_size
+    return [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
+
+
+def choose_batching(
+    sizes: np.ndarray,
+    global_batch_size: int,
+    world_size: int,
+    strategies: list[str],
+    model: MemoryModel,
+    limit: int,
+    *,
+    seed: int = 0,
+    epochs: int = 3,
+) -> BatchingChoice:
+    """The largest local batch whose worst replayed batch is predicted to fit ``limit``;
+    among strategies that fit there, the first of ``strategies`` (the most random).
+
+    Raises:
+        DeviceError: not even one sample per rank fits; names the budget that would.
+    """
+    candidates: list[Candidate] = []
+    smallest_need = None
+    for local in local_batch_sizes(global_batch_size, world_size):
+        accum = global_batch_size // (local * world_size)
+        fitting: list[tuple[str, Replay, int]] = []
+        replays = {}
+        for name in strategies:
+            r = replay(name, sizes, local, world_size=world_size, epochs=epochs, seed=seed)
+            replays[name] = r
+            peak = model.predict(r.worst_batch_bytes)
+            if peak <= limit:
+                verdict = "chosen" if not fitting else f"fits; {fitting[0][0]} is more random"
+                fitting.append((name, r, peak))
+            else:
+                verdict = f"predicted peak over the budget by {peak - limit} bytes"
+                smallest_need = peak if smallest_need is None else min(smallest_need, peak)
+            candidates.append(Candidate(local, accum, name, r.worst_batch_bytes, peak, verdict))
+        if fitting:
+            name, r, peak = fitting[0]
+            return BatchingChoice(name, local, accum, r, peak, candidates, replays)
+    raise DeviceError(
+        f"no batching fits the memory budget of {limit} bytes: even one sample per rank is "
+        f"predicted to peak at {smallest_need} bytes; a --memory-budget of at least "
+        f"{smallest_need} bytes (before the safety margin) would fit"
     )

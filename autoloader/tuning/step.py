@@ -13,13 +13,21 @@ import torch
 from autoloader.errors import UsageError
 
 Step = Callable[[Any], Any]
+StepFactory = Callable[[], Step]
 
 
-def as_step(obj: Any, *, name: str = "--step") -> Step:
-    """A step from ``step(batch)`` itself or a zero-argument factory returning one."""
+def step_factory(obj: Any, *, name: str = "--step") -> StepFactory:
+    """A zero-argument factory of the step, from ``step(batch)`` itself or a factory.
+
+    A factory builds the model when called, so calibration can count the model's memory;
+    a ready step has its model built already.
+    """
     if not callable(obj):
         raise UsageError(f"{name}: expected a callable step(batch), found {type(obj).__name__}")
-    if _required_positional(obj) == 0:
+    if _required_positional(obj) != 0:
+        return lambda: obj
+
+    def build() -> Step:
         try:
             made = obj()
         except Exception as exc:
@@ -32,7 +40,8 @@ def as_step(obj: Any, *, name: str = "--step") -> Step:
                 "expected a callable step(batch)"
             )
         return made
-    return obj
+
+    return build
 
 
 def time_step(step: Step, batches: Iterable[Any], device: torch.device) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
 
@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from autoloader._version import __version__
 from autoloader.accelerator import nvml_index
-from autoloader.errors import DatasetError, UsageError
+from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.loader.collate import collate
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
@@ -23,10 +23,14 @@ from autoloader.samplers import STRATEGIES, RandomBatchSampler, make_sampler
 from autoloader.samplers.checks import check_int
 from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
-from autoloader.tuning.batching import replay
+from autoloader.tuning.batching import all_local_batches, choose_batching
+from autoloader.tuning.calibrate import Point, measure_peaks
 from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import probe_headroom, resolve_device
-from autoloader.tuning.step import as_step, time_step
+from autoloader.tuning.memory_model import default_model, fit
+from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.step import StepFactory, step_factory, time_step
+from autoloader.tuning.transfer import to_device
 
 log = logging.getLogger("autoloader")
 
@@ -54,6 +58,7 @@ def tune(
     search: str | None = None,
     worker_timeout: float = 60.0,
     collate_fn: Any = None,
+    memory_model: Any = None,
     spec: str | None = None,
     command: str | None = None,
 ) -> Plan:
@@ -78,6 +83,8 @@ def tune(
         search: "fast" (doubling grid, early stops, bisection; the default) or
             "exhaustive" (every count, ``iterations`` batches each; the default with alpha).
         worker_timeout: seconds without a batch before a worker count is called hung.
+        memory_model: a model from an earlier calibration (a plan's ``memory["model"]``);
+            with it, ``step`` is only timed, not calibrated again.
         collate_fn: the training loop's collate function (default: autoloader's, which is
             torch's default_collate plus PyG graphs).
         spec, command: recorded in the plan's ``[dataset]`` and ``[meta]``.
@@ -116,26 +123,33 @@ def tune(
             f"{world_size}: every rank needs the same local batch size"
         )
     dev = device if isinstance(device, torch.device) else resolve_device(device)
-    train_step = as_step(step) if step is not None else None
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    factory = step_factory(step) if step is not None else None
+    collate_fn = collate_fn or collate
 
     sizes = sample_sizes(dataset, progress=progress)
     headroom = probe_headroom(dev, memory_budget)
-    local = global_batch_size // world_size
+    budget = int(headroom.free_bytes * (1 - safety))
+    largest_local = global_batch_size // world_size
 
-    replays = {
-        name: replay(name, sizes, local, world_size=world_size, epochs=REPLAY_EPOCHS, seed=seed)
-        for name in names
-    }
-    # Until a memory model exists, no strategy can be judged to fit better than another
-    # by prediction; keep the most random one, the baseline.
-    strategy = "random" if "random" in replays else names[0]
+    model = default_model() if memory_model is None else model_from_dict(memory_model)
+    calibration: list[Point] = []
+    if factory is not None and memory_model is None:
+        calibration = _calibrate(
+            factory, dataset, sizes, largest_local, world_size, seed, dev, collate_fn
+        )
+        model = fit([(p.batch_bytes, p.peak_bytes) for p in calibration if p.peak_bytes])
+    batching = choose_batching(
+        sizes, global_batch_size, world_size, names, model, budget, seed=seed, epochs=REPLAY_EPOCHS
+    )
+    local = batching.local_batch_size
 
     cpus, placement = _placement(dev)
     n_max = max(0, cpus - 1) if max_workers is None else max_workers
     step_seconds = None
-    if train_step is not None:
-        batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn or collate)
-        step_seconds = time_step(train_step, batches, dev)
+    if factory is not None:
+        batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn)
+        step_seconds = time_step(factory(), batches, dev)
     rule = workers.Rule(tolerance=tolerance, alpha=alpha, step_seconds=step_seconds)
     timing = workers.Timing(
         iterations=iterations,
@@ -155,21 +169,36 @@ def tune(
             seed=seed,
             progress=progress,
             worker_init_fn=PinWorkers(placement) if placement else None,
-            collate_fn=collate_fn or collate,
+            collate_fn=collate_fn,
         )
     except RuntimeError as exc:
         raise DatasetError(f"cannot load batches from the dataset: {exc}") from None
     nw = choice.num_workers
 
-    budget = int(headroom.free_bytes * (1 - safety))
     tuning: dict[str, Any] = {
         "workers": {"iterations": iterations, "max_workers": n_max, **choice.to_dict()},
-        "strategies": {name: r.to_dict() for name, r in replays.items()},
+        "strategies": {name: r.to_dict() for name, r in batching.replays.items()},
+        "batching": {
+            "rule": "the largest local batch whose worst replayed batch is predicted to fit "
+            "the budget; among strategies that fit, the most random",
+            "candidates": [c.to_dict() for c in batching.candidates],
+        },
     }
+    for name, r in batching.replays.items():
+        tuning["strategies"][name]["predicted_peak_bytes"] = model.predict(r.worst_batch_bytes)
     if step_seconds is not None:
         tuning["workers"]["step_seconds"] = step_seconds
     if placement:
         tuning["placement"] = {"device": str(dev), "cpus": placement}
+    memory: dict[str, Any] = {
+        "budget_bytes": budget,
+        "safety": safety,
+        "predicted_peak_bytes": batching.predicted_peak_bytes,
+        "model": {**model.to_dict(), "description": model.describe()},
+    }
+    failed = [p for p in calibration if p.peak_bytes is None]
+    if failed:
+        memory["model"]["out_of_memory_at_bytes"] = [p.batch_bytes for p in failed]
     return Plan(
         meta={
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -198,18 +227,59 @@ def tune(
             worker_affinity="gpu-local" if placement else "none",
         ),
         batching=BatchingPlan(
-            strategy=strategy,
+            strategy=batching.strategy,
             local_batch_size=local,
-            options=make_sampler(strategy, sizes, local).options(),
+            options=make_sampler(batching.strategy, sizes, local).options(),
             world_size=world_size,
-            grad_accum_steps=1,
+            grad_accum_steps=batching.grad_accum_steps,
             global_batch_size=global_batch_size,
             seed=seed,
             drop_last=False,
         ),
-        memory={"budget_bytes": budget, "safety": safety},
+        memory=memory,
         tuning=tuning,
     )
+
+
+def _calibrate(
+    factory: StepFactory,
+    dataset: Any,
+    sizes: np.ndarray,
+    local: int,
+    world_size: int,
+    seed: int,
+    dev: torch.device,
+    collate_fn: Any,
+) -> list[Point]:
+    """Peaks of the step on batches from the smallest to the largest that random batching
+    produces in the replayed epochs (the heaviest any strategy can produce)."""
+    order = np.argsort(sizes, kind="stable")
+    mid = max(0, len(sizes) // 2 - local // 2)
+    replayed = [
+        b
+        for e in range(REPLAY_EPOCHS)
+        for b in all_local_batches(
+            "random", sizes, local, world_size=world_size, epoch=e, seed=seed
+        )
+    ]
+    by_bytes = sorted(replayed, key=lambda b: int(sizes[b].sum()))
+    chosen = [order[:local], order[mid : mid + local], by_bytes[len(by_bytes) // 2], by_bytes[-1]]
+    pinned = dev.type != "cpu"
+    work: list[tuple[int, Callable[[], Any]]] = []
+    for idx in chosen:
+
+        def make(idx: np.ndarray = idx) -> Any:
+            batch = collate_fn([dataset[int(i)] for i in idx])
+            return to_device(batch, dev) if pinned else batch
+
+        work.append((int(sizes[idx].sum()), make))
+    points = measure_peaks(factory, work, dev)
+    if not any(p.peak_bytes for p in points):
+        raise DeviceError(
+            f"--step runs out of memory on every calibration batch, even the {local} smallest "
+            "samples; lower --global-batch-size or raise the memory available"
+        )
+    return points
 
 
 def _placement(dev: torch.device) -> tuple[int, list[int] | None]:

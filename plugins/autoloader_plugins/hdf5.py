@@ -56,12 +56,9 @@ class GraphEventsH5(Dataset):
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Data:
-        group = self._handle()[self.keys[index]]
-        tensors = {
-            name: torch.from_numpy(np.asarray(ds[()]))
-            for name, ds in group.items()
-            if isinstance(ds, h5py.Dataset)
-        }
+        # h5py's low-level API: half the time of Group.items() and Dataset[()] per event.
+        group = h5py.h5g.open(self._handle().id, self.keys[index].encode())
+        tensors = {name.decode(): torch.from_numpy(array) for name, array in _read_all(group)}
         # PyG infers the node count from `x`; an explicit num_nodes would add a stored
         # attribute that the size measured from the file does not have.
         return Data(**tensors)
@@ -71,11 +68,10 @@ class GraphEventsH5(Dataset):
         out = np.empty(len(self.keys), dtype=np.int64)
         with h5py.File(self.path, "r") as f:
             for i, key in enumerate(self.keys):
-                group = f[key]
+                group = h5py.h5g.open(f.id, key.encode())
                 out[i] = sum(
-                    int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
-                    for ds in group.values()
-                    if isinstance(ds, h5py.Dataset)
+                    int(np.prod(d.get_space().shape, dtype=np.int64)) * d.get_type().get_size()
+                    for _, d in _datasets(group)
                 )
         return out
 
@@ -96,6 +92,27 @@ class GraphEventsH5(Dataset):
 
     def __repr__(self) -> str:
         return f"GraphEventsH5('{self.path}', events={len(self)})"
+
+
+def _datasets(group: h5py.h5g.GroupID) -> list[tuple[bytes, h5py.h5d.DatasetID]]:
+    """The datasets directly in a group (subgroups and other links are skipped)."""
+    out = []
+    for name in group:
+        try:
+            out.append((name, h5py.h5d.open(group, name)))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return out
+
+
+def _read_all(group: h5py.h5g.GroupID) -> list[tuple[bytes, np.ndarray]]:
+    arrays = []
+    for name, d in _datasets(group):
+        array = np.empty(d.shape, dtype=d.dtype)
+        if array.size:
+            d.read(h5py.h5s.ALL, h5py.h5s.ALL, array)
+        arrays.append((name, array))
+    return arrays
 
 
 def _is_hdf5(path: Path) -> bool:

@@ -43,13 +43,20 @@ class Candidate:
     stderr_seconds: float = 0.0  # standard error of seconds_per_batch
 
     @classmethod
-    def from_times(cls, workers: int, times: list[float], startup: float,
-                   memory: int) -> Candidate:  # fmt: skip
+    def from_times(cls, workers: int, times: list[float], startup: float, memory: int) -> Candidate:
         n = len(times)
         mean = sum(times) / n
         std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) if n > 1 else 0.0
-        return cls(workers, n, mean, sum(times), startup, max(times), memory,
-                   stderr_seconds=std / math.sqrt(n))  # fmt: skip
+        return cls(
+            workers,
+            n,
+            mean,
+            sum(times),
+            startup,
+            max(times),
+            memory,
+            stderr_seconds=std / math.sqrt(n),
+        )
 
     @property
     def ok(self) -> bool:
@@ -85,8 +92,9 @@ class Timing:
         return stderr / mean < self.precision
 
 
-def steady_state(batch_times: Iterator[float], timing: Timing, skip: int,
-                 slower_than: float | None = None) -> list[float]:  # fmt: skip
+def steady_state(
+    batch_times: Iterator[float], timing: Timing, skip: int, slower_than: float | None = None
+) -> list[float]:
     """Drop ``skip`` warm-up times, then collect until ``timing`` has enough."""
     for _ in range(skip):
         next(batch_times)

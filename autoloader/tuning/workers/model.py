@@ -18,8 +18,9 @@ from autoloader.tuning.workers.measure import Candidate, Timing
 Curve = Callable[[int], float]
 
 
-def saturating(knee: float, *, floor: float = 0.002, work: float = 0.04,
-               contention: float = 0.0004) -> Curve:  # fmt: skip
+def saturating(
+    knee: float, *, floor: float = 0.002, work: float = 0.04, contention: float = 0.0004
+) -> Curve:
     """Seconds per batch with ``w`` workers: ``floor + work / min(w + 1, knee)``, plus
     ``contention`` per worker past the knee."""
     return lambda w: floor + work / min(w + 1, knee) + contention * max(0.0, w + 1 - knee)

@@ -103,8 +103,10 @@ def fast(measure: Measure, max_workers: int, rule: Rule) -> list[Candidate]:
         seconds(w)
     while True:  # halve the gaps next to the fastest until its neighbours are adjacent
         best = min(seen, key=seconds)
-        sides = (max((w for w in seen if w < best), default=best),
-                 min((w for w in seen if w > best), default=best))  # fmt: skip
+        sides = (
+            max((w for w in seen if w < best), default=best),
+            min((w for w in seen if w > best), default=best),
+        )
         fresh = [(side + best) // 2 for side in sides if abs(side - best) > 1]
         if not fresh or math.isinf(seconds(best)):
             break

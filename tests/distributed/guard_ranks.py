@@ -1,0 +1,63 @@
+"""Run under torchrun: rank 1 runs out of memory on full batches, rank 0 does not.
+
+Both ranks must retry with the same split (no hang), and end with the gradients of the
+whole global batch. Rank 0 writes the gradients and split to the JSON file given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from autoloader import oom_guard
+
+
+def main() -> None:
+    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 1))
+    x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 10 + rank
+    y = torch.ones(8)
+
+    def forward_backward(batch: tuple[torch.Tensor, torch.Tensor], weight: float) -> None:
+        xb, yb = batch
+        if rank == 1 and len(xb) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected on rank 1)")
+        loss = torch.nn.functional.mse_loss(model(xb).squeeze(-1), yb) * weight
+        loss.backward()
+
+    registry = CollectorRegistry()
+    guarded = oom_guard(forward_backward, model=model, registry=registry)
+    guarded((x, y))
+    grads = [p.grad.tolist() for p in model.parameters()]
+    gathered: list[object] = [None, None]
+    dist.all_gather_object(
+        gathered,
+        {
+            "rank": rank,
+            "parts": guarded.parts,
+            "grads": grads,
+            "ooms": registry.get_sample_value("autoloader_oom_total", {"rank": str(rank)}),
+        },
+    )
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(gathered, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Tearing down the interpreter can deadlock in torch's gloo process group: its
+    # worker thread waits for the GIL to free a gathered tensor while the main thread,
+    # holding the GIL, joins it (seen in ~1 run in 4). Everything is written: leave now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Memory: the model, calibration on the CPU, the batching choice, and the plan it makes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from autoloader_plugins.hdf5 import GraphEventsH5
+from memory_steps import MODEL_BYTES, PEAK_PER_BATCH_BYTE, graph_bytes, make_step
+
+from autoloader import DeviceError, tune
+from autoloader.loader.collate import collate
+from autoloader.samplers import make_sampler
+from autoloader.sizes import sample_sizes
+from autoloader.tuning.batching import choose_batching, local_batch_sizes
+from autoloader.tuning.calibrate import measure_peaks
+from autoloader.tuning.memory_model import MemoryModel, default_model, fit
+
+
+def test_fit_bounds_every_point_and_reports_correlation() -> None:
+    points = [(100, 1100), (200, 2050), (400, 4200), (800, 8000)]
+    model = fit(points)
+    assert all(model.predict(b) >= p for b, p in points)
+    assert model.pcc is not None and model.pcc > 0.99
+    assert model.to_dict()["points"] == [list(p) for p in points]
+    assert "fitted to 4 steps" in model.describe()
+
+
+def test_weak_correlation_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        fit([(100, 5000), (200, 1000), (300, 4000), (400, 1500)])
+    assert "correlates weakly with batch bytes" in caplog.text
+
+
+def test_default_model_says_it_is_a_default() -> None:
+    model = default_model()
+    assert model.predict(1000) == 8000
+    assert "conservative default: no --step" in model.describe()
+
+
+def test_cpu_calibration_tracks_the_true_allocation_within_15_percent(events_h5: Path) -> None:
+    ds = GraphEventsH5(events_h5)
+    sizes = sample_sizes(ds)
+    order = np.argsort(sizes)
+    work = []
+    for idx in (order[:16], order[-16:], order[-48:]):
+        batch = collate([ds[int(i)] for i in idx])
+        work.append((int(sizes[idx].sum()), lambda b=batch: b))
+    points = measure_peaks(make_step, work, torch.device("cpu"))
+    for p, (nbytes, make) in zip(points, work, strict=True):
+        true = MODEL_BYTES + PEAK_PER_BATCH_BYTE * graph_bytes(make())
+        assert nbytes == graph_bytes(make())
+        assert p.peak_bytes is not None
+        assert abs(p.peak_bytes - true) / true < 0.15, (p.peak_bytes, true)
+
+
+def test_choice_prefers_the_largest_local_batch_then_the_most_random() -> None:
+    sizes = np.random.default_rng(0).lognormal(4.5, 0.75, 4096).astype(np.int64)
+    model = MemoryModel(0.0, 1.0)
+    names = ["random", "iqr", "stratified", "kk"]
+    random_worst = max(
+        int(sizes[b].sum()) for e in range(3) for b in _epoch(sizes, "random", 64, e)
+    )
+    roomy = choose_batching(sizes, 64, 1, names, model, limit=random_worst)
+    assert (roomy.local_batch_size, roomy.strategy) == (64, "random")
+    assert roomy.candidates[1].verdict == "fits; random is more random"
+    tight = choose_batching(sizes, 64, 1, names, model, limit=int(random_worst * 0.8))
+    assert tight.local_batch_size == 64 and tight.strategy != "random"
+    assert tight.predicted_peak_bytes <= int(random_worst * 0.8)
+    assert tight.candidates[0].verdict.startswith("predicted peak over the budget by")
+    small = choose_batching(sizes, 64, 1, names, model, limit=int(random_worst * 0.4))
+    assert small.local_batch_size == 32 and small.grad_accum_steps == 2
+    with pytest.raises(
+        DeviceError,
+        match=r"even one sample per rank is predicted to peak at "
+        r"\d+ bytes; a --memory-budget of at least \d+",
+    ):
+        choose_batching(sizes, 64, 1, names, model, limit=int(sizes.max()) - 1)
+
+
+def _epoch(sizes: np.ndarray, name: str, batch: int, epoch: int) -> list[np.ndarray]:
+    s = make_sampler(name, sizes, batch)
+    s.set_epoch(epoch)
+    return s.local_batches()
+
+
+def test_local_batch_sizes() -> None:
+    assert local_batch_sizes(64, 1) == [64, 32, 16, 8, 4, 2, 1]
+    assert local_batch_sizes(48, 4) == [12, 6, 4, 3, 2, 1]
+
+
+def test_plan_from_a_known_step_never_exceeds_the_budget(events_h5: Path) -> None:
+    ds = GraphEventsH5(events_h5)
+    sizes = sample_sizes(ds)
+    random_worst = max(
+        int(sizes[b].sum()) for e in range(3) for b in _epoch(sizes, "random", 64, e)
+    )
+    # a budget the random batches at 64 would break, by about 10%
+    budget = int((MODEL_BYTES + PEAK_PER_BATCH_BYTE * random_worst) * 0.9)
+    plan = tune(
+        ds,
+        global_batch_size=64,
+        device="cpu",
+        memory_budget=budget,
+        safety=0.0,
+        step=make_step,
+        max_workers=0,
+        iterations=3,
+        progress=False,
+    )
+    model = plan.memory["model"]
+    assert model["source"] == "step" and model["pcc"] > 0.95
+    assert len(model["points"]) == 4
+    b = plan.batching
+    s = make_sampler(b.strategy, sizes, b.local_batch_size, seed=b.seed, **b.options)
+    for epoch in range(5):
+        s.set_epoch(epoch)
+        for batch in s:
+            true_peak = MODEL_BYTES + PEAK_PER_BATCH_BYTE * int(sizes[batch].sum())
+            assert true_peak <= budget
+
+    # the largest local batch that truly fits over 5 epochs, with any strategy
+    def truly_fits(local: int) -> bool:
+        return any(
+            all(
+                MODEL_BYTES + PEAK_PER_BATCH_BYTE * int(sizes[x].sum()) <= budget
+                for e in range(5)
+                for x in _epoch(sizes, name, local, e)
+            )
+            for name in ("random", "iqr", "zscore", "balance", "stratified", "kk")
+        )
+
+    largest = next(local for local in local_batch_sizes(64, 1) if truly_fits(local))
+    assert b.local_batch_size * 2 >= largest
+    assert b.strategy != "random"  # random's worst batch of 64 breaks this budget
+    assert b.grad_accum_steps * b.local_batch_size == 64
+    assert plan.memory["predicted_peak_bytes"] <= budget
+    verdicts = plan.tuning["batching"]["candidates"]
+    assert any(v["verdict"] == "chosen" for v in verdicts)
