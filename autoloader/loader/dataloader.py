@@ -38,6 +38,7 @@ class DataLoader(tud.DataLoader):
         plan: a plan path or ``Plan``; with None this is exactly torch's DataLoader.
         check_fingerprint: refuse a plan tuned for other data (on by default).
         registry: the Prometheus registry to record into (the global one by default).
+        metrics: record metrics and ``stats`` (on by default; off, iteration is torch's own).
         **kwargs: torch's keyword arguments; any given explicitly wins over the plan.
     """
 
@@ -48,6 +49,7 @@ class DataLoader(tud.DataLoader):
         plan: str | os.PathLike[str] | Plan | None = None,
         check_fingerprint: bool = True,
         registry: CollectorRegistry | None = None,
+        metrics: bool = True,
         **kwargs: Any,
     ) -> None:
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
@@ -68,17 +70,23 @@ class DataLoader(tud.DataLoader):
                 rank, _ = rank_and_world_size()
         if given.get("collate_fn") is None and _auto_collation(given):
             given["collate_fn"] = collate
-        self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes)
+        self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
         super().__init__(dataset, **given)
-        strategy = fp = None
-        if self.plan is not None:
-            strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
-        self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+        if self._recorder is not None:
+            strategy = fp = None
+            if self.plan is not None:
+                strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
+                memory = self.plan.memory
+                self._recorder.memory(
+                    memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
+                )
+            self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
 
     @property
     def stats(self) -> LoaderStats:
-        """Batches, samples and bytes delivered so far, the worst batch, the time waited."""
-        return self._recorder.stats
+        """Batches, samples and bytes delivered so far, the worst batch, the time waited
+        (all zero with ``metrics=False``)."""
+        return self._recorder.stats if self._recorder is not None else LoaderStats()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
@@ -89,6 +97,8 @@ class DataLoader(tud.DataLoader):
                 return
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
+        if self._recorder is None:
+            return super()._get_iterator()
         if self.num_workers == 0:
             return RecordingSingleProcessIter(self)
         self.check_worker_number_rationality()

@@ -40,10 +40,14 @@ class _Recording:
 
     def __next__(self) -> Any:
         start = time.perf_counter()
-        batch = super().__next__()  # type: ignore[misc]
-        waited = time.perf_counter() - start
+        try:
+            batch = super().__next__()  # type: ignore[misc]
+        except StopIteration:
+            self._recorder.flush()
+            raise
+        now = time.perf_counter()
         index = self._pending.popleft() if self._pending else None
-        self._recorder.record(waited, index, batch)
+        self._recorder.record(now - start, index, batch, now)
         return batch
 
 

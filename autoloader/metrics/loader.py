@@ -7,6 +7,7 @@ main process and batch bytes come from the cached sample sizes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,15 +60,29 @@ class LoaderMetrics:
             buckets=WAIT_BUCKETS,
             **kw,
         )
-        self.num_workers = Gauge("autoloader_num_workers", "DataLoader worker processes.", **kw)
+        # Under multiprocess mode each rank's process keeps its own gauge; livemax keeps
+        # the live ones (ranks are distinct label values, so max is the rank's value).
+        gauge = {**kw, "multiprocess_mode": "livemax"}
+        self.num_workers = Gauge("autoloader_num_workers", "DataLoader worker processes.", **gauge)
         self.local_batch_size = Gauge(
-            "autoloader_local_batch_size", "Planned samples per batch on this rank.", **kw
+            "autoloader_local_batch_size", "Planned samples per batch on this rank.", **gauge
         )
         self.plan_info = Gauge(
             "autoloader_plan_info",
             "The plan in use (value is always 1).",
             labelnames=["rank", "strategy", "fingerprint"],
+            multiprocess_mode="livemax",
             registry=registry,
+        )
+        self.memory_budget = Gauge(
+            "autoloader_memory_budget_bytes",
+            "The plan's device memory budget for this rank.",
+            **gauge,
+        )
+        self.predicted_peak = Gauge(
+            "autoloader_predicted_peak_bytes",
+            "The plan's predicted peak memory of the worst batch.",
+            **gauge,
         )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
 
@@ -99,17 +114,38 @@ class LoaderStats:
 
 
 class BatchRecorder:
-    """Records each delivered batch for one loader on one rank."""
+    """Records each delivered batch for one loader on one rank.
+
+    Per batch it only updates ``stats`` and appends to two buffers; the Prometheus
+    metrics are updated in bulk at most every ``FLUSH_SECONDS`` and at the end of every
+    epoch, so the cost stays a few microseconds per batch even for tiny batches.
+    """
+
+    FLUSH_SECONDS = 0.5
 
     def __init__(self, metrics: LoaderMetrics, rank: int, sizes: np.ndarray | None) -> None:
         self.rank = str(rank)
         self.sizes = sizes
+        # A list sums a batch's sizes faster than NumPy fancy indexing of a list of indices.
+        self._sizes = sizes.tolist() if sizes is not None else None
         self._batches = metrics.batches.labels(rank=self.rank)
         self._samples = metrics.samples.labels(rank=self.rank)
         self._bytes = metrics.batch_bytes.labels(rank=self.rank)
         self._wait = metrics.batch_wait.labels(rank=self.rank)
+        metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
         self.metrics = metrics
         self.stats = LoaderStats()
+        self._pending_waits: list[float] = []
+        self._pending_bytes: list[int] = []
+        self._pending_samples = 0
+        self._flushed_at = time.perf_counter()
+
+    def memory(self, budget: int | None, predicted_peak: int | None) -> None:
+        """Export the plan's memory budget and predicted peak, for dashboards."""
+        if budget is not None:
+            self.metrics.memory_budget.labels(rank=self.rank).set(budget)
+        if predicted_peak is not None:
+            self.metrics.predicted_peak.labels(rank=self.rank).set(predicted_peak)
 
     def configure(
         self,
@@ -127,25 +163,54 @@ class BatchRecorder:
                 rank=self.rank, strategy=strategy, fingerprint=fingerprint or ""
             ).set(1)
 
-    def record(self, wait_seconds: float, index: Any, batch: Any) -> None:
+    def record(self, wait_seconds: float, index: Any, batch: Any, now: float) -> None:
         """Record one batch; ``index`` is what the sampler gave (a list or one index)."""
-        if isinstance(index, Sequence) or isinstance(index, np.ndarray):
+        sizes = self._sizes
+        if type(index) is list or isinstance(index, (tuple, np.ndarray, Sequence)):
             count = len(index)
-            nbytes = int(self.sizes[index].sum()) if self.sizes is not None else None
+            nbytes = sum(map(sizes.__getitem__, index)) if sizes is not None else nbytes_of(batch)
         else:
             count = 1
-            nbytes = (
-                int(self.sizes[index]) if self.sizes is not None and index is not None else None
-            )
-        if nbytes is None:
-            nbytes = nbytes_of(batch)
+            nbytes = sizes[index] if sizes is not None and index is not None else nbytes_of(batch)
         st = self.stats
         st.batches += 1
         st.samples += count
         st.bytes += nbytes
-        st.worst_batch_bytes = max(st.worst_batch_bytes, nbytes)
+        if nbytes > st.worst_batch_bytes:
+            st.worst_batch_bytes = nbytes
         st.wait_seconds += wait_seconds
-        self._batches.inc()
-        self._samples.inc(count)
-        self._bytes.observe(nbytes)
-        self._wait.observe(wait_seconds)
+        self._pending_waits.append(wait_seconds)
+        self._pending_bytes.append(nbytes)
+        self._pending_samples += count
+        if now - self._flushed_at >= self.FLUSH_SECONDS:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        """Bring the Prometheus metrics up to date with every recorded batch."""
+        self._flushed_at = time.perf_counter() if now is None else now
+        if not self._pending_waits:
+            return
+        self._batches.inc(len(self._pending_waits))
+        self._samples.inc(self._pending_samples)
+        _observe_all(self._wait, self._pending_waits)
+        _observe_all(self._bytes, self._pending_bytes)
+        self._pending_waits, self._pending_bytes, self._pending_samples = [], [], 0
+
+
+def _observe_all(child: Any, values: list[float] | list[int]) -> None:
+    """``child.observe(v)`` for every value, as one bucket count per bucket.
+
+    Uses the histogram child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (as its own
+    ``observe`` does); falls back to ``observe`` if a prometheus_client lacks them.
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for v in values:
+            child.observe(v)
+        return
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    for i in np.flatnonzero(counts):
+        buckets[i].inc(int(counts[i]))
+    total.inc(float(sum(values)))

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from autoloader.errors import UsageError
+from autoloader.metrics.multiproc import merged_registry, metrics_dir
 
 
 def serve_metrics(
     port: int = 9401, host: str = "127.0.0.1", registry: CollectorRegistry | None = None
 ) -> int:
     """Serve ``/metrics`` from a daemon thread; return the bound port.
+
+    Under torchrun each local rank serves on ``port + LOCAL_RANK`` (one port per rank of
+    the node); with ``PROMETHEUS_MULTIPROC_DIR`` set, the merged metrics of the node's
+    processes are served (usually the agent's job; see ``autoloader agent``).
 
     Args:
         port: the TCP port; 0 picks a free one.
@@ -19,6 +26,11 @@ def serve_metrics(
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise UsageError(f"port should be an integer in [0, 65535], but got port={port!r}")
+    local = os.environ.get("LOCAL_RANK", "")
+    if port and local.isdigit():
+        port += int(local)
+    if registry is None and metrics_dir() is not None:
+        registry = merged_registry(metrics_dir())  # type: ignore[arg-type]
     try:
         server, _thread = start_http_server(
             port, addr=host, registry=REGISTRY if registry is None else registry

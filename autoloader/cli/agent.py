@@ -1,0 +1,86 @@
+"""``autoloader agent``: the per-node metrics daemon for Prometheus to scrape."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+HELP = """\
+Serves /metrics for the node: memory and utilisation of every GPU (NVML), and the merged
+loader metrics of the node's training processes. Training processes write their metrics
+to PROMETHEUS_MULTIPROC_DIR (set it in the job's environment before training starts);
+the agent reads the same directory and removes files of finished processes when it
+starts. Binds to 127.0.0.1 unless told otherwise; SIGTERM or Ctrl-C stops it.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="serve this node's metrics for Prometheus",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9400, help="port to serve on (default 9400)")
+    p.add_argument(
+        "--metrics-dir",
+        metavar="DIR",
+        help="the training processes' metric files (default: $PROMETHEUS_MULTIPROC_DIR)",
+    )
+    p.add_argument("--once", action="store_true", help="print the metrics once and exit")
+    p.set_defaults(run=run)
+
+
+def build_registry(directory: Path | None) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    from autoloader.metrics.device import DeviceCollector
+    from autoloader.metrics.multiproc import clean_dead
+    from autoloader.metrics.multiproc import merged_registry as merged
+
+    if directory is None:
+        registry = CollectorRegistry()
+    else:
+        clean_dead(directory)
+        registry = merged(directory)
+    registry.register(DeviceCollector())
+    return registry
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from prometheus_client import generate_latest, start_http_server
+
+    from autoloader.errors import UsageError
+    from autoloader.metrics.multiproc import metrics_dir
+
+    directory = Path(args.metrics_dir) if args.metrics_dir else metrics_dir()
+    if directory is not None and not directory.is_dir():
+        raise UsageError(f"--metrics-dir {directory}: not a directory")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port: expected a port in [0, 65535], but got {args.port}")
+    registry = build_registry(directory)
+    if args.once:
+        sys.stdout.write(generate_latest(registry).decode())
+        return 0
+    try:
+        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"autoloader agent: serving http://{args.host}:{server.server_port}/metrics"
+        + (f" (training metrics from {directory})" if directory else ""),
+        flush=True,
+    )
+    stop.wait()
+    server.shutdown()
+    thread.join(timeout=5)
+    print("autoloader agent: stopped", flush=True)
+    return 0

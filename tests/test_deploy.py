@@ -1,0 +1,158 @@
+"""deploy/: every file checked the way its tool would check it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import VariableTensors
+from prometheus_client import CollectorRegistry
+
+from autoloader import DataLoader, Plan
+from autoloader.metrics.device import DeviceCollector
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool missing (apt-get install prometheus)"
+)
+
+
+@needs_promtool
+def test_scrape_config_passes_promtool() -> None:
+    done = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_kubernetes_scrape_config(tmp_path: Path) -> None:
+    path = DEPLOY / "prometheus" / "kubernetes-pods.yml"
+    config = yaml.safe_load(path.read_text())
+    (job,) = config["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    keep = job["relabel_configs"][0]
+    assert keep["action"] == "keep" and keep["regex"] == "true"
+    if shutil.which("promtool"):
+        done = subprocess.run(
+            ["promtool", "check", "config", str(path)], capture_output=True, text=True
+        )
+        if "kubernetes_sd_configs not found" not in done.stdout + done.stderr:
+            # a Prometheus build with Kubernetes discovery (Debian's has none) checks it fully
+            assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kubernetes_job_wires_tune_trainer_and_agent() -> None:
+    job = yaml.safe_load((DEPLOY / "kubernetes" / "job.yaml").read_text())
+    spec = job["spec"]["template"]
+    annotations = spec["metadata"]["annotations"]
+    assert (
+        annotations["prometheus.io/scrape"] == "true"
+        and annotations["prometheus.io/port"] == "9400"
+    )
+    (init,) = spec["spec"]["initContainers"]
+    assert init["command"][:2] == ["autoloader", "tune"] and "/plan/plan.toml" in init["command"]
+    containers = {c["name"]: c for c in spec["spec"]["containers"]}
+    env = {e["name"]: e["value"] for e in containers["trainer"]["env"]}
+    assert env == {"AUTOLOADER_PLAN": "/plan/plan.toml", "PROMETHEUS_MULTIPROC_DIR": "/metrics"}
+    agent = containers["agent"]["command"]
+    assert agent[:2] == ["autoloader", "agent"] and agent[agent.index("--port") + 1] == "9400"
+    mounts = {m["name"] for c in containers.values() for m in c["volumeMounts"]}
+    assert {"plan", "metrics"} <= mounts
+
+
+def test_slurm_script_parses_and_runs_the_commands() -> None:
+    path = DEPLOY / "slurm" / "train.sbatch"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    text = path.read_text()
+    for part in ("autoloader tune", "autoloader agent", "PROMETHEUS_MULTIPROC_DIR", "torchrun"):
+        assert part in text
+
+
+def test_systemd_unit_runs_the_agent() -> None:
+    text = (DEPLOY / "systemd" / "autoloader-agent.service").read_text()
+    sections = re.findall(r"^\[(\w+)\]$", text, re.M)
+    assert sections == ["Unit", "Service", "Install"]
+    (exec_start,) = re.findall(r"^ExecStart=(.+)$", text, re.M)
+    assert exec_start.split()[1:3] == ["agent", "--host"]
+    if shutil.which("systemd-analyze"):
+        done = subprocess.run(
+            ["systemd-analyze", "verify", str(DEPLOY / "systemd" / "autoloader-agent.service")],
+            capture_output=True,
+            text=True,
+        )
+        assert "Unknown section" not in done.stderr and "Unknown key" not in done.stderr
+
+
+class TwoGpus(types.ModuleType):
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(total=80 * 2**30, used=(10 + h) * 2**30, free=0)
+
+    def nvmlDeviceGetUUID(self, h: int) -> bytes:
+        return f"GPU-{h}".encode()
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(gpu=50 + h, memory=0)
+
+
+def exported_names(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Every series name the loader and the agent export."""
+    monkeypatch.setitem(sys.modules, "pynvml", TwoGpus())
+    registry = CollectorRegistry()
+    registry.register(DeviceCollector())
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "memory": {"budget_bytes": 10, "predicted_peak_bytes": 5},
+        }
+    )
+    loader = DataLoader(VariableTensors(8), plan=plan, collate_fn=list, registry=registry)
+    list(loader)
+    return {s.name for m in registry.collect() for s in m.samples}
+
+
+def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "autoloader.json").read_text())
+    names = exported_names(monkeypatch)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 8
+    used = set()
+    for expr in exprs:
+        for name in re.findall(r"\bautoloader_[a-z_]+", expr):
+            assert name in names, f"{name} in {expr!r} is not exported"
+            used.add(name)
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in ("waiting for data", "throughput", "batch bytes", "budget", "out-of-memory"):
+        assert topic in titles
+    assert {
+        "autoloader_batch_wait_seconds_sum",
+        "autoloader_oom_total",
+        "autoloader_memory_budget_bytes",
+        "autoloader_device_memory_used_bytes",
+    } <= used

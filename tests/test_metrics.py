@@ -1,0 +1,253 @@
+"""Metrics against real tools: promtool, a Prometheus server, multiprocess mode, the agent."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VariableTensors
+from prometheus_client import CollectorRegistry, generate_latest
+from torch.utils.data import Dataset
+
+from autoloader import DataLoader, serve_metrics
+from autoloader.metrics import TextfileWriter, push_metrics
+
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool missing (apt-get install prometheus)"
+)
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None, reason="prometheus missing (apt-get install prometheus)"
+)
+
+
+class Fixed(Dataset):
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((8,), float(i))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_wait_bytes_and_counts_are_recorded(registry: CollectorRegistry) -> None:
+    loader = DataLoader(Fixed(), batch_size=10, registry=registry)
+    n = sum(1 for _ in loader)
+    assert registry.get_sample_value("autoloader_batches_total", {"rank": "0"}) == n == 10
+    assert registry.get_sample_value("autoloader_batch_wait_seconds_count", {"rank": "0"}) == n
+    assert registry.get_sample_value("autoloader_batch_wait_seconds_sum", {"rank": "0"}) > 0
+    assert registry.get_sample_value("autoloader_oom_total", {"rank": "0"}) == 0
+    off = DataLoader(Fixed(), batch_size=10, registry=CollectorRegistry(), metrics=False)
+    assert sum(1 for _ in off) == 10 and off.stats.batches == 0
+
+
+@needs_promtool
+def test_exposition_passes_promtool_check_metrics(registry: CollectorRegistry) -> None:
+    from test_deploy import TwoGpus
+
+    from autoloader.metrics.device import DeviceCollector
+
+    list(DataLoader(Fixed(), batch_size=10, registry=registry))
+    sys.modules["pynvml"], saved = TwoGpus(), sys.modules.get("pynvml")
+    try:
+        registry.register(DeviceCollector())
+        text = generate_latest(registry)
+    finally:
+        if saved is not None:
+            sys.modules["pynvml"] = saved
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert b"autoloader_device_utilization_ratio" in text
+
+
+def test_serve_metrics_binds_loopback_and_offsets_by_local_rank(
+    monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
+) -> None:
+    list(DataLoader(Fixed(), batch_size=48, registry=registry))
+    port = serve_metrics(port=0, registry=registry)
+    assert 'autoloader_batches_total{rank="0"} 2.0' in get(f"http://127.0.0.1:{port}/metrics")
+    import psutil
+
+    (listening,) = [
+        c.laddr
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+    assert listening.ip == "127.0.0.1"  # loopback only, unless told otherwise
+    base = free_port()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    bound = serve_metrics(port=base, registry=registry)
+    assert bound == base + 1
+    with pytest.raises(Exception, match="port should be an integer in"):
+        serve_metrics(port=70000)
+
+
+@needs_prometheus
+@pytest.mark.slow
+def test_a_real_prometheus_scrapes_the_loop(tmp_path: Path, registry: CollectorRegistry) -> None:
+    port = serve_metrics(port=0, registry=registry)
+    web = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: loop\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+    )
+    server = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        loader = DataLoader(Fixed(), batch_size=8, registry=registry)
+        batches = 0
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                batches += 1
+        api = f"http://127.0.0.1:{web}/api/v1/query?query=autoloader_batches_total"
+        deadline, value = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            try:
+                result = json.loads(get(api))["data"]["result"]
+            except OSError:
+                result = []
+            if result and float(result[0]["value"][1]) == batches:
+                value = float(result[0]["value"][1])
+                break
+            time.sleep(0.5)
+        assert value == batches == 36
+        assert result[0]["metric"]["rank"] == "0" and result[0]["metric"]["job"] == "loop"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+TRAINER = """
+import sys
+from conftest import VariableTensors
+from autoloader import DataLoader
+loader = DataLoader(VariableTensors(40), batch_size=5, collate_fn=list)
+print(sum(1 for _ in loader))
+"""
+
+
+@pytest.mark.slow
+def test_agent_merges_the_training_processes(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+        "PYTHONPATH": str(Path(__file__).parent),
+    }
+    for rank in ("0", "1"):
+        out = subprocess.run(
+            [sys.executable, "-c", TRAINER],
+            env={**env, "RANK": rank, "WORLD_SIZE": "2"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "8"
+    once = subprocess.run(
+        [sys.executable, "-m", "autoloader", "agent", "--once", "--metrics-dir", str(metrics)],
+        capture_output=True,
+        text=True,
+    )
+    assert once.returncode == 0, once.stderr
+    lines = once.stdout.splitlines()
+    assert 'autoloader_batches_total{rank="0"} 8.0' in lines
+    assert 'autoloader_batches_total{rank="1"} 8.0' in lines
+    # the trainers have exited: their live gauges were cleaned, their counters kept
+    assert not any(line.startswith("autoloader_num_workers{") for line in lines)
+
+    port = free_port()
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "agent",
+            "--port",
+            str(port),
+            "--metrics-dir",
+            str(metrics),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "serving http://127.0.0.1:" in agent.stdout.readline()
+        assert 'autoloader_batches_total{rank="1"} 8.0' in get(f"http://127.0.0.1:{port}/metrics")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+    finally:
+        agent.kill()
+
+
+@needs_promtool
+def test_textfile_writer_for_node_exporter(tmp_path: Path, registry: CollectorRegistry) -> None:
+    list(DataLoader(Fixed(), batch_size=32, registry=registry))
+    path = tmp_path / "autoloader.prom"
+    writer = TextfileWriter(path, interval=0.05, registry=registry).start()
+    time.sleep(0.2)
+    writer.stop()
+    text = path.read_text()
+    assert 'autoloader_batches_total{rank="0"} 3.0' in text
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=text.encode(), capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(ValueError, match="node_exporter reads only"):
+        TextfileWriter(tmp_path / "x.txt")
+
+
+def test_push_to_a_gateway(registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[tuple[str, str, bytes]] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.command, self.path, body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    list(DataLoader(VariableTensors(10), batch_size=5, collate_fn=list, registry=registry))
+    push_metrics(f"127.0.0.1:{server.server_port}", job="train", registry=registry)
+    server.server_close()
+    ((method, path, body),) = received
+    assert method == "PUT" and path.startswith("/metrics/job/train/") and path.endswith("/rank/3")
+    assert b'autoloader_batches_total{rank="3"} 2.0' in body
