@@ -22,6 +22,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt -e ".[bench]"
 	$(PY) benchmarks/samplers.py
+	$(PY) benchmarks/workers.py
+	$(PY) benchmarks/metrics.py
 
 lint: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
