@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from autoloader.errors import DeviceError
+
+log = logging.getLogger("autoloader")
 
 
 def accelerator_available() -> bool:
@@ -28,3 +34,23 @@ def nvml_index(device: torch.device) -> int | str:
         raise DeviceError(f"cuda:{k} is not in CUDA_VISIBLE_DEVICES={visible!r}")
     entry = entries[k]
     return int(entry) if entry.isdigit() else entry
+
+
+@contextlib.contextmanager
+def nvml(consequence: str, *, quiet: bool = False) -> Iterator[Any]:
+    """``pynvml``, initialised for the block and shut down after it; ``None`` (with one
+    log line saying ``consequence``) where the library or the driver is missing."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        if not quiet:
+            log.info("NVML unavailable (%s); %s", exc, consequence)
+        yield None
+        return
+    try:
+        yield pynvml
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()

@@ -94,3 +94,24 @@ class Slow(Dataset):
 
 
 SLOW = Slow()
+
+
+def torchrun(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> None:
+    """Run ``script`` under torchrun with ``ranks`` local processes (gloo); fail with its
+    stderr if it fails."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import torchrun
 
 SCRIPT = Path(__file__).parent / "distributed" / "loader_ranks.py"
 
@@ -17,23 +16,7 @@ SCRIPT = Path(__file__).parent / "distributed" / "loader_ranks.py"
 @pytest.mark.parametrize("strategy", ["random", "stratified", "kk"])
 def test_two_ranks_share_every_epoch(tmp_path: Path, strategy: str) -> None:
     out = tmp_path / "ranks.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(SCRIPT),
-            strategy,
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(SCRIPT, strategy, str(out))
     ranks = sorted(json.loads(out.read_text()), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1]
     for epoch in range(2):

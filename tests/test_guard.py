@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun
 from prometheus_client import CollectorRegistry
 from torch_geometric.data import Batch, Data
 
@@ -105,22 +104,7 @@ def test_split_batch_shapes() -> None:
 def test_ranks_agree_on_the_split_when_only_one_runs_out(tmp_path: Path) -> None:
     out = tmp_path / "guard.json"
     script = Path(__file__).parent / "distributed" / "guard_ranks.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(script),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(script, str(out))
     r0, r1 = sorted(json.loads(out.read_text()), key=lambda r: r["rank"])
     assert r0["parts"] == r1["parts"] == 2
     assert r0["grads"] == r1["grads"]  # averaged across ranks, as DDP would

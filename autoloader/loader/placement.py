@@ -12,36 +12,28 @@ import logging
 import os
 from collections.abc import Callable
 
+from autoloader.accelerator import nvml
+
 log = logging.getLogger(__name__)
 _BITS = 64  # NVML fills an array of unsigned longs
 
 
 def gpu_local_cpus(nvml_index: int | str) -> list[int] | None:
     """CPUs local to the GPU (NVML index or UUID) that this process may use, or None."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        log.info("NVML unavailable (%s): workers are not placed", exc)
-        return None
-    try:
-        if isinstance(nvml_index, int):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_index)
-        words = (os.cpu_count() or 1) // _BITS + 1
-        mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
-    except Exception as exc:
-        log.info(
-            "NVML has no CPU affinity for GPU %s (%s): workers are not placed", nvml_index, exc
-        )
-        return None
-    finally:
+    with nvml("workers are not placed") as pynvml:
+        if pynvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+            if isinstance(nvml_index, int):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_index)
+            mask = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() or 1) // _BITS + 1)
+        except Exception as exc:
+            log.info(
+                "NVML has no CPU affinity for GPU %s (%s): workers are not placed", nvml_index, exc
+            )
+            return None
     cpus = {w * _BITS + b for w, word in enumerate(mask) for b in range(_BITS) if word >> b & 1}
     allowed = cpus & os.sched_getaffinity(0)
     return sorted(allowed) or None

@@ -16,6 +16,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from autoloader.accelerator import nvml
+
 log = logging.getLogger("autoloader")
 
 
@@ -57,16 +59,10 @@ class DeviceCollector(Collector):
         yield from (total, used, peak, util)
 
     def _read(self) -> list[tuple[int, str, int, int, float | None]]:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as exc:
-            if not self._warned:
-                log.info("autoloader: NVML unavailable (%s); no device metrics", exc)
-                self._warned = True
-            return []
-        try:
+        with nvml("no device metrics", quiet=self._warned) as pynvml:
+            self._warned = True
+            if pynvml is None:
+                return []
             out = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -81,11 +77,6 @@ class DeviceCollector(Collector):
                     )
                 )
             return out
-        finally:
-            try:
-                pynvml.nvmlShutdown()
-            except Exception:
-                pass
 
 
 def _utilization(pynvml: Any, handle: Any) -> float | None:

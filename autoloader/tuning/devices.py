@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from autoloader.accelerator import nvml_index
+from autoloader.accelerator import nvml, nvml_index
 from autoloader.errors import DeviceError, UsageError
 
 log = logging.getLogger(__name__)
@@ -77,33 +77,24 @@ def probe_headroom(device: torch.device, budget: int | None = None) -> Headroom:
 
 
 def _probe_nvml(device: torch.device) -> Headroom | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # missing library or driver: fall through
-        log.info("NVML unavailable (%s); asking torch for free memory", exc)
-        return None
-    try:
-        which = nvml_index(device)
-        if isinstance(which, int):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(which)
-        elif which.startswith("MIG-"):
-            handle = _mig_handle(pynvml, which)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(which)
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        name = pynvml.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        return Headroom(str(device), name, int(info.total), int(info.free), "nvml")
-    except Exception as exc:
-        log.info("NVML could not describe %s (%s); asking torch for free memory", device, exc)
-        return None
-    finally:
+    with nvml("asking torch for free memory") as pynvml:
+        if pynvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+            which = nvml_index(device)
+            if isinstance(which, int):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(which)
+            elif which.startswith("MIG-"):
+                handle = _mig_handle(pynvml, which)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(which)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+        except Exception as exc:
+            log.info("NVML could not describe %s (%s); asking torch for free memory", device, exc)
+            return None
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return Headroom(str(device), name, int(info.total), int(info.free), "nvml")
 
 
 def _mig_handle(pynvml: object, uuid: str) -> object:

@@ -6,13 +6,12 @@ whole global batch. Rank 0 writes the gradients and split to the JSON file given
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
+from ranks import gather_and_exit
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autoloader import oom_guard
@@ -38,25 +37,15 @@ def main() -> None:
     guarded = oom_guard(forward_backward, model=model, registry=registry)
     guarded((x, y))
     grads = [p.grad.tolist() for p in model.parameters()]
-    gathered: list[object] = [None, None]
-    dist.all_gather_object(
-        gathered,
+    gather_and_exit(
         {
             "rank": rank,
             "parts": guarded.parts,
             "grads": grads,
             "ooms": registry.get_sample_value("autoloader_oom_total", {"rank": str(rank)}),
         },
+        out,
     )
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Tearing down the interpreter can deadlock in torch's gloo process group: its
-    # worker thread waits for the GIL to free a gathered tensor while the main thread,
-    # holding the GIL, joins it (seen in ~1 run in 4). Everything is written: leave now.
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@ Rank 0 writes every rank's batches (as sample indices and bytes) to the JSON fil
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
+from ranks import gather_and_exit
 from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
@@ -51,19 +50,7 @@ def main() -> None:
         epochs.append(
             {"batches": batches, "bytes": [sum(4 * int(ds.lengths[i]) for i in b) for b in batches]}
         )
-    gathered: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(
-        gathered, {"rank": dist.get_rank(), "len": len(loader), "epochs": epochs}
-    )
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Tearing down the interpreter can deadlock in torch's gloo process group: its
-    # worker thread waits for the GIL to free a gathered tensor while the main thread,
-    # holding the GIL, joins it (seen in ~1 run in 4). Everything is written: leave now.
-    os._exit(0)
+    gather_and_exit({"rank": dist.get_rank(), "len": len(loader), "epochs": epochs}, out)
 
 
 if __name__ == "__main__":
