@@ -46,7 +46,11 @@ class Candidate:
     def from_times(cls, workers: int, times: list[float], startup: float, memory: int) -> Candidate:
         n = len(times)
         mean = sum(times) / n
-        std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) if n > 1 else 0.0
+        block = max(1, workers)
+        if n // block >= 2:  # batches arrive in bursts of ``workers``: see Timing.enough
+            stderr = _block_stderr(times[: n // block * block], block)
+        else:
+            stderr = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1) / n) if n > 1 else 0
         return cls(
             workers,
             n,
@@ -55,7 +59,7 @@ class Candidate:
             startup,
             max(times),
             memory,
-            stderr_seconds=std / math.sqrt(n),
+            stderr_seconds=stderr,
         )
 
     @property
@@ -75,31 +79,49 @@ class Timing:
     precision: float | None = 0.03  # None: always time ``iterations`` batches (the paper)
     timeout: float = 60.0  # seconds to wait for one batch before calling it a hang
 
-    def enough(self, times: list[float], slower_than: float | None = None) -> bool:
+    def enough(self, times: list[float], slower_than: float | None = None, block: int = 1) -> bool:
         """Whether the mean of ``times`` is known well enough to stop: precise enough, or
-        (with ``slower_than``) clearly slower than that many seconds per batch."""
+        (with ``slower_than``) clearly slower than that many seconds per batch.
+
+        With ``w`` workers batches arrive in bursts (one waits, the next ``w - 1`` are
+        ready), so single batch times are far from independent; the standard error is
+        taken over means of ``block`` consecutive batches (``block = w``).
+        """
         n = len(times)
         if n >= self.iterations:
             return True
-        if self.precision is None or n < self.min_batches:
+        blocks = n // max(1, block)
+        if self.precision is None or n < self.min_batches or blocks < 4:
             return False
         mean = sum(times) / n
         if mean <= 0:
             return True
-        stderr = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) / math.sqrt(n)
+        stderr = _block_stderr(times[: blocks * block], block)
         if slower_than is not None and mean - 2 * stderr > slower_than:
             return True
         return stderr / mean < self.precision
 
 
+def _block_stderr(times: list[float], block: int) -> float:
+    """Standard error of the mean, from the means of consecutive blocks of ``block``."""
+    means = [sum(times[i : i + block]) / block for i in range(0, len(times), block)]
+    k = len(means)
+    centre = sum(means) / k
+    return math.sqrt(sum((m - centre) ** 2 for m in means) / (k - 1)) / math.sqrt(k)
+
+
 def steady_state(
-    batch_times: Iterator[float], timing: Timing, skip: int, slower_than: float | None = None
+    batch_times: Iterator[float],
+    timing: Timing,
+    skip: int,
+    slower_than: float | None = None,
+    block: int = 1,
 ) -> list[float]:
     """Drop ``skip`` warm-up times, then collect until ``timing`` has enough."""
     for _ in range(skip):
         next(batch_times)
     times: list[float] = []
-    while not timing.enough(times, slower_than):
+    while not timing.enough(times, slower_than, block):
         times.append(next(batch_times))
     return times
 
@@ -171,6 +193,7 @@ def _measure(
             timing,
             skip=max(1, workers * prefetch_factor) - 1,
             slower_than=slower_than,
+            block=max(1, workers),
         )
     except (RuntimeError, OSError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
