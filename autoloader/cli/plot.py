@@ -7,6 +7,7 @@ from typing import Any
 
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
+from autoloader.tuning.memory_model import from_dict as model_from_dict
 
 
 def plot(plan: Plan, path: str | Path) -> None:
@@ -69,7 +70,7 @@ def _strategies(ax: Any, plan: Plan) -> None:
     model = plan.memory.get("model", {})
     budget = plan.memory.get("budget_bytes")
     if budget is not None and model.get("slope"):
-        allowed = (budget - model.get("intercept", 0.0)) / model["slope"] / 2**20
+        allowed = model_from_dict({"intercept": 0.0, **model}).max_batch_bytes(budget) / 2**20
         ax.axhline(
             allowed, color="tab:red", linestyle="--", label="largest batch the budget allows"
         )

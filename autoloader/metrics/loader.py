@@ -125,7 +125,6 @@ class BatchRecorder:
 
     def __init__(self, metrics: LoaderMetrics, rank: int, sizes: np.ndarray | None) -> None:
         self.rank = str(rank)
-        self.sizes = sizes
         # A list sums a batch's sizes faster than NumPy fancy indexing of a list of indices.
         self._sizes = sizes.tolist() if sizes is not None else None
         self._batches = metrics.batches.labels(rank=self.rank)
