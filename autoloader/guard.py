@@ -28,6 +28,7 @@ retry with the same split.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -119,26 +120,37 @@ class OOMGuard:
                     self._average_gradients()
                 return
             self._oom.inc()
-            self._reset()
-            if self.parts * 2 > min(self.max_parts, batch_len(batch)):
-                if error is not None:
-                    raise error
-                raise torch.OutOfMemoryError("another rank ran out of memory at the smallest split")
+            self._release()
+            samples = batch_len(batch)
+            if self.parts * 2 > min(self.max_parts, samples):
+                where = error or "another rank ran out of memory"
+                raise torch.OutOfMemoryError(
+                    f"autoloader.oom_guard: a batch of {samples} samples ran out of memory "
+                    f"even split into {self.parts} micro-batches of about "
+                    f"{-(-samples // self.parts)} (max_parts={self.max_parts}): {where}. "
+                    "Re-run `autoloader tune` with the real step (--step), or lower the batch."
+                )
             self.parts *= 2
             log.warning(
                 "autoloader: out of memory on a batch of %d samples%s; retrying as %d "
                 "micro-batches. Re-run `autoloader tune` with the real step (--step) so the "
                 "plan's batches fit.",
-                batch_len(batch),
+                samples,
                 "" if error is not None else " on another rank",
                 self.parts,
             )
 
-    def _attempt(self, batch: Any, distributed: bool) -> BaseException | None:
+    def _attempt(self, batch: Any, distributed: bool) -> str | None:
+        """Run every part; on out-of-memory return its message, holding nothing of it.
+
+        The exception's traceback holds the frames of the failed forward pass and so its
+        activations: only a string leaves the ``except`` block, so they can be freed.
+        """
         pieces = self.split(batch, self.parts) if self.parts > 1 else [batch]
         total = sum(batch_len(p) for p in pieces)
         no_sync = getattr(self.model, "no_sync", None)
         quiet = no_sync() if distributed and no_sync is not None else contextlib.nullcontext()
+        message = None
         try:
             with quiet:
                 for piece in pieces:
@@ -146,13 +158,15 @@ class OOMGuard:
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            return exc
-        return None
+            message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return message
 
-    def _reset(self) -> None:
+    def _release(self) -> None:
+        """Free what the failed attempt left: its gradients, its garbage, the cache."""
         if self.model is not None:
             self.model.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
     def _average_gradients(self) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,15 +55,22 @@ def make_dataset() -> VariableTensors:
 DATASET = VariableTensors(30)
 
 
+def prepend_pythonpath(*paths: str | Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with ``paths`` put in front of ``PYTHONPATH``.
+
+    Prepending keeps whatever site directory the interpreter was started with.
+    """
+    env = dict(os.environ if env is None else env)
+    parts = [str(p) for p in paths] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m autoloader`` as a user would, in a fresh process."""
-    tests_dir = str(Path(__file__).parent)
-    env_path = tests_dir
-    import os
-
-    env = {**os.environ, "PYTHONPATH": env_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = prepend_pythonpath(Path(__file__).parent)
     return subprocess.run(
         [sys.executable, "-m", "autoloader", *args],
         capture_output=True,

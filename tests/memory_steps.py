@@ -31,3 +31,34 @@ class KnownPeak:
 def make_step() -> KnownPeak:
     """A zero-argument factory: builds the model, returns the step."""
     return KnownPeak()
+
+
+class ThreeTimesBatch:
+    """A step whose peak is 3x its batch: the batch, then a scratch twice its size."""
+
+    def __call__(self, batch: torch.Tensor) -> None:
+        scratch = torch.empty(2 * batch.numel(), dtype=batch.dtype)
+        scratch.fill_(1.0)
+        del scratch
+
+
+class SkewedVectors(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """float32 vectors whose lengths follow a right-skewed (lognormal) distribution."""
+
+    def __init__(self, n: int = 2048, mean_bytes: int = 28_000, seed: int = 0) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        raw = rng.lognormal(0.0, 0.6, n)
+        self.lengths = np.maximum(1, (raw / raw.mean() * mean_bytes / 4).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.ones(int(self.lengths[i]))
+
+
+def concat(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Collate variable-length vectors into one (picklable, for worker processes)."""
+    return torch.cat(samples)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,33 @@ def test_split_keeps_the_gradients_of_the_whole_batch(caplog: pytest.LogCaptureF
     assert "Re-run `autoloader tune`" in caplog.text
 
 
+def test_the_failed_attempt_is_freed_before_the_retry() -> None:
+    """The failed forward's tensors (held by the exception's traceback) are gone before
+    the retry runs, and the gradients are those of the unsplit batch."""
+    model, x, y = linear_problem()
+    torch.nn.functional.mse_loss(model(x).squeeze(-1), y).backward()
+    expected = grads_of(model)
+    model.zero_grad()
+    activations: list[weakref.ref[torch.Tensor]] = []
+    alive_at_retry = []
+
+    def forward_backward(batch: tuple[torch.Tensor, torch.Tensor], weight: float) -> None:
+        xb, yb = batch
+        if activations:
+            alive_at_retry.append(any(ref() is not None for ref in activations))
+        big = torch.ones(len(xb), 2**18)  # 1 MiB per sample, held by this frame
+        activations.append(weakref.ref(big))
+        loss = torch.nn.functional.mse_loss(model(xb).squeeze(-1), yb) * weight
+        loss.backward()
+        if len(xb) > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB")
+
+    oom_guard(forward_backward, model=model, registry=CollectorRegistry())((x, y))
+    assert alive_at_retry == [False, False]
+    for got, want in zip(grads_of(model), expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_later_batches_keep_the_split_that_worked() -> None:
     seen = []
     guarded = oom_guard(
@@ -72,8 +100,16 @@ def test_other_errors_pass_through_and_the_smallest_split_gives_up() -> None:
 
     with pytest.raises(ValueError, match="a bug in the step"):
         oom_guard(broken, registry=CollectorRegistry())(torch.zeros(4, 2))
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(
+        torch.OutOfMemoryError,
+        match=r"a batch of 4 samples ran out of memory even split into 4 micro-batches of "
+        r"about 1 \(max_parts=64\): OutOfMemoryError: CUDA out of memory",
+    ):
         oom_guard(lambda b, w: _always(), registry=CollectorRegistry())(torch.zeros(4, 2))
+    with pytest.raises(torch.OutOfMemoryError, match="split into 2 micro-batches .*max_parts=2"):
+        oom_guard(lambda b, w: _always(), max_parts=2, registry=CollectorRegistry())(
+            torch.zeros(8, 2)
+        )
 
 
 def _always() -> None:

@@ -16,6 +16,7 @@ from torch_geometric.data import Batch
 
 import autoloader
 from autoloader import DataLoader, Plan, PlanError
+from autoloader.accelerator import accelerator_available
 from autoloader.samplers import RandomBatchSampler
 from autoloader.sizes import fingerprint, sample_sizes
 
@@ -59,7 +60,8 @@ def test_plan_sets_sampler_workers_and_graph_batches(
     assert isinstance(loader, torch.utils.data.DataLoader)
     assert isinstance(loader.batch_sampler, RandomBatchSampler)
     assert loader.num_workers == num_workers
-    assert loader.pin_memory is False  # no accelerator here: not pinned, and no warning
+    # pinned exactly where an accelerator exists, and no warning either way
+    assert loader.pin_memory is accelerator_available()
     seen = []
     for batch in loader:
         assert isinstance(batch, Batch)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VariableTensors
+from conftest import VariableTensors, prepend_pythonpath
 from prometheus_client import CollectorRegistry, generate_latest
 from torch.utils.data import Dataset
 
@@ -161,11 +161,8 @@ print(sum(1 for _ in loader))
 def test_agent_merges_the_training_processes(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    env = {
-        **os.environ,
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics),
-        "PYTHONPATH": str(Path(__file__).parent),
-    }
+    env = prepend_pythonpath(Path(__file__).parent)
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
     for rank in ("0", "1"):
         out = subprocess.run(
             [sys.executable, "-c", TRAINER],

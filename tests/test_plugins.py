@@ -9,7 +9,7 @@ import pytest
 import torch
 from autoloader_plugins.hdf5 import GraphEventsH5
 from autoloader_plugins.ptdir import PtDirectory
-from conftest import VariableTensors
+from conftest import VariableTensors, prepend_pythonpath
 
 from autoloader import DatasetError
 from autoloader.datasets import find_plugins, load_plugins, open_dataset
@@ -180,7 +180,7 @@ def test_third_party_plugin_installed_as_its_own_distribution(tmp_path: Path) ->
         check=True,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        env=prepend_pythonpath(target),
     )
     assert out.stdout.split() == [
         "autoloader_plugin_ranges",
@@ -206,7 +206,7 @@ def test_a_plugin_that_fails_to_load_is_named(tmp_path: Path) -> None:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env=prepend_pythonpath(tmp_path),
     )
     assert out.returncode == 2
     assert out.stderr.strip() == (

@@ -1,126 +1,195 @@
 """Measure the user's training step's peak memory on batches of chosen byte sizes.
 
-On CUDA: ``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats`` (the
-paper's metric), above what was reserved before the model was built. On the CPU: a
-forked child builds the step and runs it once; its peak resident size (``VmHWM``, reset
-through ``/proc/self/clear_refs``) above its size before the model was built is the peak.
+Everything runs in this process: a process that has touched CUDA or run autograd cannot
+fork safely, and the users' processes are exactly those. The model is built once, one
+warm-up step runs (so optimiser state and DDP buckets, created by the first step, are
+counted), then each batch is measured with one full step.
+
+- CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` after
+  ``reset_peak_memory_stats``, above what was reserved before the model was built. The
+  allocated peak is what the memory model is fitted to; reserved minus allocated (the
+  caching allocator's rounding and fragmentation) is reported per point and becomes a
+  part of the plan's reserve.
+- CPU: the allocator's own events, read through ``torch.profiler`` with
+  ``profile_memory``: the running total of every allocation and free since the model was
+  built, and its maximum during each step. Exact for tensor memory, unlike a process's
+  resident size, whose page reuse and heap slack made up most of a fitted intercept.
+
 A step that runs out of memory is recorded as such: it is evidence, not a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
-import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from autoloader.errors import UsageError
+from autoloader.errors import AutoloaderError, UsageError
 from autoloader.tuning.step import StepFactory
+
+Batches = Sequence[tuple[int, Callable[[], Any]]]
 
 
 @dataclass(frozen=True)
 class Point:
+    """One measured step: the batch's bytes and the step's peak above the empty device."""
+
     batch_bytes: int
-    peak_bytes: int | None  # None: the step ran out of memory
+    peak_bytes: int | None  # allocated peak; None: the step ran out of memory
     note: str = ""
+    reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
 
 
 def is_oom(exc: BaseException) -> bool:
+    """Whether an exception is an out-of-memory error (CPU or any accelerator)."""
     if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def measure_peaks(
-    factory: StepFactory, batches: Sequence[tuple[int, Callable[[], Any]]], device: torch.device
-) -> list[Point]:
-    """Peak bytes of one step on each batch; ``batches`` holds (bytes, make_batch)."""
+def measure_peaks(factory: StepFactory, batches: Batches, device: torch.device) -> list[Point]:
+    """Peak bytes of one step on each batch; ``batches`` holds ``(bytes, make_batch)``.
+
+    The first batch also serves for the warm-up step.
+    """
+    if not batches:
+        return []
     if device.type == "cuda":
         return _cuda_peaks(factory, batches, device)
-    return [_forked_peak(factory, nbytes, make) for nbytes, make in batches]
+    return _cpu_peaks(factory, batches)
 
 
-def _cuda_peaks(
-    factory: StepFactory, batches: Sequence[tuple[int, Callable[[], Any]]], device: torch.device
-) -> list[Point]:
+def _run(step: Callable[[Any], Any], batch: Any) -> str | None:
+    """Run one step; ``None`` when it succeeded, a note when it ran out of memory."""
+    try:
+        step(batch)
+    except AutoloaderError:
+        raise
+    except Exception as exc:
+        if not is_oom(exc):
+            raise UsageError(f"--step failed: {type(exc).__name__}: {exc}") from None
+        return "out of memory"
+    return None
+
+
+def _cuda_peaks(factory: StepFactory, batches: Batches, device: torch.device) -> list[Point]:
     torch.cuda.synchronize(device)
+    gc.collect()
     torch.cuda.empty_cache()
     baseline = torch.cuda.memory_reserved(device)
+    allocated_base = torch.cuda.memory_allocated(device)
     step = factory()
     out = []
+    warm = batches[0][1]()
+    _run(step, warm)  # creates optimiser state; an OOM here shows again on the points
+    del warm
     for nbytes, make in batches:
         batch = make()
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        try:
-            step(batch)
-            torch.cuda.synchronize(device)
-            out.append(Point(nbytes, torch.cuda.max_memory_reserved(device) - baseline))
-        except Exception as exc:
-            if not is_oom(exc):
-                raise UsageError(f"--step failed: {type(exc).__name__}: {exc}") from None
-            out.append(Point(nbytes, None, "out of memory"))
-        finally:
-            del batch
-            torch.cuda.empty_cache()
+        note = _run(step, batch)
+        torch.cuda.synchronize(device)
+        del batch
+        if note is None:
+            allocated = torch.cuda.max_memory_allocated(device) - allocated_base
+            reserved = torch.cuda.max_memory_reserved(device) - baseline
+            out.append(Point(nbytes, allocated, reserved_bytes=max(reserved, allocated)))
+        else:
+            out.append(Point(nbytes, None, note))
+        gc.collect()
+        torch.cuda.empty_cache()
     return out
 
 
-def _forked_peak(factory: StepFactory, nbytes: int, make: Callable[[], Any]) -> Point:
-    batch = make()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: measure, report through the pipe, exit without cleanup
-        os.close(read)
-        code = 0
-        try:
-            torch.set_num_threads(1)  # as DataLoader workers do: no forked thread pools
-            _release_free_heap()
-            _reset_peak()
-            base = _status_bytes("VmRSS")
-            factory()(batch)
-            result: Any = ("ok", _status_bytes("VmHWM") - base)
-        except BaseException as exc:
-            result = ("oom" if is_oom(exc) else "error", f"{type(exc).__name__}: {exc}")
-            code = 1
-        with contextlib.suppress(Exception):
-            os.write(write, pickle.dumps(result))
-        os._exit(code)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return Point(nbytes, None, f"the step's process died (status {status})")
-    kind, value = pickle.loads(data)
-    if kind == "ok":
-        return Point(nbytes, int(value))
-    if kind == "oom":
-        return Point(nbytes, None, "out of memory")
-    raise UsageError(f"--step failed: {value}")
+def _cpu_peaks(factory: StepFactory, batches: Batches) -> list[Point]:
+    marks: list[str] = []
+    with _allocation_trace() as trace:
+        step = factory()
+        warm = batches[0][1]()
+        _run(step, warm)
+        del warm
+        notes = []
+        for i, (_, make) in enumerate(batches):
+            mark = f"autoloader.calibrate.{i}"
+            marks.append(mark)
+            batch = make()  # counted: it is held when the step begins
+            with torch.profiler.record_function(mark):
+                notes.append(_run(step, batch))
+            del batch
+        del step
+    peaks = trace.peaks(marks)
+    return [
+        Point(nbytes, None, note) if note else Point(nbytes, peaks[mark])
+        for (nbytes, _), mark, note in zip(batches, marks, notes, strict=True)
+    ]
 
 
-def _release_free_heap() -> None:
-    """Return the parent's freed heap pages to the system (glibc ``malloc_trim``), so the
-    step's allocations show as new resident pages instead of reusing resident free ones."""
-    with contextlib.suppress(Exception):
-        import ctypes
+class _Trace:
+    """Allocator events of a profiled region, and the running total's peak in ranges."""
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    def __init__(self, profiler: Any) -> None:
+        self._profiler = profiler
+
+    def peaks(self, marks: list[str]) -> dict[str, int]:
+        events = self._profiler.profiler.kineto_results.events()
+        memory = sorted(
+            ((e.start_ns(), int(e.nbytes())) for e in events if e.name() == "[memory]"),
+            key=lambda t: t[0],
+        )
+        ranges = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in marks}
+        out = {}
+        for mark in marks:
+            start, end = ranges[mark]
+            total = held = peak = 0
+            for t, nbytes in memory:
+                if t > end:
+                    break
+                total += nbytes
+                if t < start:
+                    held = total  # what the range began with
+                else:
+                    peak = max(peak, total)
+            peak = max(peak, held)
+            out[mark] = peak
+        return out
 
 
-def _reset_peak() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
+@contextlib.contextmanager
+def _allocation_trace() -> Iterator[_Trace]:
+    from torch.profiler import ProfilerActivity, profile
+
+    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    try:
+        with _quiet_stderr():  # the profiler's C++ side prints a line at start and stop
+            profiler.start()
+    except RuntimeError as exc:
+        raise UsageError(
+            f"--step: cannot trace the step's CPU memory ({exc}); is another torch "
+            "profiler running in this process?"
+        ) from None
+    try:
+        yield _Trace(profiler)
+    finally:
+        with _quiet_stderr():
+            profiler.stop()
 
 
-def _status_bytes(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {key}")
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
