@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench gpu-check lint clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The real CUDA path on a GPU machine; prints SKIP and exits 0 without CUDA. Runs with
+# the machine's own python3 where that already has torch and autoloader (a GPU node's
+# CUDA build, `pip install --no-deps -e .`), else with .venv.
+GPU_PY ?= $(shell python3 -c "import torch, autoloader" >/dev/null 2>&1 && echo python3 || echo $(PY))
+gpu-check:
+	@if [ "$(GPU_PY)" = "$(PY)" ]; then $(MAKE) --no-print-directory $(STAMP); fi
+	$(GPU_PY) benchmarks/gpu_check.py
 
 bench: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt -e ".[bench]"

@@ -6,17 +6,20 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from autoloader.errors import DeviceError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("autoloader")
 
 
 def accelerator_available() -> bool:
     """Whether pinned memory can help: an accelerator that torch can copy to exists."""
+    import torch
+
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
         return bool(acc.is_available())

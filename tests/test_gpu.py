@@ -20,8 +20,10 @@ def test_nvml_probe_agrees_with_torch() -> None:
     found = probe_headroom(torch.device("cuda", 0))
     free, total = torch.cuda.mem_get_info(0)
     assert found.source == "nvml"
-    assert found.total_bytes == total
-    assert abs(found.free_bytes - free) < 0.05 * total
+    # NVML's total includes what the driver keeps (about 480 MiB on an H100): the plan
+    # records NVML's; free memory agrees within 1% of the card.
+    assert abs(found.total_bytes - total) < 0.02 * total
+    assert abs(found.free_bytes - free) < 0.01 * found.total_bytes
 
 
 def test_calibration_measures_reserved_peaks_on_cuda() -> None:
@@ -35,11 +37,14 @@ def test_calibration_measures_reserved_peaks_on_cuda() -> None:
 
         return step
 
-    batches = [(n * 4, lambda n=n: torch.ones(n, device="cuda")) for n in (2**20, 2**23, 2**25)]
+    # batches of 32 MiB and more: the allocator's segment rounding (a 4 MiB batch read
+    # 52 MiB reserved for 32 MiB used) stays far under the tolerance
+    batches = [(n * 4, lambda n=n: torch.ones(n, device="cuda")) for n in (2**23, 2**24, 2**25)]
     points = measure_peaks(factory, batches, torch.device("cuda", 0))
     for p in points:
-        true = 8 * p.batch_bytes
-        assert p.peak_bytes is not None and abs(p.peak_bytes - true) / true < 0.15
+        true = 9 * p.batch_bytes  # the batch it holds and a scratch of 8x
+        assert p.peak_bytes is not None and abs(p.peak_bytes - true) / true < 0.05
+        assert p.reserved_bytes is not None and p.reserved_bytes >= p.peak_bytes
     assert fit([(p.batch_bytes, p.peak_bytes) for p in points]).pcc > 0.99
 
 
@@ -61,3 +66,50 @@ def test_pinned_batches_reach_the_device(events_h5) -> None:  # type: ignore[no-
     for batch in loader:
         assert batch.x.is_pinned()
         assert batch.to("cuda", non_blocking=True).x.is_cuda
+
+
+def test_demo_after_a_backward_pass_on_cuda(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A process that has run autograd on the GPU can still tune with a step."""
+    import io
+
+    from autoloader.demo.run import run_demo
+
+    x = torch.ones(8, device="cuda", requires_grad=True)
+    (x * 2).sum().backward()
+    out = io.StringIO()
+    figures = run_demo(tmp_path, num_events=400, iterations=3, out=out)
+    assert "on cuda" in out.getvalue()
+    assert figures["batches"] > 0
+
+
+def test_guard_survives_a_real_out_of_memory() -> None:
+    """A batch that does not fit under a memory cap completes split, with the gradients of
+    the uncapped run."""
+    from prometheus_client import CollectorRegistry
+
+    from autoloader import oom_guard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1)
+    ).cuda()
+    x = torch.randn(4096, 1024, device="cuda")
+
+    def forward_backward(batch: torch.Tensor, weight: float) -> None:
+        (model(batch).square().mean() * weight).backward()
+
+    forward_backward(x, 1.0)
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = torch.cuda.memory_allocated() + 48 * 2**20  # the whole batch needs ~130 MiB more
+    torch.cuda.set_per_process_memory_fraction(cap / total, 0)
+    try:
+        guarded = oom_guard(forward_backward, model=model, registry=CollectorRegistry())
+        guarded(x)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    assert guarded.parts > 1
+    for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -106,7 +106,7 @@ def test_other_errors_pass_through_and_the_smallest_split_gives_up() -> None:
         r"about 1 \(max_parts=64\): OutOfMemoryError: CUDA out of memory",
     ):
         oom_guard(lambda b, w: _always(), registry=CollectorRegistry())(torch.zeros(4, 2))
-    with pytest.raises(torch.OutOfMemoryError, match="split into 2 micro-batches .*max_parts=2"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"split into 2 micro-batches .*max_parts=2"):
         oom_guard(lambda b, w: _always(), max_parts=2, registry=CollectorRegistry())(
             torch.zeros(8, 2)
         )

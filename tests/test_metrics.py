@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import shutil
 import signal
 import socket

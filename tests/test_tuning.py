@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
+from fake_nvml import FakeGPU, FakeNvml, GiB
 
 from autoloader import DeviceError, UsageError
 from autoloader.accelerator import nvml_index
@@ -41,43 +41,18 @@ def test_host_memory_probe_and_override() -> None:
     assert probe_headroom(torch.device("cpu"), budget=123).source == "override"
 
 
-class FakeNvml(types.ModuleType):
-    """pynvml with two GPUs; records which handle was asked for."""
-
-    def __init__(self, fail_init: bool = False) -> None:
-        super().__init__("pynvml")
-        self.fail_init = fail_init
-        self.asked: list[object] = []
-
-    def nvmlInit(self) -> None:
-        if self.fail_init:
-            raise RuntimeError("NVML Shared Library Not Found")
-
-    def nvmlShutdown(self) -> None:
-        pass
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
-        self.asked.append(i)
-        return f"gpu{i}"
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
-        self.asked.append(uuid)
-        return "gpu-by-uuid"
-
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> types.SimpleNamespace:
-        return types.SimpleNamespace(total=80 * 2**30, free=70 * 2**30, used=10 * 2**30)
-
-    def nvmlDeviceGetName(self, handle: str) -> bytes:
-        return b"Fake H100"
-
-
 def test_nvml_probe_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNvml()
+    fake = FakeNvml([FakeGPU("GPU-abc", 70 * GiB), FakeGPU("GPU-def", 60 * GiB)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     found = probe_headroom(torch.device("cuda", 1))
-    assert (found.source, found.device_name, found.free_bytes) == ("nvml", "Fake H100", 70 * 2**30)
-    assert fake.asked == [1]
+    assert (found.source, found.device_name, found.free_bytes) == (
+        "nvml",
+        "NVIDIA H100 80GB HBM3",
+        70 * GiB,
+    )
+    assert fake.asked == [0]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def")
     assert nvml_index(torch.device("cuda", 1)) == "GPU-def"
     probe_headroom(torch.device("cuda", 0))
@@ -90,10 +65,10 @@ def test_nvml_probe_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch
 def test_missing_nvml_falls_through_to_torch(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], fail_init=True))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 * 2**30, 8 * 2**30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
     with caplog.at_level("INFO", logger="autoloader"):
         found = probe_headroom(torch.device("cuda", 0))
     assert (found.source, found.free_bytes, found.total_bytes) == ("torch", 5 * 2**30, 8 * 2**30)
-    assert "NVML unavailable (NVML Shared Library Not Found); asking torch" in caplog.text
+    assert "NVML unavailable (NVML Shared Library Not Found)" in caplog.text

@@ -28,7 +28,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from autoloader.cli import agent, demo, show, tune
+    from autoloader.cli import agent, demo, devices, show, tune
 
     parser = Parser(
         prog="autoloader",
@@ -40,7 +40,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"autoloader {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what is done")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (tune, show, demo, agent):
+    for module in (tune, show, demo, agent, devices):
         module.register(sub)
     return parser
 

@@ -51,6 +51,19 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     model = mem.get("model")
     if isinstance(model, dict) and model.get("description"):
         out.append(f"          model: {model['description']}")
+    out.extend(_reserve(mem))
+    gpus = hw.get("gpus")
+    if isinstance(gpus, list) and len(gpus) > 1:
+        limit = hw.get("limiting_index")
+        out.append(
+            "          local GPUs: "
+            + ", ".join(
+                f"cuda:{g.get('index')} {_b(g.get('free_bytes'))} free"
+                + (" (limits)" if g.get("index") == limit else "")
+                for g in gpus
+                if isinstance(g, dict)
+            )
+        )
     out.append(
         f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
         f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
@@ -67,6 +80,17 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     out.extend(_batching(plan.tuning.get("batching")))
     out.extend(_strategies(plan.tuning.get("strategies"), bp.strategy))
     return "\n".join(out)
+
+
+def _reserve(mem: dict[str, Any]) -> list[str]:
+    parts = mem.get("reserve")
+    if not isinstance(parts, dict) or not parts:
+        return []
+    lines = [f"          reserve {_b(mem.get('reserve_bytes'))} the allocator never sees:"]
+    for name, part in parts.items():
+        if isinstance(part, dict):
+            lines.append(f"            {name} {_b(part.get('bytes'))}: {part.get('source', '?')}")
+    return lines
 
 
 def _workers(search: Any, chosen: int) -> list[str]:

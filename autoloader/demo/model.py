@@ -26,9 +26,9 @@ class EventRegressor(nn.Module):
 class TrainStep:
     """One optimiser step on a batch; callable, so it can be handed to ``--step``."""
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu", hidden: int = 32) -> None:
         self.device = torch.device(device)
-        self.model = EventRegressor().to(self.device)
+        self.model = EventRegressor(hidden).to(self.device)
         self.optimiser = torch.optim.Adam(self.model.parameters(), lr=3e-3)
 
     def __call__(self, batch: Batch) -> float:

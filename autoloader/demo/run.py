@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import time
@@ -37,6 +38,10 @@ def run_demo(
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    # The device it finds: a GPU machine tunes and trains on the GPU, a laptop on the CPU.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = f"{device} ({torch.cuda.get_device_name(0)})" if device == "cuda" else "the CPU"
+    factory = functools.partial(TrainStep, device)
     say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
 
     t0 = time.perf_counter()
@@ -52,12 +57,12 @@ def run_demo(
     # Pass 1 calibrates the memory model from the real training step. This machine has
     # gigabytes free, so every batching fits; to show the choice the demo then plans for
     # a device whose free memory lies between the predicted peaks of random batches and
-    # of the best-balanced ones, as a smaller GPU would.
+    # of the best-balanced ones, as a smaller GPU would (on a GPU: of the GPU's memory).
     probe = tune(
         dataset,
         global_batch_size=GLOBAL_BATCH,
-        device="cpu",
-        step=TrainStep,
+        device=device,
+        step=factory,
         max_workers=0,
         iterations=3,
         spec=str(data_path),
@@ -65,7 +70,7 @@ def run_demo(
     )
     peaks = {name: r["predicted_peak_bytes"] for name, r in probe.tuning["strategies"].items()}
     budget = (peaks["random"] + min(peaks.values())) // 2
-    say(f"[2/4] memory    calibrated on the training step: {probe.memory['model']['description']}")
+    say(f"[2/4] memory    calibrated on {where}: {probe.memory['model']['description']}")
     say(
         f"                predicted peaks at batch {GLOBAL_BATCH}: "
         + ", ".join(f"{n} {format_bytes(p)}" for n, p in peaks.items())
@@ -74,8 +79,8 @@ def run_demo(
     plan = tune(
         dataset,
         global_batch_size=GLOBAL_BATCH,
-        device="cpu",
-        step=TrainStep,
+        device=device,
+        step=factory,
         memory_budget=budget,
         safety=0.0,
         memory_model=probe.memory["model"],
@@ -91,9 +96,9 @@ def run_demo(
     say()
 
     port = serve_metrics(port=0)
-    say(f"[3/4] training  one epoch; metrics at http://127.0.0.1:{port}/metrics")
+    say(f"[3/4] training  one epoch on {where}; metrics at http://127.0.0.1:{port}/metrics")
     torch.manual_seed(0)
-    step = TrainStep("cpu")
+    step = TrainStep(device)
     loader = DataLoader(dataset, plan=plan_path)
     loader.set_epoch(0)
     t0 = time.perf_counter()
@@ -115,7 +120,7 @@ def run_demo(
     random_worst = plan.tuning["strategies"]["random"]["worst_batch_bytes"]
     say("[4/4] summary")
     say(
-        f"  plan        {plan.batching.strategy} sampler, local batch "
+        f"  plan        on {where}: {plan.batching.strategy} sampler, local batch "
         f"{plan.batching.local_batch_size}, num_workers={plan.loader.num_workers}"
     )
     say(

@@ -101,6 +101,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "memory_total_bytes": Key("int", minimum=0),
             "memory_free_bytes": Key("int", minimum=0),
             "headroom_source": Key("str", choices=HEADROOM_SOURCES),
+            "gpus": Key("array"),
+            "limiting_index": Key("int", minimum=0),
         },
     ),
     "loader": (
@@ -136,6 +138,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "predicted_peak_bytes": Key("int", minimum=0),
             "safety": Key("number", minimum=0),
             "model": Key("table"),
+            "reserve_bytes": Key("int", minimum=0),
+            "reserve": Key("table"),
         },
     ),
     "tuning": (False, True, {}),

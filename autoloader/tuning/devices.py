@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 import torch
 
-from autoloader.accelerator import nvml, nvml_index
 from autoloader.errors import DeviceError, UsageError
+from autoloader.tuning.gpus import NodeGPU, local_world_size, node_gpus, tightest
 
 log = logging.getLogger(__name__)
 _DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -57,65 +57,54 @@ class Headroom:
     total_bytes: int
     free_bytes: int
     source: str  # "nvml" | "torch" | "psutil" | "override"
+    gpus: tuple[NodeGPU, ...] = ()  # every GPU of the node's local ranks, where probed
+    limiting_index: int | None = None  # the torch ordinal of the tightest of them
+    context_in_probe: bool = False  # this process held a CUDA context when probed
 
 
 def probe_headroom(device: torch.device, budget: int | None = None) -> Headroom:
     """Probe free memory: NVML, then ``torch.cuda.mem_get_info``, then host memory.
 
-    ``budget`` (``--memory-budget``) overrides the probed free bytes.
+    On CUDA under a launcher with several local ranks (``LOCAL_WORLD_SIZE``), every GPU
+    the node's ranks use is probed and the tightest one answers. ``budget``
+    (``--memory-budget``) overrides the probed free bytes.
     """
     if device.type == "cuda":
+        context = torch.cuda.is_initialized()
         found = _probe_nvml(device) or _probe_torch(device)
+        if found is not None:
+            found = replace(found, context_in_probe=context)
     else:
         vm = psutil.virtual_memory()
         found = Headroom("cpu", _cpu_name(), int(vm.total), int(vm.available), "psutil")
     if found is None:  # pragma: no cover - torch answers whenever CUDA is available
         raise DeviceError(f"cannot read the memory of {device}")
     if budget is not None:
-        return Headroom(found.device, found.device_name, found.total_bytes, budget, "override")
+        return replace(found, free_bytes=budget, source="override")
     return found
 
 
 def _probe_nvml(device: torch.device) -> Headroom | None:
-    with nvml("asking torch for free memory") as pynvml:
-        if pynvml is None:
-            return None
-        try:
-            which = nvml_index(device)
-            if isinstance(which, int):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(which)
-            elif which.startswith("MIG-"):
-                handle = _mig_handle(pynvml, which)
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(which)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-        except Exception as exc:
-            log.info("NVML could not describe %s (%s); asking torch for free memory", device, exc)
-            return None
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    return Headroom(str(device), name, int(info.total), int(info.free), "nvml")
-
-
-def _mig_handle(pynvml: object, uuid: str) -> object:
-    """A MIG instance by UUID: look through each GPU's MIG devices."""
-    nv = pynvml
-    for i in range(nv.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
-        parent = nv.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
-        try:
-            count = nv.nvmlDeviceGetMaxMigDeviceCount(parent)  # type: ignore[attr-defined]
-        except Exception:
-            continue
-        for j in range(count):
-            try:
-                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, j)  # type: ignore[attr-defined]
-            except Exception:
-                continue
-            found = nv.nvmlDeviceGetUUID(mig)  # type: ignore[attr-defined]
-            found = found.decode() if isinstance(found, bytes) else found
-            if found == uuid:
-                return mig
-    raise DeviceError(f"no MIG device with UUID {uuid}")
+    ranks = local_world_size()
+    try:
+        gpus = node_gpus(ranks) if ranks > 1 else node_gpus(1, first=device.index or 0)
+    except UsageError:
+        raise
+    except DeviceError as exc:
+        log.info("%s; asking torch for free memory", exc)
+        return None
+    if not gpus:
+        return None
+    limit = tightest(gpus)
+    return Headroom(
+        f"cuda:{limit.index}",
+        limit.name,
+        limit.total_bytes,
+        limit.free_bytes,
+        "nvml",
+        tuple(gpus),
+        limit.index,
+    )
 
 
 def _probe_torch(device: torch.device) -> Headroom | None:

@@ -26,11 +26,13 @@ from autoloader.tuning import workers
 from autoloader.tuning.batching import all_local_batches, choose_batching
 from autoloader.tuning.calibrate import Point, measure_peaks
 from autoloader.tuning.cpus import cpus_per_rank
-from autoloader.tuning.devices import probe_headroom, resolve_device
+from autoloader.tuning.devices import Headroom, probe_headroom, resolve_device
 from autoloader.tuning.memory_model import default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.reserve import reserve_parts, reserve_table
 from autoloader.tuning.step import StepFactory, step_factory, time_step
 from autoloader.tuning.transfer import to_device
+from autoloader.units import format_bytes
 
 log = logging.getLogger("autoloader")
 
@@ -123,13 +125,11 @@ def tune(
             f"{world_size}: every rank needs the same local batch size"
         )
     dev = device if isinstance(device, torch.device) else resolve_device(device)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
     factory = step_factory(step) if step is not None else None
     collate_fn = collate_fn or collate
 
     sizes = sample_sizes(dataset, progress=progress)
     headroom = probe_headroom(dev, memory_budget)
-    budget = int(headroom.free_bytes * (1 - safety))
     largest_local = global_batch_size // world_size
 
     model = default_model() if memory_model is None else model_from_dict(memory_model)
@@ -139,6 +139,26 @@ def tune(
             factory, dataset, sizes, largest_local, world_size, seed, dev, collate_fn
         )
         model = fit([(p.batch_bytes, p.peak_bytes) for p in calibration if p.peak_bytes])
+    reserve = reserve_parts(
+        device_type=dev.type,
+        budget_overridden=memory_budget is not None,
+        context_in_probe=headroom.context_in_probe,
+        world_size=world_size,
+        fragmentation=[
+            (p.peak_bytes, p.reserved_bytes)
+            for p in calibration
+            if p.peak_bytes is not None and p.reserved_bytes is not None
+        ],
+    )
+    reserve_bytes = sum(p.bytes for p in reserve)
+    budget = int(headroom.free_bytes * (1 - safety)) - reserve_bytes
+    if budget <= 0:
+        raise DeviceError(
+            f"{headroom.device} has {format_bytes(headroom.free_bytes)} free, less than the "
+            f"reserve of {format_bytes(reserve_bytes)} ("
+            + ", ".join(f"{p.name} {format_bytes(p.bytes)}" for p in reserve if p.bytes)
+            + "): free the GPU or pass --memory-budget"
+        )
     batching = choose_batching(
         sizes, global_batch_size, world_size, names, model, budget, seed=seed, epochs=REPLAY_EPOCHS
     )
@@ -193,6 +213,8 @@ def tune(
     memory: dict[str, Any] = {
         "budget_bytes": budget,
         "safety": safety,
+        "reserve_bytes": reserve_bytes,
+        "reserve": reserve_table(reserve),
         "predicted_peak_bytes": batching.predicted_peak_bytes,
         "model": {**model.to_dict(), "description": model.describe()},
     }
@@ -218,6 +240,7 @@ def tune(
             "memory_total_bytes": headroom.total_bytes,
             "memory_free_bytes": headroom.free_bytes,
             "headroom_source": headroom.source,
+            **_gpus_table(headroom),
         },
         loader=LoaderPlan(
             num_workers=nw,
@@ -280,6 +303,16 @@ def _calibrate(
             "samples; lower --global-batch-size or raise the memory available"
         )
     return points
+
+
+def _gpus_table(headroom: Headroom) -> dict[str, Any]:
+    """Each local GPU's free memory and which one limited, where the node was probed."""
+    if not headroom.gpus:
+        return {}
+    return {
+        "gpus": [g.to_dict() for g in headroom.gpus],
+        "limiting_index": headroom.limiting_index,
+    }
 
 
 def _placement(dev: torch.device) -> tuple[int, list[int] | None]:

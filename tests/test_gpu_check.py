@@ -1,0 +1,25 @@
+"""`make gpu-check` answers plainly where there is no GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="assumes no CUDA device")
+def test_gpu_check_skips_cleanly_without_cuda() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("SKIP: no CUDA device")
+    assert done.stdout.count("\n") == 1
