@@ -7,6 +7,7 @@ memory and replays size-balancing batch samplers into a TOML plan;
 
 from autoloader import samplers, sizes
 from autoloader._version import __version__
+from autoloader.datasets import open_dataset
 from autoloader.errors import (
     AutoloaderError,
     DatasetError,
@@ -32,6 +33,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "oom_guard",
+    "open_dataset",
     "samplers",
     "serve_metrics",
     "sizes",

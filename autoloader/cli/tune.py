@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument(
+        "-o",
         "--out",
         metavar="PLAN",
         default="plan.toml",

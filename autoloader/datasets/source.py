@@ -23,6 +23,7 @@ class DataSource:
 
     path: Path
     stamp: str
+    part: str = ""  # which part of the data (a split of one file): its own cache
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str]) -> DataSource:
@@ -40,15 +41,16 @@ class DataSource:
 
     @property
     def cache_path(self) -> Path:
-        """The sizes cache beside the data: ``data.h5.autoloader-sizes.npz`` or, for a
-        directory, ``DIR/.autoloader-sizes.npz``."""
+        """The sizes cache beside the data: ``data.h5.autoloader-sizes.npz`` (for a
+        part: ``data.h5.PART.autoloader-sizes.npz``) or ``DIR/.autoloader-sizes.npz``."""
+        suffix = f".{self.part}" if self.part else ""
         if self.path.is_dir():
-            return self.path / ".autoloader-sizes.npz"
-        return self.path.with_name(self.path.name + ".autoloader-sizes.npz")
+            return self.path / f".autoloader-sizes{suffix}.npz"
+        return self.path.with_name(f"{self.path.name}{suffix}.autoloader-sizes.npz")
 
     @property
     def fallback_cache_path(self) -> Path:
         """Where the cache goes when the data's directory is read-only."""
         base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autoloader"
-        key = hashlib.sha256(str(self.path).encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{self.path}#{self.part}".encode()).hexdigest()[:24]
         return base / f"sizes-{key}.npz"

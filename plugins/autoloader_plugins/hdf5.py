@@ -1,6 +1,8 @@
-"""HDF5 files of graph events: one group per event, one dataset per tensor.
+"""HDF5 files of graph events, in either of two layouts, told apart when opened.
 
-This is the single-file layout of the HEP workflow::
+NuGraph/pynuml files (a ``dataset`` group of compound-dtype events, ``samples/<split>``
+name lists) are read by ``autoloader_plugins.nugraph``; ``FILE.h5#SPLIT`` picks a split.
+Otherwise the file holds one group per event, one dataset per tensor::
 
     /event_000000/x            float32 [num_nodes, F]
     /event_000000/edge_index   int64   [2, num_edges]
@@ -42,7 +44,7 @@ class GraphEventsH5(Dataset):
         try:
             with h5py.File(self.path, "r") as f:
                 self.keys = [k for k, v in f.items() if isinstance(v, h5py.Group)]
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
             raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
         if not self.keys:
             raise DatasetError(
@@ -127,14 +129,41 @@ def _is_hdf5(path: Path) -> bool:
 class _Plugin:
     name = "hdf5"
     priority = 10
-    description = "an .h5/.hdf5 file of graph events, one group per event"
+    description = (
+        "an .h5/.hdf5 file of graph events: NuGraph/pynuml (FILE.h5[#SPLIT]) or one group per event"
+    )
 
     def claims(self, spec: str) -> bool:
-        p = Path(spec)
+        p = Path(_split_spec(spec)[0])
         return p.suffix.lower() in SUFFIXES or (p.is_file() and _is_hdf5(p))
 
-    def open(self, spec: str) -> GraphEventsH5:
-        return GraphEventsH5(spec)
+    def open(self, spec: str) -> Dataset:
+        from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
+
+        path, split = _split_spec(spec)
+        p = Path(path)
+        if p.is_file() and _is_hdf5(p):
+            try:
+                with h5py.File(p, "r") as f:
+                    nugraph = is_nugraph(f)
+            except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
+                raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
+            if nugraph:
+                return NuGraphEvents(p, split)
+        if split is not None:
+            raise DatasetError(
+                f"DATASET '{spec}': '#{split}' selects a split of a NuGraph/pynuml file "
+                "(groups 'dataset' and 'samples'), but this file has one group per event"
+            )
+        return GraphEventsH5(path)
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """``FILE.h5#SPLIT`` -> (``FILE.h5``, ``SPLIT``); a path that exists is taken whole."""
+    if "#" not in spec or Path(spec).exists():
+        return spec, None
+    path, _, split = spec.rpartition("#")
+    return path, split
 
 
 PLUGIN = _Plugin()

@@ -1,0 +1,205 @@
+"""NuGraph/pynuml HDF5 event files: one compound-dtype scalar dataset per event.
+
+The layout pynuml writes (``pynuml.io.H5Interface.save``) and NuGraph reads::
+
+    /dataset/<event>        scalar of a compound dtype; fields "store/attr": node stores
+                            have no "_" (u, v, y, sp, evt), edge stores join
+                            (src, rel, dst) with "_" (u_plane_u, u_nexus_sp); a zero-size
+                            tensor is stored as a scalar 0
+    /planes, /semantic_classes, /event_classes (optional), /gen (optional)
+    /samples/{train,validation,test}   event names of each split
+    /datasize/train                    bytes of each train event, in samples/train order
+
+Each item is the ``HeteroData`` pynuml's ``load_heterodata`` returns: same stores,
+attributes, dtypes and values. Sizes come from ``datasize/<split>`` where it matches the
+split, else from each event's compound itemsize: metadata, no payload is read. h5py is
+opened lazily in each process that reads, so worker processes each get their own handle.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from autoloader.datasets.source import DataSource
+from autoloader.errors import DatasetError
+
+DEFAULT_SPLIT = "train"
+
+
+def is_nugraph(f: h5py.File) -> bool:
+    """Whether an open file has the pynuml layout: a ``dataset`` group of datasets."""
+    group = f.get("dataset", getlink=False) if "dataset" in f else None
+    if not isinstance(group, h5py.Group):
+        return False
+    first = next(iter(group), None)
+    return first is not None and isinstance(group.get(first), h5py.Dataset)
+
+
+class NuGraphEvents(Dataset):
+    """A split of a NuGraph/pynuml HDF5 file as a map-style dataset of ``HeteroData``.
+
+    Args:
+        path: the ``.h5`` file.
+        split: a name under ``samples/`` (default ``train``); a file without ``samples``
+            is all of ``dataset`` and takes no split.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], split: str | None = None) -> None:
+        self.path = Path(path)
+        self.split = split
+        where = f"DATASET '{self.path}'"
+        try:
+            with h5py.File(self.path, "r") as f:
+                events = f["dataset"]
+                if "samples" in f:
+                    self.split = split or DEFAULT_SPLIT
+                    self.names = _split_names(f, self.split, where)
+                    missing = _first_missing(events, self.names)
+                    if missing is not None:
+                        raise DatasetError(
+                            f"{where}: split '{self.split}' names event {missing!r}, "
+                            "which is not in group 'dataset'"
+                        )
+                elif split is not None:
+                    raise DatasetError(
+                        f"{where}: no split '{split}': the file has no 'samples' group, "
+                        "so it is read whole (drop the '#SPLIT')"
+                    )
+                else:
+                    self.names = list(events)
+                self.meta = _metadata(f)
+        except OSError as exc:
+            raise DatasetError(f"{where}: cannot read as HDF5: {exc}") from None
+        if not self.names:
+            part = f"split '{self.split}'" if self.split else "group 'dataset'"
+            raise DatasetError(f"{where}: {part} is empty: expected event names, found none")
+        self._file: h5py.File | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> Any:
+        name = self.names[index]
+        events = h5py.h5g.open(self._handle().id, b"dataset")
+        try:
+            d = h5py.h5d.open(events, name.encode())
+        except KeyError:
+            raise DatasetError(f"DATASET '{self.path}': event {name!r} is missing") from None
+        record = np.empty((), dtype=_compound(d, self.path, name))
+        d.read(h5py.h5s.ALL, h5py.h5s.ALL, record)
+        return to_heterodata(record)
+
+    def autoloader_sizes(self) -> np.ndarray:
+        """``datasize/<split>`` where it matches the split, else each event's itemsize."""
+        with h5py.File(self.path, "r") as f:
+            if self.split and f"datasize/{self.split}" in f:
+                recorded = np.asarray(f[f"datasize/{self.split}"][()])
+                if recorded.shape == (len(self.names),) and recorded.dtype.kind in "iu":
+                    return recorded.astype(np.int64)
+        return itemsizes(self.path, self.names)
+
+    def autoloader_source(self) -> DataSource:
+        source = DataSource.for_file(self.path)
+        return DataSource(source.path, source.stamp, self.split or "")
+
+    def _handle(self) -> h5py.File:
+        if self._file is None or self._pid != os.getpid():
+            self._file = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._file
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_file"] = None
+        state["_pid"] = None
+        return state
+
+    def __repr__(self) -> str:
+        split = f"#{self.split}" if self.split else ""
+        return f"NuGraphEvents('{self.path}{split}', events={len(self)})"
+
+
+def itemsizes(path: Path, names: list[str]) -> np.ndarray:
+    """Each event's compound itemsize: its bytes, from metadata alone."""
+    with h5py.File(path, "r") as f:
+        events = h5py.h5g.open(f.id, b"dataset")
+        out = np.empty(len(names), dtype=np.int64)
+        for i, name in enumerate(names):
+            # The type's class and size only: building its numpy dtype costs 8x more.
+            # Field names are checked when an event is read.
+            kind = h5py.h5d.open(events, name.encode()).get_type()
+            if kind.get_class() != h5py.h5t.COMPOUND:
+                _compound(h5py.h5d.open(events, name.encode()), path, name)  # raises
+            out[i] = kind.get_size()
+        return out
+
+
+def to_heterodata(record: np.ndarray) -> Any:
+    """One event's compound record as pynuml's ``load_heterodata`` builds it."""
+    from torch_geometric.data import HeteroData
+
+    data = HeteroData()
+    for field in record.dtype.names or ():
+        store_name, attr = field.split("/")
+        store: Any = tuple(store_name.split("_")) if "_" in store_name else store_name
+        value = record[field]
+        if value.ndim == 0:
+            if attr == "edge_index":  # an empty edge tensor, stored as a scalar 0
+                data[store][attr] = torch.LongTensor([[], []])
+            else:
+                data[store][attr] = torch.as_tensor(value[()])
+        else:
+            data[store][attr] = torch.from_numpy(np.array(value))
+    return data
+
+
+def _compound(d: h5py.h5d.DatasetID, path: Path, name: str) -> np.dtype:
+    dtype = d.dtype
+    if dtype.names is None:
+        raise DatasetError(
+            f"DATASET '{path}': event {name!r}: expected a scalar of a compound dtype "
+            f"(fields named store/attr), found a dataset of {dtype} with shape {d.shape}"
+        )
+    for field in dtype.names:
+        parts = field.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise DatasetError(
+                f"DATASET '{path}': event {name!r}: field {field!r}: expected a name "
+                "'store/attr' (node store u, edge store u_plane_u, ...)"
+            )
+    return dtype
+
+
+def _split_names(f: h5py.File, split: str, where: str) -> list[str]:
+    samples = f["samples"]
+    if split not in samples:
+        raise DatasetError(
+            f"{where}: no split '{split}': expected one of {', '.join(sorted(samples))}"
+        )
+    raw = samples[split]
+    if not isinstance(raw, h5py.Dataset) or raw.dtype.kind not in "SOU":
+        raise DatasetError(f"{where}: samples/{split}: expected an array of event names")
+    return [str(n) for n in raw.asstr()[()].tolist()] if raw.shape else []
+
+
+def _first_missing(events: h5py.Group, names: list[str]) -> str | None:
+    present = set(events)
+    return next((n for n in names if n not in present), None)
+
+
+def _metadata(f: h5py.File) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("planes", "semantic_classes", "event_classes"):
+        if key in f:
+            out[key] = [str(x) for x in f[key].asstr()[()].tolist()]
+    if "gen" in f:
+        out["gen"] = int(np.asarray(f["gen"][()]).item())
+    return out
