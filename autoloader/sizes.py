@@ -82,6 +82,14 @@ def sample_sizes(dataset: Any, *, progress: bool = False) -> np.ndarray:
     return sizes
 
 
+def remember_sizes(dataset: Any, sizes: np.ndarray) -> None:
+    """Hand this process sizes measured elsewhere (another rank of the job)."""
+    sizes = _check(np.asarray(sizes), _length(dataset), dataset)
+    sizes.setflags(write=False)
+    with contextlib.suppress(TypeError):
+        _MEMO[dataset] = sizes
+
+
 def fingerprint(sizes: np.ndarray) -> str:
     """A path-independent identity of a dataset: its sample count and every sample's size.
 

@@ -60,7 +60,12 @@ def test_kubernetes_job_wires_tune_trainer_and_agent() -> None:
         and annotations["prometheus.io/port"] == "9400"
     )
     (init,) = spec["spec"]["initContainers"]
-    assert init["command"][:2] == ["autoloader", "tune"] and "/plan/plan.toml" in init["command"]
+    command = init["command"]
+    assert command[0] == "torchrun" and command[command.index("-m") + 1 :][:2] == [
+        "autoloader",
+        "tune",
+    ]  # collective: one rank per GPU, as training runs
+    assert "/plan/plan.toml" in command and "--world-size" not in command
     containers = {c["name"]: c for c in spec["spec"]["containers"]}
     env = {e["name"]: e["value"] for e in containers["trainer"]["env"]}
     assert env == {"AUTOLOADER_PLAN": "/plan/plan.toml", "PROMETHEUS_MULTIPROC_DIR": "/metrics"}
@@ -76,6 +81,9 @@ def test_slurm_script_parses_and_runs_the_commands() -> None:
     text = path.read_text()
     for part in ("autoloader tune", "autoloader agent", "PROMETHEUS_MULTIPROC_DIR", "torchrun"):
         assert part in text
+    tune = text[text.index('srun --ntasks-per-node="$GPUS_PER_NODE"') :]
+    assert tune.index("autoloader tune") < tune.index("\n\n")  # one srun step over all ranks
+    assert "plan-" not in text  # one plan per job, not one per node
 
 
 def test_systemd_unit_runs_the_agent() -> None:

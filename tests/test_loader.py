@@ -179,15 +179,27 @@ def test_rank_and_world_size_from_the_environment(
     assert registry.get_sample_value("autoloader_local_batch_size", {"rank": "1"}) == 5
 
 
-def test_world_size_mismatch_warns(
+def test_another_world_size_keeps_the_local_batch_and_the_global_batch(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     ds = VariableTensors(20)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with caplog.at_level(logging.WARNING, logger="autoloader"):
+        loader = DataLoader(ds, plan=plan_for(ds, batch=4, world=4), registry=CollectorRegistry())
+    assert loader.batch_sampler.batch_size == 4 and loader.grad_accum_steps == 2
+    assert (
+        "tuned for world_size=4; on 2 ranks the local batch stays 4 and gradient accumulation "
+        "becomes 2 (was 1), keeping the global batch 16"
+    ) in caplog.text
+    monkeypatch.setenv("WORLD_SIZE", "8")  # 16 is not a multiple of 4 x 8: refused, with the fix
+    with pytest.raises(
+        PlanError,
+        match=r"tuned for world_size 4 \(local batch 4 x 1 accumulation = global 16\); this job "
+        r"has 8 ranks, and global 16 is not a multiple of local 4 x 8 ranks. Re-run "
+        r"`autoloader tune --world-size 8`",
+    ):
         DataLoader(ds, plan=plan_for(ds, batch=4, world=4), registry=CollectorRegistry())
-    assert "tuned for world_size=4 but this job has 2 ranks" in caplog.text
 
 
 def test_unknown_strategy_in_plan(registry: CollectorRegistry) -> None:

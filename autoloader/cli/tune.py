@@ -154,6 +154,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         spec=args.dataset,
         command=shlex.join(["autoloader", *argv]),
     )
+    from autoloader.loader.distributed import rank_and_world_size
+
+    if rank_and_world_size()[0] != 0:
+        return 0  # a collective tune: every rank holds the plan, rank 0 writes and reports
     plan.save(out)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import logging
 import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -15,12 +16,13 @@ from prometheus_client import CollectorRegistry
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.errors import PlanError, UsageError
+from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
-from autoloader.plan import Plan
+from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.sizes import fingerprint, sample_sizes
 
@@ -56,13 +58,18 @@ class DataLoader(tud.DataLoader):
         given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
         sizes: np.ndarray | None = None
         rank = 0
+        self.grad_accum_steps = 1
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             sizes = sample_sizes(dataset)
             if check_fingerprint:
                 _check_fingerprint(self.plan, sizes)
             rank, world = rank_and_world_size()
+            self.grad_accum_steps = accumulation_for(self.plan, world)
             given = _apply_plan(self.plan, given, sizes, rank, world)
+            check_ranks_agree(
+                _digest(self.plan, given, sizes, self.grad_accum_steps), source=self.plan.source
+            )
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.
@@ -109,7 +116,7 @@ def _apply_plan(
     plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
 ) -> dict[str, Any]:
     """Torch keyword arguments from the plan; explicitly given ones win."""
-    lp, bp = plan.loader, plan.batching
+    lp, bp = node_loader(plan), plan.batching
     planned: dict[str, Any] = {
         "num_workers": lp.num_workers,
         "pin_memory": lp.pin_memory and accelerator_available(),
@@ -152,17 +159,6 @@ def _planned_sampler(
             f"{plan.source}: key 'batching.strategy': expected one of "
             f"{', '.join(STRATEGIES)}, found {bp.strategy!r}"
         )
-    if world != bp.world_size:
-        log.warning(
-            "autoloader: plan %s was tuned for world_size=%d but this job has %d ranks; "
-            "the local batch stays %d, so the global batch is %d, not %d",
-            plan.source,
-            bp.world_size,
-            world,
-            bp.local_batch_size,
-            bp.local_batch_size * world * bp.grad_accum_steps,
-            bp.global_batch_size,
-        )
     shuffle = given.pop("shuffle", None)
     try:
         return make_sampler(
@@ -178,6 +174,79 @@ def _planned_sampler(
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def node_loader(plan: Plan) -> LoaderPlan:
+    """This node's ``[loader]``: a collective tune records each node's worker search in
+    ``[tuning.nodes]``; elsewhere, and for nodes it did not see, the plan's own."""
+    nodes = plan.tuning.get("nodes")
+    table = nodes.get(socket.gethostname()) if isinstance(nodes, dict) else None
+    if not isinstance(table, dict):
+        return plan.loader
+    try:
+        return Plan.from_dict(
+            {
+                "schema": 1,
+                "loader": table,
+                "batching": {"strategy": "random", "local_batch_size": 1},
+            },
+            source=f"{plan.source} [tuning.nodes.{socket.gethostname()}]",
+        ).loader
+    except PlanError as exc:
+        raise PlanError(str(exc).replace("'loader.", "'tuning.nodes.<host>.")) from None
+
+
+def accumulation_for(plan: Plan, world: int) -> int:
+    """Gradient accumulation steps for ``world`` ranks.
+
+    A plan tuned for another world size keeps its local batch (what each GPU holds is
+    what was checked against memory) and recomputes the accumulation so the global batch
+    stays the same; where the global batch is not a multiple of local x world, it is
+    refused with the fix.
+
+    Raises:
+        PlanError: the plan's global batch cannot be kept on ``world`` ranks.
+    """
+    bp = plan.batching
+    if world == bp.world_size:
+        return bp.grad_accum_steps
+    per_step = bp.local_batch_size * world
+    if bp.global_batch_size % per_step:
+        raise PlanError(
+            f"{plan.source}: the plan was tuned for world_size {bp.world_size} (local batch "
+            f"{bp.local_batch_size} x {bp.grad_accum_steps} accumulation = global "
+            f"{bp.global_batch_size}); this job has {world} ranks, and global "
+            f"{bp.global_batch_size} is not a multiple of local {bp.local_batch_size} x "
+            f"{world} ranks. Re-run `autoloader tune --world-size {world}` (under torchrun "
+            "or srun it is the job's)"
+        )
+    steps = bp.global_batch_size // per_step
+    log.warning(
+        "autoloader: plan %s was tuned for world_size=%d; on %d ranks the local batch "
+        "stays %d and gradient accumulation becomes %d (was %d), keeping the global batch %d "
+        "(loader.grad_accum_steps)",
+        plan.source,
+        bp.world_size,
+        world,
+        bp.local_batch_size,
+        steps,
+        bp.grad_accum_steps,
+        bp.global_batch_size,
+    )
+    return steps
+
+
+def _digest(plan: Plan, given: dict[str, Any], sizes: np.ndarray, accum: int) -> dict[str, Any]:
+    """What must be equal on every rank: the batching as applied, and the data."""
+    batching = plan.to_dict()["batching"]
+    sampler = given.get("batch_sampler")
+    if isinstance(sampler, SizeBatchSampler):
+        batching["local_batch_size"] = sampler.batch_size
+        batching["drop_last"] = sampler.drop_last
+    elif sampler is not None or given.get("sampler") is not None:
+        batching["sampler"] = type(sampler or given.get("sampler")).__name__
+    batching["grad_accum_steps"] = accum
+    return {**batching, "dataset fingerprint": fingerprint(sizes)}
 
 
 def _gpu_local_cpus() -> list[int] | None:

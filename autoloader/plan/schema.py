@@ -103,6 +103,9 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "headroom_source": Key("str", choices=HEADROOM_SOURCES),
             "gpus": Key("array"),
             "limiting_index": Key("int", minimum=0),
+            "ranks": Key("array"),
+            "limiting_rank": Key("int", minimum=0),
+            "limiting_host": Key("str"),
         },
     ),
     "loader": (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -24,11 +25,11 @@ def resolve_device(spec: str | None) -> torch.device:
         DeviceError: CUDA (or device K) is not available.
     """
     if spec is None:
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local = os.environ.get("LOCAL_RANK", "")  # a launcher's rank k trains on cuda:k
+        k = int(local) if local.isdigit() else torch.cuda.current_device()
+        return torch.device("cuda", k % torch.cuda.device_count())
     match = _DEVICE.match(str(spec).strip().lower())
     if match is None:
         raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {spec!r}")

@@ -6,6 +6,7 @@ import datetime as _dt
 import logging
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from itertools import islice
 from typing import Any
 
@@ -17,6 +18,7 @@ from autoloader._version import __version__
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.loader.collate import collate
+from autoloader.loader.distributed import job_group
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, RandomBatchSampler, make_sampler
@@ -25,6 +27,15 @@ from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
 from autoloader.tuning.batching import all_local_batches, choose_batching
 from autoloader.tuning.calibrate import Point, measure_peaks
+from autoloader.tuning.collective import (
+    RankBudget,
+    check_world_size,
+    current_job,
+    leader_result,
+    node_loaders,
+    shared_sizes,
+    smallest_budget,
+)
 from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import Headroom, probe_headroom, resolve_device
 from autoloader.tuning.memory_model import default_model, fit
@@ -119,149 +130,192 @@ def tune(
             f"--strategies: unknown strategy {unknown[0]!r}: expected names from "
             f"{', '.join(STRATEGIES)}"
         )
-    if global_batch_size % world_size:
-        raise UsageError(
-            f"--global-batch-size {global_batch_size} is not divisible by --world-size "
-            f"{world_size}: every rank needs the same local batch size"
-        )
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
-    factory = step_factory(step) if step is not None else None
-    collate_fn = collate_fn or collate
+    with job_group():
+        job = current_job()
+        if job is not None:
+            world_size = check_world_size(job, None if world_size == 1 else world_size)
+        if global_batch_size % world_size:
+            raise UsageError(
+                f"--global-batch-size {global_batch_size} is not divisible by --world-size "
+                f"{world_size}: every rank needs the same local batch size"
+            )
+        dev = device if isinstance(device, torch.device) else resolve_device(device)
+        factory = step_factory(step) if step is not None else None
+        collate_fn = collate_fn or collate
 
-    sizes = sample_sizes(dataset, progress=progress)
-    headroom = probe_headroom(dev, memory_budget)
-    largest_local = global_batch_size // world_size
+        if job is not None:
+            sizes = shared_sizes(job, dataset, progress=progress)
+        else:
+            sizes = sample_sizes(dataset, progress=progress)
+        headroom = probe_headroom(dev, memory_budget)
+        largest_local = global_batch_size // world_size
 
-    model = default_model() if memory_model is None else model_from_dict(memory_model)
-    calibration: list[Point] = []
-    if factory is not None and memory_model is None:
-        calibration = _calibrate(
-            factory, dataset, sizes, largest_local, world_size, seed, dev, collate_fn
-        )
-        model = fit([(p.batch_bytes, p.peak_bytes) for p in calibration if p.peak_bytes])
-    reserve = reserve_parts(
-        device_type=dev.type,
-        budget_overridden=memory_budget is not None,
-        context_in_probe=headroom.context_in_probe,
-        world_size=world_size,
-        fragmentation=[
-            (p.peak_bytes, p.reserved_bytes)
-            for p in calibration
-            if p.peak_bytes is not None and p.reserved_bytes is not None
-        ],
-    )
-    reserve_bytes = sum(p.bytes for p in reserve)
-    budget = int(headroom.free_bytes * (1 - safety)) - reserve_bytes
-    if budget <= 0:
-        raise DeviceError(
-            f"{headroom.device} has {format_bytes(headroom.free_bytes)} free, less than the "
-            f"reserve of {format_bytes(reserve_bytes)} ("
-            + ", ".join(f"{p.name} {format_bytes(p.bytes)}" for p in reserve if p.bytes)
-            + "): free the GPU or pass --memory-budget"
-        )
-    batching = choose_batching(
-        sizes, global_batch_size, world_size, names, model, budget, seed=seed, epochs=REPLAY_EPOCHS
-    )
-    local = batching.local_batch_size
+        model = default_model() if memory_model is None else model_from_dict(memory_model)
+        calibration: list[Point] = []
+        if factory is not None and memory_model is None:
 
-    cpus, placement = _placement(dev)
-    n_max = max(0, cpus - 1) if max_workers is None else max_workers
-    step_seconds = None
-    if factory is not None:
-        batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn)
-        step_seconds = time_step(factory(), batches, dev)
-    rule = workers.Rule(tolerance=tolerance, alpha=alpha, step_seconds=step_seconds)
-    timing = workers.Timing(
-        iterations=iterations,
-        timeout=worker_timeout,
-        precision=None if method == "exhaustive" else 0.03,
-    )
-    try:
-        choice = workers.search(
-            dataset,
-            sizes,
-            local,
-            max_workers=n_max,
-            timing=timing,
-            rule=rule,
-            device=dev,
-            method=method,
-            seed=seed,
-            progress=progress,
-            worker_init_fn=PinWorkers(placement) if placement else None,
-            collate_fn=collate_fn,
-        )
-    except RuntimeError as exc:
-        raise DatasetError(f"cannot load batches from the dataset: {exc}") from None
-    nw = choice.num_workers
+            def calibrate() -> list[Point]:
+                return _calibrate(
+                    factory, dataset, sizes, largest_local, world_size, seed, dev, collate_fn
+                )
 
-    tuning: dict[str, Any] = {
-        "workers": {"iterations": iterations, "max_workers": n_max, **choice.to_dict()},
-        "strategies": {name: r.to_dict() for name, r in batching.replays.items()},
-        "batching": {
-            "rule": "the largest local batch whose worst replayed batch is predicted to fit "
-            "the budget; among strategies that fit, the most random",
-            "candidates": [c.to_dict() for c in batching.candidates],
-        },
-    }
-    for name, r in batching.replays.items():
-        tuning["strategies"][name]["predicted_peak_bytes"] = model.predict(r.worst_batch_bytes)
-    if step_seconds is not None:
-        tuning["workers"]["step_seconds"] = step_seconds
-    if placement:
-        tuning["placement"] = {"device": str(dev), "cpus": placement}
-    memory: dict[str, Any] = {
-        "budget_bytes": budget,
-        "safety": safety,
-        "reserve_bytes": reserve_bytes,
-        "reserve": reserve_table(reserve),
-        "predicted_peak_bytes": batching.predicted_peak_bytes,
-        "model": {**model.to_dict(), "description": model.describe()},
-    }
-    failed = [p for p in calibration if p.peak_bytes is None]
-    if failed:
-        memory["model"]["out_of_memory_at_bytes"] = [p.batch_bytes for p in failed]
-    return Plan(
-        meta={
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "autoloader_version": __version__,
-            "host": socket.gethostname(),
-            "command": command or "autoloader.tune()",
-        },
-        dataset={
-            "spec": spec or type(dataset).__name__,
-            "fingerprint": fingerprint(sizes),
-            **size_stats(sizes),
-        },
-        hardware={
-            "cpu_count": cpus,
-            "device": headroom.device,
-            "device_name": headroom.device_name,
-            "memory_total_bytes": headroom.total_bytes,
-            "memory_free_bytes": headroom.free_bytes,
-            "headroom_source": headroom.source,
-            **_gpus_table(headroom),
-        },
-        loader=LoaderPlan(
-            num_workers=nw,
-            pin_memory=dev.type != "cpu",
-            prefetch_factor=choice.prefetch_factor.value if nw else None,  # type: ignore[arg-type]
-            persistent_workers=bool(choice.persistent_workers.value),
-            worker_affinity="gpu-local" if placement else "none",
-        ),
-        batching=BatchingPlan(
-            strategy=batching.strategy,
-            local_batch_size=local,
-            options=make_sampler(batching.strategy, sizes, local).options(),
+            calibration = calibrate() if job is None else leader_result(job, calibrate)
+            model = fit([(p.batch_bytes, p.peak_bytes) for p in calibration if p.peak_bytes])
+        reserve = reserve_parts(
+            device_type=dev.type,
+            budget_overridden=memory_budget is not None,
+            context_in_probe=headroom.context_in_probe,
             world_size=world_size,
-            grad_accum_steps=batching.grad_accum_steps,
-            global_batch_size=global_batch_size,
-            seed=seed,
-            drop_last=False,
-        ),
-        memory=memory,
-        tuning=tuning,
-    )
+            fragmentation=[
+                (p.peak_bytes, p.reserved_bytes)
+                for p in calibration
+                if p.peak_bytes is not None and p.reserved_bytes is not None
+            ],
+        )
+        reserve_bytes = sum(p.bytes for p in reserve)
+        budget = int(headroom.free_bytes * (1 - safety)) - reserve_bytes
+        limit = RankBudget(0, socket.gethostname(), headroom.device, headroom.free_bytes, budget)
+        ranks: list[RankBudget] = []
+        if job is not None:
+            mine = RankBudget(job.rank, job.host, headroom.device, headroom.free_bytes, budget)
+            limit, ranks = smallest_budget(job, mine)
+            budget = limit.budget_bytes
+        if budget <= 0:
+            where = f" (rank {limit.rank} on {limit.host})" if job is not None else ""
+            raise DeviceError(
+                f"{limit.device}{where} has {format_bytes(limit.free_bytes)} free, less than "
+                f"the reserve of {format_bytes(reserve_bytes)} ("
+                + ", ".join(f"{p.name} {format_bytes(p.bytes)}" for p in reserve if p.bytes)
+                + "): free the GPU or pass --memory-budget"
+            )
+
+        def choose() -> Any:
+            return choose_batching(
+                sizes, global_batch_size, world_size, names, model, budget, seed=seed,
+                epochs=REPLAY_EPOCHS,
+            )  # fmt: skip
+
+        batching = choose() if job is None else leader_result(job, choose)
+        local = batching.local_batch_size
+
+        cpus, placement = _placement(dev)
+        n_max = max(0, cpus - 1) if max_workers is None else max_workers
+        step_seconds = None
+        if factory is not None:
+
+            def timed() -> float:
+                batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn)
+                return time_step(factory(), batches, dev)  # type: ignore[misc]
+
+            step_seconds = timed() if job is None else leader_result(job, timed)
+        rule = workers.Rule(tolerance=tolerance, alpha=alpha, step_seconds=step_seconds)
+        timing = workers.Timing(
+            iterations=iterations,
+            timeout=worker_timeout,
+            precision=None if method == "exhaustive" else 0.03,
+        )
+        choice: Any = None
+        try:
+            choice = workers.search(
+                dataset,
+                sizes,
+                local,
+                max_workers=n_max,
+                timing=timing,
+                rule=rule,
+                device=dev,
+                method=method,
+                seed=seed,
+                progress=progress,
+                worker_init_fn=PinWorkers(placement) if placement else None,
+                collate_fn=collate_fn,
+            )
+        except RuntimeError as exc:
+            failure: Exception | None = DatasetError(f"cannot load batches from the dataset: {exc}")
+        except Exception as exc:
+            failure = exc
+        else:
+            failure = None
+        if job is None and failure is not None:
+            raise failure from None
+        loader = (
+            {
+                "num_workers": choice.num_workers,
+                "pin_memory": dev.type != "cpu",
+                "prefetch_factor": choice.prefetch_factor.value if choice.num_workers else None,
+                "persistent_workers": bool(choice.persistent_workers.value),
+                "worker_affinity": "gpu-local" if placement else "none",
+            }
+            if failure is None
+            else failure
+        )
+        nodes = node_loaders(job, loader) if job is not None else {}
+        assert isinstance(loader, dict)
+
+        tuning: dict[str, Any] = {
+            "workers": {"iterations": iterations, "max_workers": n_max, **choice.to_dict()},
+            "strategies": {name: r.to_dict() for name, r in batching.replays.items()},
+            "batching": {
+                "rule": "the largest local batch whose worst replayed batch is predicted to fit "
+                "the budget; among strategies that fit, the most random",
+                "candidates": [c.to_dict() for c in batching.candidates],
+            },
+        }
+        for name, r in batching.replays.items():
+            tuning["strategies"][name]["predicted_peak_bytes"] = model.predict(r.worst_batch_bytes)
+        if step_seconds is not None:
+            tuning["workers"]["step_seconds"] = step_seconds
+        if placement:
+            tuning["placement"] = {"device": str(dev), "cpus": placement}
+        if len(nodes) > 1:
+            tuning["nodes"] = {host: _drop_none(table) for host, table in nodes.items()}
+        memory: dict[str, Any] = {
+            "budget_bytes": budget,
+            "safety": safety,
+            "reserve_bytes": reserve_bytes,
+            "reserve": reserve_table(reserve),
+            "predicted_peak_bytes": batching.predicted_peak_bytes,
+            "model": {**model.to_dict(), "description": model.describe()},
+        }
+        failed = [p for p in calibration if p.peak_bytes is None]
+        if failed:
+            memory["model"]["out_of_memory_at_bytes"] = [p.batch_bytes for p in failed]
+        return Plan(
+            meta={
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "autoloader_version": __version__,
+                "host": socket.gethostname(),
+                "command": command or "autoloader.tune()",
+            },
+            dataset={
+                "spec": spec or type(dataset).__name__,
+                "fingerprint": fingerprint(sizes),
+                **size_stats(sizes),
+            },
+            hardware={
+                "cpu_count": cpus,
+                "device": headroom.device,
+                "device_name": headroom.device_name,
+                "memory_total_bytes": headroom.total_bytes,
+                "memory_free_bytes": headroom.free_bytes,
+                "headroom_source": headroom.source,
+                **_gpus_table(headroom),
+                **_ranks_table(ranks, limit),
+            },
+            loader=LoaderPlan(**loader),
+            batching=BatchingPlan(
+                strategy=batching.strategy,
+                local_batch_size=local,
+                options=make_sampler(batching.strategy, sizes, local).options(),
+                world_size=world_size,
+                grad_accum_steps=batching.grad_accum_steps,
+                global_batch_size=global_batch_size,
+                seed=seed,
+                drop_last=False,
+            ),
+            memory=memory,
+            tuning=tuning,
+        )
 
 
 def _calibrate(
@@ -313,6 +367,21 @@ def _gpus_table(headroom: Headroom) -> dict[str, Any]:
         "gpus": [g.to_dict() for g in headroom.gpus],
         "limiting_index": headroom.limiting_index,
     }
+
+
+def _ranks_table(ranks: list[RankBudget], limit: RankBudget) -> dict[str, Any]:
+    """A collective tune's evidence: each rank's device and budget, and which limited."""
+    if not ranks:
+        return {}
+    return {
+        "ranks": [asdict(r) for r in ranks],
+        "limiting_rank": limit.rank,
+        "limiting_host": limit.host,
+    }
+
+
+def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in table.items() if v is not None}
 
 
 def _placement(dev: torch.device) -> tuple[int, list[int] | None]:

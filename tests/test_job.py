@@ -1,0 +1,133 @@
+"""One plan per job: collective tune under torchrun and srun, ranks that provably agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import prepend_pythonpath, torchrun
+
+from autoloader import Plan
+from autoloader.loader.agreement import describe_differences
+from autoloader.loader.distributed import first_host, launcher_env
+
+SCRIPT = Path(__file__).parent / "distributed" / "job_ranks.py"
+
+
+def results(out: Path, ranks: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_tightest_rank_sets_one_batching_for_the_job(tmp_path: Path, ranks: int) -> None:
+    torchrun(SCRIPT, "tune", str(tmp_path), ranks=ranks, timeout=300)
+    seen = results(tmp_path, ranks)
+    assert all(r["batching"] == seen[0]["batching"] for r in seen)
+    assert {r["budget"] for r in seen} == {4 * 2**20}  # rank 1's, the smallest
+    assert [r["measured"] for r in seen] == [1] + [0] * (ranks - 1)  # sizes once per job
+    assert not any(r["group_left"] for r in seen)  # the user's own init still works
+    hw = seen[0]["hardware"]
+    assert hw["limiting_rank"] == 1 and hw["limiting_host"] == socket.gethostname()
+    assert [r["budget_bytes"] for r in hw["ranks"]][:2] == [64 * 2**20, 4 * 2**20]
+    plan = Plan.load(tmp_path / "plan.toml")
+    assert plan.batching.world_size == ranks
+    assert plan.to_dict()["batching"] == seen[0]["batching"]
+    alone = Plan.load(tmp_path / "plan.toml")  # only rank 0 wrote; nothing else was left
+    assert alone.batching.local_batch_size * ranks * alone.batching.grad_accum_steps == 48
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".toml") == ["plan.toml"]
+
+
+@pytest.mark.slow
+def test_the_command_line_is_collective_too(tmp_path: Path) -> None:
+    torchrun(SCRIPT, "cli", str(tmp_path), ranks=2, timeout=300)
+    seen = results(tmp_path, 2)
+    assert [r["code"] for r in seen] == [0, 0]
+    assert [r["measured"] for r in seen] == [1, 0]
+    plan = Plan.load(tmp_path / "plan.toml")
+    assert plan.hardware["limiting_rank"] == 1 and plan.batching.world_size == 2
+
+
+@pytest.mark.slow
+def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    env.update(
+        SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_ID="4242", MASTER_PORT=str(port),
+    )  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "tune", str(tmp_path)],
+            env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    seen = results(tmp_path, 2)
+    assert seen[0]["batching"] == seen[1]["batching"]
+    assert seen[0]["hardware"]["limiting_rank"] == 1
+
+
+@pytest.mark.slow
+def test_disagreeing_plans_are_refused_on_every_rank(tmp_path: Path) -> None:
+    torchrun(SCRIPT, "disagree", str(tmp_path), ranks=3, timeout=240)
+    seen = results(tmp_path, 3)
+    for r in seen:
+        assert r["error"] is not None and r["seconds"] < 10
+        assert (
+            "the ranks hold different plans: global_batch_size: rank 0: 24, rank 1: 48, rank 2: 72; "
+            "local_batch_size: rank 0: 8, rank 1: 16, rank 2: 24"
+        ) in r["error"]
+    assert len({r["error"] for r in seen}) == 1
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_arrives_is_a_named_timeout(tmp_path: Path) -> None:
+    os.environ["AUTOLOADER_AGREEMENT_TIMEOUT"] = "3"
+    try:
+        torchrun(SCRIPT, "missing", str(tmp_path), ranks=2, timeout=240)
+    finally:
+        del os.environ["AUTOLOADER_AGREEMENT_TIMEOUT"]
+    first = results(tmp_path, 2)[0]
+    assert first["error"] is not None and 3 <= first["seconds"] < 10
+    assert (
+        "rank 0 waited 3 s for the other ranks' plans; rank(s) 1 never built their"
+        in first["error"]
+    )
+
+
+def test_differences_name_ranks_and_keys() -> None:
+    digests = [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}, {"a": 1, "b": "x"}]
+    assert describe_differences(digests) == "a: ranks 0,2: 1, rank 1: 2"
+    assert describe_differences([{"a": 1}, {"a": 1}]) == ""
+
+
+def test_first_host_and_the_srun_rendezvous() -> None:
+    assert first_host("gpu[07-09,12],cpu3") == "gpu07"
+    assert first_host("node1,node2") == "node1"
+    assert first_host("a[001]") == "a001"
+    env = launcher_env(
+        {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3",
+         "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[10-11]",
+         "SLURM_JOB_ID": "123456"}
+    )  # fmt: skip
+    assert env == {
+        "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "gpu10",
+        "MASTER_PORT": "29956", "LOCAL_WORLD_SIZE": "4",
+    }  # fmt: skip
+    assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+    assert launcher_env({}) is None
