@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
-import os
-import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,21 @@ def nbytes_of(obj: Any) -> int:
     return 0
 
 
-def sample_sizes(dataset: Any, *, progress: bool = False) -> np.ndarray:
+def sample_sizes(
+    dataset: Any, *, progress: bool = False, timeout: float | None = None
+) -> np.ndarray:
     """Return each sample's size in bytes as a read-only int64 array.
 
     The result is cached beside the data when the dataset names its source (see
     ``autoloader.datasets.source``) and reused until the data changes.
 
+    Args:
+        progress: show a progress bar while samples are loaded to be measured.
+        timeout: seconds one sample may take to load (main thread only).
+
     Raises:
-        DatasetError: the dataset has no length, is empty, or yields bad sizes.
+        DatasetError: the dataset has no length, is empty, or yields bad sizes;
+            ``SampleError`` when a sample raises or takes longer than ``timeout``.
     """
     with contextlib.suppress(TypeError):
         if dataset in _MEMO:
@@ -72,7 +79,7 @@ def sample_sizes(dataset: Any, *, progress: bool = False) -> np.ndarray:
         if hasattr(dataset, "autoloader_sizes"):
             sizes = np.asarray(dataset.autoloader_sizes())
         else:
-            sizes = _measure(dataset, n, progress)
+            sizes = _measure(dataset, n, progress, timeout)
         sizes = _check(sizes, n, dataset)
         if source is not None:
             _write_cache(source, sizes)
@@ -112,27 +119,39 @@ def size_stats(sizes: np.ndarray) -> dict[str, int | float]:
     }
 
 
+MAX_SAMPLES = 2**32  # more is a broken __len__, not a dataset: its sizes alone take 32 GiB
+
+
 def _length(dataset: Any) -> int:
+    name = type(dataset).__name__
+    if not hasattr(type(dataset), "__len__"):
+        raise DatasetError(
+            f"dataset {name} has no __len__: autoloader needs a "
+            "map-style dataset (one that supports len() and dataset[i])"
+        )
     try:
         n = len(dataset)
-    except TypeError:
+    except Exception as exc:
+        raise DatasetError(f"dataset {name}: __len__ raised {type(exc).__name__}: {exc}") from exc
+    if n > MAX_SAMPLES:
         raise DatasetError(
-            f"dataset {type(dataset).__name__} has no __len__: autoloader needs a "
-            "map-style dataset (one that supports len() and dataset[i])"
-        ) from None
+            f"dataset {name}: __len__ returned {n}: expected at most {MAX_SAMPLES} samples"
+        )
     if n == 0:
         raise DatasetError(f"dataset {type(dataset).__name__} is empty: it has 0 samples")
     return n
 
 
-def _measure(dataset: Any, n: int, progress: bool) -> np.ndarray:
+def _measure(dataset: Any, n: int, progress: bool, timeout: float | None) -> np.ndarray:
     from tqdm import tqdm
+
+    from autoloader.datasets.reads import read
 
     out = np.empty(n, dtype=np.int64)
     for i in tqdm(
         range(n), desc="measuring sample sizes", unit="sample", disable=not progress, leave=False
     ):
-        out[i] = nbytes_of(dataset[i])
+        out[i] = nbytes_of(read(dataset, i, timeout=timeout))
     return out
 
 
@@ -161,19 +180,14 @@ def _read_cache(source: DataSource, n: int) -> np.ndarray | None:
 
 def _write_cache(source: DataSource, sizes: np.ndarray) -> None:
     for path in (source.cache_path, source.fallback_cache_path):
-        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".sizes.", suffix=".npz", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, sizes=sizes, stamp=np.array(source.stamp))
-            os.replace(tmp, path)
+            buffer = io.BytesIO()
+            np.savez(buffer, sizes=sizes, stamp=np.array(source.stamp))
+            atomic_write(path, buffer.getvalue())
             log.debug("sample sizes cached in %s", path)
             return
         except OSError as exc:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             log.info("cannot cache sample sizes in %s (%s)", path, exc.strerror)
 
 

@@ -26,6 +26,7 @@ _UNITS = {
     "ti": 1024**4,
     "tib": 1024**4,
 }
+MAX_BYTES = 2**60
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -43,9 +44,18 @@ def parse_bytes(text: str, *, what: str = "--memory-budget") -> int:
             f"but got {text!r}"
         )
     value = float(match.group(1)) * _UNITS[unit]
+    if not value < MAX_BYTES:  # 1e999 is inf; no device has an exabyte
+        raise UsageError(
+            f"{what}: expected a byte count below {MAX_BYTES} (1 EiB), but got {text!r}"
+        )
     if value < 1:
         raise UsageError(f"{what}: expected a positive byte count, but got {text!r}")
     return int(value)
+
+
+def describe_bytes(n: float) -> str:
+    """For a person, with the exact count beside: ``'2.1 MiB (2196512 bytes)'``."""
+    return f"{format_bytes(n)} ({int(n)} bytes)" if abs(n) >= 1024 else f"{int(n)} bytes"
 
 
 def format_bytes(n: float) -> str:

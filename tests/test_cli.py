@@ -77,7 +77,7 @@ def empty_h5(tmp_path: Path) -> Path:
         ),
         (
             ["tune", "{h5}", "--max-workers", "-1"],
-            "--max-workers: expected an integer >= 0, but got -1",
+            "--max-workers: expected an integer in [0, 1024], but got -1",
         ),
         (
             ["tune", "{h5}", "--memory-budget", "12XB"],

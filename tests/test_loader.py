@@ -205,14 +205,13 @@ def test_another_world_size_keeps_the_local_batch_and_the_global_batch(
 def test_unknown_strategy_in_plan(registry: CollectorRegistry) -> None:
     ds = VariableTensors(10)
     plan = plan_for(ds)
-    bad = Plan.from_dict(
-        {**plan.to_dict(), "batching": {**plan.to_dict()["batching"], "strategy": "magic"}},
-        source="p.toml",
-    )
-    with pytest.raises(
-        PlanError, match=r"p.toml: key 'batching.strategy': expected one of random.*found 'magic'"
+    with pytest.raises(  # refused by the one validator, as `show` refuses it
+        PlanError, match=r"p.toml: key 'batching.strategy': expected one of 'random'.*found 'magic'"
     ):
-        DataLoader(ds, plan=bad, registry=registry)
+        Plan.from_dict(
+            {**plan.to_dict(), "batching": {**plan.to_dict()["batching"], "strategy": "magic"}},
+            source="p.toml",
+        )
 
 
 def test_without_plan_metrics_count_batches_and_bytes(registry: CollectorRegistry) -> None:

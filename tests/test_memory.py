@@ -148,7 +148,7 @@ def test_choice_prefers_the_largest_local_batch_then_the_most_random() -> None:
     with pytest.raises(
         DeviceError,
         match=r"even one sample per rank is predicted to peak at "
-        r"\d+ bytes; a --memory-budget of at least \d+",
+        r"[\d.]+ \w+ \(\d+ bytes\); a --memory-budget of at least [\d.]+ \w+ \(\d+ bytes\)",
     ):
         choose_batching(sizes, 64, 1, names, model, limit=int(sizes.max()) - 1)
 

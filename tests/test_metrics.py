@@ -247,3 +247,31 @@ def test_push_to_a_gateway(registry: CollectorRegistry, monkeypatch: pytest.Monk
     ((method, path, body),) = received
     assert method == "PUT" and path.startswith("/metrics/job/train/") and path.endswith("/rank/3")
     assert b'autoloader_batches_total{rank="3"} 2.0' in body
+
+
+def test_a_burst_of_scrapes_is_served_and_other_paths_are_404() -> None:
+    """200 concurrent scrapes (a dashboard reload across a cluster) are all answered."""
+    import concurrent.futures
+    import urllib.error
+
+    from autoloader.metrics.loader import loader_metrics
+
+    registry = CollectorRegistry()
+    loader_metrics(registry).batches.labels(rank="0").inc(3)
+    port = serve_metrics(port=0, registry=registry)
+    url = f"http://127.0.0.1:{port}"
+
+    def scrape(_: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+            assert b'autoloader_batches_total{rank="0"} 3.0' in resp.read()
+            return resp.status, time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=200) as pool:
+        results = list(pool.map(scrape, range(200)))
+    latencies = sorted(t for _, t in results)
+    assert [status for status, _ in results] == [200] * 200
+    assert latencies[int(0.99 * len(latencies)) - 1] < 5.0, latencies[-5:]
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{url}/favicon.ico", timeout=10)
+    assert missing.value.code == 404

@@ -34,11 +34,17 @@ def build_parser() -> Parser:
         prog="autoloader",
         description="Tune PyTorch data loading before the job starts: size-balanced, "
         "OOM-safe batches, tuned workers, and Prometheus metrics while it runs.",
-        epilog="Exit status: 0 success, 2 bad input, 1 internal error. "
-        "Run 'autoloader COMMAND --help' for a command's options.",
+        epilog="Exit status: 0 success, 2 bad input (one line on stderr), 1 internal error, "
+        "130 interrupted (Ctrl-C or SIGTERM). Run 'autoloader COMMAND --help' for a command's "
+        "options.",
     )
     parser.add_argument("--version", action="version", version=f"autoloader {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what is done")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say what each stage does, and show the traceback of an error in your code",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (tune, show, demo, agent, devices):
         module.register(sub)
@@ -46,22 +52,34 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status.
+
+    Called without ``argv`` (as the program), an interrupt also silences what follows it:
+    a second Ctrl-C and the noise of torch's iterators torn down while the process exits.
+    """
+    previous = _stop_on_sigterm()  # first: a signal during the imports is a clean stop
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
-    previous = _stop_on_sigterm()
+    verbose = False
     try:
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0)
-        logging.getLogger("autoloader").setLevel(logging.INFO if args.verbose else logging.WARNING)
+        verbose = bool(args.verbose)
+        logging.getLogger("autoloader").setLevel(logging.INFO if verbose else logging.WARNING)
         return int(args.run(args, argv) or 0)
     except AutoloaderError as exc:
+        root = _root_cause(exc)
+        if verbose and root is not exc:  # the user's own traceback, where it came from code
+            traceback.print_exception(type(root), root, root.__traceback__)
         message = " ".join(str(exc).split("\n"))
         print(f"autoloader: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if program:
+            _quiet_from_now_on()
         print("autoloader: interrupted; nothing was written", file=sys.stderr)
         return 130
     except Exception:
@@ -72,6 +90,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc
+
+
+def _quiet_from_now_on() -> None:
+    """After an interrupt the process only exits: ignore further Ctrl-C, and do not print
+    the errors that worker iterators' ``__del__`` raise when a second one lands."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.unraisablehook = lambda unraisable: None
 
 
 def _stop_on_sigterm() -> Any:

@@ -53,9 +53,10 @@ def build_registry(directory: Path | None) -> Any:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from prometheus_client import generate_latest, start_http_server
+    from prometheus_client import generate_latest
 
     from autoloader.errors import UsageError
+    from autoloader.metrics.http import start_server
     from autoloader.metrics.multiproc import metrics_dir
 
     directory = Path(args.metrics_dir) if args.metrics_dir else metrics_dir()
@@ -68,9 +69,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
     try:
-        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+        server, thread = start_server(args.port, args.host, registry)
     except OSError as exc:
-        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {reason}") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

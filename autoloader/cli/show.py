@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 
@@ -35,7 +34,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
         plot(plan, args.plot)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        from autoloader.plan.jsonout import strict_json
+
+        print(strict_json(plan.to_dict()))
     else:
         print(render(plan, path=args.plan))
     return 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from autoloader.datasets import open_dataset
-from autoloader.errors import UsageError
+from autoloader.datasets.reads import SampleError
+from autoloader.errors import DatasetError, UsageError
+from autoloader.files import check_writable, exclusive
+from autoloader.plan.jsonout import strict_json
+from autoloader.tuning.options import check_options
 from autoloader.units import parse_bytes
 
 HELP = """\
@@ -121,20 +125,54 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from autoloader.cli.render import render
-    from autoloader.plan import Plan
-    from autoloader.tuning import tune
-
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out {out}: is a directory, expected a plan file path")
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    check_writable(out)
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     strategies = _names(args.strategies) if args.strategies is not None else None
+    check_options(  # before the dataset is opened or torch imported: a typo answers at once
+        global_batch_size=args.global_batch_size, world_size=args.world_size,
+        iterations=args.iterations, seed=args.seed, max_workers=args.max_workers,
+        alpha=args.alpha, tolerance=args.tolerance, safety=args.safety,
+        worker_timeout=args.worker_timeout, search=args.search, strategies=strategies,
+        device=args.device,
+    )  # fmt: skip
+    from autoloader.cli.render import render
+    from autoloader.plan import Plan
+    from autoloader.tuning import tune
+
     step = _load_step(args.step) if args.step else None
     dataset = open_dataset(args.dataset)
-    plan: Plan = tune(
+    from autoloader.loader.distributed import launcher_env
+
+    # One tune at a time per plan on a node (every rank of a collective tune shares it:
+    # only a lone tune takes the lock).
+    lock = exclusive(out) if launcher_env() is None else contextlib.nullcontext(False)
+    try:
+        with lock:
+            plan: Plan = _tune(tune, dataset, args, budget, strategies, step, argv)
+    except SampleError as exc:
+        raise DatasetError(f"DATASET {args.dataset!r}: {exc.detail}") from exc
+    from autoloader.loader.distributed import rank_and_world_size
+
+    if rank_and_world_size()[0] != 0:
+        return 0  # a collective tune: every rank holds the plan, rank 0 writes and reports
+    plan.save(out)
+    if args.json:
+        print(strict_json(plan.to_dict()))
+    elif not args.quiet:
+        print(render(plan, path=str(out)))
+    return 0
+
+
+def _tune(
+    tune: Any, dataset: Any, args: argparse.Namespace, budget: int | None,
+    strategies: list[str] | None, step: Any, argv: list[str],
+) -> Any:  # fmt: skip
+    return tune(
         dataset,
         global_batch_size=args.global_batch_size,
         world_size=args.world_size,
@@ -154,16 +192,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         spec=args.dataset,
         command=shlex.join(["autoloader", *argv]),
     )
-    from autoloader.loader.distributed import rank_and_world_size
-
-    if rank_and_world_size()[0] != 0:
-        return 0  # a collective tune: every rank holds the plan, rank 0 writes and reports
-    plan.save(out)
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-    elif not args.quiet:
-        print(render(plan, path=str(out)))
-    return 0
 
 
 def _int(text: str) -> int:

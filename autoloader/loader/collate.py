@@ -2,26 +2,40 @@
 
 ``torch_geometric.data.Data`` (and any ``BaseData``), at any depth of a sample, collates
 into a ``torch_geometric.data.Batch``; everything else is exactly ``default_collate``.
-Module-level functions only, so worker processes can pickle them.
+PyG is imported only where a sample can hold a PyG object: a process in which
+``torch_geometric`` was never imported has none (unpickling one in a spawned worker
+imports it first). Module-level functions only, so worker processes can pickle them.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Any
 
-from torch.utils.data._utils.collate import collate as _torch_collate
-from torch.utils.data._utils.collate import default_collate_fn_map
-from torch_geometric.data import Batch
-from torch_geometric.data.data import BaseData
+from autoloader.compat import check_torch_internals
+
+check_torch_internals()
+
+from torch.utils.data._utils.collate import collate as _torch_collate  # noqa: E402
+from torch.utils.data._utils.collate import default_collate_fn_map  # noqa: E402
 
 
-def _collate_graphs(batch: list[Any], *, collate_fn_map: Any = None) -> Batch:
+def _collate_graphs(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
+    from torch_geometric.data import Batch
+
     return Batch.from_data_list(batch)
 
 
-COLLATE_FN_MAP = {**default_collate_fn_map, BaseData: _collate_graphs}
+@functools.cache
+def _graph_map() -> dict[Any, Any]:
+    from torch_geometric.data.data import BaseData
+
+    return {**default_collate_fn_map, BaseData: _collate_graphs}
 
 
 def collate(batch: list[Any]) -> Any:
     """``default_collate``, extended so that PyG graphs form a PyG ``Batch``."""
-    return _torch_collate(batch, collate_fn_map=COLLATE_FN_MAP)
+    if "torch_geometric" not in sys.modules:
+        return _torch_collate(batch, collate_fn_map=default_collate_fn_map)
+    return _torch_collate(batch, collate_fn_map=_graph_map())

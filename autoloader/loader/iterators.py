@@ -12,12 +12,16 @@ import time
 from collections import deque
 from typing import Any
 
-from torch.utils.data.dataloader import (
+from autoloader.compat import check_torch_internals
+
+check_torch_internals()
+
+from torch.utils.data.dataloader import (  # noqa: E402 - after the check
     _MultiProcessingDataLoaderIter,
     _SingleProcessDataLoaderIter,
 )
 
-from autoloader.metrics.loader import BatchRecorder
+from autoloader.metrics.loader import BatchRecorder  # noqa: E402
 
 
 class _Recording:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from autoloader.errors import UsageError
+from autoloader.metrics.http import start_server
 from autoloader.metrics.multiproc import merged_registry, metrics_dir
 
 
@@ -32,9 +33,7 @@ def serve_metrics(
     if registry is None and metrics_dir() is not None:
         registry = merged_registry(metrics_dir())  # type: ignore[arg-type]
     try:
-        server, _thread = start_http_server(
-            port, addr=host, registry=REGISTRY if registry is None else registry
-        )
+        server, _thread = start_server(port, host, REGISTRY if registry is None else registry)
     except OSError as exc:
         raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
     return int(server.server_port)

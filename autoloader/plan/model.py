@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +13,16 @@ from typing import Any
 import tomli_w
 
 from autoloader.errors import PlanError
+from autoloader.files import atomic_write
 from autoloader.plan.schema import SCHEMA_VERSION, validate
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
+
+MAX_PLAN_BYTES = 4 * 2**20  # a plan tune writes is a few KiB; beyond this, refuse
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,10 @@ class Plan:
         Raises:
             PlanError: naming ``source``, the key, what was expected and what was found.
         """
-        validate(data, source)
+        try:
+            validate(data, source)
+        except RecursionError:
+            raise PlanError(f"{source}: not a plan: its tables or arrays nest too deeply") from None
         loader = dict(data["loader"])
         batching = dict(data["batching"])
         batching["options"] = dict(batching.get("options", {}))
@@ -136,6 +141,12 @@ class Plan:
         if p.is_dir():
             raise PlanError(f"{p}: is a directory, expected a TOML plan file")
         try:
+            size = p.stat().st_size
+            if size > MAX_PLAN_BYTES:
+                raise PlanError(
+                    f"{p}: {size} bytes: expected a plan of at most {MAX_PLAN_BYTES} bytes "
+                    "(tune writes a few kilobytes)"
+                )
             raw = p.read_bytes()
         except FileNotFoundError:
             raise PlanError(f"{p}: no such plan file") from None
@@ -147,6 +158,8 @@ class Plan:
             raise PlanError(f"{p}: not a TOML plan: the file is not UTF-8 text") from None
         except tomllib.TOMLDecodeError as exc:
             raise PlanError(f"{p}: not valid TOML: {exc}") from None
+        except RecursionError:
+            raise PlanError(f"{p}: not a plan: its tables or arrays nest too deeply") from None
         return cls.from_dict(data, source=str(p))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -161,17 +174,7 @@ class Plan:
         directory = p.parent if str(p.parent) else Path(".")
         if not directory.is_dir():
             raise PlanError(f"{p}: cannot write the plan: directory {directory} does not exist")
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        atomic_write(p, text.encode("utf-8"))
 
 
 def _drop_none(value: Any) -> Any:

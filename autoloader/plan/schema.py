@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
+from autoloader.plan.strategies import STRATEGY_NAMES, STRATEGY_OPTIONS
 
 SCHEMA_VERSION = 1
+MAX_WORKERS = 1024
+MAX_PREFETCH = 1024
+MAX_COUNT = 2**31 - 1
+MAX_RANKS = 2**20
 HEADROOM_SOURCES = ("nvml", "torch", "psutil", "override")
 WORKER_AFFINITY = ("none", "gpu-local")
 
@@ -26,6 +31,7 @@ class Key:
     required: bool = False
     minimum: float | None = None
     choices: tuple[str, ...] | None = None
+    maximum: float | None = None
 
     def expected(self) -> str:
         noun = {
@@ -38,8 +44,10 @@ class Key:
         }[self.kind]
         if self.choices:
             return f"one of {', '.join(repr(c) for c in self.choices)}"
+        if self.minimum is not None and self.maximum is not None:
+            return f"{noun} in [{_num(self.minimum)}, {_num(self.maximum)}]"
         if self.minimum is not None:
-            return f"{noun} >= {self.minimum:g}"
+            return f"{noun} >= {_num(self.minimum)}"
         return noun
 
     def accepts(self, value: Any) -> bool:
@@ -58,6 +66,8 @@ class Key:
             ok = isinstance(value, list)
         if ok and self.minimum is not None:
             ok = value >= self.minimum
+        if ok and self.maximum is not None:
+            ok = value <= self.maximum
         if ok and self.choices is not None:
             ok = value in self.choices
         return ok
@@ -112,9 +122,11 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         True,
         False,
         {
-            "num_workers": Key("int", required=True, minimum=0),
+            # beyond these a plan is a typo: a million workers, or a prefetch_factor of
+            # 2**63-1 (torch's iterator then hangs)
+            "num_workers": Key("int", required=True, minimum=0, maximum=MAX_WORKERS),
             "pin_memory": Key("bool"),
-            "prefetch_factor": Key("int", minimum=1),
+            "prefetch_factor": Key("int", minimum=1, maximum=MAX_PREFETCH),
             "persistent_workers": Key("bool"),
             "worker_affinity": Key("str", choices=WORKER_AFFINITY),
         },
@@ -123,13 +135,13 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         True,
         False,
         {
-            "strategy": Key("str", required=True),
+            "strategy": Key("str", required=True, choices=STRATEGY_NAMES),
             "options": Key("table"),
-            "local_batch_size": Key("int", required=True, minimum=1),
-            "global_batch_size": Key("int", minimum=1),
-            "world_size": Key("int", minimum=1),
-            "grad_accum_steps": Key("int", minimum=1),
-            "seed": Key("int", minimum=0),
+            "local_batch_size": Key("int", required=True, minimum=1, maximum=MAX_COUNT),
+            "global_batch_size": Key("int", minimum=1, maximum=2**62),
+            "world_size": Key("int", minimum=1, maximum=MAX_RANKS),
+            "grad_accum_steps": Key("int", minimum=1, maximum=MAX_COUNT),
+            "seed": Key("int", minimum=0, maximum=2**63 - 1),
             "drop_last": Key("bool"),
         },
     ),
@@ -184,6 +196,82 @@ def validate(data: Mapping[str, Any], source: str) -> None:
         if not isinstance(table, Mapping):
             raise PlanError(f"{source}: key '{name}': expected a table, found {_show(table)}")
         _validate_table(name, table, keys, open_table, source)
+    if isinstance(data.get("batching"), Mapping):
+        _validate_options(data["batching"], source)
+    _validate_evidence(data, source)
+
+
+def _validate_options(batching: Mapping[str, Any], source: str) -> None:
+    known = STRATEGY_OPTIONS[batching["strategy"]]
+    for key, value in batching.get("options", {}).items():
+        if key not in known:
+            expected = f"one of {', '.join(known)}" if known else "no options"
+            raise PlanError(
+                f"{source}: unknown key 'batching.options.{key}': strategy "
+                f"{batching['strategy']!r} takes {expected}"
+            )
+        if not known[key].accepts(value):
+            raise PlanError(
+                f"{source}: key 'batching.options.{key}': expected {known[key].expected()}, "
+                f"found {_show(value)}"
+            )
+
+
+# The evidence that ``show`` reads from the open tables: (path, container, entry keys).
+# Entry keys name the numbers (or strings) each table of the container must hold, if
+# present; anything else there is free.
+_NUM, _STR = ("int", "number"), ("str",)
+EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
+    ("tuning.workers.trace", "array", {
+        "workers": ("int",), "seconds_per_batch": _NUM, "startup_seconds": _NUM,
+        "memory_bytes": _NUM, "batches": ("int",), "status": _STR,
+    }),
+    ("tuning.batching.candidates", "array", {
+        "local_batch_size": ("int",), "grad_accum_steps": ("int",), "strategy": _STR,
+        "worst_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "verdict": _STR,
+    }),
+    ("tuning.strategies", "table", {
+        "local_batch_size": ("int",), "worst_batch_bytes": _NUM, "mean_batch_bytes": _NUM,
+        "std_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "epochs": ("int",),
+    }),
+    ("tuning.nodes", "table", {}),
+    ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
+    ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
+    ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
+)  # fmt: skip
+_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str")}
+
+
+def _validate_evidence(data: Mapping[str, Any], source: str) -> None:
+    for path, container, fields in EVIDENCE:
+        head, _, rest = path.partition(".")
+        value: Any = data.get(head)
+        for part in rest.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value is None:
+            continue
+        ok = isinstance(value, list) if container == "array" else isinstance(value, Mapping)
+        if not ok:
+            raise PlanError(
+                f"{source}: key '{path}': expected an {container} of tables, found {_show(value)}"
+            )
+        entries = value if container == "array" else list(value.values())
+        for i, entry in enumerate(entries):
+            where = f"{path}[{i}]" if container == "array" else f"{path}.{list(value)[i]}"
+            if not isinstance(entry, Mapping):
+                raise PlanError(f"{source}: key '{where}': expected a table, found {_show(entry)}")
+            for key, kinds in fields.items():
+                if key in entry and not any(_accepts(k, entry[key]) for k in kinds):
+                    raise PlanError(
+                        f"{source}: key '{where}.{key}': expected {_KINDS[kinds[0]].expected()}, "
+                        f"found {_show(entry[key])}"
+                    )
+
+
+def _accepts(kind: str, value: Any) -> bool:
+    if kind == "number":  # evidence may hold inf: a failed count's time
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _KINDS[kind].accepts(value)
 
 
 def _validate_table(
@@ -205,6 +293,10 @@ def _validate_table(
             raise PlanError(
                 f"{source}: unknown key '{name}.{unknown[0]}': expected one of {', '.join(keys)}"
             )
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _show(value: Any) -> str:

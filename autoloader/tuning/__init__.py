@@ -1,5 +1,19 @@
-"""The pre-job tuner: sizes -> worker search -> headroom -> sampler replay -> plan."""
+"""The pre-job tuner: sizes -> worker search -> headroom -> sampler replay -> plan.
 
-from autoloader.tuning.tuner import tune
+``tune`` imports torch when first used; the option checks and the NVML probes in this
+package do not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["tune"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "tune":
+        from autoloader.tuning.tuner import tune
+
+        return tune
+    raise AttributeError(f"module 'autoloader.tuning' has no attribute {name!r}")

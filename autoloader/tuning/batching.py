@@ -11,6 +11,7 @@ from autoloader.errors import DeviceError
 from autoloader.samplers import make_sampler
 from autoloader.samplers.base import pad_last_batch, rank_share
 from autoloader.tuning.memory_model import MemoryModel
+from autoloader.units import describe_bytes
 
 
 @dataclass(frozen=True)
@@ -183,14 +184,14 @@ def choose_batching(
                 verdict = "chosen" if not fitting else f"fits; {fitting[0][0]} is more random"
                 fitting.append((name, r, peak))
             else:
-                verdict = f"predicted peak over the budget by {peak - limit} bytes"
+                verdict = f"predicted peak over the budget by {describe_bytes(peak - limit)}"
                 smallest_need = peak if smallest_need is None else min(smallest_need, peak)
             candidates.append(Candidate(local, accum, name, r.worst_batch_bytes, peak, verdict))
         if fitting:
             name, r, peak = fitting[0]
             return BatchingChoice(name, local, accum, r, peak, candidates, replays)
     raise DeviceError(
-        f"no batching fits the memory budget of {limit} bytes: even one sample per rank is "
-        f"predicted to peak at {smallest_need} bytes; a --memory-budget of at least "
-        f"{smallest_need} bytes (before the safety margin) would fit"
+        f"no batching fits the memory budget of {describe_bytes(limit)}: even one sample per "
+        f"rank is predicted to peak at {describe_bytes(smallest_need or 0)}; a --memory-budget "
+        f"of at least {describe_bytes(smallest_need or 0)} (before the safety margin) would fit"
     )

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -16,13 +16,13 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from autoloader._version import __version__
 from autoloader.accelerator import nvml_index
+from autoloader.datasets.reads import Guarded, read
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.loader.collate import collate
 from autoloader.loader.distributed import job_group
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
-from autoloader.samplers import STRATEGIES, RandomBatchSampler, make_sampler
-from autoloader.samplers.checks import check_int
+from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
 from autoloader.tuning.batching import all_local_batches, choose_batching
@@ -40,15 +40,15 @@ from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import Headroom, probe_headroom, resolve_device
 from autoloader.tuning.memory_model import default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.options import check_options
 from autoloader.tuning.reserve import reserve_parts, reserve_table
 from autoloader.tuning.step import StepFactory, step_factory, time_step
 from autoloader.tuning.transfer import to_device
-from autoloader.units import format_bytes
+from autoloader.units import describe_bytes
 
 log = logging.getLogger("autoloader")
 
 REPLAY_EPOCHS = 3
-DEFAULT_TOLERANCE = 0.05
 STEP_BATCHES = 6
 
 
@@ -102,43 +102,22 @@ def tune(
             torch's default_collate plus PyG graphs).
         spec, command: recorded in the plan's ``[dataset]`` and ``[meta]``.
     """
-    global_batch_size = _positive("--global-batch-size", global_batch_size)
-    world_size = _positive("--world-size", world_size)
-    iterations = _positive("--iterations", iterations)
-    seed = _nonnegative("--seed", seed)
-    if max_workers is not None:
-        max_workers = _nonnegative("--max-workers", max_workers)
-    if alpha is not None and tolerance is not None:
-        raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
-    if alpha is not None and not alpha >= 0:
-        raise UsageError(f"--alpha: expected seconds >= 0, but got {alpha!r}")
-    if tolerance is not None and not 0 <= tolerance < 1:
-        raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
-    if not 0 <= safety < 1:
-        raise UsageError(f"--safety: expected a fraction in [0, 1), but got {safety!r}")
-    if not worker_timeout > 0:
-        raise UsageError(f"--worker-timeout: expected seconds > 0, but got {worker_timeout!r}")
-    method = search or ("exhaustive" if alpha is not None else "fast")
-    if method not in ("fast", "exhaustive"):
-        raise UsageError(f"--search: expected fast or exhaustive, but got {search!r}")
-    if alpha is None and tolerance is None:
-        tolerance = DEFAULT_TOLERANCE
-    names = list(strategies) if strategies else list(STRATEGIES)
-    unknown = [s for s in names if s not in STRATEGIES]
-    if unknown:
-        raise UsageError(
-            f"--strategies: unknown strategy {unknown[0]!r}: expected names from "
-            f"{', '.join(STRATEGIES)}"
-        )
+    opts = check_options(
+        global_batch_size=global_batch_size, world_size=world_size, iterations=iterations,
+        seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance, safety=safety,
+        worker_timeout=worker_timeout, search=search, strategies=strategies,
+        device=None if isinstance(device, torch.device) else device,
+    )  # fmt: skip
+    global_batch_size, world_size, iterations = (
+        opts.global_batch_size, opts.world_size, opts.iterations
+    )  # fmt: skip
+    seed, max_workers, tolerance, safety = opts.seed, opts.max_workers, opts.tolerance, opts.safety
+    method, names = opts.method, opts.strategies
     with job_group():
         job = current_job()
         if job is not None:
             world_size = check_world_size(job, None if world_size == 1 else world_size)
-        if global_batch_size % world_size:
-            raise UsageError(
-                f"--global-batch-size {global_batch_size} is not divisible by --world-size "
-                f"{world_size}: every rank needs the same local batch size"
-            )
+            check_options(global_batch_size=global_batch_size, world_size=world_size)
         dev = device if isinstance(device, torch.device) else resolve_device(device)
         factory = step_factory(step) if step is not None else None
         collate_fn = collate_fn or collate
@@ -146,8 +125,18 @@ def tune(
         if job is not None:
             sizes = shared_sizes(job, dataset, progress=progress)
         else:
-            sizes = sample_sizes(dataset, progress=progress)
+            sizes = sample_sizes(dataset, progress=progress, timeout=worker_timeout)
+        if global_batch_size > len(sizes):
+            raise UsageError(
+                f"--global-batch-size {global_batch_size} is larger than the dataset "
+                f"({len(sizes)} samples): one optimiser step would see samples twice"
+            )
+        log.info("sizes: %d samples, %s in all", len(sizes), describe_bytes(int(sizes.sum())))
         headroom = probe_headroom(dev, memory_budget)
+        log.info(
+            "memory: %s free on %s (%s)",
+            describe_bytes(headroom.free_bytes), headroom.device, headroom.source,
+        )  # fmt: skip
         largest_local = global_batch_size // world_size
 
         model = default_model() if memory_model is None else model_from_dict(memory_model)
@@ -156,9 +145,18 @@ def tune(
 
             def calibrate() -> list[Point]:
                 return _calibrate(
-                    factory, dataset, sizes, largest_local, world_size, seed, dev, collate_fn
+                    factory,
+                    dataset,
+                    sizes,
+                    largest_local,
+                    world_size,
+                    seed,
+                    dev,
+                    collate_fn,
+                    worker_timeout,
                 )
 
+            log.info("calibrating the step's peak memory on %s (4 batches and a warm-up)", dev)
             calibration = calibrate() if job is None else leader_result(job, calibrate)
             model = fit([(p.batch_bytes, p.peak_bytes) for p in calibration if p.peak_bytes])
         reserve = reserve_parts(
@@ -182,11 +180,17 @@ def tune(
             budget = limit.budget_bytes
         if budget <= 0:
             where = f" (rank {limit.rank} on {limit.host})" if job is not None else ""
+            parts = ", ".join(f"{p.name} {describe_bytes(p.bytes)}" for p in reserve if p.bytes)
             raise DeviceError(
-                f"{limit.device}{where} has {format_bytes(limit.free_bytes)} free, less than "
-                f"the reserve of {format_bytes(reserve_bytes)} ("
-                + ", ".join(f"{p.name} {format_bytes(p.bytes)}" for p in reserve if p.bytes)
-                + "): free the GPU or pass --memory-budget"
+                f"no memory left to plan for: {describe_bytes(limit.free_bytes)} on "
+                f"{limit.device}{where}, less --safety {safety:.0%}"
+                + (
+                    f", less a reserve of {describe_bytes(reserve_bytes)} ({parts})"
+                    if parts
+                    else ""
+                )
+                + f", leaves {describe_bytes(limit.budget_bytes)}; free the device or give a "
+                "larger --memory-budget"
             )
 
         def choose() -> Any:
@@ -195,7 +199,13 @@ def tune(
                 epochs=REPLAY_EPOCHS,
             )  # fmt: skip
 
+        log.info("replaying %s over %d epochs against a budget of %s", ", ".join(names),
+                 REPLAY_EPOCHS, describe_bytes(budget))  # fmt: skip
         batching = choose() if job is None else leader_result(job, choose)
+        log.info(
+            "batching: %s, local batch %d x %d accumulation",
+            batching.strategy, batching.local_batch_size, batching.grad_accum_steps,
+        )  # fmt: skip
         local = batching.local_batch_size
 
         cpus, placement = _placement(dev)
@@ -204,7 +214,9 @@ def tune(
         if factory is not None:
 
             def timed() -> float:
-                batches = _sample_batches(dataset, sizes, local, seed, dev, collate_fn)
+                batches = _sample_batches(
+                    dataset, sizes, local, seed, dev, collate_fn, worker_timeout
+                )
                 return time_step(factory(), batches, dev)  # type: ignore[misc]
 
             step_seconds = timed() if job is None else leader_result(job, timed)
@@ -214,6 +226,8 @@ def tune(
             timeout=worker_timeout,
             precision=None if method == "exhaustive" else 0.03,
         )
+        log.info("worker search (%s): 0..%d workers, up to %d batches each", method, n_max,
+                 iterations)  # fmt: skip
         choice: Any = None
         try:
             choice = workers.search(
@@ -327,6 +341,7 @@ def _calibrate(
     seed: int,
     dev: torch.device,
     collate_fn: Any,
+    timeout: float,
 ) -> list[Point]:
     """Peaks of the step on batches from the smallest to the largest that random batching
     produces in the replayed epochs (the heaviest any strategy can produce)."""
@@ -346,7 +361,7 @@ def _calibrate(
     for idx in chosen:
 
         def make(idx: np.ndarray = idx) -> Any:
-            batch = collate_fn([dataset[int(i)] for i in idx])
+            batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
             return to_device(batch, dev) if pinned else batch
 
         work.append((int(sizes[idx].sum()), make))
@@ -402,23 +417,13 @@ def _sample_batches(
     seed: int,
     dev: torch.device,
     collate_fn: Any,
+    timeout: float,
 ) -> list[Any]:
     sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
     loader = TorchDataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate_fn, pin_memory=dev.type != "cpu"
+        cast(Any, Guarded(dataset, timeout)),
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        pin_memory=dev.type != "cpu",
     )
     return list(islice(loader, STEP_BATCHES))
-
-
-def _positive(name: str, value: Any) -> int:
-    try:
-        return check_int(name, value, minimum=1)
-    except ValueError:
-        raise UsageError(f"{name}: expected a positive integer, but got {value!r}") from None
-
-
-def _nonnegative(name: str, value: Any) -> int:
-    try:
-        return check_int(name, value, minimum=0)
-    except ValueError:
-        raise UsageError(f"{name}: expected an integer >= 0, but got {value!r}") from None

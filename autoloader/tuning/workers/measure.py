@@ -14,12 +14,13 @@ import time
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from autoloader.datasets.reads import Guarded
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
 from autoloader.tuning.memory_usage import tree_memory_bytes
@@ -171,7 +172,7 @@ def _measure(
     collate_fn: Callable[[list[Any]], Any],
 ) -> Candidate:
     loader = DataLoader(
-        dataset,
+        cast(Any, Guarded(dataset, timing.timeout)),  # a failing sample named, a hang bounded
         batch_sampler=sampler,
         num_workers=workers,
         collate_fn=collate_fn,

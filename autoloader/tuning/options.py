@@ -1,0 +1,116 @@
+"""The tuner's options, checked before any data is opened or torch imported.
+
+The command line checks them before it opens the dataset, so a typo is answered at once;
+``autoloader.tune`` checks them the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoloader.errors import UsageError
+from autoloader.plan.strategies import STRATEGY_NAMES
+
+DEFAULT_TOLERANCE = 0.05
+DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+_MAX = 2**31 - 1  # counts beyond this are typos, not batches or workers
+
+
+@dataclass(frozen=True)
+class Options:
+    global_batch_size: int
+    world_size: int
+    iterations: int
+    seed: int
+    max_workers: int | None
+    alpha: float | None
+    tolerance: float | None
+    safety: float
+    worker_timeout: float
+    method: str
+    strategies: list[str]
+
+
+def check_options(
+    *,
+    global_batch_size: Any,
+    world_size: Any = 1,
+    iterations: Any = 100,
+    seed: Any = 0,
+    max_workers: Any = None,
+    alpha: Any = None,
+    tolerance: Any = None,
+    safety: Any = 0.1,
+    worker_timeout: Any = 60.0,
+    search: Any = None,
+    strategies: Sequence[str] | None = None,
+    device: Any = None,
+) -> Options:
+    """Check and normalise the tuner's options.
+
+    Raises:
+        UsageError: naming the option, what was expected and what was found.
+    """
+    global_batch_size = _int("--global-batch-size", global_batch_size, 1)
+    world_size = _int("--world-size", world_size, 1)
+    iterations = _int("--iterations", iterations, 1)
+    seed = _int("--seed", seed, 0, 2**63 - 1)
+    if max_workers is not None:
+        max_workers = _int("--max-workers", max_workers, 0, 1024)
+    if alpha is not None and tolerance is not None:
+        raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
+    if alpha is not None and not _number(alpha) >= 0:
+        raise UsageError(f"--alpha: expected seconds >= 0, but got {alpha!r}")
+    if tolerance is not None and not 0 <= _number(tolerance) < 1:
+        raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
+    if not 0 <= _number(safety) < 1:
+        raise UsageError(f"--safety: expected a fraction in [0, 1), but got {safety!r}")
+    if not 0 < _number(worker_timeout) < 86_400:
+        raise UsageError(
+            f"--worker-timeout: expected seconds in (0, 86400), but got {worker_timeout!r}"
+        )
+    method = search or ("exhaustive" if alpha is not None else "fast")
+    if method not in ("fast", "exhaustive"):
+        raise UsageError(f"--search: expected fast or exhaustive, but got {search!r}")
+    if alpha is None and tolerance is None:
+        tolerance = DEFAULT_TOLERANCE
+    names = list(strategies) if strategies else list(STRATEGY_NAMES)
+    unknown = [s for s in names if s not in STRATEGY_NAMES]
+    if unknown:
+        raise UsageError(
+            f"--strategies: unknown strategy {unknown[0]!r}: expected names from "
+            f"{', '.join(STRATEGY_NAMES)}"
+        )
+    if global_batch_size % world_size:
+        raise UsageError(
+            f"--global-batch-size {global_batch_size} is not divisible by --world-size "
+            f"{world_size}: every rank needs the same local batch size"
+        )
+    if device is not None and not isinstance(device, str):
+        device = str(device)
+    if device is not None and DEVICE.match(device.strip().lower()) is None:
+        raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {device!r}")
+    if device is not None and device.strip().lower().startswith("cpu:"):
+        raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {device!r}")
+    return Options(
+        global_batch_size, world_size, iterations, seed, max_workers, alpha, tolerance,
+        float(safety), float(worker_timeout), method, names,
+    )  # fmt: skip
+
+
+def _int(name: str, value: Any, minimum: int, maximum: int = _MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        noun = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        if maximum != _MAX or (isinstance(value, int) and value > maximum):
+            noun = f"an integer in [{minimum}, {maximum}]"
+        raise UsageError(f"{name}: expected {noun}, but got {value!r}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return float("nan")
+    return float(value)

@@ -1,0 +1,53 @@
+"""Datasets that break the way users' datasets break (importable as MODULE:ATTR)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class Vectors(Dataset):
+    def __init__(self, n: int = 300, bad: int | None = None, hang: int | None = None) -> None:
+        self.n, self.bad, self.hang = n, bad, hang
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.bad:
+            raise ValueError(f"corrupt record {i}")
+        if i == self.hang:
+            time.sleep(3600)
+        return torch.ones(8)
+
+
+class Sized(Vectors):
+    """Sizes without loading: the first load of a sample is in the worker search."""
+
+    def autoloader_sizes(self) -> np.ndarray:
+        return np.full(self.n, 32, dtype=np.int64)
+
+
+class BadLength(Vectors):
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+BAD_ITEM = Vectors(300, bad=137)
+BAD_IN_TIMING = Sized(300, bad=5)
+HANGS = Vectors(300, hang=3)
+NEGATIVE_LEN = BadLength(-1)
+HUGE_LEN = BadLength(10**12)
+GOOD = Vectors(300)
+
+
+def returns_text() -> str:
+    """A --step factory that returns no step."""
+    return "not a step"

@@ -1,0 +1,359 @@
+"""What a hostile-but-fair user throws at the command line: each case exits cleanly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import prepend_pythonpath, run_cli
+from prometheus_client import CollectorRegistry
+
+import autoloader
+from autoloader import DataLoader, PlanError
+from autoloader.cli import main
+from autoloader.datasets.reads import SampleError
+from autoloader.files import exclusive
+
+TESTS = Path(__file__).parent
+GOOD_PLAN = """schema = 1
+[loader]
+num_workers = 0
+[batching]
+strategy = "random"
+local_batch_size = 4
+"""
+
+
+def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autoloader: error: "), err
+    return err.strip().removeprefix("autoloader: error: ")
+
+
+# 1. answer at once ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["tune", "--help"], ["show", "{plan}"], ["show", "{plan}", "--json"],
+     ["tune", "x.h5", "--global-batch-size", "ten"], ["tune", "x.h5", "--device", "tpu"],
+     ["tune", "x.h5", "--strategies", "magic"], ["devices", "--json"]],
+)  # fmt: skip
+def test_quick_commands_import_no_torch(tmp_path: Path, argv: list[str]) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN)
+    code = (
+        "import sys\nfrom autoloader.cli import main\n"
+        f"code = main({[a.format(plan=plan) for a in argv]!r})\n"
+        "heavy = sorted(m for m in ('torch', 'torch_geometric') if m in sys.modules)\n"
+        "print('HEAVY', heavy, file=sys.stderr); raise SystemExit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        env=prepend_pythonpath(TESTS),
+    )  # fmt: skip
+    assert "HEAVY []" in done.stderr, done.stderr
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "130 interrupted (Ctrl-C or SIGTERM)" in text and "2 bad input" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "plan.toml"
+    out.write_text(GOOD_PLAN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
+        stderr=subprocess.PIPE, text=True, env=prepend_pythonpath(TESTS), cwd=TESTS,
+    )  # fmt: skip
+    time.sleep(0.4)  # still importing
+    proc.send_signal(sig)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # a second, impatient Ctrl-C
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "autoloader: interrupted; nothing was written"
+    assert out.read_text() == GOOD_PLAN
+
+
+# 2. the user's data fails, not our code ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "expected"),
+    [
+        ("hostile_data:BAD_ITEM", [],
+         "DATASET 'hostile_data:BAD_ITEM': sample 137 raised ValueError: corrupt record 137"),
+        ("hostile_data:BAD_IN_TIMING", ["--max-workers", "0"],
+         "DATASET 'hostile_data:BAD_IN_TIMING': sample 5 raised ValueError: corrupt record 5"),
+        ("hostile_data:HANGS", ["--worker-timeout", "1"],
+         "DATASET 'hostile_data:HANGS': sample 3 did not return within 1 s (--worker-timeout)"),
+        ("hostile_data:NEGATIVE_LEN", [],
+         "dataset BadLength: __len__ raised ValueError: __len__() should return >= 0"),
+        ("hostile_data:HUGE_LEN", [],
+         "dataset BadLength: __len__ returned 1000000000000: expected at most 4294967296 samples"),
+    ],
+)  # fmt: skip
+def test_errors_in_the_users_data_exit_2_naming_the_sample(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    spec: str, extra: list[str], expected: str,
+) -> None:  # fmt: skip
+    monkeypatch.syspath_prepend(str(TESTS))
+    line = one_line(capsys, ["tune", spec, "-o", str(tmp_path / "p.toml"), *extra])
+    assert line == expected
+
+
+def test_an_error_inside_a_worker_names_the_sample() -> None:
+    import numpy as np
+    import torch
+    from hostile_data import Sized
+
+    from autoloader.tuning.workers import Timing
+    from autoloader.tuning.workers.measure import measure
+
+    ds = Sized(64, bad=7)
+    with pytest.raises(SampleError) as caught:
+        measure(ds, np.full(64, 32), 8, 1, timing=Timing(iterations=4), device=torch.device("cpu"))
+    assert caught.value.detail == "sample 7 raised ValueError: corrupt record 7"
+    assert "Caught SampleError in DataLoader worker process 0" in str(caught.value)
+
+
+def test_verbose_shows_the_users_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert main(["-v", "tune", "hostile_data:BAD_ITEM", "-o", str(tmp_path / "p.toml")]) == 2
+    err = capsys.readouterr().err
+    assert 'raise ValueError(f"corrupt record {i}")' in err  # the user's own line
+    assert err.strip().endswith("sample 137 raised ValueError: corrupt record 137")
+
+
+def test_corrupt_hdf5_metadata_is_bad_input(
+    capsys: pytest.CaptureFixture[str], events_copy: Path
+) -> None:
+    data = bytearray(events_copy.read_bytes())
+    data[96:4096] = os.urandom(4000)  # the root group's B-tree and heap
+    events_copy.write_bytes(bytes(data))
+    line = one_line(capsys, ["tune", str(events_copy), "-o", str(events_copy.with_suffix(".toml"))])
+    assert line.startswith(f"DATASET '{events_copy}'")
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [("1e999", "--memory-budget: expected a byte count below 1152921504606846976 (1 EiB), but got '1e999'"),
+     ("1B", "no memory left to plan for: 1 bytes on cpu, less --safety 10%, leaves 0 bytes")],
+)  # fmt: skip
+def test_memory_budget_extremes(
+    capsys: pytest.CaptureFixture[str], events_h5: Path, tmp_path: Path, budget: str,
+    expected: str,
+) -> None:  # fmt: skip
+    line = one_line(capsys, ["tune", str(events_h5), "-o", str(tmp_path / "p.toml"),
+                             "--memory-budget", budget, "--max-workers", "0"])  # fmt: skip
+    assert line.startswith(expected)
+
+
+# 3. files -------------------------------------------------------------------------------
+
+
+def test_an_unwritable_out_is_refused_before_tuning(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, events_h5: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    line = one_line(capsys, ["tune", str(events_h5), "-o", "/sys/plan.toml"])
+    assert line == "--out /sys/plan.toml: cannot write the plan there: Permission denied"
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    opened = []
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(autoloader.datasets.registry, "open_dataset", opened.append)
+    line = one_line(capsys, ["tune", str(events_h5), "-o", str(tmp_path / "p.toml")])
+    assert line.endswith("cannot write the plan there: the file system is read-only")
+    assert opened == []
+
+
+def test_files_follow_the_umask_and_a_retune_keeps_the_mode(events_copy: Path) -> None:
+    plan = events_copy.with_name("plan.toml")
+    previous = os.umask(0o022)
+    try:
+        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "0",
+                     "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+        assert plan.stat().st_mode & 0o777 == 0o644
+        cache = next(events_copy.parent.glob("*.autoloader-sizes.npz"))
+        assert cache.stat().st_mode & 0o777 == 0o644
+        plan.chmod(0o640)
+        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "0",
+                     "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+        assert plan.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(previous)
+
+
+def test_a_second_tune_into_one_directory_waits_for_the_first(tmp_path: Path) -> None:
+    order: list[str] = []
+    with exclusive(tmp_path / "a.toml") as waited:
+        assert waited is False
+
+        def second() -> None:
+            with exclusive(tmp_path / "b.toml") as waited_too:
+                order.append(f"second waited={waited_too}")
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        order.append("first done")
+    thread.join(timeout=10)
+    assert order == ["first done", "second waited=True"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind
+
+
+# 4. plans: one validator, no crash ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            'strategy = "random"',
+            'strategy = "magic"',
+        ),
+        ("[batching]", "[batching.options]\nfraction = 2.0\n[batching]"),
+        ("num_workers = 0", "num_workers = 1000000"),
+        ("num_workers = 0", "num_workers = 2\nprefetch_factor = 9223372036854775807"),
+    ],
+    ids=["strategy", "options", "workers", "prefetch"],
+)
+def test_show_and_the_loader_refuse_the_same_plans(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, edit: str, expected: str
+) -> None:
+    text = GOOD_PLAN.replace(edit, expected)
+    if "fraction" in text:
+        text = (
+            text.replace('strategy = "random"', 'strategy = "balance"').replace(
+                "[batching.options]\nfraction = 2.0\n[batching]\n", "[batching]\n"
+            )
+            + "[batching.options]\nfraction = 2.0\n"
+        )
+    plan = tmp_path / "plan.toml"
+    plan.write_text(text)
+    line = one_line(capsys, ["show", str(plan)])
+    with pytest.raises(PlanError) as refused:
+        DataLoader(list(range(8)), plan=plan, registry=CollectorRegistry())
+    assert str(refused.value) == line
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("schema = 1\nx = " + "[" * 5000 + "]" * 5000, "its tables or arrays nest too deeply"),
+        (GOOD_PLAN + "[tuning.workers]\ntrace = [1, \"a\"]\n",
+         "key 'tuning.workers.trace[0]': expected a table, found 1 (integer)"),
+        (GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 'two'}]\n",
+         "key 'tuning.workers.trace[0].workers': expected an integer, found 'two' (string)"),
+        (GOOD_PLAN + "[memory]\nreserve = 3\n",
+         "key 'memory.reserve': expected a table, found 3 (integer)"),
+    ],
+    ids=["nested", "trace-shape", "trace-type", "reserve-shape"],
+)  # fmt: skip
+def test_malformed_plans_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, expected: str
+) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(text)
+    assert expected in one_line(capsys, ["show", str(plan)])
+
+
+def test_a_huge_plan_is_refused_at_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN + '[tuning]\npad = "' + "x" * (50 * 2**20) + '"\n')
+    start = time.perf_counter()
+    line = one_line(capsys, ["show", str(plan)])
+    assert time.perf_counter() - start < 1.0
+    size = plan.stat().st_size
+    assert (
+        line
+        == f"{plan}: {size} bytes: expected a plan of at most 4194304 bytes (tune writes a few kilobytes)"
+    )
+
+
+def test_show_json_is_strict(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 1, seconds_per_batch = inf, "
+        'status = "failed: hung"}, {workers = 0, seconds_per_batch = nan}]\n'
+    )
+    assert main(["show", str(plan), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    trace = json.loads(out)["tuning"]["workers"]["trace"]
+    assert trace[0]["seconds_per_batch"] is None and trace[0]["status"] == "failed: hung"
+
+
+# 6. words a person reads ------------------------------------------------------------------
+
+
+def test_words(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, events_h5: Path,
+) -> None:  # fmt: skip
+    monkeypatch.syspath_prepend(str(TESTS))
+    out = str(tmp_path / "p.toml")
+    assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--global-batch-size",
+                             "100000", "--max-workers", "0"]) == (
+        "--global-batch-size 100000 is larger than the dataset (300 samples): one optimiser "
+        "step would see samples twice"
+    )  # fmt: skip
+    assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--step",
+                             "hostile_data:returns_text", "--max-workers", "0"]) == (
+        "--step: the factory returned str, expected a callable step(batch)"
+    )  # fmt: skip
+    line = one_line(capsys, ["tune", str(events_h5), "-o", out, "--memory-budget", "90KiB",
+                             "--safety", "0", "--max-workers", "0"])  # fmt: skip
+    assert line.startswith("no batching fits the memory budget of 90.0 KiB (92160 bytes): even ")
+    assert main(["-v", "tune", "hostile_data:GOOD", "-o", out, "--max-workers", "0",
+                 "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+    said = caplog.text  # on a terminal: stderr
+    for stage in ("sizes: 300 samples", "memory: ", "replaying", "batching: ", "worker search"):
+        assert stage in said
+
+
+def test_the_help_answers_quickly_by_benchmark() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.startswith("autoloader ")
+
+
+# 7. the torch range we promise -----------------------------------------------------------
+
+
+def test_a_torch_without_our_internals_fails_at_import_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.utils.data import dataloader
+
+    from autoloader.compat import SUPPORTED_TORCH, UnsupportedTorchError, check_torch_internals
+
+    check_torch_internals()  # this torch has them
+    monkeypatch.delattr(dataloader._BaseDataLoaderIter, "_next_index")
+    with pytest.raises(UnsupportedTorchError) as refused:
+        check_torch_internals()
+    assert str(refused.value).endswith(
+        f"lacks _BaseDataLoaderIter._next_index; autoloader supports torch {SUPPORTED_TORCH}"
+    )
+    assert isinstance(refused.value, ImportError)
+    text = (TESTS.parent / "pyproject.toml").read_text()
+    assert f'"torch{SUPPORTED_TORCH}"' in text  # one range, declared where pip reads it
