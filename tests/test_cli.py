@@ -120,7 +120,7 @@ def empty_h5(tmp_path: Path) -> Path:
         (["show", "{tmp}/future.toml"], "{tmp}/future.toml: key 'schema': this plan uses schema 9"),
         (
             ["show", "{tmp}/wrongtype.toml"],
-            "{tmp}/wrongtype.toml: key 'loader.num_workers': expected an integer >= 0, found 'x' (string)",
+            "{tmp}/wrongtype.toml: key 'loader.num_workers': expected an integer in [0, 1024], found 'x' (string)",
         ),
         (["show", "{tmp}/notable.toml"], "{tmp}/notable.toml: missing table [batching]"),
         (["show", "{tmp}"], "{tmp}: is a directory, expected a TOML plan file"),

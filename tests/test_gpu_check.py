@@ -1,4 +1,4 @@
-"""`make gpu-check` answers plainly where there is no GPU."""
+"""`make gpu-check` and the transfer benchmark answer plainly where there is no GPU."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="assumes no CUDA device")
-def test_gpu_check_skips_cleanly_without_cuda() -> None:
+@pytest.mark.parametrize("script", ["gpu_check.py", "transfer.py"])
+def test_cuda_benchmarks_skip_cleanly_without_cuda(script: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
+        [sys.executable, str(ROOT / "benchmarks" / script)],
         capture_output=True,
         text=True,
         timeout=120,

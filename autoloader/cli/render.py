@@ -68,7 +68,11 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
         f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
         f"persistent_workers={str(lp.persistent_workers).lower()}"
+        + (f" device_prefetch={lp.device_prefetch}" if lp.device_prefetch is not None else "")
     )
+    why = plan.tuning.get("device_prefetch")
+    if isinstance(why, dict) and isinstance(why.get("why"), str):
+        out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
     opts = ", ".join(f"{k}={v}" for k, v in bp.options.items())
     out.append(
         f"batching  {bp.strategy}{f' ({opts})' if opts else ''}: local batch "

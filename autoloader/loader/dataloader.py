@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import socket
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.errors import PlanError, UsageError
 from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
+from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
@@ -41,6 +43,9 @@ class DataLoader(tud.DataLoader):
         check_fingerprint: refuse a plan tuned for other data (on by default).
         registry: the Prometheus registry to record into (the global one by default).
         metrics: record metrics and ``stats`` (on by default; off, iteration is torch's own).
+        device: ``cuda[:K]``: batches arrive on the device, copied from pinned memory on a
+            side stream ``[loader] device_prefetch`` batches ahead of the step (default 1;
+            ``device_prefetch=N`` overrides); ``cpu`` or None: batches as torch gives them.
         **kwargs: torch's keyword arguments; any given explicitly wins over the plan.
     """
 
@@ -52,8 +57,11 @@ class DataLoader(tud.DataLoader):
         check_fingerprint: bool = True,
         registry: CollectorRegistry | None = None,
         metrics: bool = True,
+        device: str | torch.device | None = None,
         **kwargs: Any,
     ) -> None:
+        self._feed_device = check_device(device)
+        prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
         given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
         sizes: np.ndarray | None = None
@@ -79,6 +87,13 @@ class DataLoader(tud.DataLoader):
             given["collate_fn"] = collate
         self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
         super().__init__(dataset, **given)
+        self.device_prefetch = _device_prefetch(self.plan, prefetch_override)
+        if self._feed_device is not None and not self.pin_memory:
+            warnings.warn(
+                f"autoloader.DataLoader(device={str(self._feed_device)!r}) without "
+                "pin_memory: copies from pageable memory cannot overlap the step",
+                stacklevel=2,
+            )
         if self._recorder is not None:
             strategy = fp = None
             if self.plan is not None:
@@ -102,6 +117,12 @@ class DataLoader(tud.DataLoader):
             if set_epoch is not None:
                 set_epoch(epoch)
                 return
+
+    def __iter__(self) -> Any:
+        batches = super().__iter__()
+        if self._feed_device is None:
+            return batches
+        return DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
         if self._recorder is None:
@@ -174,6 +195,17 @@ def _planned_sampler(
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def _device_prefetch(plan: Plan | None, override: Any) -> int:
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) or not 0 <= override <= 16:
+            raise UsageError(
+                f"device_prefetch should be an integer in [0, 16], but got {override!r}"
+            )
+        return override
+    planned = plan.loader.device_prefetch if plan is not None else None
+    return 1 if planned is None else planned
 
 
 def node_loader(plan: Plan) -> LoaderPlan:

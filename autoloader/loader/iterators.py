@@ -30,6 +30,7 @@ class _Recording:
 
     def __init__(self, loader: Any) -> None:
         self._recorder = loader._recorder
+        self._feed_waits = loader._feed_device is not None  # the feed times the loop's wait
         self._pending = deque()
         super().__init__(loader)  # type: ignore[call-arg]
 
@@ -51,7 +52,7 @@ class _Recording:
             raise
         now = time.perf_counter()
         index = self._pending.popleft() if self._pending else None
-        self._recorder.record(now - start, index, batch, now)
+        self._recorder.record(None if self._feed_waits else now - start, index, batch, now)
         return batch
 
 

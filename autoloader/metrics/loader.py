@@ -85,6 +85,12 @@ class LoaderMetrics:
             **gauge,
         )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
+        self.h2d = Histogram(
+            "autoloader_h2d_seconds",
+            "Host-to-device copy time per batch (DataLoader(device=...)).",
+            buckets=WAIT_BUCKETS,
+            **kw,
+        )
 
 
 _FAMILIES: dict[int, tuple[CollectorRegistry, LoaderMetrics]] = {}
@@ -131,10 +137,12 @@ class BatchRecorder:
         self._samples = metrics.samples.labels(rank=self.rank)
         self._bytes = metrics.batch_bytes.labels(rank=self.rank)
         self._wait = metrics.batch_wait.labels(rank=self.rank)
+        self._h2d = metrics.h2d.labels(rank=self.rank)
         metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
         self.metrics = metrics
         self.stats = LoaderStats()
         self._pending_waits: list[float] = []
+        self._pending_h2d: list[float] = []
         self._pending_bytes: list[int] = []
         self._pending_samples = 0
         self._flushed_at = time.perf_counter()
@@ -162,8 +170,11 @@ class BatchRecorder:
                 rank=self.rank, strategy=strategy, fingerprint=fingerprint or ""
             ).set(1)
 
-    def record(self, wait_seconds: float, index: Any, batch: Any, now: float) -> None:
-        """Record one batch; ``index`` is what the sampler gave (a list or one index)."""
+    def record(self, wait_seconds: float | None, index: Any, batch: Any, now: float) -> None:
+        """Record one batch; ``index`` is what the sampler gave (a list or one index).
+
+        ``wait_seconds`` None: a device feed reports the loop's wait itself (``waited``).
+        """
         sizes = self._sizes
         if type(index) is list or isinstance(index, (tuple, np.ndarray, Sequence)):
             count = len(index)
@@ -177,23 +188,36 @@ class BatchRecorder:
         st.bytes += nbytes
         if nbytes > st.worst_batch_bytes:
             st.worst_batch_bytes = nbytes
-        st.wait_seconds += wait_seconds
-        self._pending_waits.append(wait_seconds)
+        if wait_seconds is not None:
+            st.wait_seconds += wait_seconds
+            self._pending_waits.append(wait_seconds)
         self._pending_bytes.append(nbytes)
         self._pending_samples += count
         if now - self._flushed_at >= self.FLUSH_SECONDS:
             self.flush(now)
 
+    def waited(self, seconds: float) -> None:
+        """The loop waited ``seconds`` for a batch ready on the device (a device feed)."""
+        self.stats.wait_seconds += seconds
+        self._pending_waits.append(seconds)
+
+    def h2d(self, seconds: float) -> None:
+        """One batch's host-to-device copy took ``seconds`` (on the GPU's clock)."""
+        self._pending_h2d.append(seconds)
+
     def flush(self, now: float | None = None) -> None:
         """Bring the Prometheus metrics up to date with every recorded batch."""
         self._flushed_at = time.perf_counter() if now is None else now
-        if not self._pending_waits:
-            return
-        self._batches.inc(len(self._pending_waits))
-        self._samples.inc(self._pending_samples)
-        _observe_all(self._wait, self._pending_waits)
-        _observe_all(self._bytes, self._pending_bytes)
+        if self._pending_bytes:
+            self._batches.inc(len(self._pending_bytes))
+            self._samples.inc(self._pending_samples)
+            _observe_all(self._bytes, self._pending_bytes)
+        if self._pending_waits:
+            _observe_all(self._wait, self._pending_waits)
+        if self._pending_h2d:
+            _observe_all(self._h2d, self._pending_h2d)
         self._pending_waits, self._pending_bytes, self._pending_samples = [], [], 0
+        self._pending_h2d = []
 
 
 def _observe_all(child: Any, values: list[float] | list[int]) -> None:

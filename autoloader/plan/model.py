@@ -34,6 +34,7 @@ class LoaderPlan:
     prefetch_factor: int | None = None
     persistent_workers: bool = False
     worker_affinity: str = "none"  # "gpu-local": pin workers to the CPUs near the rank's GPU
+    device_prefetch: int | None = None  # batches copied to the device ahead of the step
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from autoloader.plan.strategies import STRATEGY_NAMES, STRATEGY_OPTIONS
 SCHEMA_VERSION = 1
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
+MAX_DEVICE_PREFETCH = 16
 MAX_COUNT = 2**31 - 1
 MAX_RANKS = 2**20
 HEADROOM_SOURCES = ("nvml", "torch", "psutil", "override")
@@ -129,6 +130,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "prefetch_factor": Key("int", minimum=1, maximum=MAX_PREFETCH),
             "persistent_workers": Key("bool"),
             "worker_affinity": Key("str", choices=WORKER_AFFINITY),
+            # batches copied to the device ahead of the step (DataLoader(device=...))
+            "device_prefetch": Key("int", minimum=0, maximum=MAX_DEVICE_PREFETCH),
         },
     ),
     "batching": (

@@ -27,10 +27,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from autoloader.errors import AutoloaderError, UsageError
+from autoloader.datasets.reads import read
+from autoloader.errors import AutoloaderError, DeviceError, UsageError
 from autoloader.tuning.step import StepFactory
+from autoloader.tuning.transfer import to_device
 
 Batches = Sequence[tuple[int, Callable[[], Any]]]
 
@@ -50,6 +53,51 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def calibrate_step(
+    factory: StepFactory,
+    dataset: Any,
+    sizes: np.ndarray,
+    local: int,
+    world_size: int,
+    seed: int,
+    dev: torch.device,
+    collate_fn: Any,
+    timeout: float,
+    epochs: int = 3,
+) -> list[Point]:
+    """Peaks of the step on batches from the smallest to the largest that random batching
+    produces in the replayed epochs (the heaviest any strategy can produce)."""
+    from autoloader.tuning.batching import all_local_batches
+
+    order = np.argsort(sizes, kind="stable")
+    mid = max(0, len(sizes) // 2 - local // 2)
+    replayed = [
+        b
+        for e in range(epochs)
+        for b in all_local_batches(
+            "random", sizes, local, world_size=world_size, epoch=e, seed=seed
+        )
+    ]
+    by_bytes = sorted(replayed, key=lambda b: int(sizes[b].sum()))
+    chosen = [order[:local], order[mid : mid + local], by_bytes[len(by_bytes) // 2], by_bytes[-1]]
+    pinned = dev.type != "cpu"
+    work: list[tuple[int, Callable[[], Any]]] = []
+    for idx in chosen:
+
+        def make(idx: np.ndarray = idx) -> Any:
+            batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
+            return to_device(batch, dev) if pinned else batch
+
+        work.append((int(sizes[idx].sum()), make))
+    points = measure_peaks(factory, work, dev)
+    if not any(p.peak_bytes for p in points):
+        raise DeviceError(
+            f"--step runs out of memory on every calibration batch, even the {local} smallest "
+            "samples; lower --global-batch-size or raise the memory available"
+        )
+    return points
 
 
 def measure_peaks(factory: StepFactory, batches: Batches, device: torch.device) -> list[Point]:

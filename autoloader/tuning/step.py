@@ -6,11 +6,16 @@ import inspect
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from itertools import islice
+from typing import Any, cast
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader as TorchDataLoader
 
+from autoloader.datasets.reads import Guarded
 from autoloader.errors import UsageError
+from autoloader.samplers import RandomBatchSampler
 
 Step = Callable[[Any], Any]
 StepFactory = Callable[[], Step]
@@ -72,3 +77,24 @@ def _required_positional(obj: Any) -> int | None:
         for p in sig.parameters.values()
         if p.kind in kinds and p.default is inspect.Parameter.empty
     )
+
+
+def sample_batches(
+    dataset: Any,
+    sizes: np.ndarray,
+    batch_size: int,
+    seed: int,
+    dev: torch.device,
+    collate_fn: Any,
+    timeout: float,
+    count: int = 6,
+) -> list[Any]:
+    """A few pinned random batches of ``batch_size``, as the training loop will see them."""
+    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
+    loader = TorchDataLoader(
+        cast(Any, Guarded(dataset, timeout)),
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        pin_memory=dev.type != "cpu",
+    )
+    return list(islice(loader, count))

@@ -5,28 +5,23 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import socket
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from itertools import islice
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader as TorchDataLoader
 
 from autoloader._version import __version__
 from autoloader.accelerator import nvml_index
-from autoloader.datasets.reads import Guarded, read
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.loader.collate import collate
 from autoloader.loader.distributed import job_group
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
-from autoloader.samplers import RandomBatchSampler, make_sampler
+from autoloader.samplers import make_sampler
 from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
-from autoloader.tuning.batching import all_local_batches, choose_batching
-from autoloader.tuning.calibrate import Point, measure_peaks
+from autoloader.tuning.batching import choose_batching
+from autoloader.tuning.calibrate import Point, calibrate_step
 from autoloader.tuning.collective import (
     RankBudget,
     check_world_size,
@@ -37,13 +32,15 @@ from autoloader.tuning.collective import (
     smallest_budget,
 )
 from autoloader.tuning.cpus import cpus_per_rank
-from autoloader.tuning.devices import Headroom, probe_headroom, resolve_device
+from autoloader.tuning.devices import probe_headroom, resolve_device
+from autoloader.tuning.evidence import drop_none, gpus_table, ranks_table
 from autoloader.tuning.memory_model import default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.tuning.options import check_options
+from autoloader.tuning.prefetch import choose_device_prefetch
 from autoloader.tuning.reserve import reserve_parts, reserve_table
-from autoloader.tuning.step import StepFactory, step_factory, time_step
-from autoloader.tuning.transfer import to_device
+from autoloader.tuning.step import sample_batches, step_factory, time_step
+from autoloader.tuning.transfer import copy_seconds
 from autoloader.units import describe_bytes
 
 log = logging.getLogger("autoloader")
@@ -144,7 +141,7 @@ def tune(
         if factory is not None and memory_model is None:
 
             def calibrate() -> list[Point]:
-                return _calibrate(
+                return calibrate_step(
                     factory,
                     dataset,
                     sizes,
@@ -154,6 +151,7 @@ def tune(
                     dev,
                     collate_fn,
                     worker_timeout,
+                    REPLAY_EPOCHS,
                 )
 
             log.info("calibrating the step's peak memory on %s (4 batches and a warm-up)", dev)
@@ -214,12 +212,28 @@ def tune(
         if factory is not None:
 
             def timed() -> float:
-                batches = _sample_batches(
+                batches = sample_batches(
                     dataset, sizes, local, seed, dev, collate_fn, worker_timeout
                 )
                 return time_step(factory(), batches, dev)  # type: ignore[misc]
 
             step_seconds = timed() if job is None else leader_result(job, timed)
+        prefetch = None
+        if dev.type == "cuda":
+
+            def copied() -> float:
+                batches = sample_batches(
+                    dataset, sizes, local, seed, dev, collate_fn, worker_timeout
+                )
+                return copy_seconds(batches, dev)
+
+            prefetch = choose_device_prefetch(
+                copy_seconds=copied() if job is None else leader_result(job, copied),
+                step_seconds=step_seconds,
+                worst_batch_bytes=batching.replays[batching.strategy].worst_batch_bytes,
+                predicted_peak_bytes=batching.predicted_peak_bytes,
+                budget_bytes=budget,
+            )
         rule = workers.Rule(tolerance=tolerance, alpha=alpha, step_seconds=step_seconds)
         timing = workers.Timing(
             iterations=iterations,
@@ -259,6 +273,7 @@ def tune(
                 "prefetch_factor": choice.prefetch_factor.value if choice.num_workers else None,
                 "persistent_workers": bool(choice.persistent_workers.value),
                 "worker_affinity": "gpu-local" if placement else "none",
+                "device_prefetch": prefetch.depth if prefetch is not None else None,
             }
             if failure is None
             else failure
@@ -281,14 +296,17 @@ def tune(
             tuning["workers"]["step_seconds"] = step_seconds
         if placement:
             tuning["placement"] = {"device": str(dev), "cpus": placement}
+        if prefetch is not None:
+            tuning["device_prefetch"] = prefetch.to_dict()
         if len(nodes) > 1:
-            tuning["nodes"] = {host: _drop_none(table) for host, table in nodes.items()}
+            tuning["nodes"] = {host: drop_none(table) for host, table in nodes.items()}
         memory: dict[str, Any] = {
             "budget_bytes": budget,
             "safety": safety,
             "reserve_bytes": reserve_bytes,
             "reserve": reserve_table(reserve),
             "predicted_peak_bytes": batching.predicted_peak_bytes,
+            **({"device_prefetch_bytes": prefetch.bytes} if prefetch is not None else {}),
             "model": {**model.to_dict(), "description": model.describe()},
         }
         failed = [p for p in calibration if p.peak_bytes is None]
@@ -313,10 +331,10 @@ def tune(
                 "memory_total_bytes": headroom.total_bytes,
                 "memory_free_bytes": headroom.free_bytes,
                 "headroom_source": headroom.source,
-                **_gpus_table(headroom),
-                **_ranks_table(ranks, limit),
+                **gpus_table(headroom),
+                **ranks_table(ranks, limit),
             },
-            loader=LoaderPlan(**loader),
+            loader=LoaderPlan(**drop_none(loader)),
             batching=BatchingPlan(
                 strategy=batching.strategy,
                 local_batch_size=local,
@@ -332,73 +350,6 @@ def tune(
         )
 
 
-def _calibrate(
-    factory: StepFactory,
-    dataset: Any,
-    sizes: np.ndarray,
-    local: int,
-    world_size: int,
-    seed: int,
-    dev: torch.device,
-    collate_fn: Any,
-    timeout: float,
-) -> list[Point]:
-    """Peaks of the step on batches from the smallest to the largest that random batching
-    produces in the replayed epochs (the heaviest any strategy can produce)."""
-    order = np.argsort(sizes, kind="stable")
-    mid = max(0, len(sizes) // 2 - local // 2)
-    replayed = [
-        b
-        for e in range(REPLAY_EPOCHS)
-        for b in all_local_batches(
-            "random", sizes, local, world_size=world_size, epoch=e, seed=seed
-        )
-    ]
-    by_bytes = sorted(replayed, key=lambda b: int(sizes[b].sum()))
-    chosen = [order[:local], order[mid : mid + local], by_bytes[len(by_bytes) // 2], by_bytes[-1]]
-    pinned = dev.type != "cpu"
-    work: list[tuple[int, Callable[[], Any]]] = []
-    for idx in chosen:
-
-        def make(idx: np.ndarray = idx) -> Any:
-            batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
-            return to_device(batch, dev) if pinned else batch
-
-        work.append((int(sizes[idx].sum()), make))
-    points = measure_peaks(factory, work, dev)
-    if not any(p.peak_bytes for p in points):
-        raise DeviceError(
-            f"--step runs out of memory on every calibration batch, even the {local} smallest "
-            "samples; lower --global-batch-size or raise the memory available"
-        )
-    return points
-
-
-def _gpus_table(headroom: Headroom) -> dict[str, Any]:
-    """Each local GPU's free memory and which one limited, where the node was probed."""
-    if not headroom.gpus:
-        return {}
-    return {
-        "gpus": [g.to_dict() for g in headroom.gpus],
-        "limiting_index": headroom.limiting_index,
-    }
-
-
-def _ranks_table(ranks: list[RankBudget], limit: RankBudget) -> dict[str, Any]:
-    """A collective tune's evidence: each rank's device and budget, and which limited."""
-    if not ranks:
-        return {}
-    return {
-        "ranks": [asdict(r) for r in ranks],
-        "limiting_rank": limit.rank,
-        "limiting_host": limit.host,
-    }
-
-
-def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in table.items() if v is not None}
-
-
 def _placement(dev: torch.device) -> tuple[int, list[int] | None]:
     """This rank's CPU count, and the GPU-local CPUs its workers should use (if any)."""
     cpus = cpus_per_rank()
@@ -408,22 +359,3 @@ def _placement(dev: torch.device) -> tuple[int, list[int] | None]:
     if not local:
         return cpus, None
     return min(cpus, len(local)), local
-
-
-def _sample_batches(
-    dataset: Any,
-    sizes: np.ndarray,
-    batch_size: int,
-    seed: int,
-    dev: torch.device,
-    collate_fn: Any,
-    timeout: float,
-) -> list[Any]:
-    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
-    loader = TorchDataLoader(
-        cast(Any, Guarded(dataset, timeout)),
-        batch_sampler=sampler,
-        collate_fn=collate_fn,
-        pin_memory=dev.type != "cpu",
-    )
-    return list(islice(loader, STEP_BATCHES))

@@ -1,0 +1,173 @@
+"""Batches that arrive on the device: copied on a side CUDA stream, ahead of the step.
+
+The training loop's own ``batch.to(device)`` runs in line with the step: the GPU idles
+for every copy. ``DeviceFeed`` issues the copy of batch i+1..i+``depth`` from pinned
+memory on a side stream while the step of batch i runs (as DistDGLv2 pipelines
+mini-batch movement). Before a batch is handed over, the consumer's stream waits on that
+batch's copy event (the host does not block), and every tensor of it is recorded on the
+consumer's stream, so the caching allocator does not hand its memory to a later copy
+before the step has used it. ``depth`` 0 copies in line on the consumer's stream.
+
+The device holds up to ``depth + 1`` batches; ``autoloader tune`` counts them in the
+memory plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from autoloader.errors import DeviceError
+from autoloader.metrics.loader import BatchRecorder
+
+
+def move(batch: Any, device: torch.device) -> Any:
+    """Every tensor in ``batch`` copied to ``device`` (non-blocking); containers keep
+    their type. Tuples, namedtuples, lists, dicts, dataclasses and anything with
+    ``.to(device, non_blocking=True)`` (PyG ``Data``, ``Batch``, ``HeteroData``) move;
+    other values are left alone."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (str, bytes)) or batch is None:
+        return batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(move(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move(v, device) for v in batch)
+    if isinstance(batch, Mapping):
+        moved = {k: move(v, device) for k, v in batch.items()}
+        try:
+            return type(batch)(moved)  # type: ignore[call-arg]
+        except TypeError:
+            return moved
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = {f.name: move(getattr(batch, f.name), device)
+                  for f in dataclasses.fields(batch) if f.init}  # fmt: skip
+        return dataclasses.replace(batch, **fields)
+    to = getattr(batch, "to", None)
+    if callable(to):
+        return to(device, non_blocking=True)
+    return batch
+
+
+def tensors_of(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``batch`` (the containers ``move`` knows, and PyG stores)."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (str, bytes)) or batch is None:
+        return
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from tensors_of(v)
+    elif isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from tensors_of(v)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for f in dataclasses.fields(batch):
+            yield from tensors_of(getattr(batch, f.name))
+    elif hasattr(batch, "stores"):  # PyG Data / HeteroData / Batch
+        for store in batch.stores:
+            for v in store.values():
+                yield from tensors_of(v)
+
+
+def check_device(device: str | torch.device | None) -> torch.device | None:
+    """The feed's device: None or ``cpu`` pass batches through; ``cuda[:K]`` must exist.
+
+    Raises:
+        DeviceError: the device is not available here.
+    """
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceError(f"device={device!r}: not a device name ({exc})") from None
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise DeviceError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:K'")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device={device!r}: no CUDA device is available to torch")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise DeviceError(
+            f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+        )
+    return torch.device("cuda", index)
+
+
+class DeviceFeed:
+    """An iterator of device batches over an iterator of (pinned) host batches."""
+
+    def __init__(
+        self,
+        source: Iterator[Any],
+        device: torch.device,
+        depth: int,
+        recorder: BatchRecorder | None = None,
+        mover: Callable[[Any, torch.device], Any] = move,
+    ) -> None:
+        self.source = source
+        self.device = device
+        self.depth = depth
+        self.recorder = recorder
+        self.mover = mover
+        self.side = torch.cuda.Stream(device) if depth > 0 else None
+        self.ahead: deque[tuple[Any, Any, Any]] = deque()  # (batch, start, done) events
+        self.timing: deque[tuple[Any, Any]] = deque()  # copies whose time is not read yet
+        self.exhausted = False
+
+    def __iter__(self) -> DeviceFeed:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        while not self.exhausted and len(self.ahead) < max(1, self.depth):
+            self._issue()
+        if not self.ahead:
+            self._read_timings(block=True)
+            if self.recorder is not None:
+                self.recorder.flush()
+            raise StopIteration
+        batch, begun, done = self.ahead.popleft()
+        consumer = torch.cuda.current_stream(self.device)
+        if self.side is not None:
+            consumer.wait_event(done)  # the GPU waits for the copy; the host does not
+            for t in tensors_of(batch):
+                if t.device.type == "cuda":
+                    t.record_stream(consumer)
+        if not self.exhausted and self.depth > 0:
+            self._issue()  # the next copy overlaps the step about to run on this batch
+        self.timing.append((begun, done))
+        self._read_timings(block=False)
+        if self.recorder is not None:
+            self.recorder.waited(time.perf_counter() - start)
+        return batch
+
+    def _issue(self) -> None:
+        try:
+            host = next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return
+        stream = self.side if self.side is not None else torch.cuda.current_stream(self.device)
+        begun = torch.cuda.Event(enable_timing=True)
+        done = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            begun.record(stream)
+            moved = self.mover(host, self.device)
+            done.record(stream)
+        self.ahead.append((moved, begun, done))
+
+    def _read_timings(self, *, block: bool) -> None:
+        while self.timing and (block or self.timing[0][1].query()):
+            begun, done = self.timing.popleft()
+            done.synchronize()
+            if self.recorder is not None:
+                self.recorder.h2d(begun.elapsed_time(done) / 1000.0)
