@@ -38,7 +38,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
-	$(PY) -m ruff check autoloader plugins tests benchmarks
+	$(PY) -m ruff check autoloader plugins tests benchmarks examples
 	$(PY) -m mypy autoloader plugins
 
 clean:

@@ -23,6 +23,7 @@ from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
+from autoloader.loader.trainers import PlannedIndices, lightning_record, mark_prepared
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
@@ -87,6 +88,12 @@ class DataLoader(tud.DataLoader):
             given["collate_fn"] = collate
         self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
         super().__init__(dataset, **given)
+        if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
+            # A planned loader is sharded across ranks already: trainers must not shard it
+            # again, and Lightning's epoch path must reach the batch sampler (trainers.py).
+            object.__setattr__(self, "sampler", PlannedIndices(self.batch_sampler, dataset))
+            lightning_record(self.batch_sampler, self.plan.batching.options)
+            mark_prepared(self)
         self.device_prefetch = _device_prefetch(self.plan, prefetch_override)
         if self._feed_device is not None and not self.pin_memory:
             warnings.warn(

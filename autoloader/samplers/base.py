@@ -29,6 +29,8 @@ class SizeBatchSampler(Sampler[list[int]]):
         drop_last: drop the last, incomplete global batch instead of padding it.
         num_replicas: the number of ranks sharing the epoch.
         rank: this rank, in ``[0, num_replicas - 1]``.
+        sampler: ignored. Lightning passes its own (distributed) sampler when it
+            re-creates a batch sampler; these are rank-aware already.
     """
 
     name = "base"
@@ -43,6 +45,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         num_replicas: int = 1,
         rank: int = 0,
+        sampler: Any = None,
     ) -> None:
         self.sizes = check_sizes(sizes)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)

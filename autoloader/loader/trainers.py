@@ -1,0 +1,78 @@
+"""A planned DataLoader inside the trainers users already run: Lightning and Accelerate.
+
+Both trainers assume they must shard a loader across ranks. A planned loader is sharded
+already (its batch sampler is rank-aware), and sharding it again loses data silently.
+
+- Lightning (``use_distributed_sampler=True``, its default) rebuilds a loader whose
+  ``sampler`` is not a ``DistributedSampler``, re-creating the batch sampler with its own
+  sampler as the first argument. So a planned loader's ``sampler`` is
+  ``PlannedIndices``: a ``DistributedSampler`` over the indices this rank reads under the
+  plan, and no rebuild is needed for fit, validate or test. Lightning calls ``set_epoch``
+  on ``loader.sampler``; ``PlannedIndices`` forwards it to the batch sampler, so every
+  epoch is reshuffled through Lightning's own epoch path. In predict mode Lightning
+  always rebuilds the loader (to track indices); the batch sampler then carries
+  Lightning's record of its constructor arguments (``lightning_record``), so it is
+  re-created with the same plan (Lightning's injected sampler is ignored: ours is
+  rank-aware already, and Lightning's ``drop_last=False`` for prediction is kept).
+- Accelerate's ``prepare()`` would wrap the loader in a ``DataLoaderShard`` that shards
+  the planned batches a second time (half the data on 2 ranks) and drops our metrics. A
+  planned loader is marked prepared, so ``prepare()`` keeps it as it is (``mark_prepared``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DistributedSampler
+
+from autoloader.samplers.base import SizeBatchSampler
+
+
+class PlannedIndices(DistributedSampler):  # type: ignore[type-arg]
+    """The indices this rank reads under the plan, in order, as a ``DistributedSampler``."""
+
+    def __init__(self, batch_sampler: SizeBatchSampler, dataset: Any) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=batch_sampler.num_replicas,
+            rank=batch_sampler.rank,
+            shuffle=batch_sampler.shuffle,
+            seed=batch_sampler.seed,
+            drop_last=batch_sampler.drop_last,
+        )
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self.batch_sampler:
+            yield from batch
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.batch_sampler.local_batches())
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.batch_sampler.set_epoch(epoch)
+
+
+def lightning_record(batch_sampler: SizeBatchSampler, options: dict[str, Any]) -> None:
+    """Record the batch sampler's constructor arguments the way Lightning records those of
+    samplers built inside its hooks, so that its predict-mode rebuild re-creates it."""
+    kwargs = {
+        "shuffle": batch_sampler.shuffle,
+        "seed": batch_sampler.seed,
+        "drop_last": batch_sampler.drop_last,
+        "num_replicas": batch_sampler.num_replicas,
+        "rank": batch_sampler.rank,
+        "sampler": None,
+        **options,
+    }
+    setattr(batch_sampler, "__pl_saved_args", (batch_sampler.sizes, batch_sampler.batch_size))
+    setattr(batch_sampler, "__pl_saved_kwargs", kwargs)
+    setattr(batch_sampler, "__pl_saved_default_kwargs", {})
+    setattr(batch_sampler, "__pl_saved_arg_names", ("sizes", "batch_size"))
+
+
+def mark_prepared(loader: Any) -> None:
+    """Make Accelerate's ``prepare()`` keep the loader as it is (see the module notes)."""
+    loader._is_accelerate_prepared = True

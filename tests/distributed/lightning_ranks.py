@@ -1,0 +1,115 @@
+"""Run as a script: a planned autoloader.DataLoader under PyTorch Lightning's defaults.
+
+  python lightning_ranks.py fit OUT      Trainer(accelerator="cpu", devices=2, strategy="ddp")
+  python lightning_ranks.py predict OUT  Trainer(accelerator="cpu", devices=1).predict
+
+Lightning launches the second rank by running this script again. Each rank writes what
+it saw to OUT/<mode>-rank<R>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
+
+import autoloader
+from autoloader.lightning import LoaderStatsCallback
+
+
+class Skewed(Dataset):
+    """512 samples; sample i is (i, 1.0); sizes are skewed, as graph events are."""
+
+    def __init__(self, n: int = 512) -> None:
+        self.sizes = np.random.default_rng(0).lognormal(8.0, 1.0, n).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i), 1.0])
+
+    def autoloader_sizes(self) -> np.ndarray:
+        return self.sizes
+
+
+PLAN = autoloader.Plan.from_dict(
+    {"schema": 1, "loader": {"num_workers": 0},
+     "batching": {"strategy": "kk", "local_batch_size": 16, "world_size": 2}}
+)  # fmt: skip
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaders: list[autoloader.DataLoader] = []
+
+    def train_dataloader(self) -> autoloader.DataLoader:
+        loader = autoloader.DataLoader(Skewed(), plan=PLAN, registry=CollectorRegistry())
+        self.loaders.append(loader)
+        return loader
+
+
+class Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.epochs: list[list[list[int]]] = []
+
+    def on_train_epoch_start(self) -> None:
+        self.epochs.append([])
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.epochs[-1].append([int(i) for i in batch[:, 0]])
+        return self.layer(batch).mean()
+
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> list[int]:
+        return [int(i) for i in batch[:, 0]]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    model = Model()
+    common = {"accelerator": "cpu", "enable_progress_bar": False, "enable_checkpointing": False,
+              "enable_model_summary": False}  # fmt: skip
+    if mode == "fit":
+        data = Data()
+        trainer = pl.Trainer(
+            devices=2, strategy="ddp", max_epochs=2,
+            logger=pl.loggers.CSVLogger(out, name="logs"), callbacks=[LoaderStatsCallback()],
+            **common,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=data)
+        loader = trainer.train_dataloader
+        result = {
+            "epochs": model.epochs,
+            "kept_our_loader": loader is data.loaders[-1],
+            "rebuilt": len(data.loaders),
+            "stats_batches": data.loaders[-1].stats.batches,
+        }
+        rank = trainer.global_rank
+    else:
+        trainer = pl.Trainer(devices=1, logger=False, **common)
+        single = autoloader.Plan.from_dict({**PLAN.to_dict(), "batching": {
+            **PLAN.to_dict()["batching"], "world_size": 1, "global_batch_size": 16}})  # fmt: skip
+        loader = autoloader.DataLoader(Skewed(), plan=single, registry=CollectorRegistry())
+        predictions = trainer.predict(model, dataloaders=loader)
+        result = {"predicted": [i for batch in predictions for i in batch],
+                  "batches": len(predictions)}  # fmt: skip
+        rank = 0
+    (out / f"{mode}-rank{rank}.json").write_text(json.dumps(result))
+    os._exit(0)  # gloo's teardown can deadlock (see ranks.py); everything is written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The trainers users already run: Lightning (NuGraph's) and Accelerate, under DDP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import prepend_pythonpath, torchrun
+
+pytest.importorskip("pytorch_lightning")
+pytest.importorskip("accelerate")
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "distributed"
+
+
+def run_script(*args: str, timeout: float = 300) -> None:
+    done = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+        env=prepend_pythonpath(SCRIPTS, HERE), cwd=SCRIPTS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def check_plan_epochs(ranks: list[dict]) -> None:
+    """Per rank the plan's batches (16 of 16), disjoint ranks covering all 512 samples
+    each epoch, and a new order in epoch 2."""
+    for epoch in range(2):
+        per_rank = [r["epochs"][epoch] for r in ranks]
+        assert [len(batches) for batches in per_rank] == [16, 16]
+        assert all(len(b) == 16 for batches in per_rank for b in batches)
+        seen = Counter(i for batches in per_rank for b in batches for i in b)
+        assert set(seen) == set(range(512)) and max(seen.values()) == 1
+    for r in ranks:
+        assert r["epochs"][0] != r["epochs"][1]
+        assert r["kept_our_loader"] and r["stats_batches"] == 32
+
+
+@pytest.mark.slow
+def test_lightning_ddp_with_its_defaults_keeps_the_plan(tmp_path: Path) -> None:
+    run_script(str(SCRIPTS / "lightning_ranks.py"), "fit", str(tmp_path))
+    ranks = [json.loads((tmp_path / f"fit-rank{r}.json").read_text()) for r in range(2)]
+    check_plan_epochs(ranks)
+    assert [r["rebuilt"] for r in ranks] == [1, 1]  # Lightning did not rebuild the loader
+    logged = (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = logged[0].split(",")
+    first = dict(zip(header, logged[1].split(","), strict=True))
+    assert float(first["autoloader/batches"]) == 32 and float(first["autoloader/samples"]) == 512
+
+
+@pytest.mark.slow
+def test_lightning_predict_on_one_device(tmp_path: Path) -> None:
+    run_script(str(SCRIPTS / "lightning_ranks.py"), "predict", str(tmp_path))
+    result = json.loads((tmp_path / "predict-rank0.json").read_text())
+    assert sorted(result["predicted"]) == list(range(512)) and result["batches"] == 32
+
+
+@pytest.mark.slow
+def test_accelerate_prepare_keeps_the_plan(tmp_path: Path) -> None:
+    torchrun(SCRIPTS / "accelerate_ranks.py", str(tmp_path), ranks=2, timeout=300)
+    ranks = [json.loads((tmp_path / f"accelerate-rank{r}.json").read_text()) for r in range(2)]
+    check_plan_epochs(ranks)
+    assert all(r["known_to_accelerate"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_the_nugraph_example_trains_under_ddp(tmp_path: Path) -> None:
+    data = tmp_path / "events.gnn.h5"
+    run_script(str(HERE.parent / "examples" / "nugraph_lightning.py"), str(data), "--demo",
+               "--plan", str(tmp_path / "plan.toml"), "--devices", "2", "--epochs", "1",
+               timeout=400)  # fmt: skip
+    assert (tmp_path / "plan.toml").exists()
+    assert any(tmp_path.glob("lightning_logs/version_0/*"))
+
+
+def test_tune_calibrates_on_a_lightning_modules_real_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from lightning_ranks import Model, Skewed
+
+    from autoloader import UsageError, tune
+    from autoloader.lightning import step_factory
+
+    made: list[Model] = []
+
+    def build() -> Model:
+        made.append(Model())
+        return made[-1]
+
+    step = step_factory(build, device="cpu")()
+    made[0].epochs.append([])
+    before = made[0].layer.weight.detach().clone()
+    step(torch.tensor([[1.0, 1.0], [2.0, 1.0]]))
+    assert not torch.equal(made[0].layer.weight, before)  # backward and optimiser ran
+    plan = tune(Skewed(), global_batch_size=32, device="cpu", step=step_factory(
+        lambda: _with_epoch(Model()), device="cpu"), max_workers=0, iterations=2,
+        progress=False)  # fmt: skip
+    assert plan.memory["model"]["source"] == "step"
+    with pytest.raises(UsageError, match="expected a LightningModule from the factory, found int"):
+        step_factory(lambda: 3)()
+
+
+def _with_epoch(model):  # type: ignore[no-untyped-def]
+    model.epochs.append([])  # its training_step records batches into the current epoch
+    return model
