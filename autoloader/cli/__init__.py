@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -81,6 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if program:
             _quiet_from_now_on()
         print("autoloader: interrupted; nothing was written", file=sys.stderr)
+        if program:
+            # Nothing is left to do: leave without tearing down half-imported or running
+            # torch state (worker iterators, process groups), whose teardown after an
+            # interrupt can itself be interrupted and end the process by signal.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except Exception:
         traceback.print_exc()
