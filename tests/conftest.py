@@ -13,6 +13,15 @@ from torch.utils.data import Dataset
 
 from autoloader.demo.synthetic import generate
 
+GOOD_PLAN = """\
+schema = 1
+[loader]
+num_workers = 0
+[batching]
+strategy = "random"
+local_batch_size = 4
+"""
+
 
 @pytest.fixture(scope="session")
 def events_h5(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -12,20 +12,11 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-from conftest import run_cli
+from conftest import GOOD_PLAN, run_cli
 
 import autoloader
 from autoloader import Plan
 from autoloader.cli import main
-
-GOOD_PLAN = """\
-schema = 1
-[loader]
-num_workers = 0
-[batching]
-strategy = "random"
-local_batch_size = 4
-"""
 
 
 def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import prepend_pythonpath, run_cli
+from conftest import GOOD_PLAN, prepend_pythonpath, run_cli
 from prometheus_client import CollectorRegistry
 
 import autoloader
@@ -24,13 +24,6 @@ from autoloader.datasets.reads import SampleError
 from autoloader.files import exclusive
 
 TESTS = Path(__file__).parent
-GOOD_PLAN = """schema = 1
-[loader]
-num_workers = 0
-[batching]
-strategy = "random"
-local_batch_size = 4
-"""
 
 
 def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

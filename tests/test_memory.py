@@ -212,3 +212,24 @@ def test_plan_from_a_known_step_never_exceeds_the_budget(events_h5: Path) -> Non
     assert plan.memory["predicted_peak_bytes"] <= budget
     verdicts = plan.tuning["batching"]["candidates"]
     assert any(v["verdict"] == "chosen" for v in verdicts)
+
+
+def test_a_data_parallel_step_is_measured_on_every_device() -> None:
+    """nn.DataParallel holds more on the device that gathers: calibration finds its
+    devices (a step that is one, or holds one) to take the heaviest."""
+    from autoloader.tuning.calibrate import data_parallel_devices
+
+    parallel = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+    parallel.device_ids = [0, 1]  # as on a machine with two GPUs
+
+    class Step:
+        def __init__(self) -> None:
+            self.model = parallel
+
+        def __call__(self, batch: object) -> None:
+            pass
+
+    assert data_parallel_devices(parallel) == [0, 1]
+    assert data_parallel_devices(Step()) == [0, 1]
+    assert data_parallel_devices(torch.nn.Linear(2, 2)) == []
+    assert data_parallel_devices(lambda batch: None) == []

@@ -51,6 +51,8 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     model = mem.get("model")
     if isinstance(model, dict) and model.get("description"):
         out.append(f"          model: {model['description']}")
+    if isinstance(model, dict) and isinstance(model.get("data_parallel"), str):
+        out.append(f"          nn.DataParallel: {model['data_parallel']}")
     out.extend(_reserve(mem))
     gpus = hw.get("gpus")
     if isinstance(gpus, list) and len(gpus) > 1:

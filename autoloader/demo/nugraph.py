@@ -20,7 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from autoloader.demo.synthetic import node_counts
+from autoloader.demo.synthetic import is_current, node_counts
 
 PLANES = ("u", "v", "y")
 SEMANTIC_CLASSES = ("MIP", "HIP", "shower", "michel", "diffuse")
@@ -80,7 +80,7 @@ def generate_nugraph(
     ``splits`` are the validation and test fractions, as NuGraph's ``generate_samples``.
     """
     path = Path(path)
-    if _is_current(path, num_events, seed):
+    if is_current(path, "autoloader.demo.nugraph", num_events, seed):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -128,15 +128,3 @@ def generate_nugraph(
         )
     os.replace(tmp, path)
     return path
-
-
-def _is_current(path: Path, num_events: int, seed: int) -> bool:
-    try:
-        with h5py.File(path, "r") as f:
-            return (
-                f.attrs.get("generator") == "autoloader.demo.nugraph"
-                and int(f.attrs["num_events"]) == num_events
-                and int(f.attrs["seed"]) == seed
-            )
-    except (OSError, KeyError):
-        return False

@@ -38,7 +38,7 @@ def node_counts(
 def generate(path: str | os.PathLike[str], num_events: int = 4000, *, seed: int = 0) -> Path:
     """Write the dataset to ``path`` (atomically) unless an identical one is there."""
     path = Path(path)
-    if _is_current(path, num_events, seed):
+    if is_current(path, "autoloader.demo.synthetic", num_events, seed):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -64,11 +64,12 @@ def generate(path: str | os.PathLike[str], num_events: int = 4000, *, seed: int 
     return path
 
 
-def _is_current(path: Path, num_events: int, seed: int) -> bool:
+def is_current(path: Path, generator: str, num_events: int, seed: int) -> bool:
+    """Whether ``path`` is a file ``generator`` wrote with these events and seed."""
     try:
         with h5py.File(path, "r") as f:
             return (
-                f.attrs.get("generator") == "autoloader.demo.synthetic"
+                f.attrs.get("generator") == generator
                 and int(f.attrs["num_events"]) == num_events
                 and int(f.attrs["seed"]) == seed
             )

@@ -125,28 +125,46 @@ def _run(step: Callable[[Any], Any], batch: Any) -> str | None:
     return None
 
 
+def data_parallel_devices(step: Any) -> list[int]:
+    """The GPUs of an ``nn.DataParallel`` model the step trains (the step itself, or an
+    attribute of it), else ``[]``. Its first device gathers the outputs and holds more."""
+    candidates = [step, *vars(step).values()] if hasattr(step, "__dict__") else [step]
+    for obj in candidates:
+        if isinstance(obj, torch.nn.DataParallel) and len(obj.device_ids) > 1:
+            return [int(torch.device("cuda", d).index or 0) if isinstance(d, int) else
+                    int(torch.device(d).index or 0) for d in obj.device_ids]  # fmt: skip
+    return []
+
+
 def _cuda_peaks(factory: StepFactory, batches: Batches, device: torch.device) -> list[Point]:
     torch.cuda.synchronize(device)
     gc.collect()
     torch.cuda.empty_cache()
-    baseline = torch.cuda.memory_reserved(device)
-    allocated_base = torch.cuda.memory_allocated(device)
+    # read before the model is built, so its parameters count in the peaks
+    visible = range(torch.cuda.device_count())
+    baseline = {d: torch.cuda.memory_reserved(d) for d in visible}
+    allocated_base = {d: torch.cuda.memory_allocated(d) for d in visible}
     step = factory()
+    devices = data_parallel_devices(step) or [device.index or 0]
     out = []
     warm = batches[0][1]()
     _run(step, warm)  # creates optimiser state; an OOM here shows again on the points
     del warm
     for nbytes, make in batches:
         batch = make()
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        for d in devices:
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
         note = _run(step, batch)
-        torch.cuda.synchronize(device)
+        for d in devices:
+            torch.cuda.synchronize(d)
         del batch
         if note is None:
-            allocated = torch.cuda.max_memory_allocated(device) - allocated_base
-            reserved = torch.cuda.max_memory_reserved(device) - baseline
-            out.append(Point(nbytes, allocated, reserved_bytes=max(reserved, allocated)))
+            # nn.DataParallel: the heaviest device (the one that gathers) is the plan's
+            allocated = max(torch.cuda.max_memory_allocated(d) - allocated_base[d] for d in devices)
+            reserved = max(torch.cuda.max_memory_reserved(d) - baseline[d] for d in devices)
+            detail = f"heaviest of {len(devices)} DataParallel devices" if len(devices) > 1 else ""
+            out.append(Point(nbytes, allocated, detail, reserved_bytes=max(reserved, allocated)))
         else:
             out.append(Point(nbytes, None, note))
         gc.collect()

@@ -309,6 +309,12 @@ def tune(
             **({"device_prefetch_bytes": prefetch.bytes} if prefetch is not None else {}),
             "model": {**model.to_dict(), "description": model.describe()},
         }
+        gathered = next((p.note for p in calibration if "DataParallel" in p.note), None)
+        if gathered:
+            memory["model"]["data_parallel"] = (
+                f"planned for the {gathered} (the first gathers the outputs and holds more); "
+                "DistributedDataParallel, one process per GPU, avoids this imbalance"
+            )
         failed = [p for p in calibration if p.peak_bytes is None]
         if failed:
             memory["model"]["out_of_memory_at_bytes"] = [p.batch_bytes for p in failed]

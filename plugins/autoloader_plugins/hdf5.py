@@ -32,7 +32,28 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SUFFIXES = (".h5", ".hdf5", ".he5")
 
 
-class GraphEventsH5(Dataset):
+class LazyFile:
+    """An h5py handle opened lazily in each process that reads: h5py handles are not
+    fork-safe, so a worker opens its own, and pickling drops it."""
+
+    path: Path
+    _file: h5py.File | None = None
+    _pid: int | None = None
+
+    def _handle(self) -> h5py.File:
+        if self._file is None or self._pid != os.getpid():
+            self._file = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._file
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_file"] = None
+        state["_pid"] = None
+        return state
+
+
+class GraphEventsH5(LazyFile, Dataset):
     """A map-style dataset of ``torch_geometric.data.Data`` events from one HDF5 file."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -79,18 +100,6 @@ class GraphEventsH5(Dataset):
 
     def autoloader_source(self) -> DataSource:
         return DataSource.for_file(self.path)
-
-    def _handle(self) -> h5py.File:
-        if self._file is None or self._pid != os.getpid():
-            self._file = h5py.File(self.path, "r")
-            self._pid = os.getpid()
-        return self._file
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_file"] = None
-        state["_pid"] = None
-        return state
 
     def __repr__(self) -> str:
         return f"GraphEventsH5('{self.path}', events={len(self)})"

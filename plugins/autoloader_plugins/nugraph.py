@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader_plugins.hdf5 import LazyFile
 
 DEFAULT_SPLIT = "train"
 
@@ -42,7 +43,7 @@ def is_nugraph(f: h5py.File) -> bool:
     return first is not None and isinstance(group.get(first), h5py.Dataset)
 
 
-class NuGraphEvents(Dataset):
+class NuGraphEvents(LazyFile, Dataset):
     """A split of a NuGraph/pynuml HDF5 file as a map-style dataset of ``HeteroData``.
 
     Args:
@@ -109,18 +110,6 @@ class NuGraphEvents(Dataset):
     def autoloader_source(self) -> DataSource:
         source = DataSource.for_file(self.path)
         return DataSource(source.path, source.stamp, self.split or "")
-
-    def _handle(self) -> h5py.File:
-        if self._file is None or self._pid != os.getpid():
-            self._file = h5py.File(self.path, "r")
-            self._pid = os.getpid()
-        return self._file
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_file"] = None
-        state["_pid"] = None
-        return state
 
     def __repr__(self) -> str:
         split = f"#{self.split}" if self.split else ""
