@@ -24,8 +24,13 @@ over several epochs, searches the DataLoader worker count by timing pinned trans
 and writes a TOML plan atomically (a failed or interrupted run never leaves a partial
 plan nor touches an existing one).
 
-DATASET is one of: an .h5/.hdf5 file of graph events (one group per event), a directory
-of .pt files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a factory.
+DATASET is one of: a NuGraph/pynuml .h5 file (its train split; FILE.h5#SPLIT for
+another), an .h5/.hdf5 file of graph events (one group per event), a directory of .pt
+files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a factory.
+
+Run it the way training runs, one rank per GPU (torchrun, or srun), and it tunes once
+for the job: every rank probes its own GPU, the tightest sets the batching all ranks
+share, and rank 0 writes the plan. `autoloader devices` shows the node's GPUs first.
 """
 
 
