@@ -35,6 +35,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/workers.py
 	$(PY) benchmarks/metrics.py
+	$(PY) benchmarks/cli.py
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps "nugraph==25.4.0"
+	$(PY) benchmarks/nugraph_files.py
 
 lint: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
