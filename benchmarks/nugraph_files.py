@@ -77,10 +77,11 @@ def sizes_benchmark(path: Path, events: int, *, load: bool = True) -> None:
     loaded = np.array([nbytes_of(ds[i]) for i in range(some)])
     times["loading every event"] = (time.perf_counter() - start) * len(ds) / some
     base = times["loading every event"]
+    skew = meta.max() / meta.mean()
     if not load:
         print(f"  (loading every event extrapolated from the first {some})")
         recorded, meta = recorded[:some], meta[:some]
-    print(f"\nsizes of {len(ds)} train events (largest / mean = {meta.max() / meta.mean():.1f})")
+    print(f"\nsizes of {len(ds)} train events (largest / mean = {skew:.1f})")
     for name, t in times.items():
         goal = {"metadata (itemsize), cold": " (goal <= 15 s)"}.get(name, " (goal <= 1 s)")
         goal = "" if name in ("loading every event", "open the split (names, checks)") else goal
