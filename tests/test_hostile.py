@@ -325,7 +325,8 @@ def test_words(
         assert stage in said
 
 
-def test_the_help_answers_quickly_by_benchmark() -> None:
+def test_python_dash_m_prints_the_version() -> None:
+    """As the program (``python -m autoloader``); its speed is benchmarks/cli.py's."""
     done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.startswith("autoloader ")
 
