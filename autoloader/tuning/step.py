@@ -87,7 +87,7 @@ def sample_batches(
     dev: torch.device,
     collate_fn: Any,
     timeout: float,
-    count: int = 6,
+    count: int,
 ) -> list[Any]:
     """A few pinned random batches of ``batch_size``, as the training loop will see them."""
     sampler = RandomBatchSampler(sizes, batch_size, seed=seed)

@@ -208,27 +208,23 @@ def tune(
 
         cpus, placement = _placement(dev)
         n_max = max(0, cpus - 1) if max_workers is None else max_workers
-        step_seconds = None
-        if factory is not None:
+        step_seconds = copy_time = None
+        if factory is not None or dev.type == "cuda":
 
-            def timed() -> float:
+            def timed() -> tuple[float | None, float | None]:
+                """The step's and the copy's seconds, on one set of sample batches."""
                 batches = sample_batches(
-                    dataset, sizes, local, seed, dev, collate_fn, worker_timeout
+                    dataset, sizes, local, seed, dev, collate_fn, worker_timeout, STEP_BATCHES
                 )
-                return time_step(factory(), batches, dev)  # type: ignore[misc]
+                copy = copy_seconds(batches, dev) if dev.type == "cuda" else None
+                step = time_step(factory(), batches, dev) if factory is not None else None
+                return step, copy
 
-            step_seconds = timed() if job is None else leader_result(job, timed)
+            step_seconds, copy_time = timed() if job is None else leader_result(job, timed)
         prefetch = None
         if dev.type == "cuda":
-
-            def copied() -> float:
-                batches = sample_batches(
-                    dataset, sizes, local, seed, dev, collate_fn, worker_timeout
-                )
-                return copy_seconds(batches, dev)
-
             prefetch = choose_device_prefetch(
-                copy_seconds=copied() if job is None else leader_result(job, copied),
+                copy_seconds=copy_time,
                 step_seconds=step_seconds,
                 worst_batch_bytes=batching.replays[batching.strategy].worst_batch_bytes,
                 predicted_peak_bytes=batching.predicted_peak_bytes,
