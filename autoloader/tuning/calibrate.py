@@ -32,8 +32,8 @@ import torch
 
 from autoloader.datasets.reads import read
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
+from autoloader.loader.device_feed import move
 from autoloader.tuning.step import StepFactory
-from autoloader.tuning.transfer import to_device
 
 Batches = Sequence[tuple[int, Callable[[], Any]]]
 
@@ -88,7 +88,7 @@ def calibrate_step(
 
         def make(idx: np.ndarray = idx) -> Any:
             batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
-            return to_device(batch, dev) if pinned else batch
+            return move(batch, dev) if pinned else batch
 
         work.append((int(sizes[idx].sum()), make))
     points = measure_peaks(factory, work, dev)

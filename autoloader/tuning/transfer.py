@@ -1,29 +1,19 @@
-"""Copy a batch (tensor, PyG batch, or nested containers) to a device and wait for it."""
+"""Time copies of batches to the device, as the DataLoader's device feed makes them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-
-def to_device(batch: Any, device: torch.device, *, non_blocking: bool = True) -> Any:
-    """Move every tensor in ``batch`` to ``device``; containers keep their shape."""
-    if hasattr(batch, "to") and callable(batch.to):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return [to_device(v, device, non_blocking=non_blocking) for v in batch]
-    return batch
+from autoloader.loader.device_feed import move
 
 
 def transfer(batch: Any, device: torch.device) -> None:
     """Copy ``batch`` to ``device`` and synchronise, so a timer around it is honest."""
     if device.type == "cpu":
         return
-    moved = to_device(batch, device)
+    moved = move(batch, device)
     torch.cuda.synchronize(device)
     del moved
 
