@@ -26,17 +26,36 @@ def accelerator_available() -> bool:
     return torch.cuda.is_available()
 
 
+def visible_entries(count: int) -> list[int | str]:
+    """What ``CUDA_VISIBLE_DEVICES`` maps torch ordinals 0..count-1 to (NVML indices or
+    UUIDs); without it, ordinal k is NVML index k."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    entries: list[int | str] = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if entry.lstrip("-").isdigit():
+            if int(entry) < 0:  # CUDA stops at the first invalid entry
+                break
+            entries.append(int(entry))
+        else:
+            entries.append(entry)
+    return entries
+
+
 def nvml_index(device: torch.device) -> int | str:
     """The NVML index (or UUID) of a torch CUDA device, honouring CUDA_VISIBLE_DEVICES."""
     k = device.index or 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or not visible.strip():
         return k
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    entries = visible_entries(k + 1)
     if k >= len(entries):
         raise DeviceError(f"cuda:{k} is not in CUDA_VISIBLE_DEVICES={visible!r}")
-    entry = entries[k]
-    return int(entry) if entry.isdigit() else entry
+    return entries[k]
 
 
 @contextlib.contextmanager

@@ -9,9 +9,10 @@ import pytest
 import torch
 from fake_nvml import FakeGPU, FakeNvml, GiB
 
+from autoloader.accelerator import visible_entries
 from autoloader.cli import main
 from autoloader.tuning.devices import probe_headroom
-from autoloader.tuning.gpus import node_gpus, visible_entries
+from autoloader.tuning.gpus import node_gpus
 from autoloader.tuning.reserve import DEFAULT_CUDA_CONTEXT, DEFAULT_NCCL, reserve_parts
 
 

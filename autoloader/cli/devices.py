@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
 def describe(ranks: int | None = None) -> dict[str, Any]:
     """The ``devices --json`` document."""
     from autoloader.errors import UsageError
-    from autoloader.tuning.gpus import local_world_size, node_gpus, tightest
+    from autoloader.tuning.cpus import local_world_size
+    from autoloader.tuning.gpus import node_gpus, tightest
     from autoloader.tuning.reserve import reserve_parts
 
     if ranks is not None and ranks < 1:

@@ -6,6 +6,8 @@ import math
 import os
 from pathlib import Path
 
+from autoloader.errors import UsageError
+
 
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota."""
@@ -34,7 +36,19 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
+def local_world_size() -> int:
+    """Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``SLURM_NTASKS_PER_NODE``, 1."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(
+                    f"environment variable {name}: expected an integer >= 1, found {value!r}"
+                )
+            return int(value)
+    return 1
+
+
 def cpus_per_rank() -> int:
-    """Usable CPUs divided among the ranks sharing this node (``LOCAL_WORLD_SIZE``)."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, usable_cpus() // max(1, local))
+    """Usable CPUs divided among the ranks sharing this node (``local_world_size``)."""
+    return max(1, usable_cpus() // local_world_size())

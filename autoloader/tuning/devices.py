@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, replace
 
 import psutil
 import torch
 
 from autoloader.errors import DeviceError, UsageError
-from autoloader.tuning.gpus import NodeGPU, local_world_size, node_gpus, tightest
+from autoloader.tuning.cpus import local_world_size
+from autoloader.tuning.gpus import NodeGPU, node_gpus, tightest
+from autoloader.tuning.options import DEVICE
 
 log = logging.getLogger(__name__)
-_DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
 def resolve_device(spec: str | None) -> torch.device:
@@ -30,7 +30,7 @@ def resolve_device(spec: str | None) -> torch.device:
         local = os.environ.get("LOCAL_RANK", "")  # a launcher's rank k trains on cuda:k
         k = int(local) if local.isdigit() else torch.cuda.current_device()
         return torch.device("cuda", k % torch.cuda.device_count())
-    match = _DEVICE.match(str(spec).strip().lower())
+    match = DEVICE.match(str(spec).strip().lower())
     if match is None:
         raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {spec!r}")
     kind, index = match.group(1), match.group(2)

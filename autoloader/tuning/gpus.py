@@ -13,8 +13,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autoloader.accelerator import nvml
+from autoloader.accelerator import nvml, visible_entries
 from autoloader.errors import DeviceError, UsageError
+from autoloader.tuning.cpus import local_world_size
 
 
 @dataclass(frozen=True)
@@ -30,39 +31,6 @@ class NodeGPU:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def visible_entries(count: int) -> list[int | str]:
-    """What ``CUDA_VISIBLE_DEVICES`` maps torch ordinals 0..count-1 to (NVML indices or
-    UUIDs); without it, ordinal k is NVML index k."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    entries: list[int | str] = []
-    for raw in visible.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry.lstrip("-").isdigit():
-            if int(entry) < 0:  # CUDA stops at the first invalid entry
-                break
-            entries.append(int(entry))
-        else:
-            entries.append(entry)
-    return entries
-
-
-def local_world_size() -> int:
-    """Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``SLURM_NTASKS_PER_NODE``, 1."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
-        if value:
-            if not value.isdigit() or int(value) < 1:
-                raise UsageError(
-                    f"environment variable {name}: expected an integer >= 1, found {value!r}"
-                )
-            return int(value)
-    return 1
 
 
 def node_gpus(ranks: int | None = None, *, first: int = 0) -> list[NodeGPU] | None:
