@@ -131,3 +131,28 @@ def test_first_host_and_the_srun_rendezvous() -> None:
     }  # fmt: skip
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
     assert launcher_env({}) is None
+
+
+def test_each_node_takes_its_own_loader_table() -> None:
+    """A collective tune keeps each node's worker search in [tuning.nodes]: the DataLoader
+    on that host uses it, validated as any [loader] table."""
+    from prometheus_client import CollectorRegistry
+
+    from autoloader import DataLoader, PlanError
+
+    host = socket.gethostname()
+    base = {"schema": 1, "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    mine = Plan.from_dict(
+        {**base, "tuning": {"nodes": {host: {"num_workers": 2, "prefetch_factor": 3},
+                                      "other-node": {"num_workers": 7}}}}
+    )  # fmt: skip
+    loader = DataLoader(list(range(16)), plan=mine, registry=CollectorRegistry())
+    assert (loader.num_workers, loader.prefetch_factor) == (2, 3)
+    bad = Plan.from_dict({**base, "tuning": {"nodes": {host: {"num_workers": 0,
+                                                              "prefetch_factor": 3}}}})  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=rf"key 'tuning\.nodes\.{host}\.prefetch_factor': only valid with num_workers > 0",
+    ):
+        DataLoader(list(range(16)), plan=bad, registry=CollectorRegistry())

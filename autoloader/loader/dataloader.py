@@ -26,6 +26,7 @@ from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.loader.trainers import PlannedIndices, lightning_record, mark_prepared
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import LoaderPlan, Plan
+from autoloader.plan.schema import MAX_DEVICE_PREFETCH, validate_loader
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.sizes import fingerprint, sample_sizes
 
@@ -206,9 +207,11 @@ def _planned_sampler(
 
 def _device_prefetch(plan: Plan | None, override: Any) -> int:
     if override is not None:
-        if isinstance(override, bool) or not isinstance(override, int) or not 0 <= override <= 16:
+        bad = isinstance(override, bool) or not isinstance(override, int)
+        if bad or not 0 <= override <= MAX_DEVICE_PREFETCH:
             raise UsageError(
-                f"device_prefetch should be an integer in [0, 16], but got {override!r}"
+                f"device_prefetch should be an integer in [0, {MAX_DEVICE_PREFETCH}], "
+                f"but got {override!r}"
             )
         return override
     planned = plan.loader.device_prefetch if plan is not None else None
@@ -219,20 +222,12 @@ def node_loader(plan: Plan) -> LoaderPlan:
     """This node's ``[loader]``: a collective tune records each node's worker search in
     ``[tuning.nodes]``; elsewhere, and for nodes it did not see, the plan's own."""
     nodes = plan.tuning.get("nodes")
-    table = nodes.get(socket.gethostname()) if isinstance(nodes, dict) else None
+    host = socket.gethostname()
+    table = nodes.get(host) if isinstance(nodes, dict) else None
     if not isinstance(table, dict):
         return plan.loader
-    try:
-        return Plan.from_dict(
-            {
-                "schema": 1,
-                "loader": table,
-                "batching": {"strategy": "random", "local_batch_size": 1},
-            },
-            source=f"{plan.source} [tuning.nodes.{socket.gethostname()}]",
-        ).loader
-    except PlanError as exc:
-        raise PlanError(str(exc).replace("'loader.", "'tuning.nodes.<host>.")) from None
+    validate_loader(table, plan.source, key=f"tuning.nodes.{host}")
+    return LoaderPlan(**table)
 
 
 def accumulation_for(plan: Plan, world: int) -> int:

@@ -100,16 +100,6 @@ class Plan:
                 f"world_size x grad_accum_steps = {b.local_batch_size} x {b.world_size} x "
                 f"{b.grad_accum_steps} = {implied}, found {b.global_batch_size}"
             )
-        if loader.get("prefetch_factor") is not None and loader["num_workers"] == 0:
-            raise PlanError(
-                f"{source}: key 'loader.prefetch_factor': only valid with num_workers > 0, "
-                f"found prefetch_factor = {loader['prefetch_factor']} with num_workers = 0"
-            )
-        if loader.get("persistent_workers") and loader["num_workers"] == 0:
-            raise PlanError(
-                f"{source}: key 'loader.persistent_workers': only valid with "
-                "num_workers > 0, found persistent_workers = true with num_workers = 0"
-            )
         extra = {
             k: copy.deepcopy(dict(data.get(k, {})))
             for k in ("meta", "dataset", "hardware", "memory", "tuning")

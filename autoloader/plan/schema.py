@@ -202,6 +202,34 @@ def validate(data: Mapping[str, Any], source: str) -> None:
     if isinstance(data.get("batching"), Mapping):
         _validate_options(data["batching"], source)
     _validate_evidence(data, source)
+    _loader_consistency(data["loader"], source, "loader")
+
+
+def validate_loader(table: Any, source: str, key: str = "loader") -> None:
+    """Check one ``[loader]`` table, wherever it stands (``key``: ``loader``, or a node's
+    table in ``tuning.nodes.HOST``).
+
+    Raises:
+        PlanError: naming ``source``, the key, what was expected and what was found.
+    """
+    if not isinstance(table, Mapping):
+        raise PlanError(f"{source}: key '{key}': expected a table, found {_show(table)}")
+    _, open_table, keys = TABLES["loader"]
+    _validate_table(key, table, keys, open_table, source)
+    _loader_consistency(table, source, key)
+
+
+def _loader_consistency(table: Mapping[str, Any], source: str, key: str) -> None:
+    if table.get("prefetch_factor") is not None and table["num_workers"] == 0:
+        raise PlanError(
+            f"{source}: key '{key}.prefetch_factor': only valid with num_workers > 0, "
+            f"found prefetch_factor = {table['prefetch_factor']} with num_workers = 0"
+        )
+    if table.get("persistent_workers") and table["num_workers"] == 0:
+        raise PlanError(
+            f"{source}: key '{key}.persistent_workers': only valid with "
+            "num_workers > 0, found persistent_workers = true with num_workers = 0"
+        )
 
 
 def _validate_options(batching: Mapping[str, Any], source: str) -> None:
