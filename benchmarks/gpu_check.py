@@ -238,19 +238,13 @@ def _workers(plan: Any, figures: dict[str, Any]) -> list[tuple[str, str, str, bo
 
 def _transfer(figures: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     import torch
+    from transfer import copy_seconds  # benchmarks/transfer.py, beside this script
 
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     out = []
+    size = 256 * 2**20
     for pinned in (True, False):
-        host = torch.empty(256 * 2**20, dtype=torch.uint8, pin_memory=pinned)
-        dev = torch.empty_like(host, device="cuda")
-        dev.copy_(host, non_blocking=pinned)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            dev.copy_(host, non_blocking=pinned)
-        torch.cuda.synchronize()
-        rate = 10 * host.numel() / (time.perf_counter() - start) / 1e9
+        rate = size / copy_seconds(size, pinned=pinned) / 1e9
         figures["pinned_gbps" if pinned else "pageable_gbps"] = rate
         out.append((f"host-to-device {'pinned' if pinned else 'pageable'}", f"{rate:.1f} GB/s",
                     "H100: 54" if pinned else "H100: 17", None))  # fmt: skip

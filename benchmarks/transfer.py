@@ -69,16 +69,17 @@ def epoch(loader: Any, step: Any, *, sync: bool) -> tuple[float, float]:
     return time.perf_counter() - start, waited
 
 
-def copy_seconds(batch_bytes: int) -> float:
-    host = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=True)
+def copy_seconds(batch_bytes: int, *, pinned: bool = True, repeats: int = 10) -> float:
+    """Seconds per host-to-device copy of ``batch_bytes`` (after one warm-up copy)."""
+    host = torch.empty(batch_bytes, dtype=torch.uint8, pin_memory=pinned)
     dev = torch.empty_like(host, device="cuda")
-    dev.copy_(host, non_blocking=True)
+    dev.copy_(host, non_blocking=pinned)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(10):
-        dev.copy_(host, non_blocking=True)
+    for _ in range(repeats):
+        dev.copy_(host, non_blocking=pinned)
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / 10
+    return (time.perf_counter() - start) / repeats
 
 
 def main() -> int:
