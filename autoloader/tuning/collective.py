@@ -75,9 +75,14 @@ def leader_result(job: Job, compute: Any) -> Any:
     return broadcast(job, result)
 
 
-def shared_sizes(job: Job, dataset: Any, *, progress: bool) -> np.ndarray:
-    """Sizes measured once, on rank 0, and shared with every rank."""
-    sizes = leader_result(job, lambda: np.asarray(sample_sizes(dataset, progress=progress)))
+def shared_sizes(
+    job: Job, dataset: Any, *, progress: bool, timeout: float | None = None
+) -> np.ndarray:
+    """Sizes measured once, on rank 0 (each sample read within ``timeout`` seconds), and
+    shared with every rank."""
+    sizes = leader_result(
+        job, lambda: np.asarray(sample_sizes(dataset, progress=progress, timeout=timeout))
+    )
     if not job.leader:
         remember_sizes(dataset, sizes)
     return sample_sizes(dataset)

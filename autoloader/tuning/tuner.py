@@ -120,7 +120,7 @@ def tune(
         collate_fn = collate_fn or collate
 
         if job is not None:
-            sizes = shared_sizes(job, dataset, progress=progress)
+            sizes = shared_sizes(job, dataset, progress=progress, timeout=worker_timeout)
         else:
             sizes = sample_sizes(dataset, progress=progress, timeout=worker_timeout)
         if global_batch_size > len(sizes):
