@@ -112,14 +112,14 @@ class Plan:
         for name in ("meta", "dataset", "hardware"):
             if getattr(self, name):
                 out[name] = copy.deepcopy(getattr(self, name))
-        out["loader"] = _drop_none(vars(self.loader))
-        batching = _drop_none(vars(self.batching))
+        out["loader"] = drop_none(vars(self.loader))
+        batching = drop_none(vars(self.batching))
         batching["options"] = dict(self.batching.options)
         out["batching"] = batching
         for name in ("memory", "tuning"):
             if getattr(self, name):
                 out[name] = copy.deepcopy(getattr(self, name))
-        return _drop_none(out)
+        return drop_none(out)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
@@ -168,9 +168,10 @@ class Plan:
         atomic_write(p, text.encode("utf-8"))
 
 
-def _drop_none(value: Any) -> Any:
+def drop_none(value: Any) -> Any:
+    """``value`` without ``None``, at any depth of tables and arrays (TOML has no null)."""
     if isinstance(value, Mapping):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+        return {k: drop_none(v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
-        return [_drop_none(v) for v in value if v is not None]
+        return [drop_none(v) for v in value if v is not None]
     return value

@@ -28,7 +28,3 @@ def ranks_table(ranks: list[RankBudget], limit: RankBudget) -> dict[str, Any]:
         "limiting_rank": limit.rank,
         "limiting_host": limit.host,
     }
-
-
-def drop_none(table: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in table.items() if v is not None}

@@ -17,6 +17,7 @@ from autoloader.loader.collate import collate
 from autoloader.loader.distributed import job_group
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
+from autoloader.plan.model import drop_none
 from autoloader.samplers import make_sampler
 from autoloader.sizes import fingerprint, sample_sizes, size_stats
 from autoloader.tuning import workers
@@ -33,7 +34,7 @@ from autoloader.tuning.collective import (
 )
 from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import probe_headroom, resolve_device
-from autoloader.tuning.evidence import drop_none, gpus_table, ranks_table
+from autoloader.tuning.evidence import gpus_table, ranks_table
 from autoloader.tuning.memory_model import default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.tuning.options import check_options
@@ -336,7 +337,7 @@ def tune(
                 **gpus_table(headroom),
                 **ranks_table(ranks, limit),
             },
-            loader=LoaderPlan(**drop_none(loader)),
+            loader=LoaderPlan(**loader),
             batching=BatchingPlan(
                 strategy=batching.strategy,
                 local_batch_size=local,
