@@ -65,15 +65,16 @@ def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.2, 0.4, 0.8])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int) -> None:
+def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int, delay: float) -> None:
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN)
     proc = subprocess.Popen(
         [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
         stderr=subprocess.PIPE, text=True, env=prepend_pythonpath(TESTS), cwd=TESTS,
     )  # fmt: skip
-    time.sleep(0.4)  # still importing
+    time.sleep(delay)  # still importing torch
     proc.send_signal(sig)
     time.sleep(0.1)
     proc.send_signal(signal.SIGINT)  # a second, impatient Ctrl-C
@@ -81,6 +82,28 @@ def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int) -> 
     assert proc.returncode == 130, err
     assert err.strip() == "autoloader: interrupted; nothing was written"
     assert out.read_text() == GOOD_PLAN
+
+
+def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised inside a C extension's import breaks it for the process
+    (numpy: "cannot load module more than once"); the stop comes once the import is done."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoloader", "tune", "slow_import:GOOD", "-o", str(tmp_path / "p")],
+        stderr=subprocess.PIPE, text=True, cwd=TESTS,
+        env={**prepend_pythonpath(TESTS), "SLOW_IMPORT_MARKS": str(marks)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (marks / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "autoloader: interrupted; nothing was written"
+    assert (marks / "finished").exists()
+    assert not (tmp_path / "p").exists()
 
 
 # 2. the user's data fails, not our code ------------------------------------------------

@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from autoloader._version import __version__
+from autoloader.cli import interrupts
 from autoloader.errors import AutoloaderError, UsageError
+
+INTERRUPTED = 130
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,7 +60,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     Called without ``argv`` (as the program), an interrupt also silences what follows it:
     a second Ctrl-C and the noise of torch's iterators torn down while the process exits.
     """
-    previous = _stop_on_sigterm()  # first: a signal during the imports is a clean stop
+    with interrupts.handled() as signals:  # first: a signal during the imports is a stop
+        status = _run(argv, signals)
+    if status == INTERRUPTED and argv is None:
+        # Nothing is left to do: leave without tearing down half-imported or running
+        # torch state (worker iterators, process groups), whose teardown after an
+        # interrupt can itself be interrupted and end the process by signal.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    return status
+
+
+def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
@@ -72,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("autoloader").setLevel(logging.INFO if verbose else logging.WARNING)
         return int(args.run(args, argv) or 0)
     except AutoloaderError as exc:
+        if signals.seen:  # a stop the user asked for, whatever it broke on its way out
+            return _interrupted(program)
         root = _root_cause(exc)
         if verbose and root is not exc:  # the user's own traceback, where it came from code
             traceback.print_exception(type(root), root, root.__traceback__)
@@ -79,25 +95,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"autoloader: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if program:
-            _quiet_from_now_on()
-        print("autoloader: interrupted; nothing was written", file=sys.stderr)
-        if program:
-            # Nothing is left to do: leave without tearing down half-imported or running
-            # torch state (worker iterators, process groups), whose teardown after an
-            # interrupt can itself be interrupted and end the process by signal.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
-        return 130
+        return _interrupted(program)
     except Exception:
+        if signals.seen:
+            return _interrupted(program)
         traceback.print_exc()
         print(
             "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
         )
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(program: bool) -> int:
+    if program:
+        interrupts.quiet_from_now_on()
+    print("autoloader: interrupted; nothing was written", file=sys.stderr)
+    return INTERRUPTED
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -106,19 +119,3 @@ def _root_cause(exc: BaseException) -> BaseException:
         exc = exc.__cause__
         seen.add(id(exc))
     return exc
-
-
-def _quiet_from_now_on() -> None:
-    """After an interrupt the process only exits: ignore further Ctrl-C, and do not print
-    the errors that worker iterators' ``__del__`` raise when a second one lands."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.unraisablehook = lambda unraisable: None
-
-
-def _stop_on_sigterm() -> Any:
-    """Turn SIGTERM into KeyboardInterrupt so a stopped tune unwinds and writes nothing."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, handler)
