@@ -212,3 +212,43 @@ def test_bad_files_get_one_clear_line(
 def test_split_of_a_flat_file_is_refused(events_h5: Path) -> None:
     with pytest.raises(DatasetError, match="'#train' selects a split of a NuGraph/pynuml file"):
         open_dataset(f"{events_h5}#train")
+
+
+def test_sizes_read_by_several_processes_equal_one(nugraph_copy: Path) -> None:
+    from autoloader_plugins.nugraph_sizes import itemsizes, read_itemsizes
+
+    ds = open_dataset(str(nugraph_copy))
+    with h5py.File(nugraph_copy) as f:
+        expected = [f["dataset"][name].dtype.itemsize for name in ds.names]
+    assert read_itemsizes(ds.path, ds.names).tolist() == expected
+    assert itemsizes(ds.path, ds.names, processes=3).tolist() == expected
+
+
+def test_a_bad_event_found_by_a_size_reader_is_one_clear_error(nugraph_copy: Path) -> None:
+    from autoloader_plugins.nugraph_sizes import itemsizes
+
+    ds = open_dataset(str(nugraph_copy))
+    name = ds.names[-1]  # in the last reader's slice
+    with h5py.File(nugraph_copy, "r+") as f:
+        del f["dataset"][name]
+        f.create_dataset(f"dataset/{name}", data=np.zeros(3))
+    with pytest.raises(DatasetError) as caught:
+        itemsizes(ds.path, ds.names, processes=2)
+    assert str(caught.value) == (
+        f"DATASET '{nugraph_copy}': event '{name}': expected a scalar of a compound dtype "
+        "(fields named store/attr), found a dataset of float64 with shape (3,)"
+    )
+
+
+def test_a_size_reader_that_dies_leaves_its_events_to_the_caller(
+    nugraph_copy: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autoloader_plugins.nugraph_sizes import itemsizes, read_itemsizes
+
+    ds = open_dataset(str(nugraph_copy))
+    monkeypatch.setattr("sys.executable", "/bin/false")  # each reader exits 1, prints nothing
+    sizes = itemsizes(ds.path, ds.names, processes=2)
+    assert sizes.tolist() == read_itemsizes(ds.path, ds.names).tolist()
+    assert "a size reader for" in caplog.text and "failed (exit status 1)" in caplog.text
+    monkeypatch.setattr("sys.executable", "/nonexistent/python")  # cannot start at all
+    assert itemsizes(ds.path, ds.names, processes=2).tolist() == sizes.tolist()

@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.hdf5 import LazyFile
+from autoloader_plugins.nugraph_sizes import itemsizes, not_compound
 
 DEFAULT_SPLIT = "train"
 
@@ -116,21 +117,6 @@ class NuGraphEvents(LazyFile, Dataset):
         return f"NuGraphEvents('{self.path}{split}', events={len(self)})"
 
 
-def itemsizes(path: Path, names: list[str]) -> np.ndarray:
-    """Each event's compound itemsize: its bytes, from metadata alone."""
-    with h5py.File(path, "r") as f:
-        events = h5py.h5g.open(f.id, b"dataset")
-        out = np.empty(len(names), dtype=np.int64)
-        for i, name in enumerate(names):
-            # The type's class and size only: building its numpy dtype costs 8x more.
-            # Field names are checked when an event is read.
-            kind = h5py.h5d.open(events, name.encode()).get_type()
-            if kind.get_class() != h5py.h5t.COMPOUND:
-                _compound(h5py.h5d.open(events, name.encode()), path, name)  # raises
-            out[i] = kind.get_size()
-        return out
-
-
 def to_heterodata(record: np.ndarray) -> Any:
     """One event's compound record as pynuml's ``load_heterodata`` builds it."""
     from torch_geometric.data import HeteroData
@@ -153,10 +139,7 @@ def to_heterodata(record: np.ndarray) -> Any:
 def _compound(d: h5py.h5d.DatasetID, path: Path, name: str) -> np.dtype:
     dtype = d.dtype
     if dtype.names is None:
-        raise DatasetError(
-            f"DATASET '{path}': event {name!r}: expected a scalar of a compound dtype "
-            f"(fields named store/attr), found a dataset of {dtype} with shape {d.shape}"
-        )
+        raise DatasetError(not_compound(path, name, d))
     for field in dtype.names:
         parts = field.split("/")
         if len(parts) != 2 or not all(parts):
