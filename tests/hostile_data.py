@@ -31,6 +31,18 @@ class Sized(Vectors):
         return np.full(self.n, 32, dtype=np.int64)
 
 
+class ForkUnsafe(Sized):
+    """Loads in the main process; in a worker process sample ``hang`` never returns (as
+    with a lock or a file handle taken before the workers were forked)."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torch.utils.data import get_worker_info
+
+        if i == self.hang and get_worker_info() is not None:
+            time.sleep(3600)
+        return torch.ones(8)
+
+
 class BadLength(Vectors):
     def __init__(self, length: int) -> None:
         super().__init__()
@@ -43,6 +55,7 @@ class BadLength(Vectors):
 BAD_ITEM = Vectors(300, bad=137)
 BAD_IN_TIMING = Sized(300, bad=5)
 HANGS = Vectors(300, hang=3)
+HANGS_IN_WORKERS = ForkUnsafe(300, hang=5)
 NEGATIVE_LEN = BadLength(-1)
 HUGE_LEN = BadLength(10**12)
 GOOD = Vectors(300)

@@ -118,6 +118,9 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
          "DATASET 'hostile_data:BAD_IN_TIMING': sample 5 raised ValueError: corrupt record 5"),
         ("hostile_data:HANGS", ["--worker-timeout", "1"],
          "DATASET 'hostile_data:HANGS': sample 3 did not return within 1 s (--worker-timeout)"),
+        ("hostile_data:HANGS_IN_WORKERS", ["--worker-timeout", "1", "--max-workers", "1"],
+         "DATASET 'hostile_data:HANGS_IN_WORKERS': sample 5 did not return within 1 s in a "
+         "worker process (--worker-timeout)"),
         ("hostile_data:NEGATIVE_LEN", [],
          "dataset BadLength: __len__ raised ValueError: __len__() should return >= 0"),
         ("hostile_data:HUGE_LEN", [],

@@ -2,10 +2,12 @@
 
 The user's ``__getitem__`` is code we do not control: a ``ValueError`` from a corrupt
 record is bad input (exit 2, naming the sample), not a bug of ours, and a read that
-never returns must end. In the main process a read gets a deadline (``SIGALRM``; only
-the main thread can take one); worker processes are bounded by the DataLoader's own
-``timeout``. ``Guarded`` wraps a dataset so that the tuner's loaders, in the main process
-or in workers, raise ``SampleError`` with the index.
+never returns must end. A read gets a deadline (``SIGALRM``, in the main thread of the
+main process or of a worker process), so a hang names its sample wherever it happens;
+a worker stuck where no signal reaches (inside C code) is still bounded by the
+DataLoader's own ``timeout``, which ``worker_timeout`` makes the longer of the two.
+``Guarded`` wraps a dataset so that the tuner's loaders, in the main process or in
+workers, raise ``SampleError`` with the index.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ class SampleError(DatasetError):
         return found[-1].strip() if found else str(self).strip().splitlines()[-1]
 
 
-def read(dataset: Any, index: int, *, timeout: float | None = None) -> Any:
+def read(dataset: Any, index: int, *, timeout: float | None = None, where: str = "") -> Any:
     """``dataset[index]``; raises ``SampleError`` naming the index on any failure, or when
-    it takes longer than ``timeout`` seconds (main thread of the main process only)."""
-    with _deadline(timeout, index):
+    it takes longer than ``timeout`` seconds (in a process's main thread only); ``where``
+    follows "did not return within N s" in that message."""
+    with _deadline(timeout, index, where):
         try:
             return dataset[index]
         except (AutoloaderError, KeyboardInterrupt):
@@ -61,8 +64,14 @@ class Guarded:
     def __getitem__(self, index: int) -> Any:
         from torch.utils.data import get_worker_info
 
-        in_worker = get_worker_info() is not None  # bounded by the DataLoader's timeout
-        return read(self.dataset, index, timeout=None if in_worker else self.timeout)
+        where = "" if get_worker_info() is None else " in a worker process"
+        return read(self.dataset, index, timeout=self.timeout, where=where)
+
+
+def worker_timeout(read_timeout: float) -> float:
+    """The DataLoader ``timeout`` for workers whose reads have ``read_timeout``: longer, so
+    that a worker's own deadline fires first and names the sample."""
+    return read_timeout * 1.5 + 1.0
 
 
 def _describe(exc: BaseException) -> str:
@@ -71,7 +80,7 @@ def _describe(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float | None, index: int) -> Iterator[None]:
+def _deadline(seconds: float | None, index: int, where: str = "") -> Iterator[None]:
     usable = (
         seconds is not None
         and math.isfinite(seconds)
@@ -83,7 +92,9 @@ def _deadline(seconds: float | None, index: int) -> Iterator[None]:
         return
 
     def expired(signum: int, frame: Any) -> None:
-        raise SampleError(f"sample {index} did not return within {seconds:g} s (--worker-timeout)")
+        raise SampleError(
+            f"sample {index} did not return within {seconds:g} s{where} (--worker-timeout)"
+        )
 
     try:
         previous = signal.signal(signal.SIGALRM, expired)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autoloader.datasets.reads import Guarded
+from autoloader.datasets.reads import Guarded, worker_timeout
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
 from autoloader.tuning.memory_usage import tree_memory_bytes
@@ -179,7 +179,7 @@ def _measure(
         pin_memory=device.type != "cpu",
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=workers > 0,
-        timeout=timing.timeout if workers else 0,
+        timeout=worker_timeout(timing.timeout) if workers else 0,
         worker_init_fn=worker_init_fn,
     )
     start = time.perf_counter()
