@@ -75,6 +75,39 @@ def test_kubernetes_job_wires_tune_trainer_and_agent() -> None:
     assert {"plan", "metrics"} <= mounts
 
 
+def test_kubernetes_indexed_job_runs_one_torchrun_node_per_pod() -> None:
+    from torch.distributed.run import get_args_parser
+
+    from autoloader.cli import build_parser
+
+    service, job = yaml.safe_load_all((DEPLOY / "kubernetes" / "indexed-job.yaml").read_text())
+    name = job["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    assert service["spec"]["selector"] == {"job-name": name}
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"]
+    (init,) = pod["initContainers"]
+    trainer = next(c for c in pod["containers"] if c["name"] == "trainer")
+    for container in (init, trainer):
+        command = [a.replace("$(JOB_COMPLETION_INDEX)", "1") for a in container["command"]]
+        assert command[0] == "torchrun"
+        launch = get_args_parser().parse_args(command[1:])  # torchrun's own parser
+        assert int(launch.nnodes) == spec["completions"] and launch.node_rank == 1
+        assert launch.master_addr == f"{name}-0.{pod['subdomain']}"
+        assert launch.master_port in [p["port"] for p in service["spec"]["ports"]]
+        if container is init:
+            assert launch.module and launch.training_script == "autoloader"
+            tune = build_parser().parse_args(launch.training_script_args)
+            assert tune.command == "tune" and tune.save_on_each_node  # pods share no /plan
+            plan = tune.out
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["plan"]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert env["AUTOLOADER_PLAN"] == plan
+
+
 def test_slurm_script_parses_and_runs_the_commands() -> None:
     path = DEPLOY / "slurm" / "train.sbatch"
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

@@ -54,6 +54,41 @@ def test_the_command_line_is_collective_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("each_node", [True, False])
+def test_nodes_without_a_shared_file_system(tmp_path: Path, each_node: bool) -> None:
+    """Two nodes (torchrun --nnodes 2, static rendezvous), each with its own plan directory
+    as Kubernetes pods with an emptyDir have: --save-on-each-node gives each its copy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--save-on-each-node"] if each_node else []
+    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [*torchrun, "--node-rank", str(k), str(SCRIPT), "nodes", str(tmp_path), *extra],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(2)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-3000:]
+    assert [r["code"] for r in results(tmp_path, 2)] == [0, 0]
+    first = Plan.load(tmp_path / "node0" / "plan.toml")
+    assert first.hardware["limiting_rank"] == 1 and first.batching.world_size == 2
+    if each_node:
+        second = Plan.load(tmp_path / "node1" / "plan.toml")
+        assert second.to_dict()["batching"] == first.to_dict()["batching"]
+        assert second.dataset == first.dataset
+    else:
+        assert list((tmp_path / "node1").iterdir()) == []
+
+
+@pytest.mark.slow
 def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -30,7 +30,8 @@ files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a factory.
 
 Run it the way training runs, one rank per GPU (torchrun, or srun), and it tunes once
 for the job: every rank probes its own GPU, the tightest sets the batching all ranks
-share, and rank 0 writes the plan. `autoloader devices` shows the node's GPUs first.
+share, and rank 0 writes the plan (with --save-on-each-node, the first rank of every
+node writes its own copy). `autoloader devices` shows the node's GPUs first.
 """
 
 
@@ -48,6 +49,13 @@ def register(sub: Any) -> None:
         metavar="PLAN",
         default="plan.toml",
         help="where to write the plan (default: plan.toml)",
+    )
+    p.add_argument(
+        "--save-on-each-node",
+        action="store_true",
+        help="in a collective tune, write --out on every node (by its first rank), for nodes "
+        "that share no file system, such as Kubernetes pods with a plan emptyDir; leave it off "
+        "where --out is on shared storage, where rank 0 alone writes it",
     )
     p.add_argument(
         "--global-batch-size",
@@ -121,7 +129,9 @@ def register(sub: Any) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="a worker count that delivers no batch for this long is recorded as hung (default 60)",
+        help="a sample that takes longer to read, in the main process or a worker, is an "
+        "error naming it; workers stuck where no signal reaches (in C code) get 1.5x this + 1 s "
+        "and their count is recorded as hung (default 60)",
     )
     p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -161,11 +171,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             plan: Plan = _tune(tune, dataset, args, budget, strategies, step, argv)
     except SampleError as exc:
         raise DatasetError(f"DATASET {args.dataset!r}: {exc.detail}") from exc
-    from autoloader.loader.distributed import rank_and_world_size
+    from autoloader.loader.distributed import local_rank, rank_and_world_size
 
-    if rank_and_world_size()[0] != 0:
-        return 0  # a collective tune: every rank holds the plan, rank 0 writes and reports
-    plan.save(out)
+    # A collective tune: every rank holds the plan. Rank 0 writes it, or with
+    # --save-on-each-node the first rank of each node (each node's copy has its own
+    # [loader]); rank 0 reports.
+    rank = rank_and_world_size()[0]
+    if rank == 0 or (args.save_on_each_node and local_rank() == 0):
+        plan.save(out)
+    if rank != 0:
+        return 0
     if args.json:
         print(strict_json(plan.to_dict()))
     elif not args.quiet:

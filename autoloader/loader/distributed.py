@@ -22,6 +22,15 @@ def rank_and_world_size() -> tuple[int, int]:
     return rank, world
 
 
+def local_rank() -> int:
+    """This process's rank on its node: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID``
+    under a multi-task ``srun``, else 0."""
+    if os.environ.get("LOCAL_RANK"):
+        return _env_int("LOCAL_RANK", 0)
+    env = launcher_env()
+    return int(env.get("LOCAL_RANK", "0")) if env is not None else 0
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if not value:

@@ -4,6 +4,8 @@ Modes (argv[1]), each rank writing what it saw to OUT_DIR/rank<R>.json:
   tune       every rank calls autoloader.tune() with its own memory budget (no process
              group of its own: tune joins the launcher's); rank 0 saves the plan
   cli        every rank runs `autoloader tune` (the command line) the same way
+  nodes      as cli, each node (torchrun's GROUP_RANK) with its own plan directory
+             OUT_DIR/node<K> as pods with an emptyDir have; argv[3:] are extra options
   disagree   every rank builds a DataLoader from a plan of a different local batch
   missing    rank 0 builds a DataLoader; the last rank never does
 """
@@ -90,11 +92,13 @@ def main() -> None:
             measured=Counted.measured,
             group_left=dist.is_initialized(),
         )
-    elif mode == "cli":
+    elif mode in ("cli", "nodes"):
+        plans = out / f"node{os.environ['GROUP_RANK']}" if mode == "nodes" else out
+        plans.mkdir(exist_ok=True)
         code = cli(
-            ["tune", "job_ranks:FIXED", "-o", str(out / "plan.toml"), "--global-batch-size",
+            ["tune", "job_ranks:FIXED", "-o", str(plans / "plan.toml"), "--global-batch-size",
              "48", "--memory-budget", str(budget_for(rank)), "--safety", "0", "--max-workers",
-             "0", "--iterations", "2", "--quiet"]
+             "0", "--iterations", "2", "--quiet", *sys.argv[3:]]
         )  # fmt: skip
         import job_ranks  # what the command line imported (this file runs as __main__)
 
