@@ -18,10 +18,10 @@ HERE = Path(__file__).parent
 SCRIPTS = HERE / "distributed"
 
 
-def run_script(*args: str, timeout: float = 300) -> None:
+def run_script(*args: str, timeout: float = 300, package: str = "pytorch_lightning") -> None:
     done = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-        env=prepend_pythonpath(SCRIPTS, HERE), cwd=SCRIPTS,
+        env={**prepend_pythonpath(SCRIPTS, HERE), "LIGHTNING_PACKAGE": package}, cwd=SCRIPTS,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -41,9 +41,12 @@ def check_plan_epochs(ranks: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_lightning_ddp_with_its_defaults_keeps_the_plan(tmp_path: Path) -> None:
-    run_script(str(SCRIPTS / "lightning_ranks.py"), "fit", str(tmp_path))
+@pytest.mark.parametrize("package", ["pytorch_lightning", "lightning.pytorch"])
+def test_lightning_ddp_with_its_defaults_keeps_the_plan(tmp_path: Path, package: str) -> None:
+    pytest.importorskip(package)
+    run_script(str(SCRIPTS / "lightning_ranks.py"), "fit", str(tmp_path), package=package)
     ranks = [json.loads((tmp_path / f"fit-rank{r}.json").read_text()) for r in range(2)]
+    assert [r["lightning"] for r in ranks] == [package, package]
     check_plan_epochs(ranks)
     assert [r["rebuilt"] for r in ranks] == [1, 1]  # Lightning did not rebuild the loader
     logged = (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()

@@ -4,24 +4,28 @@
   python lightning_ranks.py predict OUT  Trainer(accelerator="cpu", devices=1).predict
 
 Lightning launches the second rank by running this script again. Each rank writes what
-it saw to OUT/<mode>-rank<R>.json.
+it saw to OUT/<mode>-rank<R>.json. $LIGHTNING_PACKAGE names the import the script uses:
+pytorch_lightning (NuGraph's, the default) or lightning.pytorch.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 from prometheus_client import CollectorRegistry
 from torch.utils.data import Dataset
 
-import autoloader
-from autoloader.lightning import LoaderStatsCallback
+pl = importlib.import_module(os.environ.get("LIGHTNING_PACKAGE", "pytorch_lightning"))
+
+import autoloader  # noqa: E402 (after Lightning: autoloader.lightning takes the one imported)
+import autoloader.lightning  # noqa: E402
+from autoloader.lightning import LoaderStatsCallback  # noqa: E402
 
 
 class Skewed(Dataset):
@@ -96,6 +100,7 @@ def main() -> None:
             "kept_our_loader": loader is data.loaders[-1],
             "rebuilt": len(data.loaders),
             "stats_batches": data.loaders[-1].stats.batches,
+            "lightning": autoloader.lightning.pl.__name__,
         }
         rank = trainer.global_rank
     else:
