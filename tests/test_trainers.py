@@ -68,6 +68,14 @@ def test_accelerate_prepare_keeps_the_plan(tmp_path: Path) -> None:
     ranks = [json.loads((tmp_path / f"accelerate-rank{r}.json").read_text()) for r in range(2)]
     check_plan_epochs(ranks)
     assert all(r["known_to_accelerate"] for r in ranks)
+    # accumulate() over 3 of 16 batches: a sync every 3rd, and at the end of each epoch,
+    # where the count restarts, as with Accelerate's own loaders
+    every_third = [(i + 1) % 3 == 0 for i in range(16)]
+    every_third[-1] = True
+    for r in ranks:
+        assert r["synced"] == [every_third, every_third]
+        assert r["end_of_dataloader"] == [[i == 15 for i in range(16)]] * 2
+        assert not r["in_dataloader_after"]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,12 @@ from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
-from autoloader.loader.trainers import PlannedIndices, lightning_record, mark_prepared
+from autoloader.loader.trainers import (
+    PlannedIndices,
+    accelerate_epoch,
+    lightning_record,
+    mark_prepared,
+)
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH, validate_loader
@@ -127,10 +133,12 @@ class DataLoader(tud.DataLoader):
                 return
 
     def __iter__(self) -> Any:
-        batches = super().__iter__()
-        if self._feed_device is None:
-            return batches
-        return DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
+        batches: Iterator[Any] = super().__iter__()
+        if self._feed_device is not None:
+            batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
+        if getattr(self, "_is_accelerate_prepared", False):  # planned: Accelerate keeps it
+            batches = accelerate_epoch(self, batches)
+        return batches
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
         if self._recorder is None:

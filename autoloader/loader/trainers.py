@@ -17,10 +17,14 @@ already (its batch sampler is rank-aware), and sharding it again loses data sile
 - Accelerate's ``prepare()`` would wrap the loader in a ``DataLoaderShard`` that shards
   the planned batches a second time (half the data on 2 ranks) and drops our metrics. A
   planned loader is marked prepared, so ``prepare()`` keeps it as it is (``mark_prepared``).
+  What the shard would have done for ``accelerator.accumulate()`` the loader does itself
+  (``accelerate_epoch``): while it is iterated it is Accelerate's active dataloader, and
+  its last batch is the end of the dataloader, where gradients sync and the count resets.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,3 +80,25 @@ def lightning_record(batch_sampler: SizeBatchSampler, options: dict[str, Any]) -
 def mark_prepared(loader: Any) -> None:
     """Make Accelerate's ``prepare()`` keep the loader as it is (see the module notes)."""
     loader._is_accelerate_prepared = True
+
+
+def accelerate_epoch(loader: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """``batches`` as Accelerate's ``DataLoaderShard`` yields them to ``GradientState``:
+    ``loader`` is the active dataloader while they run, and ``end_of_dataloader`` is set
+    before the last. ``batches`` unchanged where no ``Accelerator`` exists."""
+    state_module = sys.modules.get("accelerate.state")
+    if state_module is None or not state_module.GradientState._shared_state:
+        return batches
+    return _registered(loader, batches, state_module.GradientState())
+
+
+def _registered(loader: Any, batches: Iterator[Any], state: Any) -> Iterator[Any]:
+    loader.end_of_dataloader, loader.remainder = False, -1  # -1: no padded samples
+    state._add_dataloader(loader)
+    try:
+        last = len(loader) - 1
+        for i, batch in enumerate(batches):
+            loader.end_of_dataloader = i >= last
+            yield batch
+    finally:
+        state._remove_dataloader(loader)
