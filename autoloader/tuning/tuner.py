@@ -93,7 +93,9 @@ def tune(
         progress: show progress bars on stderr.
         search: "fast" (doubling grid, early stops, bisection; the default) or
             "exhaustive" (every count, ``iterations`` batches each; the default with alpha).
-        worker_timeout: seconds without a batch before a worker count is called hung.
+        worker_timeout: seconds a sample may take to read, in the main process or a
+            worker, before it is a ``SampleError`` naming it; a worker stuck where no
+            signal reaches (in C code) is called hung after 1.5x this + 1 s.
         memory_model: a model from an earlier calibration (a plan's ``memory["model"]``);
             with it, ``step`` is only timed, not calibrated again.
         collate_fn: the training loop's collate function (default: autoloader's, which is
