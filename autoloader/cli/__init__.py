@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -19,6 +20,11 @@ from autoloader.cli import interrupts
 from autoloader.errors import AutoloaderError, UsageError
 
 INTERRUPTED = 130
+
+# Warnings other packages raise while they import, which a user of the command line can
+# do nothing about: torch 2.14 deprecates torch.jit.script, which PyG's nn package calls
+# at import, so every command that opens a graph dataset would print it.
+THIRD_PARTY_NOISE = (r"`torch\.jit\.script` is deprecated",)
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Called without ``argv`` (as the program), an interrupt also silences what follows it:
     a second Ctrl-C and the noise of torch's iterators torn down while the process exits.
     """
-    with interrupts.handled() as signals:  # first: a signal during the imports is a stop
+    with interrupts.handled() as signals, warnings.catch_warnings():
+        # first: a signal during the imports is a stop
+        for message in THIRD_PARTY_NOISE:
+            warnings.filterwarnings("ignore", message=message)
         status = _run(argv, signals)
     if status == INTERRUPTED and argv is None:
         # Nothing is left to do: leave without tearing down half-imported or running
