@@ -20,7 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from autoloader.demo.synthetic import is_current, node_counts
+from autoloader.demo.synthetic import is_current, node_counts, stamped_file
 
 PLANES = ("u", "v", "y")
 SEMANTIC_CLASSES = ("MIP", "HIP", "shower", "michel", "diffuse")
@@ -80,17 +80,12 @@ def generate_nugraph(
     ``splits`` are the validation and test fractions, as NuGraph's ``generate_samples``.
     """
     path = Path(path)
-    if is_current(path, "autoloader.demo.nugraph", num_events, seed):
+    if is_current(path, __name__, num_events, seed):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     rng = np.random.default_rng(seed + 1)
     hits = node_counts(num_events, median=median_hits, seed=seed)
     names = [f"r{seed}_sr{i // 100}_evt{i}" for i in range(num_events)]
-    with h5py.File(tmp, "w") as f:
-        f.attrs["generator"] = "autoloader.demo.nugraph"
-        f.attrs["num_events"] = num_events
-        f.attrs["seed"] = seed
+    with stamped_file(path, __name__, num_events, seed) as f:
         datasize = {}
         events = f.create_group("dataset")
         for name, n in zip(names, hits, strict=True):
@@ -126,5 +121,4 @@ def generate_nugraph(
         f.create_dataset(
             "datasize/train", data=np.array([datasize[names[i]] for i in parts["train"]])
         )
-    os.replace(tmp, path)
     return path

@@ -9,7 +9,9 @@ size-balanced batching. Each event is a group with ``x`` (node features), ``edge
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -38,17 +40,12 @@ def node_counts(
 def generate(path: str | os.PathLike[str], num_events: int = 4000, *, seed: int = 0) -> Path:
     """Write the dataset to ``path`` (atomically) unless an identical one is there."""
     path = Path(path)
-    if is_current(path, "autoloader.demo.synthetic", num_events, seed):
+    if is_current(path, __name__, num_events, seed):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     rng = np.random.default_rng(seed + 1)
     counts = node_counts(num_events, seed=seed)
     weights = rng.normal(size=FEATURES).astype(np.float32)
-    with h5py.File(tmp, "w") as f:
-        f.attrs["generator"] = "autoloader.demo.synthetic"
-        f.attrs["num_events"] = num_events
-        f.attrs["seed"] = seed
+    with stamped_file(path, __name__, num_events, seed) as f:
         width = len(str(num_events - 1))
         for i, n in enumerate(counts):
             x = rng.normal(size=(n, FEATURES)).astype(np.float32)
@@ -60,8 +57,21 @@ def generate(path: str | os.PathLike[str], num_events: int = 4000, *, seed: int 
             g.create_dataset("edge_attr", data=rng.random((n * EDGES_PER_NODE, 2), np.float32))
             target = np.tanh(x @ weights).mean() + 0.05 * rng.normal()
             g.create_dataset("y", data=np.array([target], dtype=np.float32))
-    os.replace(tmp, path)
     return path
+
+
+@contextlib.contextmanager
+def stamped_file(path: Path, generator: str, num_events: int, seed: int) -> Iterator[h5py.File]:
+    """A new HDF5 file at ``path``, written through a temporary file and a rename, and
+    stamped with what ``is_current`` checks."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["generator"] = generator
+        f.attrs["num_events"] = num_events
+        f.attrs["seed"] = seed
+        yield f
+    os.replace(tmp, path)
 
 
 def is_current(path: Path, generator: str, num_events: int, seed: int) -> bool:
