@@ -28,7 +28,7 @@ def _lightning() -> Any:
         import lightning.pytorch as pl
     except ImportError:
         try:
-            import pytorch_lightning as pl
+            import pytorch_lightning as pl  # type: ignore[no-redef]
         except ImportError:
             raise ImportError(
                 "autoloader.lightning needs PyTorch Lightning: pip install 'autoloader[lightning]'"
