@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-.PHONY: demo test bench gpu-check lint clean
+.PHONY: demo test test-torch bench gpu-check lint clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,28 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The suite on another torch, in its own venv: `make test-torch TORCH=2.15.0`. The
+# machine's pip configuration (a local index, a cap on torch) is not inherited, so the
+# torch asked for, and the PyG, Lightning and Accelerate that pip resolves for it, come
+# from PyPI.
+TORCH ?= 2.15.0
+TVENV := .venv-torch-$(TORCH)
+TSTAMP := $(TVENV)/.installed
+$(TSTAMP): pyproject.toml
+	test -x $(TVENV)/bin/python || $(PYTHON) -m venv $(TVENV)
+	echo "torch==$(TORCH)" > $(TVENV)/constraints.txt
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(TVENV)/bin/python -m pip install \
+	  $(PIP_FLAGS) -c $(TVENV)/constraints.txt "torch==$(TORCH)"
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(TVENV)/bin/python -m pip install \
+	  $(PIP_FLAGS) -c $(TVENV)/constraints.txt -e ".[test]"
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(TVENV)/bin/python -m pip install \
+	  $(PIP_FLAGS) --no-deps "pynuml==25.4.0"
+	touch $(TSTAMP)
+
+test-torch: $(TSTAMP)
+	$(TVENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(TVENV)/bin/python -m pytest -q
 
 # The real CUDA path on a GPU machine; prints SKIP and exits 0 without CUDA. Runs with
 # the machine's own python3 where that already has torch and autoloader (a GPU node's

@@ -8,10 +8,18 @@ supported range, not with an AttributeError deep inside an epoch.
 
 from __future__ import annotations
 
+import re
+
 from autoloader.errors import AutoloaderError
 
-# The versions the test suite passed on; pyproject.toml declares the same range.
-SUPPORTED_TORCH = ">=2.13,<2.15"
+# The versions the test suite passes on at both ends (`make test-torch`, run by CI);
+# pyproject.toml declares the same range.
+SUPPORTED_TORCH = ">=2.8,<2.16"
+# Below 2.8, destroying a gloo process group joins its worker thread while holding the
+# GIL, and the worker needs the GIL to free a tensor: a collective tune could hang for
+# ever (pytorch/pytorch#154976, "Release GIL in PG destructor", fixed in 2.8). The bug
+# cannot be detected by a feature check, so the floor is a version.
+OLDEST_TORCH = (2, 8)
 
 
 class UnsupportedTorchError(AutoloaderError, ImportError):
@@ -22,6 +30,12 @@ def check_torch_internals() -> None:
     """Raise ``UnsupportedTorchError`` naming what is missing and the supported range."""
     import torch
 
+    if torch_release(torch.__version__) < OLDEST_TORCH:
+        raise UnsupportedTorchError(
+            f"torch {torch.__version__} is not supported: before 2.8, destroying a gloo "
+            "process group can deadlock (pytorch/pytorch#154976), so a collective tune "
+            f"could hang; autoloader supports torch {SUPPORTED_TORCH}"
+        )
     missing = []
     try:
         from torch.utils.data import dataloader
@@ -43,3 +57,9 @@ def check_torch_internals() -> None:
             f"torch {torch.__version__} is not supported: it lacks {', '.join(missing)}; "
             f"autoloader supports torch {SUPPORTED_TORCH}"
         )
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string: ``2.8.0+cu128`` -> ``(2, 8)``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else (0, 0)

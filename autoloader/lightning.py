@@ -1,6 +1,6 @@
 """PyTorch Lightning: a callback that logs the loader's figures, and a ``--step`` for tune.
 
-Install with ``pip install 'autoloader[lightning]'``. Works with either import name,
+Install with ``pip install 'torch-autoloader[lightning]'``. Works with either import name,
 ``lightning.pytorch`` or ``pytorch_lightning`` (NuGraph imports the latter): the one
 already imported is used, so import your Lightning before this module.
 
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from autoloader._version import DISTRIBUTION
 from autoloader.errors import UsageError
 
 
@@ -31,7 +32,8 @@ def _lightning() -> Any:
             import pytorch_lightning as pl  # type: ignore[no-redef]
         except ImportError:
             raise ImportError(
-                "autoloader.lightning needs PyTorch Lightning: pip install 'autoloader[lightning]'"
+                "autoloader.lightning needs PyTorch Lightning: "
+                f"pip install '{DISTRIBUTION}[lightning]'"
             ) from None
     return pl
 

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,18 +79,60 @@ def prepend_pythonpath(*paths: str | Path, env: dict[str, str] | None = None) ->
     return env
 
 
+def kill_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """End ``proc`` and everything it started (its session): SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what the leader left behind
+
+
+def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``Popen`` in a session of its own, so ``kill_group`` reaches its children."""
+    return subprocess.Popen(cmd, start_new_session=True, **kwargs)
+
+
+@contextlib.contextmanager
+def reaped(*procs: subprocess.Popen[Any]) -> Iterator[tuple[subprocess.Popen[Any], ...]]:
+    """Kill the groups of ``procs`` still running when the block ends, however it ends: a
+    hung rank must not outlive the test that started it."""
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_group(proc)
+            # the leader is gone; its group may not be (torchrun's ranks)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_reaped(
+    cmd: Sequence[str], *, timeout: float, input: str | None = None, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` that kills the whole
+    process group, not only ``cmd``, on a timeout or any other failure."""
+    stdin = subprocess.PIPE if input is not None else kwargs.pop("stdin", None)
+    proc = spawn(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 **kwargs)  # fmt: skip
+    with reaped(proc):
+        out, err = proc.communicate(input=input, timeout=timeout)
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m autoloader`` as a user would, in a fresh process."""
     env = prepend_pythonpath(Path(__file__).parent)
-    return subprocess.run(
-        [sys.executable, "-m", "autoloader", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=timeout,
+    return run_reaped(
+        [sys.executable, "-m", "autoloader", *args], cwd=cwd, env=env, timeout=timeout
     )
 
 
@@ -116,19 +162,9 @@ SLOW = Slow()
 def torchrun(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> None:
     """Run ``script`` under torchrun with ``ranks`` local processes (gloo); fail with its
     stderr if it fails."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(ranks),
-            str(script),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+    done = run_reaped(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(ranks), str(script), *args],
         timeout=timeout,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

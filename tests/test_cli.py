@@ -12,7 +12,7 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-from conftest import GOOD_PLAN, run_cli
+from conftest import GOOD_PLAN, reaped, run_cli, spawn
 
 import autoloader
 from autoloader import Plan
@@ -263,15 +263,16 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_dash_m_and_sigterm_leave_no_partial_plan(tmp_path: Path) -> None:
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN)
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "conftest:SLOW", "--out", str(out)],
         cwd=Path(__file__).parent,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(6)  # imports done, measuring the slow samples
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    with reaped(proc):
+        time.sleep(6)  # imports done, measuring the slow samples
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip().endswith("autoloader: interrupted; nothing was written")
     assert out.read_text() == GOOD_PLAN

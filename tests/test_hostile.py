@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_PLAN, prepend_pythonpath, run_cli
+from conftest import GOOD_PLAN, prepend_pythonpath, reaped, run_cli, run_reaped, spawn
 from prometheus_client import CollectorRegistry
 
 import autoloader
@@ -51,10 +51,7 @@ def test_quick_commands_import_no_torch(tmp_path: Path, argv: list[str]) -> None
         "heavy = sorted(m for m in ('torch', 'torch_geometric') if m in sys.modules)\n"
         "print('HEAVY', heavy, file=sys.stderr); raise SystemExit(code)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-        env=prepend_pythonpath(TESTS),
-    )  # fmt: skip
+    done = run_reaped([sys.executable, "-c", code], timeout=60, env=prepend_pythonpath(TESTS))
     assert "HEAVY []" in done.stderr, done.stderr
 
 
@@ -70,15 +67,16 @@ def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int, delay: float) -> None:
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN)
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
         stderr=subprocess.PIPE, text=True, env=prepend_pythonpath(TESTS), cwd=TESTS,
     )  # fmt: skip
-    time.sleep(delay)  # still importing torch
-    proc.send_signal(sig)
-    time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # a second, impatient Ctrl-C
-    _, err = proc.communicate(timeout=60)
+    with reaped(proc):
+        time.sleep(delay)  # still importing torch
+        proc.send_signal(sig)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # a second, impatient Ctrl-C
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip() == "autoloader: interrupted; nothing was written"
     assert out.read_text() == GOOD_PLAN
@@ -89,17 +87,18 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
     (numpy: "cannot load module more than once"); the stop comes once the import is done."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "slow_import:GOOD", "-o", str(tmp_path / "p")],
         stderr=subprocess.PIPE, text=True, cwd=TESTS,
         env={**prepend_pythonpath(TESTS), "SLOW_IMPORT_MARKS": str(marks)},
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (marks / "started").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    with reaped(proc):
+        deadline = time.monotonic() + 30
+        while not (marks / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip() == "autoloader: interrupted; nothing was written"
     assert (marks / "finished").exists()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import prepend_pythonpath, torchrun
+from conftest import prepend_pythonpath, reaped, spawn, torchrun
 
 from autoloader import Plan
 from autoloader.loader.agreement import describe_differences
@@ -66,7 +66,7 @@ def test_nodes_without_a_shared_file_system(tmp_path: Path, each_node: bool) -> 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                 "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
     nodes = [
-        subprocess.Popen(
+        spawn(
             [*torchrun, "--node-rank", str(k), str(SCRIPT), "nodes", str(tmp_path), *extra],
             env=env,
             stderr=subprocess.PIPE,
@@ -74,9 +74,10 @@ def test_nodes_without_a_shared_file_system(tmp_path: Path, each_node: bool) -> 
         )
         for k in range(2)
     ]
-    for node in nodes:
-        _, err = node.communicate(timeout=240)
-        assert node.returncode == 0, err[-3000:]
+    with reaped(*nodes):
+        for node in nodes:
+            _, err = node.communicate(timeout=240)
+            assert node.returncode == 0, err[-3000:]
     assert [r["code"] for r in results(tmp_path, 2)] == [0, 0]
     first = Plan.load(tmp_path / "node0" / "plan.toml")
     assert first.hardware["limiting_rank"] == 1 and first.batching.world_size == 2
@@ -101,7 +102,7 @@ def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
         SLURM_JOB_ID="4242", MASTER_PORT=str(port),
     )  # fmt: skip
     procs = [
-        subprocess.Popen(
+        spawn(
             [sys.executable, str(SCRIPT), "tune", str(tmp_path)],
             env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
             stderr=subprocess.PIPE,
@@ -109,9 +110,10 @@ def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
         )
         for r in range(2)
     ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-2000:]
+    with reaped(*procs):
+        for p in procs:
+            _, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err[-2000:]
     seen = results(tmp_path, 2)
     assert seen[0]["batching"] == seen[1]["batching"]
     assert seen[0]["hardware"]["limiting_rank"] == 1

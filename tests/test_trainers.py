@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import prepend_pythonpath, torchrun
+from conftest import prepend_pythonpath, run_reaped, torchrun
 
 pytest.importorskip("pytorch_lightning")
 pytest.importorskip("accelerate")
@@ -19,8 +18,8 @@ SCRIPTS = HERE / "distributed"
 
 
 def run_script(*args: str, timeout: float = 300, package: str = "pytorch_lightning") -> None:
-    done = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+    done = run_reaped(
+        [sys.executable, *args], timeout=timeout,
         env={**prepend_pythonpath(SCRIPTS, HERE), "LIGHTNING_PACKAGE": package}, cwd=SCRIPTS,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autoloader._version import DISTRIBUTION
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
 from autoloader.tuning.memory_model import from_dict as model_from_dict
@@ -20,7 +21,7 @@ def plot(plan: Plan, path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'autoloader[plot]'") from None
+        raise UsageError(f"--plot needs matplotlib: pip install '{DISTRIBUTION}[plot]'") from None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     _workers(left, plan)
     _strategies(right, plan)

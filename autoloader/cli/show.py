@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
         "--plot",
         metavar="FILE.png",
         help="also draw the worker search and each strategy's batch bytes against the "
-        "memory budget (needs matplotlib: pip install 'autoloader[plot]')",
+        "memory budget (needs matplotlib: pip install 'torch-autoloader[plot]')",
     )
     p.set_defaults(run=run)
 
