@@ -55,8 +55,8 @@ def sizes_benchmark(path: Path, events: int, *, load: bool = True) -> None:
     from autoloader_plugins.nugraph import NuGraphEvents
     from autoloader_plugins.nugraph_sizes import itemsizes, read_itemsizes
 
+    from autoloader.host import usable_cpus
     from autoloader.sizes import nbytes_of, sample_sizes
-    from autoloader.tuning.cpus import usable_cpus
 
     _generate(path, events)
     ds = NuGraphEvents(path)

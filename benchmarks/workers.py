@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from autoloader.host import usable_cpus
 from autoloader.sizes import sample_sizes
-from autoloader.tuning.cpus import usable_cpus
 from autoloader.tuning.workers import Rule, Timing, choose, measure
 from autoloader.tuning.workers.model import ModelledNode, saturating
 from autoloader.tuning.workers.search import exhaustive, fast

@@ -11,7 +11,7 @@ from fake_nvml import FakeGPU, FakeNvml, GiB
 
 from autoloader import DeviceError, UsageError
 from autoloader.accelerator import nvml_index
-from autoloader.tuning.cpus import cgroup_cpu_limit
+from autoloader.host import cgroup_cpu_limit
 from autoloader.tuning.devices import probe_headroom, resolve_device
 
 

@@ -37,7 +37,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from autoloader.cli import agent, demo, devices, show, tune
+    from autoloader.cli import agent, demo, devices, show, status, tune
 
     parser = Parser(
         prog="autoloader",
@@ -55,7 +55,7 @@ def build_parser() -> Parser:
         help="say what each stage does, and show the traceback of an error in your code",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (tune, show, demo, agent, devices):
+    for module in (tune, show, status, demo, agent, devices):
         module.register(sub)
     return parser
 

@@ -11,10 +11,12 @@ from typing import Any
 
 HELP = """\
 Serves /metrics for the node: memory and utilisation of every GPU (NVML), and the merged
-loader metrics of the node's training processes. Training processes write their metrics
-to PROMETHEUS_MULTIPROC_DIR (set it in the job's environment before training starts);
-the agent reads the same directory and removes files of finished processes when it
-starts. Binds to 127.0.0.1 unless told otherwise; SIGTERM or Ctrl-C stops it.
+loader metrics of the node's training processes; and /status, the same as `autoloader
+status --json` (what each rank waits on), where there is a metrics directory. Training
+processes write their metrics to PROMETHEUS_MULTIPROC_DIR (set it in the job's
+environment before training starts); the agent reads the same directory and removes
+files of finished processes when it starts. Binds to 127.0.0.1 unless told otherwise;
+SIGTERM or Ctrl-C stops it.
 """
 
 
@@ -34,6 +36,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--once", action="store_true", help="print the metrics once and exit")
     p.set_defaults(run=run)
+
+
+def metrics_directory(given: str | None) -> Path | None:
+    """``--metrics-dir``, else ``$PROMETHEUS_MULTIPROC_DIR``; it must be a directory.
+
+    Raises:
+        UsageError: naming the option or variable and the path.
+    """
+    from autoloader.errors import UsageError
+    from autoloader.metrics.multiproc import ENV, metrics_dir
+
+    directory = Path(given) if given else metrics_dir()
+    if directory is not None and not directory.is_dir():
+        where = "--metrics-dir" if given else ENV
+        raise UsageError(f"{where} {directory}: not a directory")
+    return directory
 
 
 def build_registry(directory: Path | None) -> Any:
@@ -57,11 +75,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from autoloader.errors import UsageError
     from autoloader.metrics.http import start_server
-    from autoloader.metrics.multiproc import metrics_dir
 
-    directory = Path(args.metrics_dir) if args.metrics_dir else metrics_dir()
-    if directory is not None and not directory.is_dir():
-        raise UsageError(f"--metrics-dir {directory}: not a directory")
+    directory = metrics_directory(args.metrics_dir)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port: expected a port in [0, 65535], but got {args.port}")
     registry = build_registry(directory)
@@ -69,7 +84,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
     try:
-        server, thread = start_server(args.port, args.host, registry)
+        server, thread = start_server(args.port, args.host, registry, status=directory is not None)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise UsageError(f"cannot serve on {args.host}:{args.port}: {reason}") from None

@@ -85,7 +85,51 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     out.extend(_workers(plan.tuning.get("workers"), lp.num_workers))
     out.extend(_batching(plan.tuning.get("batching")))
     out.extend(_strategies(plan.tuning.get("strategies"), bp.strategy))
+    out.extend(_runtime(plan.tuning.get("runtime")))
     return "\n".join(out)
+
+
+def _runtime(runtime: Any) -> list[str]:
+    """``[tuning.runtime]``: what a loader changed while training (``save_plan``)."""
+    if not isinstance(runtime, dict):
+        return []
+    lines = [
+        f"runtime   saved {runtime.get('saved', '?')} by rank {runtime.get('rank', '?')} on "
+        f"{runtime.get('host', '?')} after {runtime.get('epochs', '?')} epoch(s)"
+    ]
+    last = runtime.get("last_epoch")
+    if isinstance(last, dict):
+        lines.append(
+            f"          last epoch: waited {last.get('wait_fraction', 0):.0%} of the loop, "
+            f"{last.get('samples_per_second', 0):.1f} samples/s"
+        )
+    memory = runtime.get("memory")
+    if isinstance(memory, dict):
+        lines.append(
+            f"          device memory peak {_b(memory.get('peak_bytes'))}, "
+            f"{memory.get('drift_ratio', 0):.2f}x the predicted "
+            f"{_b(memory.get('predicted_peak_bytes'))}"
+        )
+    if isinstance(runtime.get("stale"), str):
+        lines.append(f"          stale: {runtime['stale']}")
+    changes = runtime.get("adaptations")
+    if isinstance(changes, list) and changes:
+        rows = [
+            [
+                str(c.get("epoch", "?")),
+                str(c.get("setting", "?")),
+                f"{c.get('from', '?')} -> {c.get('to', '?')}",
+                f"{c.get('wait_fraction', 0):.0%}",
+                f"{c.get('samples_per_second', 0):.1f}",
+                str(c.get("reason", "")),
+            ]
+            for c in changes
+            if isinstance(c, dict)
+        ]
+        lines += table(["epoch", "setting", "change", "wait", "samples/s", "why"], rows)
+    elif isinstance(changes, list):
+        lines.append("          no adaptations: the planned settings kept the loop fed")
+    return lines
 
 
 def _reserve(mem: dict[str, Any]) -> list[str]:

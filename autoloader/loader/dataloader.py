@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import logging
 import os
-import socket
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -16,14 +15,22 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
-from autoloader.accelerator import accelerator_available, nvml_index
-from autoloader.errors import PlanError, UsageError
+from autoloader.errors import UsageError
+from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
 from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
+from autoloader.loader.drift import MemoryWatch, cuda_peak
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
-from autoloader.loader.placement import PinWorkers, gpu_local_cpus
+from autoloader.loader.planned import (
+    accumulation_for,
+    apply_plan,
+    check_data_fingerprint,
+    digest,
+    node_loader,
+)
+from autoloader.loader.runtime import Runtime, default_limits
 from autoloader.loader.trainers import (
     PlannedIndices,
     accelerate_epoch,
@@ -31,10 +38,10 @@ from autoloader.loader.trainers import (
     mark_prepared,
 )
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
-from autoloader.plan import LoaderPlan, Plan
-from autoloader.plan.schema import MAX_DEVICE_PREFETCH, validate_loader
-from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
-from autoloader.sizes import fingerprint, sample_sizes
+from autoloader.plan import Plan
+from autoloader.plan.schema import MAX_DEVICE_PREFETCH
+from autoloader.samplers import SizeBatchSampler
+from autoloader.sizes import sample_sizes
 
 log = logging.getLogger("autoloader")
 
@@ -54,6 +61,14 @@ class DataLoader(tud.DataLoader):
         device: ``cuda[:K]``: batches arrive on the device, copied from pinned memory on a
             side stream ``[loader] device_prefetch`` batches ahead of the step (default 1;
             ``device_prefetch=N`` overrides); ``cpu`` or None: batches as torch gives them.
+        adapt: a planned loader re-decides ``num_workers``, ``prefetch_factor`` and
+            ``device_prefetch`` at epoch boundaries from the measured data wait, and on
+            CUDA compares each epoch's memory peak with the plan's prediction. Batching
+            never changes. False: the plan's settings, fixed. Off without a plan.
+        adapt_threshold: the share of an epoch's loop spent waiting for data above which
+            the loader adds workers or prefetching.
+        adapt_max_workers: the most workers adaptation may start (default: this rank's
+            CPUs less one, as ``tune`` searches, never below the plan's count).
         **kwargs: torch's keyword arguments; any given explicitly wins over the plan.
     """
 
@@ -66,8 +81,12 @@ class DataLoader(tud.DataLoader):
         registry: CollectorRegistry | None = None,
         metrics: bool = True,
         device: str | torch.device | None = None,
+        adapt: bool = True,
+        adapt_threshold: float = 0.05,
+        adapt_max_workers: int | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_adapt_args(adapt, adapt_max_workers)
         self._feed_device = check_device(device)
         prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
@@ -79,12 +98,12 @@ class DataLoader(tud.DataLoader):
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             sizes = sample_sizes(dataset)
             if check_fingerprint:
-                _check_fingerprint(self.plan, sizes)
+                check_data_fingerprint(self.plan, sizes)
             rank, world = rank_and_world_size()
             self.grad_accum_steps = accumulation_for(self.plan, world)
-            given = _apply_plan(self.plan, given, sizes, rank, world)
+            given = apply_plan(self.plan, given, sizes, rank, world)
             check_ranks_agree(
-                _digest(self.plan, given, sizes, self.grad_accum_steps), source=self.plan.source
+                digest(self.plan, given, sizes, self.grad_accum_steps), source=self.plan.source
             )
         else:
             self.plan = None
@@ -117,12 +136,43 @@ class DataLoader(tud.DataLoader):
                     memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
                 )
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+        self._rank = rank
+        self._runtime: Runtime | None = None
+        if self.plan is not None and adapt:
+            fixed: list[str] = [k for k in ("num_workers", "prefetch_factor") if k in kwargs]
+            if prefetch_override is not None:
+                fixed.append("device_prefetch")
+            self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
+
+    @property
+    def adaptations(self) -> list[Adaptation]:
+        """Each change run-time adaptation made: epoch, setting, from, to, and why."""
+        return self._runtime.adaptations if self._runtime is not None else []
+
+    def save_plan(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as this loader now runs it: the adapted ``[loader]`` and a
+        ``[tuning.runtime]`` table of the changes, so the next job starts from them.
+        Written atomically and validated as any plan.
+
+        Raises:
+            UsageError: the loader has no plan.
+        """
+        if self.plan is None:
+            raise UsageError("save_plan: this DataLoader was built without a plan")
+        runtime = self._runtime or Runtime(self.plan, None, None, self._recorder, self._rank)
+        adapted = runtime.adapted_plan(node_loader(self.plan))
+        Plan.from_dict(adapted.to_dict(), source=os.fspath(path)).save(path)
 
     @property
     def stats(self) -> LoaderStats:
         """Batches, samples and bytes delivered so far, the worst batch, the time waited
         (all zero with ``metrics=False``)."""
-        return self._recorder.stats if self._recorder is not None else LoaderStats()
+        if self._recorder is None:
+            return LoaderStats()
+        ooms = self._recorder.oom_count()
+        if ooms and self._runtime is not None:
+            self._runtime.mark_stale(f"oom_guard caught {ooms} out-of-memory error(s)")
+        return self._recorder.stats
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
@@ -133,11 +183,15 @@ class DataLoader(tud.DataLoader):
                 return
 
     def __iter__(self) -> Any:
+        if self._runtime is not None:
+            self._runtime.begin(self)  # the settings the last epoch decided
         batches: Iterator[Any] = super().__iter__()
         if self._feed_device is not None:
             batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
         if getattr(self, "_is_accelerate_prepared", False):  # planned: Accelerate keeps it
             batches = accelerate_epoch(self, batches)
+        if self._runtime is not None:
+            batches = self._runtime.wrap(batches, self)
         return batches
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
@@ -149,68 +203,37 @@ class DataLoader(tud.DataLoader):
         return RecordingMultiProcessingIter(self)
 
 
-def _apply_plan(
-    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
-) -> dict[str, Any]:
-    """Torch keyword arguments from the plan; explicitly given ones win."""
-    lp, bp = node_loader(plan), plan.batching
-    planned: dict[str, Any] = {
-        "num_workers": lp.num_workers,
-        "pin_memory": lp.pin_memory and accelerator_available(),
-    }
-    if given.get("num_workers", lp.num_workers) > 0 and lp.num_workers > 0:
-        planned["prefetch_factor"] = lp.prefetch_factor
-        planned["persistent_workers"] = lp.persistent_workers
-    if lp.worker_affinity == "gpu-local":
-        cpus = _gpu_local_cpus()
-        if cpus:
-            # The user's own worker_init_fn still runs, after the pinning.
-            planned["worker_init_fn"] = PinWorkers(cpus, then=given.pop("worker_init_fn", None))
-    overrides = {k: v for k, v in given.items() if v != planned.get(k, v)}
-    if "batch_sampler" in given:
-        overrides["batch_sampler"] = given["batch_sampler"]
-    elif "sampler" in given:
-        # The user's sampler decides the order; the plan still sets the batch size.
-        overrides["sampler"] = given["sampler"]
-        planned["batch_size"] = bp.local_batch_size
-    else:
-        overrides.update(
-            {k: given[k] for k in ("batch_size", "shuffle", "drop_last") if k in given}
+def _check_adapt_args(adapt: Any, max_workers: Any) -> None:
+    if not isinstance(adapt, bool):
+        raise TypeError(f"adapt should be a boolean value, but got adapt={adapt!r}")
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0
+    ):
+        raise ValueError(
+            "adapt_max_workers should be a non-negative integer value, "
+            f"but got adapt_max_workers={max_workers!r}"
         )
-        planned["batch_sampler"] = _planned_sampler(plan, given, sizes, rank, world)
-    if overrides:
-        log.info(
-            "autoloader: keyword arguments override the plan: %s",
-            ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())),
-        )
-    return {**planned, **given}
 
 
-def _planned_sampler(
-    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
-) -> SizeBatchSampler:
-    """The plan's batch sampler; consumes batch_size/shuffle/drop_last from ``given``."""
-    bp = plan.batching
-    if bp.strategy not in STRATEGIES:
-        raise PlanError(
-            f"{plan.source}: key 'batching.strategy': expected one of "
-            f"{', '.join(STRATEGIES)}, found {bp.strategy!r}"
-        )
-    shuffle = given.pop("shuffle", None)
-    try:
-        return make_sampler(
-            bp.strategy,
-            sizes,
-            given.pop("batch_size", bp.local_batch_size),
-            shuffle=True if shuffle is None else bool(shuffle),
-            seed=bp.seed,
-            drop_last=given.pop("drop_last", bp.drop_last),
-            num_replicas=world,
-            rank=rank,
-            **bp.options,
-        )
-    except (TypeError, ValueError) as exc:
-        raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+def _runtime(
+    loader: DataLoader, fixed: list[str], threshold: float, max_workers: int | None
+) -> Runtime:
+    """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
+    plan = loader.plan
+    assert plan is not None
+    settings = Settings(
+        loader.num_workers,
+        loader.prefetch_factor,
+        loader.device_prefetch if loader._feed_device is not None else None,
+    )
+    limits = default_limits(plan, settings, max_workers)
+    adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed))
+    predicted = plan.memory.get("predicted_peak_bytes")
+    watch = None
+    if isinstance(predicted, int) and predicted > 0:
+        feed = loader._feed_device
+        watch = MemoryWatch(predicted, plan.memory.get("budget_bytes"), lambda: cuda_peak(feed))
+    return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
 
 
 def _device_prefetch(plan: Plan | None, override: Any) -> int:
@@ -224,95 +247,6 @@ def _device_prefetch(plan: Plan | None, override: Any) -> int:
         return override
     planned = plan.loader.device_prefetch if plan is not None else None
     return 1 if planned is None else planned
-
-
-def node_loader(plan: Plan) -> LoaderPlan:
-    """This node's ``[loader]``: a collective tune records each node's worker search in
-    ``[tuning.nodes]``; elsewhere, and for nodes it did not see, the plan's own."""
-    nodes = plan.tuning.get("nodes")
-    host = socket.gethostname()
-    table = nodes.get(host) if isinstance(nodes, dict) else None
-    if not isinstance(table, dict):
-        return plan.loader
-    validate_loader(table, plan.source, key=f"tuning.nodes.{host}")
-    return LoaderPlan(**table)
-
-
-def accumulation_for(plan: Plan, world: int) -> int:
-    """Gradient accumulation steps for ``world`` ranks.
-
-    A plan tuned for another world size keeps its local batch (what each GPU holds is
-    what was checked against memory) and recomputes the accumulation so the global batch
-    stays the same; where the global batch is not a multiple of local x world, it is
-    refused with the fix.
-
-    Raises:
-        PlanError: the plan's global batch cannot be kept on ``world`` ranks.
-    """
-    bp = plan.batching
-    if world == bp.world_size:
-        return bp.grad_accum_steps
-    per_step = bp.local_batch_size * world
-    if bp.global_batch_size % per_step:
-        raise PlanError(
-            f"{plan.source}: the plan was tuned for world_size {bp.world_size} (local batch "
-            f"{bp.local_batch_size} x {bp.grad_accum_steps} accumulation = global "
-            f"{bp.global_batch_size}); this job has {world} ranks, and global "
-            f"{bp.global_batch_size} is not a multiple of local {bp.local_batch_size} x "
-            f"{world} ranks. Re-run `autoloader tune --world-size {world}` (under torchrun "
-            "or srun it is the job's)"
-        )
-    steps = bp.global_batch_size // per_step
-    log.warning(
-        "autoloader: plan %s was tuned for world_size=%d; on %d ranks the local batch "
-        "stays %d and gradient accumulation becomes %d (was %d), keeping the global batch %d "
-        "(loader.grad_accum_steps)",
-        plan.source,
-        bp.world_size,
-        world,
-        bp.local_batch_size,
-        steps,
-        bp.grad_accum_steps,
-        bp.global_batch_size,
-    )
-    return steps
-
-
-def _digest(plan: Plan, given: dict[str, Any], sizes: np.ndarray, accum: int) -> dict[str, Any]:
-    """What must be equal on every rank: the batching as applied, and the data."""
-    batching = plan.to_dict()["batching"]
-    sampler = given.get("batch_sampler")
-    if isinstance(sampler, SizeBatchSampler):
-        batching["local_batch_size"] = sampler.batch_size
-        batching["drop_last"] = sampler.drop_last
-    elif sampler is not None or given.get("sampler") is not None:
-        batching["sampler"] = type(sampler or given.get("sampler")).__name__
-    batching["grad_accum_steps"] = accum
-    return {**batching, "dataset fingerprint": fingerprint(sizes)}
-
-
-def _gpu_local_cpus() -> list[int] | None:
-    """The CPUs near this rank's GPU (``LOCAL_RANK``, else the current device)."""
-    if not torch.cuda.is_available():
-        log.info("autoloader: the plan pins workers near the GPU, but there is no GPU here")
-        return None
-    local = os.environ.get("LOCAL_RANK", "")
-    index = int(local) if local.isdigit() else torch.cuda.current_device()
-    return gpu_local_cpus(nvml_index(torch.device("cuda", index)))
-
-
-def _check_fingerprint(plan: Plan, sizes: np.ndarray) -> None:
-    expected = plan.fingerprint
-    if expected is None:
-        return
-    found = fingerprint(sizes)
-    if found != expected:
-        recorded = plan.dataset.get("num_samples", "?")
-        raise PlanError(
-            f"{plan.source}: the plan was tuned for other data (fingerprint {expected}, "
-            f"{recorded} samples); this dataset has fingerprint {found}, {len(sizes)} "
-            "samples. Re-run `autoloader tune`, or pass check_fingerprint=False"
-        )
 
 
 def _auto_collation(given: dict[str, Any]) -> bool:

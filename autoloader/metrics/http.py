@@ -11,6 +11,7 @@ any other path is 404.
 from __future__ import annotations
 
 import gzip
+import json
 import socket
 import threading
 import time
@@ -40,9 +41,12 @@ class _Quiet(WSGIRequestHandler):
 class MetricsApp:
     """A WSGI app serving a registry at ``/metrics``, generated at most every ``max_age``."""
 
-    def __init__(self, registry: CollectorRegistry, max_age: float = MAX_AGE) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, max_age: float = MAX_AGE, status: bool = False
+    ) -> None:
         self.registry = registry
         self.max_age = max_age
+        self.status = status  # also serve /status (the node agent)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, bytes]] = {}
 
@@ -57,6 +61,13 @@ class MetricsApp:
 
     def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
+        if self.status and path in ("/status", "/status/") and method in ("GET", "HEAD"):
+            from autoloader.metrics.status import read_status
+
+            body = json.dumps(read_status(self.registry), allow_nan=False).encode()
+            start("200 OK", [("Content-Type", "application/json"),
+                             ("Content-Length", str(len(body)))])  # fmt: skip
+            return [b"" if method == "HEAD" else body]
         if path not in ("/metrics", "/metrics/"):
             start("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"not found: metrics are at /metrics\n"]
@@ -74,7 +85,7 @@ class MetricsApp:
 
 
 def start_server(
-    port: int, host: str, registry: CollectorRegistry
+    port: int, host: str, registry: CollectorRegistry, *, status: bool = False
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``registry`` on ``host:port`` from a daemon thread; return server and thread.
 
@@ -88,7 +99,9 @@ def start_server(
     class Server(_Server):
         address_family = family
 
-    server = make_server(str(address[0]), port, MetricsApp(registry), Server, handler_class=_Quiet)
+    server = make_server(
+        str(address[0]), port, MetricsApp(registry, status=status), Server, handler_class=_Quiet
+    )
     thread = threading.Thread(target=server.serve_forever, name="autoloader-metrics", daemon=True)
     thread.start()
     return server, thread

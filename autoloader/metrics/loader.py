@@ -85,6 +85,49 @@ class LoaderMetrics:
             **gauge,
         )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
+        # Run-time adaptation and the last complete epoch (see autoloader/loader/runtime.py).
+        self.adaptations = Counter(
+            "autoloader_adaptations",
+            "Changes of a [loader] setting at an epoch boundary.",
+            labelnames=["rank", "setting", "direction"],
+            registry=registry,
+        )
+        self.epochs = Counter("autoloader_epochs", "Complete epochs delivered.", **kw)
+        self.wait_ratio = Gauge(
+            "autoloader_data_wait_ratio",
+            "Share of the last complete epoch's loop spent waiting for data.",
+            **gauge,
+        )
+        self.samples_per_second = Gauge(
+            "autoloader_samples_per_second",
+            "Samples per second of the last complete epoch's loop.",
+            **gauge,
+        )
+        self.workers_since = Gauge(
+            "autoloader_num_workers_since_timestamp_seconds",
+            "When the current num_workers took effect (Unix time).",
+            **gauge,
+        )
+        self.max_workers = Gauge(
+            "autoloader_adapt_max_workers",
+            "The most workers run-time adaptation may start on this rank.",
+            **gauge,
+        )
+        self.memory_peak = Gauge(
+            "autoloader_memory_peak_bytes",
+            "The last epoch's peak of allocated device memory (CUDA).",
+            **gauge,
+        )
+        self.memory_drift = Gauge(
+            "autoloader_memory_drift_ratio",
+            "The last epoch's device memory peak over the plan's predicted peak (CUDA).",
+            **gauge,
+        )
+        self.plan_stale = Gauge(
+            "autoloader_plan_stale",
+            "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
+            **gauge,
+        )
         self.h2d = Histogram(
             "autoloader_h2d_seconds",
             "Host-to-device copy time per batch (DataLoader(device=...)).",
@@ -117,6 +160,8 @@ class LoaderStats:
     bytes: int = 0
     worst_batch_bytes: int = 0
     wait_seconds: float = 0.0
+    epochs: int = 0  # complete epochs
+    plan_stale: str | None = None  # why the plan should be re-tuned, once something says so
 
 
 class BatchRecorder:
@@ -204,6 +249,12 @@ class BatchRecorder:
     def h2d(self, seconds: float) -> None:
         """One batch's host-to-device copy took ``seconds`` (on the GPU's clock)."""
         self._pending_h2d.append(seconds)
+
+    def oom_count(self) -> int:
+        """Out-of-memory errors ``oom_guard`` counted on this rank (same registry)."""
+        child = self.metrics.oom.labels(rank=self.rank)
+        value = getattr(child, "_value", None)
+        return int(value.get()) if value is not None else 0
 
     def flush(self, now: float | None = None) -> None:
         """Bring the Prometheus metrics up to date with every recorded batch."""

@@ -266,6 +266,11 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "std_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "epochs": ("int",),
     }),
     ("tuning.nodes", "table", {}),
+    # the changes a loader made while training (DataLoader.save_plan)
+    ("tuning.runtime.adaptations", "array", {
+        "epoch": ("int",), "setting": _STR, "from": ("int",), "to": ("int",),
+        "direction": _STR, "wait_fraction": _NUM, "samples_per_second": _NUM, "reason": _STR,
+    }),
     ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
     ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
     ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),

@@ -10,7 +10,7 @@ import psutil
 import torch
 
 from autoloader.errors import DeviceError, UsageError
-from autoloader.tuning.cpus import local_world_size
+from autoloader.host import local_world_size
 from autoloader.tuning.gpus import NodeGPU, node_gpus, tightest
 from autoloader.tuning.options import DEVICE
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from autoloader.accelerator import nvml, visible_entries
 from autoloader.errors import DeviceError, UsageError
-from autoloader.tuning.cpus import local_world_size
+from autoloader.host import local_world_size
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import torch
 from autoloader._version import __version__
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
+from autoloader.host import cpus_per_rank
 from autoloader.loader.collate import collate
 from autoloader.loader.distributed import job_group
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
@@ -32,7 +33,6 @@ from autoloader.tuning.collective import (
     shared_sizes,
     smallest_budget,
 )
-from autoloader.tuning.cpus import cpus_per_rank
 from autoloader.tuning.devices import probe_headroom, resolve_device
 from autoloader.tuning.evidence import gpus_table, ranks_table
 from autoloader.tuning.memory_model import default_model, fit

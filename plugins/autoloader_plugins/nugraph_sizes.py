@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 
 from autoloader.errors import DatasetError
-from autoloader.tuning.cpus import usable_cpus
+from autoloader.host import usable_cpus
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.host import doubling_grid
 from autoloader.loader.collate import collate
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
-from autoloader.tuning.workers.search import Rule, choose, doubling_grid
+from autoloader.tuning.workers.search import Rule, choose
 from autoloader.tuning.workers.settings import Setting, persistent_workers, prefetch_factor
 
 __all__ = [

@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from autoloader.datasets.reads import Guarded, worker_timeout
+from autoloader.host import tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
-from autoloader.tuning.memory_usage import tree_memory_bytes
 from autoloader.tuning.transfer import transfer
 
 PREFETCH_FACTOR = 2

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autoloader.host import doubling_grid
 from autoloader.tuning.workers.measure import Candidate
 
 Measure = Callable[[int, "float | None"], Candidate]  # (workers, stop if slower than)
@@ -74,15 +75,6 @@ def choose(trace: list[Candidate], rule: Rule) -> int:
 def exhaustive(measure: Measure, max_workers: int) -> list[Candidate]:
     """Every count in ``0..max_workers``, each timed in full."""
     return [measure(w, None) for w in range(max_workers + 1)]
-
-
-def doubling_grid(max_workers: int) -> list[int]:
-    grid = {0, max_workers}
-    w = 1
-    while w < max_workers:
-        grid.add(w)
-        w *= 2
-    return sorted(grid)
 
 
 def fast(measure: Measure, max_workers: int, rule: Rule) -> list[Candidate]:

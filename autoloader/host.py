@@ -1,10 +1,18 @@
-"""How many CPUs this rank may use: affinity, cgroup quota, and ranks on the node."""
+"""This host as one rank sees it: the CPUs it may use, the memory its worker processes
+hold, and the worker counts that both the tuner's search and the loader's run-time
+adaptation step through.
+
+Neutral ground: the tuner, the loader, the metrics and the plugins all read it, and it
+imports none of them.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
+
+import psutil
 
 from autoloader.errors import UsageError
 
@@ -52,3 +60,35 @@ def local_world_size() -> int:
 def cpus_per_rank() -> int:
     """Usable CPUs divided among the ranks sharing this node (``local_world_size``)."""
     return max(1, usable_cpus() // local_world_size())
+
+
+def tree_memory_bytes(pid: int | None = None) -> int:
+    """Proportional set size (PSS) of a process and all its descendants.
+
+    RSS counts the pages that forked workers share with the parent once per process, so
+    a sum of RSS over the tree double-counts. USS counts private pages only, so a page
+    shared after fork counts in no process at all. PSS splits every shared page among its
+    sharers: summed over the tree it is exactly the memory the tree holds. USS, then RSS,
+    are the fallbacks where PSS cannot be read.
+    """
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            info = proc.memory_full_info()
+            total += int(getattr(info, "pss", 0) or getattr(info, "uss", 0) or info.rss)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            total += int(proc.memory_info().rss)
+    return total
+
+
+def doubling_grid(max_workers: int) -> list[int]:
+    """The worker counts stepped through: 0, 1, 2, 4, ... and ``max_workers`` itself."""
+    grid = {0, max_workers}
+    w = 1
+    while w < max_workers:
+        grid.add(w)
+        w *= 2
+    return sorted(grid)

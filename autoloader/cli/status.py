@@ -1,0 +1,98 @@
+"""``autoloader status``: per rank, what the node's training is waiting on."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = """\
+Reads the loader metrics the node's training processes write to PROMETHEUS_MULTIPROC_DIR
+(or --metrics-dir) and prints, per rank: the last complete epoch's data-wait share and
+samples/s, the workers now and since when, the adaptations made, the device memory peak
+against the plan's prediction and budget, out-of-memory errors, and a verdict:
+data-bound, fed, memory (OOMs or drift), or starting. The agent serves the same JSON at
+/status. Exit status 0 whatever the verdict; 2 when there is no metrics directory.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="what this node's training processes are waiting on",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print strict JSON")
+    p.add_argument(
+        "--metrics-dir",
+        metavar="DIR",
+        help="the training processes' metric files (default: $PROMETHEUS_MULTIPROC_DIR)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from autoloader.cli.agent import metrics_directory
+    from autoloader.errors import UsageError
+    from autoloader.metrics.multiproc import merged_registry
+    from autoloader.metrics.status import read_status
+
+    directory = metrics_directory(args.metrics_dir)
+    if directory is None:
+        raise UsageError(
+            "status: no metrics directory: set PROMETHEUS_MULTIPROC_DIR (as the training job "
+            "does) or give --metrics-dir DIR"
+        )
+    status = read_status(merged_registry(directory))
+    if args.json:
+        sys.stdout.write(json.dumps({"metrics_dir": str(directory), **status}, indent=2,
+                                    allow_nan=False) + "\n")  # fmt: skip
+        return 0
+    sys.stdout.write(render(status, directory))
+    return 0
+
+
+def render(status: dict[str, Any], directory: Path) -> str:
+    lines = [f"autoloader status: {directory}", f"  verdict: {status['verdict']}"]
+    for r in status["ranks"]:
+        lines.append(f"  rank {r['rank']}: {r['verdict']}")
+        facts = []
+        if r.get("wait_fraction") is not None:
+            facts.append(f"last epoch waited {r['wait_fraction']:.0%}, "
+                         f"{r.get('samples_per_second', 0):.1f} samples/s")  # fmt: skip
+        if r.get("num_workers") is not None:
+            since = r.get("workers_since")
+            when = (
+                _dt.datetime.fromtimestamp(since).strftime(" since %Y-%m-%d %H:%M:%S")
+                if since
+                else ""
+            )
+            cap = f" (cap {r['max_workers']})" if r.get("max_workers") is not None else ""
+            facts.append(f"{r['num_workers']} workers{when}{cap}")
+        if r["adaptations"]:
+            facts.append("adaptations: " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(r["adaptations"].items())))  # fmt: skip
+        if r.get("memory_peak_bytes") is not None:
+            pred = r.get("predicted_peak_bytes")
+            facts.append(
+                f"memory peak {_mib(r['memory_peak_bytes'])}"
+                + (f" of predicted {_mib(pred)}" if pred else "")
+                + (
+                    f", budget {_mib(r['memory_budget_bytes'])}"
+                    if r.get("memory_budget_bytes")
+                    else ""
+                )
+            )
+        if r.get("oom_total"):
+            facts.append(f"{r['oom_total']} OOMs")
+        for fact in facts:
+            lines.append(f"    {fact}")
+    return "\n".join(lines) + "\n"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"

@@ -1,0 +1,176 @@
+"""How a plan becomes torch DataLoader arguments: the planned batch sampler, this node's
+``[loader]`` table, gradient accumulation for the job's world size, and what every rank
+must agree on. ``autoloader.DataLoader`` calls these once, at construction."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoloader.accelerator import accelerator_available, nvml_index
+from autoloader.errors import PlanError
+from autoloader.loader.distributed import local_rank
+from autoloader.loader.placement import PinWorkers, gpu_local_cpus
+from autoloader.plan import LoaderPlan, Plan
+from autoloader.plan.schema import validate_loader
+from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
+from autoloader.sizes import fingerprint
+
+log = logging.getLogger("autoloader")
+
+
+def apply_plan(
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
+) -> dict[str, Any]:
+    """Torch keyword arguments from the plan; explicitly given ones win."""
+    lp, bp = node_loader(plan), plan.batching
+    planned: dict[str, Any] = {
+        "num_workers": lp.num_workers,
+        "pin_memory": lp.pin_memory and accelerator_available(),
+    }
+    if given.get("num_workers", lp.num_workers) > 0 and lp.num_workers > 0:
+        planned["prefetch_factor"] = lp.prefetch_factor
+        planned["persistent_workers"] = lp.persistent_workers
+    if lp.worker_affinity == "gpu-local":
+        cpus = gpu_local_cpus_of_rank()
+        if cpus:
+            # The user's own worker_init_fn still runs, after the pinning.
+            planned["worker_init_fn"] = PinWorkers(cpus, then=given.pop("worker_init_fn", None))
+    overrides = {k: v for k, v in given.items() if v != planned.get(k, v)}
+    if "batch_sampler" in given:
+        overrides["batch_sampler"] = given["batch_sampler"]
+    elif "sampler" in given:
+        # The user's sampler decides the order; the plan still sets the batch size.
+        overrides["sampler"] = given["sampler"]
+        planned["batch_size"] = bp.local_batch_size
+    else:
+        overrides.update(
+            {k: given[k] for k in ("batch_size", "shuffle", "drop_last") if k in given}
+        )
+        planned["batch_sampler"] = planned_sampler(plan, given, sizes, rank, world)
+    if overrides:
+        log.info(
+            "autoloader: keyword arguments override the plan: %s",
+            ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())),
+        )
+    return {**planned, **given}
+
+
+def planned_sampler(
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
+) -> SizeBatchSampler:
+    """The plan's batch sampler; consumes batch_size/shuffle/drop_last from ``given``."""
+    bp = plan.batching
+    if bp.strategy not in STRATEGIES:
+        raise PlanError(
+            f"{plan.source}: key 'batching.strategy': expected one of "
+            f"{', '.join(STRATEGIES)}, found {bp.strategy!r}"
+        )
+    shuffle = given.pop("shuffle", None)
+    try:
+        return make_sampler(
+            bp.strategy,
+            sizes,
+            given.pop("batch_size", bp.local_batch_size),
+            shuffle=True if shuffle is None else bool(shuffle),
+            seed=bp.seed,
+            drop_last=given.pop("drop_last", bp.drop_last),
+            num_replicas=world,
+            rank=rank,
+            **bp.options,
+        )
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def node_loader(plan: Plan) -> LoaderPlan:
+    """This node's ``[loader]``: a collective tune records each node's worker search in
+    ``[tuning.nodes]``; elsewhere, and for nodes it did not see, the plan's own."""
+    nodes = plan.tuning.get("nodes")
+    host = socket.gethostname()
+    table = nodes.get(host) if isinstance(nodes, dict) else None
+    if not isinstance(table, dict):
+        return plan.loader
+    validate_loader(table, plan.source, key=f"tuning.nodes.{host}")
+    return LoaderPlan(**table)
+
+
+def accumulation_for(plan: Plan, world: int) -> int:
+    """Gradient accumulation steps for ``world`` ranks.
+
+    A plan tuned for another world size keeps its local batch (what each GPU holds is
+    what was checked against memory) and recomputes the accumulation so the global batch
+    stays the same; where the global batch is not a multiple of local x world, it is
+    refused with the fix.
+
+    Raises:
+        PlanError: the plan's global batch cannot be kept on ``world`` ranks.
+    """
+    bp = plan.batching
+    if world == bp.world_size:
+        return bp.grad_accum_steps
+    per_step = bp.local_batch_size * world
+    if bp.global_batch_size % per_step:
+        raise PlanError(
+            f"{plan.source}: the plan was tuned for world_size {bp.world_size} (local batch "
+            f"{bp.local_batch_size} x {bp.grad_accum_steps} accumulation = global "
+            f"{bp.global_batch_size}); this job has {world} ranks, and global "
+            f"{bp.global_batch_size} is not a multiple of local {bp.local_batch_size} x "
+            f"{world} ranks. Re-run `autoloader tune --world-size {world}` (under torchrun "
+            "or srun it is the job's)"
+        )
+    steps = bp.global_batch_size // per_step
+    log.warning(
+        "autoloader: plan %s was tuned for world_size=%d; on %d ranks the local batch "
+        "stays %d and gradient accumulation becomes %d (was %d), keeping the global batch %d "
+        "(loader.grad_accum_steps)",
+        plan.source,
+        bp.world_size,
+        world,
+        bp.local_batch_size,
+        steps,
+        bp.grad_accum_steps,
+        bp.global_batch_size,
+    )
+    return steps
+
+
+def digest(plan: Plan, given: dict[str, Any], sizes: np.ndarray, accum: int) -> dict[str, Any]:
+    """What must be equal on every rank: the batching as applied, and the data."""
+    batching = plan.to_dict()["batching"]
+    sampler = given.get("batch_sampler")
+    if isinstance(sampler, SizeBatchSampler):
+        batching["local_batch_size"] = sampler.batch_size
+        batching["drop_last"] = sampler.drop_last
+    elif sampler is not None or given.get("sampler") is not None:
+        batching["sampler"] = type(sampler or given.get("sampler")).__name__
+    batching["grad_accum_steps"] = accum
+    return {**batching, "dataset fingerprint": fingerprint(sizes)}
+
+
+def check_data_fingerprint(plan: Plan, sizes: np.ndarray) -> None:
+    expected = plan.fingerprint
+    if expected is None:
+        return
+    found = fingerprint(sizes)
+    if found != expected:
+        recorded = plan.dataset.get("num_samples", "?")
+        raise PlanError(
+            f"{plan.source}: the plan was tuned for other data (fingerprint {expected}, "
+            f"{recorded} samples); this dataset has fingerprint {found}, {len(sizes)} "
+            "samples. Re-run `autoloader tune`, or pass check_fingerprint=False"
+        )
+
+
+def gpu_local_cpus_of_rank() -> list[int] | None:
+    """The CPUs near this rank's GPU (``LOCAL_RANK``, else the current device)."""
+    if not torch.cuda.is_available():
+        log.info("autoloader: the plan pins workers near the GPU, but there is no GPU here")
+        return None
+    index = local_rank() if os.environ.get("LOCAL_RANK") else torch.cuda.current_device()
+    return gpu_local_cpus(nvml_index(torch.device("cuda", index)))

@@ -1,0 +1,294 @@
+"""A planned loader's epochs while the job runs: measured, adapted, watched for drift.
+
+``Runtime`` is what ``autoloader.DataLoader(plan=..., adapt=True)`` holds. Each
+``iter(loader)`` first applies the settings the last complete epoch decided (the policy is
+``autoloader.loader.adapt``), then hands out an ``EpochIter`` that times the loop's wait
+for each batch and, on CUDA, follows the allocator's peak (``autoloader.loader.drift``).
+Only ``[loader]`` settings move: the batch sampler, and so every rank's indices, is
+untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import psutil
+
+from autoloader.host import cpus_per_rank, local_world_size, tree_memory_bytes
+from autoloader.loader.adapt import Adaptation, Adapter, EpochMeasure, Limits, Settings
+from autoloader.loader.drift import Drift, MemoryWatch
+from autoloader.metrics.loader import BatchRecorder
+from autoloader.plan import LoaderPlan, Plan
+from autoloader.sizes import nbytes_of
+from autoloader.units import describe_bytes
+
+log = logging.getLogger("autoloader")
+
+
+def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> Limits:
+    """The caps: workers as tune caps its search (this rank's CPUs less one, never below
+    the plan's count), half the available RAM split over the node's ranks for the worker
+    processes, and a device feed only as deep as the plan's memory budget allows."""
+    if max_workers is None:
+        max_workers = max(settings.num_workers, cpus_per_rank() - 1)
+    ram = psutil.virtual_memory().available // 2 // max(1, local_world_size())
+    return Limits(max_workers, int(ram), _device_prefetch_max(plan, settings))
+
+
+def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
+    """One more batch on the device costs a worst batch: only where the budget has it."""
+    if settings.device_prefetch is None:
+        return 0
+    memory, strategies = plan.memory, plan.tuning.get("strategies", {})
+    worst = strategies.get(plan.batching.strategy, {}).get("worst_batch_bytes")
+    budget, peak = memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
+    numbers = [v for v in (worst, budget, peak) if isinstance(v, (int, float)) and v > 0]
+    if len(numbers) < 3:
+        return settings.device_prefetch  # no evidence: never deeper than planned
+    worst, budget, peak = numbers
+    spare = int((budget - peak) // worst)
+    return max(settings.device_prefetch, min(16, settings.device_prefetch + spare))
+
+
+class Runtime:
+    """Adaptation and drift for one loader on one rank."""
+
+    def __init__(
+        self, plan: Plan, adapter: Adapter | None, watch: MemoryWatch | None,
+        recorder: BatchRecorder | None, rank: int,
+    ) -> None:  # fmt: skip
+        self.plan = plan
+        self.adapter = adapter
+        self.watch = watch
+        self.recorder = recorder
+        self.rank = rank
+        self.epoch = 0  # complete epochs so far
+        self.last: EpochMeasure | None = None
+        self.drift: Drift | None = None
+        self.stale: str | None = None
+        self._warned_drift = False
+        if recorder is not None:
+            m = recorder.metrics
+            m.workers_since.labels(rank=recorder.rank).set(time.time())
+            if adapter is not None:
+                m.max_workers.labels(rank=recorder.rank).set(adapter.limits.max_workers)
+
+    @property
+    def adaptations(self) -> list[Adaptation]:
+        return list(self.adapter.history) if self.adapter is not None else []
+
+    def begin(self, loader: Any) -> None:
+        """Bring ``loader`` to the decided settings before its next epoch starts."""
+        if self.adapter is None:
+            return
+        want = self.adapter.settings
+        workers_changed = want.num_workers != loader.num_workers
+        prefetch = want.prefetch_factor if want.num_workers > 0 else loader.prefetch_factor
+        if workers_changed or prefetch != loader.prefetch_factor:
+            # Persistent workers were started for the old settings: end them cleanly.
+            shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            loader._iterator = None
+            loader.num_workers = want.num_workers
+            loader.prefetch_factor = prefetch
+        if want.device_prefetch is not None:
+            loader.device_prefetch = want.device_prefetch
+        if workers_changed and self.recorder is not None:
+            m, rank = self.recorder.metrics, self.recorder.rank
+            m.num_workers.labels(rank=rank).set(want.num_workers)
+            m.workers_since.labels(rank=rank).set(time.time())
+
+    def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
+        return EpochIter(batches, self, loader)
+
+    def end(self, m: EpochMeasure, last_bytes: int | None, batches: int) -> None:
+        """A complete epoch: export it, judge it, check the memory."""
+        self.epoch += 1
+        self.last = m
+        if self.recorder is not None:
+            metrics, rank = self.recorder.metrics, self.recorder.rank
+            metrics.epochs.labels(rank=rank).inc()
+            metrics.wait_ratio.labels(rank=rank).set(m.wait_fraction)
+            metrics.samples_per_second.labels(rank=rank).set(m.samples_per_second)
+            self.recorder.stats.epochs = self.epoch
+        if self.adapter is not None:
+            for change in self.adapter.decide(m):
+                self._record(change)
+        if self.watch is not None:
+            self._check_drift(self.watch.end_epoch(m.epoch, batches, last_bytes))
+
+    def _record(self, change: Adaptation) -> None:
+        log.info(
+            "autoloader: rank %d, after epoch %d: %s %d -> %d (%s; %.1f samples/s)",
+            self.rank, change.epoch, change.setting, change.before, change.after,
+            change.reason, change.samples_per_second,
+        )  # fmt: skip
+        if self.recorder is not None:
+            self.recorder.metrics.adaptations.labels(
+                rank=self.recorder.rank, setting=change.setting, direction=change.direction
+            ).inc()
+
+    def _check_drift(self, drift: Drift | None) -> None:
+        if drift is None:
+            return
+        self.drift = drift
+        if self.recorder is not None:
+            m, rank = self.recorder.metrics, self.recorder.rank
+            m.memory_peak.labels(rank=rank).set(drift.peak_bytes)
+            m.memory_drift.labels(rank=rank).set(drift.ratio)
+        if not drift.drifted:
+            return
+        which = (
+            f"; batch {drift.batch} of the epoch ({describe_bytes(drift.batch_bytes)}) set it"
+            if drift.batch is not None and drift.batch_bytes is not None
+            else ""
+        )
+        budget = f", budget {describe_bytes(drift.budget_bytes)}" if drift.budget_bytes else ""
+        reason = (
+            f"epoch {drift.epoch}: device memory peak {describe_bytes(drift.peak_bytes)} is "
+            f"{drift.ratio:.2f}x the plan's prediction {describe_bytes(drift.predicted_bytes)}"
+            f"{budget}{which}"
+        )
+        self.mark_stale(reason)
+        if not self._warned_drift:
+            self._warned_drift = True
+            log.warning("autoloader: rank %d: %s; re-run `autoloader tune`", self.rank, reason)
+
+    def mark_stale(self, reason: str) -> None:
+        if self.stale is None:
+            self.stale = reason
+        if self.recorder is not None:
+            self.recorder.stats.plan_stale = self.stale
+            self.recorder.metrics.plan_stale.labels(rank=self.recorder.rank).set(1)
+
+    def adapted_plan(self, loader_plan: LoaderPlan) -> Plan:
+        """The plan with this rank's adapted ``[loader]`` and a ``[tuning.runtime]`` table."""
+        plan = self.plan
+        s = self.adapter.settings if self.adapter is not None else None
+        adapted = loader_plan
+        if s is not None:
+            adapted = replace(
+                loader_plan,
+                num_workers=s.num_workers,
+                prefetch_factor=s.prefetch_factor if s.num_workers > 0 else None,
+                persistent_workers=loader_plan.persistent_workers and s.num_workers > 0,
+                device_prefetch=(
+                    s.device_prefetch if loader_plan.device_prefetch is not None else None
+                ),
+            )
+        runtime: dict[str, Any] = {
+            "saved": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "epochs": self.epoch,
+            "adaptations": [a.to_dict() for a in self.adaptations],
+        }
+        if self.last is not None:
+            runtime["last_epoch"] = {
+                "wait_fraction": round(self.last.wait_fraction, 4),
+                "samples_per_second": round(self.last.samples_per_second, 2),
+            }
+        if self.drift is not None:
+            runtime["memory"] = {
+                "peak_bytes": self.drift.peak_bytes,
+                "predicted_peak_bytes": self.drift.predicted_bytes,
+                "drift_ratio": round(self.drift.ratio, 4),
+            }
+        if self.stale is not None:
+            runtime["stale"] = self.stale
+        tuning = {**plan.tuning, "runtime": runtime}
+        nodes = tuning.get("nodes")
+        if isinstance(nodes, dict) and socket.gethostname() in nodes:
+            # This node's loader table is the one a DataLoader here reads: keep it in step.
+            tuning["nodes"] = {**nodes, socket.gethostname(): _loader_table(adapted)}
+        return replace(plan, loader=adapted, tuning=tuning)
+
+
+def _loader_table(lp: LoaderPlan) -> dict[str, Any]:
+    return {k: v for k, v in vars(lp).items() if v is not None}
+
+
+class EpochIter:
+    """One epoch's batches as the loop sees them, timed.
+
+    Times from the first ``next()`` to the end of the epoch, and the wait inside each
+    ``next()``. The worker processes' memory is read once, after the first prefetch
+    round. An epoch abandoned before its end is not judged.
+    """
+
+    def __init__(self, batches: Iterator[Any], runtime: Runtime, loader: Any) -> None:
+        self._batches = batches
+        self._runtime = runtime
+        self._loader = loader
+        self._start: float | None = None
+        self._wait = 0.0
+        self._count = 0
+        self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
+        self._last_bytes: int | None = None
+        self._worker_memory: int | None = None
+        workers = loader.num_workers
+        self._memory_at = workers * (loader.prefetch_factor or 2) + 1 if workers else -1
+        self._done = False
+
+    def __iter__(self) -> EpochIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+    def __next__(self) -> Any:
+        runtime = self._runtime
+        now = time.perf_counter()
+        if self._start is None:
+            self._start = now
+            if runtime.watch is not None:
+                runtime.watch.start_epoch()
+        if runtime.watch is not None:
+            runtime.watch.before_batch(self._count, self._last_bytes)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._finish()
+            raise
+        self._wait += time.perf_counter() - now
+        self._count += 1
+        if runtime.watch is not None:
+            self._last_bytes = nbytes_of(batch)
+        if self._count == self._memory_at:
+            self._worker_memory = _workers_memory()
+        return batch
+
+    def _finish(self) -> None:
+        if self._done or self._start is None:
+            return
+        self._done = True
+        runtime, loader = self._runtime, self._loader
+        loop = time.perf_counter() - self._start
+        if runtime.recorder is not None:
+            samples = runtime.recorder.stats.samples - self._samples_at_start
+        else:
+            samples = self._count * (getattr(loader.batch_sampler, "batch_size", None) or 1)
+        measure = EpochMeasure(
+            runtime.epoch, self._count, samples, self._wait, loop, self._worker_memory
+        )
+        runtime.end(measure, self._last_bytes, self._count)
+
+
+def _workers_memory() -> int | None:
+    """PSS of this process's children (the loader's workers), each page counted once."""
+    try:
+        me = psutil.Process()
+        info = me.memory_full_info()
+        own = int(getattr(info, "pss", 0) or getattr(info, "uss", 0) or info.rss)
+        return max(0, tree_memory_bytes() - own)
+    except (psutil.Error, OSError):
+        return None

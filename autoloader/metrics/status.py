@@ -1,0 +1,95 @@
+"""What a node's training processes are waiting on, read from their metrics.
+
+``autoloader status`` and the agent's ``/status`` read the same merged registry that
+``/metrics`` serves (the node's ``PROMETHEUS_MULTIPROC_DIR``) and say, per rank: the
+last complete epoch's data-wait share and samples/s, the workers now and since when,
+the adaptations made, the memory peak against the plan, the OOMs, and one verdict.
+Imports no torch: it answers at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+WAIT_THRESHOLD = 0.05  # the loader's default adapt_threshold
+DRIFT_LIMIT = 0.10  # autoloader.loader.drift.DRIFT_LIMIT
+
+# metric sample name -> the rank's key
+_FIELDS = {
+    "autoloader_batches_total": "batches",
+    "autoloader_epochs_total": "epochs",
+    "autoloader_data_wait_ratio": "wait_fraction",
+    "autoloader_samples_per_second": "samples_per_second",
+    "autoloader_num_workers": "num_workers",
+    "autoloader_num_workers_since_timestamp_seconds": "workers_since",
+    "autoloader_adapt_max_workers": "max_workers",
+    "autoloader_memory_peak_bytes": "memory_peak_bytes",
+    "autoloader_predicted_peak_bytes": "predicted_peak_bytes",
+    "autoloader_memory_budget_bytes": "memory_budget_bytes",
+    "autoloader_memory_drift_ratio": "memory_drift_ratio",
+    "autoloader_oom_total": "oom_total",
+    "autoloader_plan_stale": "plan_stale",
+}
+_INTS = {"batches", "epochs", "num_workers", "max_workers", "oom_total", "memory_peak_bytes",
+         "predicted_peak_bytes", "memory_budget_bytes"}  # fmt: skip
+
+
+def read_status(registry: CollectorRegistry) -> dict[str, Any]:
+    """``{"ranks": [...], "verdict": str}`` from a registry of loader metrics."""
+    ranks: dict[str, dict[str, Any]] = defaultdict(lambda: {"adaptations": {}})
+    for family in registry.collect():
+        for sample in family.samples:
+            rank = sample.labels.get("rank")
+            if rank is None or not math.isfinite(sample.value):
+                continue
+            if sample.name == "autoloader_adaptations_total":
+                key = f"{sample.labels.get('setting')} {sample.labels.get('direction')}"
+                ranks[rank]["adaptations"][key] = int(sample.value)
+            elif sample.name in _FIELDS:
+                field = _FIELDS[sample.name]
+                ranks[rank][field] = int(sample.value) if field in _INTS else sample.value
+    out = []
+    for rank in sorted(ranks, key=lambda r: (not r.isdigit(), int(r) if r.isdigit() else 0, r)):
+        entry = {"rank": int(rank) if rank.isdigit() else rank, **ranks[rank]}
+        entry["plan_stale"] = bool(entry.get("plan_stale"))
+        entry["severity"], entry["verdict"] = rank_verdict(entry)
+        out.append(entry)
+    return {"ranks": out, "verdict": node_verdict(out)}
+
+
+def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
+    """(severity, one line): 3 memory, 2 data-bound, 1 no complete epoch yet, 0 fed."""
+    who = f"rank {r['rank']}"
+    if r.get("oom_total"):
+        return 3, f"memory: {who} caught {r['oom_total']} out-of-memory error(s); re-run tune"
+    drift = r.get("memory_drift_ratio")
+    if drift is not None and drift > 1 + DRIFT_LIMIT:
+        return 3, (
+            f"memory drift: {who} peaks at {drift:.2f}x the plan's predicted peak; re-run tune"
+        )
+    wait = r.get("wait_fraction")
+    if wait is None or not r.get("epochs"):
+        return 1, f"starting: {who} has not finished an epoch ({r.get('batches', 0)} batches)"
+    workers, cap = r.get("num_workers"), r.get("max_workers")
+    if wait > WAIT_THRESHOLD:
+        if workers is not None and cap is not None and workers >= cap:
+            where = f"workers at the cap of {cap}"
+        elif workers is not None:
+            where = f"{workers} workers" + (f" of at most {cap}" if cap is not None else "")
+        else:
+            where = "workers unknown"
+        return 2, f"data-bound: {who} waits {wait:.0%} of its loop; {where}"
+    return 0, f"fed: {who} waits {wait:.0%} of its loop"
+
+
+def node_verdict(ranks: list[dict[str, Any]]) -> str:
+    if not ranks:
+        return "no loader metrics yet: no training process has written any"
+    worst = max(ranks, key=lambda r: (r["severity"], r.get("wait_fraction") or 0.0))
+    if worst["severity"] == 0:
+        return f"fed: every rank waits at most {worst['wait_fraction']:.0%} of its loop"
+    return str(worst["verdict"])

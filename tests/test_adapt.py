@@ -1,0 +1,310 @@
+"""Run-time adaptation: the policy (autoloader/loader/adapt.py) and a planned loader that
+applies it at epoch boundaries (autoloader/loader/runtime.py), with real workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import torchrun
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
+
+from autoloader import DataLoader, Plan
+from autoloader.cli import main
+from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
+
+SCRIPTS = Path(__file__).parent / "distributed"
+
+
+def measure(epoch: int, wait: float, sps: float, memory: int | None = None) -> EpochMeasure:
+    """An epoch of 10 s that waited ``wait`` of it and delivered ``sps`` samples/s."""
+    return EpochMeasure(epoch, 50, int(sps * 10), wait * 10, 10.0, memory)
+
+
+def adapter(workers: int = 0, prefetch: int | None = None, *, cap: int = 8,
+            memory: int = 2**40, device: int | None = None, device_max: int = 0,
+            **kw: Any) -> Adapter:  # fmt: skip
+    return Adapter(Settings(workers, prefetch, device), Limits(cap, memory, device_max), **kw)
+
+
+# the policy ------------------------------------------------------------------------------
+
+
+def test_a_starved_loop_climbs_the_worker_grid_and_says_why() -> None:
+    a = adapter(cap=6)
+    steps = []
+    for epoch, sps in enumerate([100, 180, 300, 400]):
+        steps += [(c.setting, c.before, c.after) for c in a.decide(measure(epoch, 0.4, sps))]
+    assert steps == [("num_workers", 0, 1), ("num_workers", 1, 2), ("num_workers", 2, 4),
+                     ("num_workers", 4, 6)]  # fmt: skip
+    first = a.history[0]
+    assert first.reason == "the loop waited 40% of its time for data"
+    assert (first.epoch, first.wait_fraction, first.samples_per_second) == (0, 0.4, 100.0)
+    assert first.direction == "up" and a.settings.prefetch_factor == 2  # torch's default
+
+
+def test_a_fed_loop_never_changes() -> None:
+    a = adapter(workers=2, prefetch=2)
+    for epoch in range(20):
+        assert a.decide(measure(epoch, 0.05, 500)) == []  # at the threshold is fed
+    assert a.settings == Settings(2, 2, None) and a.history == []
+
+
+def test_a_raise_that_did_not_help_is_undone_and_never_tried_again() -> None:
+    a = adapter()
+    assert [c.after for c in a.decide(measure(0, 0.5, 100))] == [1]
+    back = a.decide(measure(1, 0.5, 104))  # +4%: not the 5% a raise must bring
+    assert [(c.setting, c.before, c.after, c.direction) for c in back] == [
+        ("num_workers", 1, 0, "down")
+    ]
+    assert back[0].reason == (
+        "the raise to 1 brought +4.0% samples/s (needs +5%); back to 0, no more raises"
+    )
+    for epoch in range(2, 6):  # still starved, but workers are settled; 0 workers: no prefetch
+        assert a.decide(measure(epoch, 0.5, 100)) == []
+    assert a.settings.num_workers == 0 and len(a.history) == 2
+
+
+def test_workers_stop_at_the_memory_budget_then_prefetch_deepens() -> None:
+    # 2 workers hold 600 MB: 300 MB each, so 4 would need 1.2 GB of a 1 GB budget
+    a = adapter(workers=2, prefetch=2, memory=10**9)
+    change = a.decide(measure(0, 0.3, 100, memory=600 * 10**6))
+    assert [(c.setting, c.before, c.after) for c in change] == [("prefetch_factor", 2, 4)]
+    assert change[0].reason.endswith("with workers at their cap")
+
+
+def test_at_the_worker_cap_prefetch_then_the_device_feed_deepen() -> None:
+    a = adapter(workers=2, prefetch=8, cap=2, device=1, device_max=2)
+    got = []
+    for epoch, sps in enumerate([100, 120, 140, 160, 180]):
+        got += [(c.setting, c.after) for c in a.decide(measure(epoch, 0.3, sps))]
+    assert got == [("prefetch_factor", 16), ("device_prefetch", 2)]
+    assert a.at_cap()
+
+
+def test_settings_the_user_fixed_are_left_alone() -> None:
+    a = adapter(workers=1, prefetch=2, fixed=("num_workers",))
+    assert [c.setting for c in a.decide(measure(0, 0.5, 100))] == ["prefetch_factor"]
+
+
+def test_an_epoch_too_short_to_judge_changes_nothing() -> None:
+    a = adapter()
+    assert a.decide(EpochMeasure(0, 3, 12, 0.9, 1.0)) == []
+
+
+@pytest.mark.parametrize("threshold", [0, 1, -0.1, True, "5%"])
+def test_a_threshold_outside_0_1_is_refused(threshold: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match="adapt_threshold should be"):
+        adapter(threshold=threshold)
+
+
+# the loader ------------------------------------------------------------------------------
+
+
+class Slow(Dataset):
+    """Sample i is ``tensor([i])`` after ``delay`` seconds, optionally one at a time."""
+
+    def __init__(self, n: int = 48, delay: float = 0.004, lock: Any = None) -> None:
+        self.n, self.delay, self.lock = n, delay, lock
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.lock is not None:
+            with self.lock:  # every worker waits its turn: more of them cannot help
+                time.sleep(self.delay)
+        else:
+            time.sleep(self.delay)
+        return torch.tensor([i])
+
+
+def planned(workers: int = 0, persistent: bool = False, **memory: int) -> Plan:
+    loader: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        loader.update(prefetch_factor=2, persistent_workers=persistent)
+    tables: dict[str, Any] = {"schema": 1, "loader": loader,
+                              "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    if memory:
+        tables["memory"] = memory
+    return Plan.from_dict(tables)
+
+
+def run(loader: DataLoader, epochs: int, step: float = 0.0) -> list[list[list[int]]]:
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        batches = []
+        for batch in loader:
+            batches.append(batch.flatten().tolist())
+            time.sleep(step)
+        out.append(batches)
+    return out
+
+
+def make(ds: Dataset, plan: Plan, **kw: Any) -> DataLoader:
+    return DataLoader(ds, plan=plan, check_fingerprint=False, registry=CollectorRegistry(), **kw)
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_adaptation_never_changes_which_samples_an_epoch_yields(
+    workers: int, persistent: bool
+) -> None:
+    plan = planned(workers, persistent)
+    adapted = make(Slow(), plan, adapt_max_workers=2)
+    fixed = make(Slow(), plan, adapt=False)
+    assert run(adapted, 4) == run(fixed, 4)
+    assert adapted.adaptations, "the starved loader should have adapted"
+    assert fixed.adaptations == [] and fixed.num_workers == workers
+
+
+def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
+    registry = CollectorRegistry()
+    loader = DataLoader(Slow(), plan=planned(0), check_fingerprint=False, registry=registry,
+                        adapt_max_workers=2)  # fmt: skip
+    run(loader, 2)
+    first = loader.adaptations[0]
+    assert (first.epoch, first.setting, first.before, first.after) == (0, "num_workers", 0, 1)
+    assert first.wait_fraction > 0.5 and "waited" in first.reason
+    assert loader.num_workers == 1
+    value = registry.get_sample_value
+    assert value("autoloader_adaptations_total",
+                 {"rank": "0", "setting": "num_workers", "direction": "up"}) >= 1  # fmt: skip
+    assert value("autoloader_num_workers", {"rank": "0"}) == loader.num_workers
+    assert value("autoloader_epochs_total", {"rank": "0"}) == 2
+    assert value("autoloader_data_wait_ratio", {"rank": "0"}) > 0
+
+
+def test_a_fed_loader_changes_nothing() -> None:
+    loader = make(Slow(delay=0), planned(0), adapt_max_workers=2)
+    run(loader, 3, step=0.05)
+    assert loader.adaptations == [] and loader.num_workers == 0
+
+
+def test_a_raise_that_did_not_help_steps_back() -> None:
+    """Samples read one at a time behind a lock, and no step to overlap: a worker cannot
+    beat the main process, so the raise is undone and workers are never raised again."""
+    loader = make(Slow(n=64, delay=0.005, lock=mp.Lock()), planned(0), adapt_max_workers=2)
+    run(loader, 4)
+    steps = [(a.setting, a.before, a.after) for a in loader.adaptations]
+    assert steps == [("num_workers", 0, 1), ("num_workers", 1, 0)], loader.adaptations
+    assert loader.num_workers == 0
+
+
+def test_workers_are_capped_by_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoloader.loader import runtime
+
+    class Tiny:
+        available = 2 * 2**20  # 1 MiB of budget: a worker process holds more
+
+    monkeypatch.setattr(runtime.psutil, "virtual_memory", lambda: Tiny)
+    loader = make(Slow(n=64), planned(1), adapt_max_workers=2)
+    run(loader, 3)
+    assert loader.num_workers == 1
+    assert [a.setting for a in loader.adaptations][:1] == ["prefetch_factor"]
+
+
+def test_adapt_false_is_the_plain_planned_loader() -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    loader = make(Slow(), planned(0), adapt=False)
+    assert isinstance(iter(loader), _BaseDataLoaderIter)
+    assert loader.adaptations == []
+    with pytest.raises(TypeError, match="adapt should be a boolean value, but got adapt=1"):
+        make(Slow(), planned(0), adapt=1)
+    with pytest.raises(ValueError, match="adapt_max_workers should be a non-negative integer"):
+        make(Slow(), planned(0), adapt_max_workers=-1)
+
+
+def test_save_plan_round_trips_through_show_and_a_new_loader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loader = make(Slow(), planned(0), adapt_max_workers=2)
+    run(loader, 2, step=0.016)  # a step as long as a batch's loading: one worker helps
+    path = tmp_path / "adapted.toml"
+    loader.save_plan(path)
+    saved = Plan.load(path)
+    workers = 0  # the settings decided for the next epoch: every change, replayed
+    for change in loader.adaptations:
+        workers = change.after if change.setting == "num_workers" else workers
+    assert saved.loader.num_workers == workers > 0
+    runtime = saved.tuning["runtime"]
+    assert runtime["epochs"] == 2 and runtime["adaptations"][0]["from"] == 0
+    assert main(["show", str(path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "runtime saved" in text and "0 num_workers 0 -> 1" in text
+    assert main(["show", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tuning"]["runtime"]["epochs"] == 2
+    again = make(Slow(), path, adapt=False)
+    assert again.num_workers == workers
+    assert run(again, 1) == run(make(Slow(), planned(0), adapt=False), 1)
+    with pytest.raises(Exception, match="save_plan: this DataLoader was built without a plan"):
+        DataLoader(Slow(), registry=CollectorRegistry()).save_plan(tmp_path / "x.toml")
+
+
+class FakePeak:
+    """The allocator's peak, as a test sets it: ``peaks[k]`` after batch k's step."""
+
+    def __init__(self, peaks: list[int]) -> None:
+        self.peaks, self.reads, self.resets = peaks, 0, 0
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.reads = 0
+
+    def read(self) -> int:
+        value = self.peaks[min(self.reads, len(self.peaks) - 1)]
+        self.reads += 1
+        return value
+
+
+def test_memory_drift_warns_once_and_marks_the_plan_stale(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autoloader.loader import dataloader
+
+    peak = FakePeak([900, 1000, 1500, 1500, 1500, 1500])
+    monkeypatch.setattr(dataloader, "cuda_peak", lambda device: peak)
+    registry = CollectorRegistry()
+    plan = planned(0, predicted_peak_bytes=1000, budget_bytes=2000)
+    loader = DataLoader(Slow(n=24, delay=0), plan=plan, check_fingerprint=False,
+                        registry=registry)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        run(loader, 2)
+    warnings = [r.getMessage() for r in caplog.records if "prediction" in r.getMessage()]
+    assert len(warnings) == 1 and peak.resets == 2
+    assert warnings[0].startswith(
+        "autoloader: rank 0: epoch 0: device memory peak 1.5 KiB (1500 bytes) is 1.50x the "
+        "plan's prediction 1000 bytes, budget 2.0 KiB (2000 bytes); batch 2 of the epoch "
+        "(32 bytes) set it; re-run `autoloader tune`"
+    )
+    assert loader.stats.plan_stale is not None and "1.50x" in loader.stats.plan_stale
+    assert registry.get_sample_value("autoloader_memory_drift_ratio", {"rank": "0"}) == 1.5
+    assert registry.get_sample_value("autoloader_memory_peak_bytes", {"rank": "0"}) == 1500
+    assert registry.get_sample_value("autoloader_plan_stale", {"rank": "0"}) == 1
+
+
+def test_no_drift_within_ten_percent_and_nothing_on_the_cpu() -> None:
+    plan = planned(0, predicted_peak_bytes=1000)
+    loader = make(Slow(n=24, delay=0), plan)  # no CUDA here, or CUDA unused: no watch
+    run(loader, 1)
+    assert loader.stats.plan_stale is None
+
+
+@pytest.mark.slow
+def test_two_ranks_adapt_on_their_own_and_keep_their_batches(tmp_path: Path) -> None:
+    out = tmp_path / "ranks.json"
+    torchrun(SCRIPTS / "adapt_ranks.py", str(out), ranks=2, timeout=300)
+    ranks = sorted(json.loads(out.read_text()), key=lambda r: r["rank"])
+    for r in ranks:
+        assert r["adapted"] == r["fixed"]
+        assert r["changes"] and r["changes_without"] == []
+    every = sorted(i for r in ranks for batch in r["adapted"][0] for i in batch)
+    assert every == list(range(96))
