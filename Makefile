@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt -e ".[bench]"
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/workers.py
+	$(PY) benchmarks/adapt.py
 	$(PY) benchmarks/metrics.py
 	$(PY) benchmarks/cli.py
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "nugraph==25.4.0"

@@ -226,8 +226,10 @@ def test_adapt_false_is_the_plain_planned_loader() -> None:
 def test_save_plan_round_trips_through_show_and_a_new_loader(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    loader = make(Slow(), planned(0), adapt_max_workers=2)
-    run(loader, 2, step=0.016)  # a step as long as a batch's loading: one worker helps
+    # a step as long as a batch's loading, and epochs long enough to pay for starting a
+    # worker: one worker helps
+    loader = make(Slow(n=128), planned(0), adapt_max_workers=2)
+    run(loader, 2, step=0.016)
     path = tmp_path / "adapted.toml"
     loader.save_plan(path)
     saved = Plan.load(path)

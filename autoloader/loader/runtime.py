@@ -22,7 +22,14 @@ from typing import Any
 import psutil
 
 from autoloader.host import cpus_per_rank, local_world_size, tree_memory_bytes
-from autoloader.loader.adapt import Adaptation, Adapter, EpochMeasure, Limits, Settings
+from autoloader.loader.adapt import (
+    SETTINGS,
+    Adaptation,
+    Adapter,
+    EpochMeasure,
+    Limits,
+    Settings,
+)
 from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
@@ -77,8 +84,14 @@ class Runtime:
         if recorder is not None:
             m = recorder.metrics
             m.workers_since.labels(rank=recorder.rank).set(time.time())
+            m.plan_stale.labels(rank=recorder.rank).set(0)
             if adapter is not None:
                 m.max_workers.labels(rank=recorder.rank).set(adapter.limits.max_workers)
+                for setting in SETTINGS:  # exported as 0 until a change is made
+                    for direction in ("up", "down"):
+                        m.adaptations.labels(
+                            rank=recorder.rank, setting=setting, direction=direction
+                        )
 
     @property
     def adaptations(self) -> list[Adaptation]:
