@@ -1,4 +1,11 @@
-"""Files autoloader writes: atomically, with the mode a user expects, one writer at a time.
+"""Files autoloader writes: atomically, with the mode a user expects, one writer at a time,
+and never in place of something that is not a regular file.
+
+The rules for an output path (``tune -o``, ``Plan.save``, ``DataLoader.save_plan``), as
+``cp`` keeps them: a regular file (or a new one) is replaced atomically, through a
+temporary file and a rename; a symbolic link keeps being a link, and the file it names is
+replaced; a character device (``/dev/null``, a terminal) or a FIFO is written through,
+never renamed over; a socket, a block device, a directory or a dangling link is refused.
 
 ``mkstemp`` creates files 0600 whatever the umask; a plan written that way cannot be read
 by a trainer running as another user (a Kubernetes init container tunes as one user, the
@@ -11,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +44,100 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_output(path: Path, data: bytes, *, what: str = "plan") -> None:
+    """Write ``data`` to ``path`` by the rules above.
+
+    Raises:
+        UsageError: ``path`` is something a plan must not replace, or a FIFO no one reads.
+    """
+    kind = output_kind(path)
+    if kind == "through":
+        _write_through(path, data)
+    elif kind == "file":
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        atomic_write(target, data)
+    else:
+        raise UsageError(f"{path}: {kind}: refusing to write the {what} there")
+
+
+def output_kind(path: Path) -> str:
+    """``file`` (replace atomically), ``through`` (write into it), or why it is refused."""
+    try:
+        st = os.stat(path)  # follows links
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a link to {os.readlink(path)}, which does not exist"
+        return "file"
+    except OSError as exc:
+        return f"cannot be inspected: {os.strerror(exc.errno) if exc.errno else exc}"
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        # /dev/stdout and /proc/self/fd/N name an open file: write into it, as a shell
+        # redirection does, rather than rename a new file over the path
+        return "through" if os.path.realpath(path).startswith("/proc/") else "file"
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "through"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if stat.S_ISSOCK(mode):
+        return "is a socket"
+    if stat.S_ISBLK(mode):
+        return "is a block device"
+    return "is not a regular file"
+
+
+def _write_through(path: Path, data: bytes) -> None:
+    """Write into a device or FIFO as it is; a FIFO with no reader is refused at once."""
+    fd = open_through(path)
+    try:
+        write_fd(fd, data)
+    finally:
+        os.close(fd)
+
+
+def open_through(path: Path, *, what: str = "") -> int:
+    """Open a device or FIFO for writing, as a shell redirection does, without waiting for
+    a FIFO's reader: one that has none is refused.
+
+    Raises:
+        UsageError: no process reads the FIFO, or it cannot be opened.
+    """
+    prefix = f"{what} {path}" if what else str(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise UsageError(
+                f"{prefix}: a FIFO that no process reads: start its reader first"
+            ) from None
+        raise UsageError(f"{prefix}: cannot write to it: {os.strerror(exc.errno or 0)}") from None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def is_input(out: Path, inputs: list[Path]) -> Path | None:
+    """The input of the run that ``out`` is, or lies inside (a dataset directory), if any.
+
+    Compares real paths (links resolved) and, where both exist, the files themselves
+    (a hard link to the dataset is the dataset).
+    """
+    real = Path(os.path.realpath(out))
+    for item in inputs:
+        mine = Path(os.path.realpath(item))
+        if real == mine or (mine.is_dir() and real.is_relative_to(mine)):
+            return item
+        with contextlib.suppress(OSError):
+            if out.exists() and item.exists() and os.path.samefile(out, item):
+                return item
+    return None
 
 
 def check_writable(path: Path, *, what: str = "--out") -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 from autoloader.datasets import open_dataset
 from autoloader.datasets.reads import SampleError
 from autoloader.errors import DatasetError, UsageError
-from autoloader.files import check_writable, exclusive
+from autoloader.files import (
+    check_writable,
+    exclusive,
+    is_input,
+    open_through,
+    output_kind,
+    write_fd,
+)
 from autoloader.plan.jsonout import strict_json
 from autoloader.tuning.options import check_options
 from autoloader.units import parse_bytes
@@ -48,7 +56,10 @@ def register(sub: Any) -> None:
         "--out",
         metavar="PLAN",
         default="plan.toml",
-        help="where to write the plan (default: plan.toml)",
+        help="where to write the plan (default: plan.toml); - for stdout (the summary then "
+        "goes to stderr). A regular file is replaced atomically, a link's file replaced and "
+        "the link kept, a device or FIFO written through; the dataset, files inside it and "
+        "the --step module are refused",
     )
     p.add_argument(
         "--save-on-each-node",
@@ -140,12 +151,22 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    to_stdout = args.out == "-"
+    if to_stdout and args.json:
+        raise UsageError("--json and -o - both write to stdout: give one of them")
     out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {out}: is a directory, expected a plan file path")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
-    check_writable(out)
+    # A device or FIFO is opened now, as a shell redirection would be, and written at the end.
+    through = None if to_stdout else _check_out(out)
+    try:
+        return _run(args, argv, out, to_stdout, through)
+    finally:
+        if through is not None:
+            os.close(through)
+
+
+def _run(
+    args: argparse.Namespace, argv: list[str], out: Path, to_stdout: bool, through: int | None
+) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     strategies = _names(args.strategies) if args.strategies is not None else None
     check_options(  # before the dataset is opened or torch imported: a typo answers at once
@@ -161,11 +182,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     step = _load_step(args.step) if args.step else None
     dataset = open_dataset(args.dataset)
+    if not to_stdout:
+        _refuse_inputs(out, args, dataset)
     from autoloader.loader.distributed import launcher_env
 
     # One tune at a time per plan on a node (every rank of a collective tune shares it:
     # only a lone tune takes the lock).
-    lock = exclusive(out) if launcher_env() is None else contextlib.nullcontext(False)
+    alone = launcher_env() is None and not to_stdout
+    lock = exclusive(out) if alone else contextlib.nullcontext(False)
     try:
         with lock:
             plan: Plan = _tune(tune, dataset, args, budget, strategies, step, argv)
@@ -177,8 +201,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     # --save-on-each-node the first rank of each node (each node's copy has its own
     # [loader]); rank 0 reports.
     rank = rank_and_world_size()[0]
+    if to_stdout:
+        if rank == 0:
+            import tomli_w
+
+            sys.stdout.write(tomli_w.dumps(plan.to_dict()))
+            sys.stdout.flush()
+            if not args.quiet:
+                print(render(plan, path="(stdout)"), file=sys.stderr)
+        return 0
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
-        plan.save(out)
+        if through is not None:
+            import tomli_w
+
+            write_fd(through, tomli_w.dumps(plan.to_dict()).encode())
+        else:
+            plan.save(out)
     if rank != 0:
         return 0
     if args.json:
@@ -186,6 +224,47 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     elif not args.quiet:
         print(render(plan, path=str(out)))
     return 0
+
+
+def _check_out(out: Path) -> int | None:
+    """Refuse at once an output path the plan could not, or must not, be written to; a
+    device or FIFO comes back open for writing."""
+    kind = output_kind(out)
+    if kind == "through":
+        return open_through(out, what="--out")
+    if kind != "file":
+        raise UsageError(f"--out {out}: {kind}: expected a plan file path")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    check_writable(out)
+    return None
+
+
+def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
+    """The plan must never replace what the run reads: the data, or the code it runs."""
+    inputs: list[tuple[Path, str]] = []
+    spec_path = Path(args.dataset.split("#", 1)[0])
+    if spec_path.exists():
+        inputs.append((spec_path, "the dataset"))
+    source = getattr(dataset, "autoloader_source", None)
+    if callable(source):
+        with contextlib.suppress(Exception):
+            found = source()
+            inputs.append((Path(found.path), "the dataset"))
+            inputs.append((Path(found.cache_path), "the dataset's size cache"))
+    for spec, what in ((args.dataset, "the dataset's module"), (args.step, "the --step module")):
+        module = sys.modules.get(spec.split(":", 1)[0]) if spec and ":" in spec else None
+        path = getattr(module, "__file__", None)
+        if path:
+            inputs.append((Path(path), what))
+    hit = is_input(out, [p for p, _ in inputs])
+    if hit is not None:
+        what = dict((str(p), w) for p, w in inputs)[str(hit)]
+        inside = "a file inside " if hit.is_dir() else ""
+        raise UsageError(
+            f"--out {out}: is {inside}{what} ({hit}), an input of this run: refusing to "
+            "overwrite it; give another path"
+        )
 
 
 def _tune(

@@ -12,8 +12,8 @@ from typing import Any
 
 import tomli_w
 
-from autoloader.errors import PlanError
-from autoloader.files import atomic_write
+from autoloader.errors import PlanError, UsageError
+from autoloader.files import write_output
 from autoloader.plan.schema import SCHEMA_VERSION, validate
 
 if sys.version_info >= (3, 11):
@@ -156,7 +156,9 @@ class Plan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan atomically: a temporary file in the same directory, then rename.
 
-        An interrupted or failed save leaves any previous plan at ``path`` untouched.
+        An interrupted or failed save leaves any previous plan at ``path`` untouched. A
+        link keeps being a link (its file is replaced); a device or FIFO is written
+        through, never replaced; a socket or block device is refused (``PlanError``).
         """
         p = Path(path)
         if p.is_dir():
@@ -165,7 +167,10 @@ class Plan:
         directory = p.parent if str(p.parent) else Path(".")
         if not directory.is_dir():
             raise PlanError(f"{p}: cannot write the plan: directory {directory} does not exist")
-        atomic_write(p, text.encode("utf-8"))
+        try:
+            write_output(p, text.encode("utf-8"))
+        except UsageError as exc:
+            raise PlanError(str(exc)) from None
 
 
 def drop_none(value: Any) -> Any:

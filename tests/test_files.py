@@ -1,0 +1,157 @@
+"""What tune and Plan.save write, and what they refuse to replace (autoloader/files.py,
+autoloader/cli/tune.py): nothing a user types destroys a file."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import GOOD_PLAN
+
+from autoloader import Plan, PlanError
+from autoloader.cli import main
+from autoloader.plan.model import tomllib
+
+TESTS = Path(__file__).parent
+FAST = ["--global-batch-size", "4", "--max-workers", "0", "--iterations", "5", "--quiet",
+        "--device", "cpu"]  # fmt: skip
+
+
+def tune(dataset: str, out: str | Path, *extra: str) -> int:
+    return main(["tune", dataset, "-o", str(out), *FAST, *extra])
+
+
+def error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_out_onto_the_dataset_is_refused_and_the_data_kept(
+    events_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = events_copy.read_bytes()
+    assert tune(str(events_copy), events_copy) == 2
+    assert error(capsys) == (
+        f"autoloader: error: --out {events_copy}: is the dataset ({events_copy}), an input of "
+        "this run: refusing to overwrite it; give another path"
+    )
+    hard = events_copy.with_name("same.h5")
+    os.link(events_copy, hard)
+    assert tune(str(events_copy), hard) == 2
+    assert "is the dataset" in error(capsys)
+    link = events_copy.with_name("link.h5")
+    link.symlink_to(events_copy)
+    assert tune(str(events_copy), link) == 2
+    assert "is the dataset" in error(capsys)
+    assert events_copy.read_bytes() == before
+
+
+def test_out_inside_a_pt_directory_or_onto_the_step_module_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    data = tmp_path / "samples"
+    data.mkdir()
+    for i in range(8):
+        torch.save(torch.zeros(i + 1), data / f"{i}.pt")
+    sample = (data / "3.pt").read_bytes()
+    assert tune(str(data), data / "3.pt") == 2
+    assert error(capsys).startswith(
+        f"autoloader: error: --out {data / '3.pt'}: is a file inside the dataset ({data})"
+    )
+    assert (data / "3.pt").read_bytes() == sample
+    step = TESTS / "memory_steps.py"
+    code = step.read_text()
+    assert tune("hostile_data:GOOD", step, "--step", "memory_steps:make_step") == 2
+    assert error(capsys).startswith(f"autoloader: error: --out {step}: is the --step module")
+    assert tune("hostile_data:GOOD", TESTS / "hostile_data.py") == 2
+    assert "is the dataset's module" in error(capsys)
+    assert step.read_text() == code
+
+
+def test_special_files_are_refused_before_tuning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+        assert tune("hostile_data:GOOD", sock) == 2
+        assert (
+            error(capsys)
+            == f"autoloader: error: --out {sock}: is a socket: expected a plan file path"
+        )
+    dangling = tmp_path / "dangling.toml"
+    dangling.symlink_to(tmp_path / "nowhere" / "plan.toml")
+    assert tune("hostile_data:GOOD", dangling) == 2
+    assert "which does not exist" in error(capsys)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert tune("hostile_data:GOOD", fifo) == 2
+    assert error(capsys) == (
+        f"autoloader: error: --out {fifo}: a FIFO that no process reads: start its reader first"
+    )
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and stat.S_ISSOCK(os.lstat(sock).st_mode)
+
+
+def test_a_character_device_is_written_through_never_replaced(tmp_path: Path) -> None:
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a private /dev/null
+    except PermissionError:
+        pytest.skip("cannot create a device node here")
+    assert tune("hostile_data:GOOD", null) == 0
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
+                    "batching": {"strategy": "random", "local_batch_size": 4}}).save(null)  # fmt: skip
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+
+
+def test_a_fifo_with_a_reader_gets_the_plan(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    try:
+        assert tune("hostile_data:GOOD", fifo) == 0
+    finally:
+        reader.join(timeout=60)
+    assert got and got[0].startswith(b"schema = 1")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_link_stays_a_link_and_its_file_gets_the_plan(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.toml", tmp_path / "plan.toml"
+    real.write_text(GOOD_PLAN)
+    link.symlink_to(real)
+    assert tune("hostile_data:GOOD", link) == 0
+    assert link.is_symlink() and Plan.load(real).batching.global_batch_size == 4
+
+
+def test_out_dash_writes_the_plan_to_stdout_and_the_summary_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["tune", "hostile_data:GOOD", "-o", "-", *FAST[:-3]]) == 0
+    out, err = capsys.readouterr()
+    plan = Plan.from_dict(tomllib.loads(out))
+    assert plan.batching.global_batch_size == 4
+    assert err.startswith("plan      (stdout)")
+    assert main(["tune", "hostile_data:GOOD", "-o", "-", "--json", *FAST]) == 2
+    assert error(capsys) == (
+        "autoloader: error: --json and -o - both write to stdout: give one of them"
+    )
+
+
+def test_plan_save_refuses_a_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "s.sock"
+    plan = Plan.from_dict(tomllib.loads(GOOD_PLAN))
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+        with pytest.raises(PlanError, match=r"s\.sock: is a socket: refusing to write the plan"):
+            plan.save(sock)
