@@ -12,8 +12,11 @@ import contextlib
 import hashlib
 import io
 import logging
+import os
+import stat
 import weakref
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +24,7 @@ import torch
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
-from autoloader.files import atomic_write
+from autoloader.files import atomic_write, output_kind
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +171,49 @@ def _check(sizes: np.ndarray, n: int, dataset: Any) -> np.ndarray:
 
 def _read_cache(source: DataSource, n: int) -> np.ndarray | None:
     for path in (source.cache_path, source.fallback_cache_path):
+        data = _read_regular(path, limit=16 * n + 2**20)  # int64 sizes, the stamp, zip
+        if data is None:
+            continue
         try:
-            with np.load(path, allow_pickle=False) as cached:
+            with np.load(io.BytesIO(data), allow_pickle=False) as cached:
                 if str(cached["stamp"]) == source.stamp and cached["sizes"].shape == (n,):
                     log.debug("sample sizes read from %s", path)
                     return np.array(cached["sizes"], dtype=np.int64)
-        except (OSError, KeyError, ValueError):
-            continue
+        except Exception as exc:  # truncated, flipped, not a zip: rebuilt below
+            log.warning(
+                "autoloader: the size cache %s is damaged (%s); measuring the sizes again",
+                path, type(exc).__name__,
+            )  # fmt: skip
     return None
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file of at most ``limit`` bytes, else None; never blocks
+    (a FIFO or device where the cache should be is skipped, not opened for reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            log.warning("autoloader: %s is not a regular file: not used as a size cache", path)
+            return None
+        if st.st_size > limit:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _write_cache(source: DataSource, sizes: np.ndarray) -> None:
     for path in (source.cache_path, source.fallback_cache_path):
+        if output_kind(path) != "file" or path.is_symlink():
+            log.info("not caching sample sizes in %s: it is not a regular file", path)
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             buffer = io.BytesIO()

@@ -305,7 +305,7 @@ def test_a_huge_plan_is_refused_at_once(capsys: pytest.CaptureFixture[str], tmp_
     size = plan.stat().st_size
     assert (
         line
-        == f"{plan}: {size} bytes: expected a plan of at most 4194304 bytes (tune writes a few kilobytes)"
+        == f"{plan}: not a plan: {size} bytes, and a plan is at most 4194304 bytes (tune writes a few kilobytes)"
     )
 
 

@@ -173,3 +173,20 @@ def test_save_refuses_a_directory(tmp_path: Path) -> None:
     )
     with pytest.raises(PlanError, match="is a directory"):
         plan.save(tmp_path)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_an_endless_device_is_not_a_plan_and_is_read_only_so_far(device: str) -> None:
+    with pytest.raises(PlanError) as refused:
+        Plan.load(device)
+    assert str(refused.value) == (
+        f"{device}: not a plan: it reads on past 4194304 bytes, and a plan is at most "
+        "4194304 bytes (tune writes a few kilobytes)"
+    )
+
+
+def test_a_fifo_is_not_a_plan_and_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "plan.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(PlanError, match=r"not a plan: a FIFO or socket, expected a TOML plan file"):
+        Plan.load(fifo)

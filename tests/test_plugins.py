@@ -213,3 +213,42 @@ def test_a_plugin_that_fails_to_load_is_named(tmp_path: Path) -> None:
         "autoloader: error: dataset plugin 'broken' (no_such_module_q:PLUGIN, from broken-plugin) "
         "failed to load: ModuleNotFoundError: No module named 'no_such_module_q'"
     )
+
+
+class _RunsCode:
+    """A pickle that runs a command when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pt_files_load_weights_only_unless_the_user_opts_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_geometric.data import Data, HeteroData
+
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    hetero = HeteroData()
+    hetero["hit"].x = torch.zeros(3, 2)
+    torch.save(Data(x=torch.zeros(4, 2), edge_index=torch.zeros(2, 5, dtype=torch.long)),
+               graphs / "0.pt")  # fmt: skip
+    torch.save(hetero, graphs / "1.pt")
+    ds = open_dataset(str(graphs))
+    assert [type(ds[i]).__name__ for i in range(2)] == ["Data", "HeteroData"]
+
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    torch.save({"x": torch.zeros(2), "payload": _RunsCode(marker)}, hostile / "0.pt")
+    with pytest.raises(DatasetError, match=r"AUTOLOADER_PT_WEIGHTS_ONLY=0"):
+        open_dataset(str(hostile))[0]
+    assert not marker.exists()
+    monkeypatch.setenv("AUTOLOADER_PT_WEIGHTS_ONLY", "0")  # the documented opt-in
+    open_dataset(str(hostile))[0]
+    assert marker.exists()

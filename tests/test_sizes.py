@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import h5py
@@ -104,3 +105,51 @@ def test_fingerprint_is_path_independent_and_size_sensitive() -> None:
     assert fingerprint(a) == fingerprint(a.copy())
     assert fingerprint(a) != fingerprint(np.array([1, 2, 4]))
     assert fingerprint(a).startswith("sha256:3:")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b[: len(b) // 2], lambda b: b"", lambda b: b[:40] + bytes([b[40] ^ 0xFF]) + b[41:]],
+    ids=["truncated", "empty", "flipped-byte"],
+)
+def test_a_damaged_cache_is_rebuilt_with_one_note(
+    events_copy: Path, damage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    sizes = sample_sizes(GraphEventsH5(events_copy))
+    cache = events_copy.with_name(events_copy.name + ".autoloader-sizes.npz")
+    cache.write_bytes(damage(cache.read_bytes()))  # type: ignore[operator]
+    with caplog.at_level("WARNING", logger="autoloader"):
+        again = sample_sizes(GraphEventsH5(events_copy))
+    assert again.tolist() == sizes.tolist()
+    notes = [r.getMessage() for r in caplog.records if "size cache" in r.getMessage()]
+    assert len(notes) <= 1  # a flipped byte inside the data may still parse
+    if notes:
+        assert notes[0].startswith(f"autoloader: the size cache {cache} is damaged (")
+        assert notes[0].endswith("); measuring the sizes again")
+    assert np.load(cache)["sizes"].tolist() == sizes.tolist()  # rewritten whole
+
+
+def test_a_fifo_where_the_cache_goes_neither_blocks_nor_is_replaced(events_copy: Path) -> None:
+    cache = events_copy.with_name(events_copy.name + ".autoloader-sizes.npz")
+    os.mkfifo(cache)
+    sizes = sample_sizes(GraphEventsH5(events_copy))  # would block for ever if opened
+    assert len(sizes) == 300
+    assert stat.S_ISFIFO(os.lstat(cache).st_mode)
+
+
+def test_no_home_directory_at_all_still_caches(
+    events_copy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HOME unset and a uid with no passwd entry (OpenShift): Path.home() raises."""
+    from autoloader.datasets.source import DataSource, user_cache_dir
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert user_cache_dir().name == f"autoloader-cache-{os.getuid()}"
+    assert DataSource.for_file(events_copy).fallback_cache_path.parent.parent == user_cache_dir()
+    assert len(sample_sizes(GraphEventsH5(events_copy))) == 300

@@ -51,6 +51,20 @@ class DataSource:
     @property
     def fallback_cache_path(self) -> Path:
         """Where the cache goes when the data's directory is read-only."""
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autoloader"
+        base = user_cache_dir() / "autoloader"
         key = hashlib.sha256(f"{self.path}#{self.part}".encode()).hexdigest()[:24]
         return base / f"sizes-{key}.npz"
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache``; with no home at all (``HOME`` unset and a
+    uid without a passwd entry, as OpenShift and Kubernetes run containers), a directory
+    of this uid under the system's temporary directory."""
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"])
+    try:
+        return Path.home() / ".cache"
+    except (RuntimeError, KeyError):
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / f"autoloader-cache-{os.getuid()}"

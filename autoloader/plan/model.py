@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,18 +132,7 @@ class Plan:
         p = Path(path)
         if p.is_dir():
             raise PlanError(f"{p}: is a directory, expected a TOML plan file")
-        try:
-            size = p.stat().st_size
-            if size > MAX_PLAN_BYTES:
-                raise PlanError(
-                    f"{p}: {size} bytes: expected a plan of at most {MAX_PLAN_BYTES} bytes "
-                    "(tune writes a few kilobytes)"
-                )
-            raw = p.read_bytes()
-        except FileNotFoundError:
-            raise PlanError(f"{p}: no such plan file") from None
-        except OSError as exc:
-            raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
+        raw = _read_capped(p)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
@@ -171,6 +161,42 @@ class Plan:
             write_output(p, text.encode("utf-8"))
         except UsageError as exc:
             raise PlanError(str(exc)) from None
+
+
+def _read_capped(p: Path) -> bytes:
+    """At most ``MAX_PLAN_BYTES`` + 1 bytes of ``p``, opened without blocking (a FIFO
+    without a writer, a device such as /dev/zero, whose size reads 0, are bounded too)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise PlanError(f"{p}: no such plan file") from None
+    except OSError as exc:
+        raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise PlanError(f"{p}: not a plan: a FIFO or socket, expected a TOML plan file")
+        os.set_blocking(fd, True)
+        chunks, left = [], MAX_PLAN_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > MAX_PLAN_BYTES:
+        size = os.stat(p).st_size if stat.S_ISREG(mode) else 0
+        found = f"{size} bytes" if size else f"it reads on past {MAX_PLAN_BYTES} bytes"
+        raise PlanError(
+            f"{p}: not a plan: {found}, and a plan is at most {MAX_PLAN_BYTES} bytes "
+            "(tune writes a few kilobytes)"
+        )
+    return raw
 
 
 def drop_none(value: Any) -> Any:
