@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import torch
 from conftest import GOOD_PLAN, reaped, run_cli, spawn
 
 import autoloader
-from autoloader import Plan
+from autoloader import Plan, UsageError
 from autoloader.cli import main
 
 
@@ -117,7 +119,7 @@ def empty_h5(tmp_path: Path) -> Path:
         (["show", "{tmp}"], "{tmp}: is a directory, expected a TOML plan file"),
         (["show", "{tmp}/absent.toml"], "{tmp}/absent.toml: no such plan file"),
         (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
-        ([], "the following arguments are required: COMMAND"),
+        ([], "a COMMAND is required, one of: tune, show, status, demo, agent, devices"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -310,3 +312,95 @@ def test_show_plot_draws_a_png(
     assert png.stat().st_size > 20_000
     line = error_line(capsys, ["show", str(plan), "--plot", str(tmp_path / "no" / "x.png")])
     assert "--plot" in line and "cannot write" in line
+
+
+def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN + "[tuning]\n" + "".join(f"k{i} = {i}\n" for i in range(5000)))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written, as `| head -0`
+    proc = spawn([sys.executable, "-m", "autoloader", "show", str(plan), "--json"],
+                 stdout=write, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)  # fmt: skip
+    os.close(write)
+    with reaped(proc):
+        _, err = proc.communicate(timeout=60)
+    assert err == "" and proc.returncode == 128 + signal.SIGPIPE
+
+
+def test_global_options_work_after_the_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN)
+    assert main(["show", str(plan), "-v"]) == 0
+    assert main(["show", "--verbose", str(plan)]) == 0
+    assert logging.getLogger("autoloader").level == logging.INFO
+
+
+def test_a_missing_command_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert capsys.readouterr().err == (
+        "autoloader: error: a COMMAND is required, one of: tune, show, status, demo, agent, "
+        "devices ('autoloader --help' says what each does)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("--global-batch", "--global-batch-size"), ("--global-bach-size", "--global-batch-size"),
+     ("--max-worker", "--max-workers")],
+)  # fmt: skip
+def test_options_are_never_abbreviated_and_a_near_miss_is_named(
+    capsys: pytest.CaptureFixture[str], typed: str, meant: str
+) -> None:
+    assert main(["tune", "conftest:DATASET", typed, "8"]) == 2
+    assert capsys.readouterr().err == (
+        f"autoloader: error: unrecognized arguments: {typed} 8; did you mean {meant}?\n"
+    )
+
+
+def test_a_full_disk_keeps_the_old_plan_and_is_not_a_bug(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from autoloader import files
+
+    out = tmp_path / "plan.toml"
+    out.write_text(GOOD_PLAN)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    code = main(["tune", "hostile_data:GOOD", "-o", str(out), "--global-batch-size", "4",
+                 "--max-workers", "0", "--iterations", "5", "--quiet", "--device", "cpu"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"autoloader: error: {out}: cannot write the plan: No space left on device; the old "
+        "plan is kept\n"
+    )
+    assert out.read_text() == GOOD_PLAN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]
+
+
+def test_tune_takes_the_command_lines_byte_forms_and_refuses_others_at_once() -> None:
+    from hostile_data import GOOD
+
+    import autoloader
+
+    plan = autoloader.tune(GOOD, global_batch_size=4, memory_budget="512MiB", progress=False,
+                           max_workers=0, iterations=5, device="cpu")  # fmt: skip
+    assert plan.hardware["headroom_source"] == "override"
+    assert plan.hardware["memory_free_bytes"] == 512 * 2**20
+    for bad in (float("nan"), 1.5, 0, True):
+        with pytest.raises(UsageError, match=r"memory_budget: expected a positive integer"):
+            autoloader.tune(GOOD, global_batch_size=4, memory_budget=bad)
+
+
+def test_devices_says_one_thing_about_free_memory_without_nvml() -> None:
+    done = run_cli("-v", "devices")
+    if "NVML is unavailable" not in done.stdout:
+        pytest.skip("NVML is available here")
+    assert "tune asks torch for free memory" not in done.stdout + done.stderr
+    assert "from torch on a CUDA device, from the host on the CPU" in done.stdout

@@ -84,7 +84,7 @@ def test_special_files_are_refused_before_tuning(
         assert tune("hostile_data:GOOD", sock) == 2
         assert (
             error(capsys)
-            == f"autoloader: error: --out {sock}: is a socket: expected a plan file path"
+            == f"autoloader: error: --out {sock}: is a socket, expected a plan file path"
         )
     dangling = tmp_path / "dangling.toml"
     dangling.symlink_to(tmp_path / "nowhere" / "plan.toml")

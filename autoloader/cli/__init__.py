@@ -7,13 +7,16 @@ stderr, no traceback); 1 an unexpected internal failure; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import logging
 import os
+import signal
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from autoloader._version import __version__
 from autoloader.cli import interrupts
@@ -28,12 +31,49 @@ THIRD_PARTY_NOISE = (r"`torch\.jit\.script` is deprecated",)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that raises ``UsageError`` instead of printing usage and exiting."""
+    """argparse that raises ``UsageError`` instead of printing usage and exiting, takes no
+    abbreviations (``--global-batch`` is a typo, not ``--global-batch-size``), and says
+    what was meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        commands = self._commands()
+        if "required: COMMAND" in message and commands:
+            message = (
+                f"a COMMAND is required, one of: {', '.join(commands)} "
+                "('autoloader --help' says what each does)"
+            )
+        elif message.startswith("unrecognized arguments:"):
+            message += self._suggestion(message.split(":", 1)[1].split())
         raise UsageError(
             f"{self.prog.replace('autoloader ', '', 1)}: {message}" if " " in self.prog else message
         )
+
+    def _commands(self) -> list[str]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return list(action.choices)
+        return []
+
+    def _suggestion(self, unknown: list[str]) -> str:
+        """``; did you mean --global-batch-size?`` for the first near miss, if any."""
+        known = [o for a in self._actions for o in a.option_strings]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    known += [o for a in parser._actions for o in a.option_strings]
+        for word in unknown:
+            option = word.split("=", 1)[0]
+            if option.startswith("--"):
+                near = [k for k in known if k.startswith(option)] or difflib.get_close_matches(
+                    option, known, n=1
+                )
+                if near:
+                    return f"; did you mean {sorted(set(near), key=len)[0]}?"
+        return ""
 
 
 def build_parser() -> Parser:
@@ -57,6 +97,11 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (tune, show, status, demo, agent, devices):
         module.register(sub)
+    for command in sub.choices.values():  # global options work after the command too
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+            help="as 'autoloader -v COMMAND'",
+        )  # fmt: skip
     return parser
 
 
@@ -105,6 +150,8 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         return 2
     except KeyboardInterrupt:
         return _interrupted(program)
+    except BrokenPipeError:
+        return _closed_pipe()
     except Exception:
         if signals.seen:
             return _interrupted(program)
@@ -113,6 +160,15 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
             "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
         )
         return 1
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``| head``): end quietly, as ``cat`` does, with
+    the status of a process ended by SIGPIPE; no flush at exit may fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _interrupted(program: bool) -> int:

@@ -79,9 +79,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     if not doc["nvml"]:
+        from autoloader.tuning.gpus import WITHOUT_NVML
+
         print(
             "NVML is unavailable (no NVIDIA driver, or nvidia-ml-py missing): no GPUs listed; "
-            "tune plans for host memory on the CPU"
+            + WITHOUT_NVML
         )
         return 0
     print(f"{doc['local_world_size']} local rank(s) on this node:")

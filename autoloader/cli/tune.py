@@ -233,7 +233,7 @@ def _check_out(out: Path) -> int | None:
     if kind == "through":
         return open_through(out, what="--out")
     if kind != "file":
-        raise UsageError(f"--out {out}: {kind}: expected a plan file path")
+        raise UsageError(f"--out {out}: {kind}, expected a plan file path")
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise UsageError(f"--out {out}: directory {out.parent} does not exist")
     check_writable(out)

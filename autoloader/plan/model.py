@@ -161,6 +161,9 @@ class Plan:
             write_output(p, text.encode("utf-8"))
         except UsageError as exc:
             raise PlanError(str(exc)) from None
+        except OSError as exc:  # a full disk, a quota: the environment, not a bug
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise PlanError(f"{p}: cannot write the plan: {reason}; the old plan is kept") from None
 
 
 def _read_capped(p: Path) -> bytes:

@@ -33,6 +33,10 @@ class NodeGPU:
         return asdict(self)
 
 
+# What tune does without NVML: said the same way wherever it is said.
+WITHOUT_NVML = "tune takes free memory from torch on a CUDA device, from the host on the CPU"
+
+
 def node_gpus(ranks: int | None = None, *, first: int = 0) -> list[NodeGPU] | None:
     """The GPUs of local ranks 0..ranks-1 (default: this node's local world size), or
     of torch devices ``first``..``first + ranks - 1``; ``None`` where NVML is unavailable.
@@ -42,7 +46,7 @@ def node_gpus(ranks: int | None = None, *, first: int = 0) -> list[NodeGPU] | No
         DeviceError: a visible entry names no GPU that NVML knows.
     """
     ranks = local_world_size() if ranks is None else ranks
-    with nvml("no GPUs listed; tune asks torch for free memory") as pynvml:
+    with nvml(f"no GPUs listed; {WITHOUT_NVML}") as pynvml:
         if pynvml is None:
             return None
         count = pynvml.nvmlDeviceGetCount()

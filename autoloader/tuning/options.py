@@ -13,6 +13,7 @@ from typing import Any
 
 from autoloader.errors import UsageError
 from autoloader.plan.strategies import STRATEGY_NAMES
+from autoloader.units import parse_bytes
 
 DEFAULT_TOLERANCE = 0.05
 DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -99,6 +100,25 @@ def check_options(
         global_batch_size, world_size, iterations, seed, max_workers, alpha, tolerance,
         float(safety), float(worker_timeout), method, names,
     )  # fmt: skip
+
+
+def check_budget(value: Any) -> int | None:
+    """``memory_budget`` as ``tune`` takes it: None, a positive int of bytes, or a string
+    in the command line's forms (``512MiB``).
+
+    Raises:
+        UsageError: anything else (a float, NaN, a bool, zero), before any work is done.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_bytes(value, what="memory_budget")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(
+            "memory_budget: expected a positive integer of bytes or a string such as "
+            f"'512MiB', but got {value!r}"
+        )
+    return value
 
 
 def _int(name: str, value: Any, minimum: int, maximum: int = _MAX) -> int:

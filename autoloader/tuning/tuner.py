@@ -37,7 +37,7 @@ from autoloader.tuning.devices import probe_headroom, resolve_device
 from autoloader.tuning.evidence import gpus_table, ranks_table
 from autoloader.tuning.memory_model import default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
-from autoloader.tuning.options import check_options
+from autoloader.tuning.options import check_budget, check_options
 from autoloader.tuning.prefetch import choose_device_prefetch
 from autoloader.tuning.reserve import reserve_parts, reserve_table
 from autoloader.tuning.step import sample_batches, step_factory, time_step
@@ -56,7 +56,7 @@ def tune(
     global_batch_size: int,
     world_size: int = 1,
     device: str | torch.device | None = None,
-    memory_budget: int | None = None,
+    memory_budget: int | str | None = None,
     step: Any = None,
     strategies: Sequence[str] | None = None,
     max_workers: int | None = None,
@@ -79,7 +79,8 @@ def tune(
         global_batch_size: samples per optimiser step over all ranks.
         world_size: ranks that will train.
         device: ``cpu``, ``cuda`` or ``cuda:K``; default CUDA when available.
-        memory_budget: bytes; overrides the probed free device memory.
+        memory_budget: bytes (an int, or a string as the command line takes it:
+            ``"512MiB"``, ``"30GiB"``, ``"40GB"``); overrides the probed free memory.
         step: a training step ``step(batch)``, or a zero-argument factory of one.
         strategies: sampler names to consider (default: all in ``STRATEGIES``).
         max_workers: the largest worker count tried (default: this rank's CPUs - 1).
@@ -111,6 +112,7 @@ def tune(
     global_batch_size, world_size, iterations = (
         opts.global_batch_size, opts.world_size, opts.iterations
     )  # fmt: skip
+    memory_budget = check_budget(memory_budget)
     seed, max_workers, tolerance, safety = opts.seed, opts.max_workers, opts.tolerance, opts.safety
     method, names = opts.method, opts.strategies
     with job_group():
