@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import signal
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VariableTensors, prepend_pythonpath
+from conftest import VariableTensors, prepend_pythonpath, run_cli, run_reaped
 from prometheus_client import CollectorRegistry, generate_latest
 from torch.utils.data import Dataset
 
@@ -275,3 +276,57 @@ def test_a_burst_of_scrapes_is_served_and_other_paths_are_404() -> None:
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"{url}/favicon.ico", timeout=10)
     assert missing.value.code == 404
+
+
+def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import generate_latest
+
+    from autoloader.metrics.multiproc import merged_registry
+
+    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "counter_123.db").write_bytes(b"garbage")
+    (tmp_path / "histogram_456.db").write_bytes(b"")
+    registry = merged_registry(tmp_path)
+    with caplog.at_level("WARNING", logger="autoloader"):
+        first = generate_latest(registry).decode()
+        generate_latest(registry)
+    assert 'autoloader_batches_total{rank="0"} 8.0' in first.splitlines()
+    assert "autoloader_metric_files_skipped 2.0" in first.splitlines()
+    notes = [r.getMessage() for r in caplog.records if "unreadable metric file" in r.getMessage()]
+    assert len(notes) == 2  # once a file, not once a scrape
+    assert "counter_123.db" in notes[0] and "histogram_456.db" in notes[1]
+    once = run_cli("agent", "--once", "--metrics-dir", str(tmp_path))
+    assert once.returncode == 0 and 'autoloader_batches_total{rank="0"} 8.0' in once.stdout
+
+
+@pytest.mark.parametrize("problem", ["missing", "read-only"])
+def test_a_bad_multiprocess_directory_is_named(tmp_path: Path, problem: str) -> None:
+    directory = tmp_path / "metrics"
+    if problem == "read-only":
+        directory.mkdir()
+        directory.chmod(0o500)
+        if os.access(directory, os.W_OK):
+            pytest.skip("root writes into read-only directories")
+    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"autoloader.errors.UsageError: PROMETHEUS_MULTIPROC_DIR={directory}: cannot write this "
+        "process's metrics there: "
+    )
+    assert last.endswith(
+        "create the directory, writable by this user, before training starts, or unset "
+        "PROMETHEUS_MULTIPROC_DIR"
+    )
+
+
+def test_the_agent_says_when_it_has_no_loader_metrics() -> None:
+    env_free = run_cli("agent", "--once")
+    assert env_free.returncode == 0
+    assert "serving GPU metrics only, no loader metrics of training processes" in env_free.stderr

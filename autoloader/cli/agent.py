@@ -20,6 +20,12 @@ SIGTERM or Ctrl-C stops it.
 """
 
 
+NO_LOADER_METRICS = (
+    "autoloader agent: no metrics directory (PROMETHEUS_MULTIPROC_DIR unset, no "
+    "--metrics-dir): serving GPU metrics only, no loader metrics of training processes"
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "agent",
@@ -81,6 +87,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise UsageError(f"--port: expected a port in [0, 65535], but got {args.port}")
     registry = build_registry(directory)
     if args.once:
+        if directory is None:
+            print(NO_LOADER_METRICS, file=sys.stderr)
         sys.stdout.write(generate_latest(registry).decode())
         return 0
     try:
@@ -96,6 +104,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         + (f" (training metrics from {directory})" if directory else ""),
         flush=True,
     )
+    if directory is None:
+        print(NO_LOADER_METRICS, file=sys.stderr, flush=True)
     stop.wait()
     server.shutdown()
     thread.join(timeout=5)

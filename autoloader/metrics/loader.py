@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from autoloader.metrics.multiproc import writable_metrics_dir
 from autoloader.sizes import nbytes_of
 
 # Batches of graph events span four orders of magnitude: 1 KiB .. 64 GiB in powers of 2.
@@ -178,12 +179,13 @@ class BatchRecorder:
         self.rank = str(rank)
         # A list sums a batch's sizes faster than NumPy fancy indexing of a list of indices.
         self._sizes = sizes.tolist() if sizes is not None else None
-        self._batches = metrics.batches.labels(rank=self.rank)
-        self._samples = metrics.samples.labels(rank=self.rank)
-        self._bytes = metrics.batch_bytes.labels(rank=self.rank)
-        self._wait = metrics.batch_wait.labels(rank=self.rank)
-        self._h2d = metrics.h2d.labels(rank=self.rank)
-        metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
+        with writable_metrics_dir():  # multiprocess mode opens this process's files here
+            self._batches = metrics.batches.labels(rank=self.rank)
+            self._samples = metrics.samples.labels(rank=self.rank)
+            self._bytes = metrics.batch_bytes.labels(rank=self.rank)
+            self._wait = metrics.batch_wait.labels(rank=self.rank)
+            self._h2d = metrics.h2d.labels(rank=self.rank)
+            metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
         self.metrics = metrics
         self.stats = LoaderStats()
         self._pending_waits: list[float] = []

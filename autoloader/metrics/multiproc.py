@@ -12,14 +12,21 @@ stay, so totals survive a rank's restart.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from autoloader.errors import UsageError
 
 log = logging.getLogger("autoloader")
 ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -34,8 +41,63 @@ def metrics_dir() -> Path | None:
 def merged_registry(directory: str | os.PathLike[str]) -> CollectorRegistry:
     """A registry that reads every process's metric files in ``directory`` on each scrape."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
+    TolerantCollector(registry, path=str(directory))
     return registry
+
+
+class TolerantCollector(MultiProcessCollector):
+    """``MultiProcessCollector`` that skips a file it cannot read (0 bytes, truncated,
+    garbage) instead of failing the whole scrape, GPU metrics included: each bad file is
+    logged once and counted in ``autoloader_metric_files_skipped``."""
+
+    def __init__(self, registry: CollectorRegistry | None, path: str) -> None:
+        super().__init__(registry, path=path)
+        self._warned: set[str] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        good, bad = [], []
+        for path in sorted(glob.glob(os.path.join(self._path, "*.db"))):
+            try:
+                self._read_metrics([path])
+            except Exception as exc:  # the file's content is what failed, not us
+                bad.append(path)
+                if path not in self._warned:
+                    self._warned.add(path)
+                    log.warning("autoloader: skipping unreadable metric file %s (%s: %s)",
+                                path, type(exc).__name__, exc)  # fmt: skip
+            else:
+                good.append(path)
+        yield from self.merge(good, accumulate=True)
+        skipped = GaugeMetricFamily(
+            "autoloader_metric_files_skipped",
+            "Metric files in the multiprocess directory that could not be read.",
+        )
+        skipped.add_metric([], len(bad))
+        yield skipped
+
+
+@contextlib.contextmanager
+def writable_metrics_dir() -> Iterator[None]:
+    """Turn the error of a missing or read-only ``PROMETHEUS_MULTIPROC_DIR`` (raised by
+    prometheus_client as it opens a process's ``.db`` file) into one that names it.
+
+    Raises:
+        UsageError: naming the variable, the directory and the reason.
+    """
+    try:
+        yield
+    except OSError as exc:
+        directory = metrics_dir()
+        if directory is None:
+            raise
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if not directory.is_dir():
+            reason = "no such directory"
+        raise UsageError(
+            f"{ENV}={directory}: cannot write this process's metrics there: {reason}; "
+            "create the directory, writable by this user, before training starts, or unset "
+            f"{ENV}"
+        ) from None
 
 
 def clean_dead(directory: str | os.PathLike[str]) -> list[Path]:
