@@ -166,6 +166,14 @@ def _check(sizes: np.ndarray, n: int, dataset: Any) -> np.ndarray:
         raise DatasetError(f"dataset {name}: expected integer sizes, got dtype {sizes.dtype}")
     if (sizes < 0).any():
         raise DatasetError(f"dataset {name}: sample sizes must be >= 0")
+    if n and int(sizes.max()) > (2**63 - 1) // n:  # the total must be an int64 too
+        total = sum(int(x) for x in sizes)
+        if total > 2**63 - 1:
+            raise DatasetError(
+                f"dataset {name}: the sample sizes add up to {total} bytes, past what an "
+                f"int64 holds (the largest is sample {int(np.argmax(sizes))}, "
+                f"{int(sizes.max())} bytes): these cannot be byte counts"
+            )
     return sizes.astype(np.int64, copy=True)
 
 

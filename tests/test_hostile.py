@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from autoloader_plugins.hdf5 import GraphEventsH5
 from conftest import GOOD_PLAN, prepend_pythonpath, reaped, run_cli, run_reaped, spawn
 from prometheus_client import CollectorRegistry
 
@@ -22,6 +23,8 @@ from autoloader import DataLoader, PlanError
 from autoloader.cli import main
 from autoloader.datasets.reads import SampleError
 from autoloader.files import exclusive
+from autoloader.sizes import sample_sizes
+from autoloader.units import describe_bytes
 
 TESTS = Path(__file__).parent
 
@@ -343,6 +346,10 @@ def test_words(
     line = one_line(capsys, ["tune", str(events_h5), "-o", out, "--memory-budget", "90KiB",
                              "--safety", "0", "--max-workers", "0"])  # fmt: skip
     assert line.startswith("no batching fits the memory budget of 90.0 KiB (92160 bytes): even ")
+    sizes = sample_sizes(GraphEventsH5(events_h5))
+    largest = int(sizes.argmax())
+    assert f"; the largest sample, index {largest} ({describe_bytes(int(sizes[largest]))}), " \
+        "alone is predicted to peak at " in line  # fmt: skip
     assert main(["-v", "tune", "hostile_data:GOOD", "-o", out, "--max-workers", "0",
                  "--iterations", "2", "--quiet"]) == 0  # fmt: skip
     said = caplog.text  # on a terminal: stderr

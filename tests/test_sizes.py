@@ -153,3 +153,25 @@ def test_no_home_directory_at_all_still_caches(
     assert user_cache_dir().name == f"autoloader-cache-{os.getuid()}"
     assert DataSource.for_file(events_copy).fallback_cache_path.parent.parent == user_cache_dir()
     assert len(sample_sizes(GraphEventsH5(events_copy))) == 300
+
+
+class Huge:
+    """A dataset whose own sizes add up past int64: 4 x 2**62 bytes."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(1)
+
+    def autoloader_sizes(self) -> np.ndarray:
+        return np.full(4, 2**62, dtype=np.int64)
+
+
+def test_sizes_whose_total_overflows_int64_are_refused() -> None:
+    with pytest.raises(DatasetError) as refused:
+        sample_sizes(Huge())
+    assert str(refused.value) == (
+        f"dataset Huge: the sample sizes add up to {2**64} bytes, past what an int64 holds "
+        f"(the largest is sample 0, {2**62} bytes): these cannot be byte counts"
+    )

@@ -190,8 +190,12 @@ def choose_batching(
         if fitting:
             name, r, peak = fitting[0]
             return BatchingChoice(name, local, accum, r, peak, candidates, replays)
+    largest = int(np.argmax(sizes))
+    alone = model.predict(int(sizes[largest]))
     raise DeviceError(
         f"no batching fits the memory budget of {describe_bytes(limit)}: even one sample per "
-        f"rank is predicted to peak at {describe_bytes(smallest_need or 0)}; a --memory-budget "
-        f"of at least {describe_bytes(smallest_need or 0)} (before the safety margin) would fit"
+        f"rank is predicted to peak at {describe_bytes(smallest_need or 0)}; the largest "
+        f"sample, index {largest} ({describe_bytes(int(sizes[largest]))}), alone is predicted "
+        f"to peak at {describe_bytes(alone)}; a --memory-budget of at least "
+        f"{describe_bytes(smallest_need or 0)} (before the safety margin) would fit"
     )
