@@ -61,6 +61,24 @@ HUGE_LEN = BadLength(10**12)
 GOOD = Vectors(300)
 
 
+class NoneAt(Vectors):
+    """Sample ``bad`` is None: it has no size and no batch can hold it."""
+
+    def __getitem__(self, i: int) -> torch.Tensor | None:
+        return None if i == self.bad else torch.ones(8)
+
+
+class Mixed(Vectors):
+    """Odd samples are dicts, even ones tensors: no batch of both can be made."""
+
+    def __getitem__(self, i: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        return {"x": torch.ones(8)} if i % 2 else torch.ones(8)
+
+
+NONE_AT_7 = NoneAt(16, bad=7)
+MIXED = Mixed(16)
+
+
 def returns_text() -> str:
     """A --step factory that returns no step."""
     return "not a step"

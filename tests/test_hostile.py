@@ -111,6 +111,24 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
 # 2. the user's data fails, not our code ------------------------------------------------
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [("hostile_data:NONE_AT_7", "sample 7 is None"),
+     ("hostile_data:MIXED", "the samples are of different types: sample ")],
+)  # fmt: skip
+def test_a_batch_that_cannot_be_collated_names_its_samples(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    spec: str, why: str, workers: str,
+) -> None:  # fmt: skip
+    monkeypatch.syspath_prepend(str(TESTS))
+    line = one_line(capsys, ["tune", spec, "-o", str(tmp_path / "p.toml"), "--global-batch-size",
+                             "16", "--max-workers", workers, "--iterations", "3"])  # fmt: skip
+    assert line.startswith(f"DATASET {spec!r}: samples ")
+    assert ", ... (16 in all) could not be collated into one batch: " + why in line
+    assert "Traceback" not in line
+
+
 @pytest.mark.parametrize(
     ("spec", "extra", "expected"),
     [

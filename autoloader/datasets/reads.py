@@ -30,7 +30,10 @@ class SampleError(DatasetError):
     message then holds the worker's traceback; ``detail`` is still the one line).
     """
 
-    _LINE = re.compile(r"(sample \d+ (?:raised|did not return).*)$", re.M)
+    _LINE = re.compile(
+        r"((?:sample \d+ (?:raised|did not return)|samples [^\n]*?could not be collated).*)$",
+        re.M,
+    )
 
     @property
     def detail(self) -> str:
@@ -66,6 +69,59 @@ class Guarded:
 
         where = "" if get_worker_info() is None else " in a worker process"
         return read(self.dataset, index, timeout=self.timeout, where=where)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch's samples; remembers their indices in this process, for ``NamedCollate``
+        (torch's fetcher collates right after, in the same process)."""
+        global _BATCH
+        _BATCH = list(indices)
+        return [self[i] for i in indices]
+
+
+_BATCH: list[int] = []  # the indices of the batch this process fetched last
+
+
+class NamedCollate:
+    """A collate function whose failure names the batch's samples and what is wrong with
+    them: the user's data (a sample that is None, dicts beside tensors), not our bug.
+    Picklable, for worker processes."""
+
+    def __init__(self, collate_fn: Any) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: list[Any]) -> Any:
+        try:
+            return self.collate_fn(samples)
+        except (AutoloaderError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise SampleError(
+                f"{_shown(_BATCH, len(samples))} could not be collated into one batch: "
+                f"{_whats_wrong(_BATCH, samples) or _describe(exc)}"
+            ) from exc
+
+
+def _shown(indices: list[int], n: int) -> str:
+    if len(indices) != n:
+        return f"samples of a batch of {n}"  # fetched without Guarded: indices unknown
+    head = ", ".join(map(str, indices[:8]))
+    return f"samples {head}" + (f", ... ({n} in all)" if n > 8 else "")
+
+
+def _whats_wrong(indices: list[int], samples: list[Any]) -> str:
+    """Which samples make the batch impossible: None, or types that differ."""
+    names = indices if len(indices) == len(samples) else list(range(len(samples)))
+    nones = [str(i) for i, s in zip(names, samples, strict=True) if s is None]
+    if nones:
+        return f"sample {', '.join(nones[:8])} {'is' if len(nones) == 1 else 'are'} None"
+    kinds: dict[str, int] = {}
+    for i, sample in zip(names, samples, strict=True):
+        kinds.setdefault(type(sample).__name__, i)
+    if len(kinds) > 1:
+        return "the samples are of different types: " + ", ".join(
+            f"sample {i} is a {kind}" for kind, i in kinds.items()
+        )
+    return ""
 
 
 def worker_timeout(read_timeout: float) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
-from autoloader.datasets.reads import Guarded
+from autoloader.datasets.reads import Guarded, NamedCollate
 from autoloader.errors import UsageError
 from autoloader.samplers import RandomBatchSampler
 
@@ -94,7 +94,7 @@ def sample_batches(
     loader = TorchDataLoader(
         cast(Any, Guarded(dataset, timeout)),
         batch_sampler=sampler,
-        collate_fn=collate_fn,
+        collate_fn=NamedCollate(collate_fn),
         pin_memory=dev.type != "cpu",
     )
     return list(islice(loader, count))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from autoloader.datasets.reads import Guarded, worker_timeout
+from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.host import tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
@@ -175,7 +175,7 @@ def _measure(
         cast(Any, Guarded(dataset, timing.timeout)),  # a failing sample named, a hang bounded
         batch_sampler=sampler,
         num_workers=workers,
-        collate_fn=collate_fn,
+        collate_fn=NamedCollate(collate_fn),  # a batch that cannot be made names its samples
         pin_memory=device.type != "cpu",
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=workers > 0,
