@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import prepend_pythonpath, reaped, spawn, torchrun
+from conftest import prepend_pythonpath, reaped, run_reaped, spawn, torchrun
 
 from autoloader import Plan
 from autoloader.loader.agreement import describe_differences
@@ -193,3 +193,22 @@ def test_each_node_takes_its_own_loader_table() -> None:
         match=rf"key 'tuning\.nodes\.{host}\.prefetch_factor': only valid with num_workers > 0",
     ):
         DataLoader(list(range(16)), plan=bad, registry=CollectorRegistry())
+
+
+@pytest.mark.slow
+def test_ranks_given_different_options_all_stop_with_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    done = run_reaped(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(SCRIPT), "options", str(tmp_path)],
+        timeout=240, env=prepend_pythonpath(SCRIPT.parent, Path(__file__).parent),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["code"] for r in results(tmp_path, 2)] == [2, 2]
+    expected = (
+        "autoloader: error: the ranks of this collective tune were given different options: "
+        "global_batch_size: rank 0: 24, rank 1: 48; every rank must run the same command"
+    )
+    assert done.stderr.count(expected) == 2
+    assert not (tmp_path / "plan.toml").exists()

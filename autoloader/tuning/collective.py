@@ -54,6 +54,25 @@ def check_world_size(job: Job, world_size: int | None) -> int:
     return job.world_size
 
 
+def agree_on_options(job: Job, options: dict[str, Any]) -> None:
+    """Every rank must have been given the same batching options: rank 0's would win
+    silently. Differences stop every rank with one line naming ranks and values.
+
+    Raises:
+        UsageError: the ranks' options differ.
+    """
+    from autoloader.loader.agreement import describe_differences
+
+    everyone: list[Any] = [None] * job.world_size
+    dist.all_gather_object(everyone, options)
+    differences = describe_differences(everyone)
+    if differences:
+        raise UsageError(
+            f"the ranks of this collective tune were given different options: {differences}; "
+            "every rank must run the same command"
+        )
+
+
 def broadcast(job: Job, value: T | None) -> T:
     """Rank 0's ``value`` on every rank."""
     box: list[Any] = [value if job.leader else None]

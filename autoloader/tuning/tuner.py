@@ -26,6 +26,7 @@ from autoloader.tuning.batching import choose_batching
 from autoloader.tuning.calibrate import Point, calibrate_step
 from autoloader.tuning.collective import (
     RankBudget,
+    agree_on_options,
     check_world_size,
     current_job,
     leader_result,
@@ -118,6 +119,11 @@ def tune(
     with job_group():
         job = current_job()
         if job is not None:
+            # each rank's memory budget is its own (its GPU); the batching options are not
+            agree_on_options(job, {
+                "global_batch_size": global_batch_size, "strategies": names, "seed": seed,
+                "safety": safety, "step": step is not None, "world_size": world_size,
+            })  # fmt: skip
             world_size = check_world_size(job, None if world_size == 1 else world_size)
             check_options(global_batch_size=global_batch_size, world_size=world_size)
         dev = device if isinstance(device, torch.device) else resolve_device(device)

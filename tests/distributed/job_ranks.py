@@ -8,6 +8,7 @@ Modes (argv[1]), each rank writing what it saw to OUT_DIR/rank<R>.json:
              OUT_DIR/node<K> as pods with an emptyDir have; argv[3:] are extra options
   disagree   every rank builds a DataLoader from a plan of a different local batch
   missing    rank 0 builds a DataLoader; the last rank never does
+  options    every rank runs `autoloader tune` with its own --global-batch-size
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def main() -> None:
             measured=Counted.measured,
             group_left=dist.is_initialized(),
         )
+    elif mode == "options":
+        code = cli(
+            ["tune", "job_ranks:FIXED", "-o", str(out / "plan.toml"), "--global-batch-size",
+             str(24 * (rank + 1)), "--max-workers", "0", "--iterations", "2", "--quiet"]
+        )  # fmt: skip
+        result.update(code=code)
     elif mode in ("cli", "nodes"):
         plans = out / f"node{os.environ['GROUP_RANK']}" if mode == "nodes" else out
         plans.mkdir(exist_ok=True)
