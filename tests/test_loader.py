@@ -240,3 +240,19 @@ def test_public_api_is_explicit() -> None:
     }
     assert "random" in autoloader.samplers.STRATEGIES
     assert isinstance(autoloader.sizes.sample_sizes(VariableTensors(3)), np.ndarray)
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_a_loader_pickles_and_deep_copies_as_torchs_does(planned: bool) -> None:
+    import copy
+    import pickle
+
+    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
+                           "batching": {"strategy": "kk", "local_batch_size": 4}})  # fmt: skip
+    data = [torch.full((i % 5 + 1,), float(i)) for i in range(16)]
+    kw: dict = {"plan": plan, "check_fingerprint": False} if planned else {"batch_size": 4}
+    loader = DataLoader(data, collate_fn=list, registry=CollectorRegistry(), **kw)
+    first = [[t.tolist() for t in b] for b in loader]
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert [[t.tolist() for t in b] for b in clone] == first
+        assert clone.stats.batches == 2 * loader.stats.batches  # its own epoch, recorded

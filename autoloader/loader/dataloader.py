@@ -21,7 +21,7 @@ from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
 from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
-from autoloader.loader.drift import MemoryWatch, cuda_peak
+from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.planned import (
     accumulation_for,
@@ -232,7 +232,7 @@ def _runtime(
     watch = None
     if isinstance(predicted, int) and predicted > 0:
         feed = loader._feed_device
-        watch = MemoryWatch(predicted, plan.memory.get("budget_bytes"), lambda: cuda_peak(feed))
+        watch = MemoryWatch(predicted, plan.memory.get("budget_bytes"), PeakOf(feed))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
 
 

@@ -31,6 +31,16 @@ class CudaPeak:
         return int(torch.cuda.max_memory_allocated(self.device))
 
 
+class PeakOf:
+    """``cuda_peak(device)`` as a picklable callable (a loader can be deep-copied)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+
+    def __call__(self) -> CudaPeak | None:
+        return cuda_peak(self.device)
+
+
 def cuda_peak(device: torch.device | None) -> CudaPeak | None:
     """The peak reader of the device this process trains on, or None off CUDA."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():

@@ -194,6 +194,18 @@ class BatchRecorder:
         self._pending_samples = 0
         self._flushed_at = time.perf_counter()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What survives a pickle (``copy.deepcopy``, a worker, another process): the rank,
+        the sizes and the stats. Metric objects hold locks and belong to one registry."""
+        self.flush()
+        return {"rank": self.rank, "sizes": self._sizes, "stats": self.stats}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Record into the global registry of the process the copy lives in."""
+        self.__init__(loader_metrics(None), int(state["rank"]), None)  # type: ignore[misc]
+        self._sizes = state["sizes"]
+        self.stats = state["stats"]
+
     def memory(self, budget: int | None, predicted_peak: int | None) -> None:
         """Export the plan's memory budget and predicted peak, for dashboards."""
         if budget is not None:
