@@ -39,11 +39,13 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert figures["scraped_batches"] == figures["batches"]
     assert figures["worst_batch_bytes"] > 0 and figures["samples_per_second"] > 0
     for part in (
-        "[1/4] dataset",
-        "[2/4] tuned",
-        "[3/4] training",
-        "[4/4] summary",
+        "[1/5] dataset",
+        "[2/5] memory",
+        "[3/5] tuning",
+        "[4/5] training",
+        "[5/5] summary",
         "worst batch",
         "throughput",
     ):
         assert part in text
+    assert [text.count(f"[{k}/5]") for k in range(1, 6)] == [1] * 5  # each stage once

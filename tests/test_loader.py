@@ -256,3 +256,21 @@ def test_a_loader_pickles_and_deep_copies_as_torchs_does(planned: bool) -> None:
     for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
         assert [[t.tolist() for t in b] for b in clone] == first
         assert clone.stats.batches == 2 * loader.stats.batches  # its own epoch, recorded
+
+
+def test_accumulation_marks_the_optimiser_steps_and_a_plain_loop_is_warned_once() -> None:
+    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
+                           "batching": {"strategy": "random", "local_batch_size": 2,
+                                        "grad_accum_steps": 3}})  # fmt: skip
+    loader = DataLoader(list(range(14)), plan=plan, check_fingerprint=False,
+                        registry=CollectorRegistry())  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # accumulate() itself never warns
+        steps = [step for _, step in loader.accumulate()]
+    assert steps == [False, False, True, False, False, True, True]  # 7 batches: 3 + 3 + 1
+    with pytest.warns(UserWarning, match=r"accumulates gradients over 3 batches") as said:
+        list(loader)
+    assert "for batch, step in loader.accumulate():" in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(loader)  # once a loader

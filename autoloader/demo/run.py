@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
+from tqdm import tqdm
 
 from autoloader.cli.render import render
 from autoloader.demo.model import TrainStep
@@ -48,12 +49,13 @@ def run_demo(
     data_path = generate(workdir / "events.h5", num_events)
     dataset = GraphEventsH5(data_path)
     say(
-        f"[1/4] dataset   {data_path} ({len(dataset)} graph events, "
+        f"[1/5] dataset   {data_path} ({len(dataset)} graph events, "
         f"{time.perf_counter() - t0:.1f} s)"
     )
 
     t0 = time.perf_counter()
     plan_path = workdir / "plan.toml"
+    say(f"[2/5] memory    calibrating the training step's peak memory on {where} ...")
     # Pass 1 calibrates the memory model from the real training step. This machine has
     # gigabytes free, so every batching fits; to show the choice the demo then plans for
     # a device whose free memory lies between the predicted peaks of random batches and
@@ -70,12 +72,14 @@ def run_demo(
     )
     peaks = {name: r["predicted_peak_bytes"] for name, r in probe.tuning["strategies"].items()}
     budget = (peaks["random"] + min(peaks.values())) // 2
-    say(f"[2/4] memory    calibrated on {where}: {probe.memory['model']['description']}")
+    say(f"                calibrated: {probe.memory['model']['description']}")
     say(
         f"                predicted peaks at batch {GLOBAL_BATCH}: "
         + ", ".join(f"{n} {format_bytes(p)}" for n, p in peaks.items())
     )
     say(f"                the demo plans for a device with {format_bytes(budget)} free")
+    say("[3/5] tuning    replaying the samplers and searching the worker counts ...")
+    t0 = time.perf_counter()
     plan = tune(
         dataset,
         global_batch_size=GLOBAL_BATCH,
@@ -90,19 +94,20 @@ def run_demo(
         command=f"autoloader demo --workdir {workdir}",
     )
     plan.save(plan_path)
-    say(f"[2/4] tuned     {plan_path} ({time.perf_counter() - t0:.1f} s)")
+    say(f"                tuned: {plan_path} ({time.perf_counter() - t0:.1f} s)")
     say()
     say(render(Plan.load(plan_path), path=str(plan_path)))
     say()
 
     port = serve_metrics(port=0)
-    say(f"[3/4] training  one epoch on {where}; metrics at http://127.0.0.1:{port}/metrics")
+    say(f"[4/5] training  one epoch on {where}; metrics at http://127.0.0.1:{port}/metrics")
     torch.manual_seed(0)
     step = TrainStep(device)
     loader = DataLoader(dataset, plan=plan_path)
     loader.set_epoch(0)
     t0 = time.perf_counter()
-    losses = [step(batch) for batch in loader]
+    batches = tqdm(loader, desc="training", unit="batch", disable=not progress, file=sys.stderr)
+    losses = [step(batch) for batch in batches]  # the demo's global batch fits: no accumulation
     elapsed = time.perf_counter() - t0
     stats = loader.stats
     scraped = _scrape_batches(port)
@@ -118,7 +123,7 @@ def run_demo(
         "scraped_batches": scraped,
     }
     random_worst = plan.tuning["strategies"]["random"]["worst_batch_bytes"]
-    say("[4/4] summary")
+    say("[5/5] summary")
     say(
         f"  plan        on {where}: {plan.batching.strategy} sampler, local batch "
         f"{plan.batching.local_batch_size}, num_workers={plan.loader.num_workers}"

@@ -34,6 +34,7 @@ from autoloader.loader.runtime import Runtime, default_limits
 from autoloader.loader.trainers import (
     PlannedIndices,
     accelerate_epoch,
+    accelerator_active,
     lightning_record,
     mark_prepared,
 )
@@ -88,6 +89,7 @@ class DataLoader(tud.DataLoader):
     ) -> None:
         _check_adapt_args(adapt, adapt_max_workers)
         self._feed_device = check_device(device)
+        self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
         given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
@@ -182,7 +184,30 @@ class DataLoader(tud.DataLoader):
                 set_epoch(epoch)
                 return
 
+    def accumulate(self) -> Iterator[tuple[Any, bool]]:
+        """One epoch of ``(batch, step)``: ``step`` is True on the last micro-batch of each
+        optimiser step (every ``grad_accum_steps`` batches, and the epoch's last batch), so
+        the plan's global batch is what each optimiser step sees::
+
+            for batch, step in loader.accumulate():
+                (loss_fn(model(batch)) / loader.grad_accum_steps).backward()
+                if step:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """
+        every = self.grad_accum_steps
+        self._accumulating = True
+        try:
+            batches = iter(self)
+        finally:
+            self._accumulating = False
+        total = len(self)
+        for count, batch in enumerate(batches, 1):
+            yield batch, count % every == 0 or count == total
+
     def __iter__(self) -> Any:
+        if self.grad_accum_steps > 1 and not self._accumulating:
+            self._warn_accumulation()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         batches: Iterator[Any] = super().__iter__()
@@ -193,6 +218,19 @@ class DataLoader(tud.DataLoader):
         if self._runtime is not None:
             batches = self._runtime.wrap(batches, self)
         return batches
+
+    def _warn_accumulation(self) -> None:
+        if self._warned_accumulation or accelerator_active():
+            return  # Accelerate steps by its own gradient_accumulation_steps
+        self._warned_accumulation = True
+        k = self.grad_accum_steps
+        warnings.warn(
+            f"autoloader: the plan accumulates gradients over {k} batches (grad_accum_steps="
+            f"{k}): step the optimiser every {k} batches, or each step sees 1/{k} of the "
+            "plan's global batch. `for batch, step in loader.accumulate():` marks the "
+            "steps; with Lightning set Trainer(accumulate_grad_batches=loader.grad_accum_steps)",
+            stacklevel=3,
+        )
 
     def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
         if self._recorder is None:

@@ -82,14 +82,20 @@ def mark_prepared(loader: Any) -> None:
     loader._is_accelerate_prepared = True
 
 
+def accelerator_active() -> bool:
+    """An ``accelerate.Accelerator`` exists in this process (it steps by its own
+    ``gradient_accumulation_steps``)."""
+    state_module = sys.modules.get("accelerate.state")
+    return state_module is not None and bool(state_module.GradientState._shared_state)
+
+
 def accelerate_epoch(loader: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """``batches`` as Accelerate's ``DataLoaderShard`` yields them to ``GradientState``:
     ``loader`` is the active dataloader while they run, and ``end_of_dataloader`` is set
     before the last. ``batches`` unchanged where no ``Accelerator`` exists."""
-    state_module = sys.modules.get("accelerate.state")
-    if state_module is None or not state_module.GradientState._shared_state:
+    if not accelerator_active():
         return batches
-    return _registered(loader, batches, state_module.GradientState())
+    return _registered(loader, batches, sys.modules["accelerate.state"].GradientState())
 
 
 def _registered(loader: Any, batches: Iterator[Any], state: Any) -> Iterator[Any]:
