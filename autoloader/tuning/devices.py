@@ -67,7 +67,8 @@ def probe_headroom(device: torch.device, budget: int | None = None) -> Headroom:
     """Probe free memory: NVML, then ``torch.cuda.mem_get_info``, then host memory.
 
     On CUDA under a launcher with several local ranks (``LOCAL_WORLD_SIZE``), every GPU
-    the node's ranks use is probed and the tightest one answers. ``budget``
+    the node's ranks use is probed and the tightest one answers; on the CPU each local
+    rank gets an equal share of the host's available memory. ``budget``
     (``--memory-budget``) overrides the probed free bytes.
     """
     if device.type == "cuda":
@@ -76,8 +77,11 @@ def probe_headroom(device: torch.device, budget: int | None = None) -> Headroom:
         if found is not None:
             found = replace(found, context_in_probe=context)
     else:
-        vm = psutil.virtual_memory()
-        found = Headroom("cpu", _cpu_name(), int(vm.total), int(vm.available), "psutil")
+        # The node's local ranks share its memory: each plans for its part of what is free
+        # (two ranks each planning for all of it would together need twice as much).
+        vm, ranks = psutil.virtual_memory(), local_world_size()
+        name = _cpu_name() + (f", shared by {ranks} local ranks" if ranks > 1 else "")
+        found = Headroom("cpu", name, int(vm.total), int(vm.available) // ranks, "psutil")
     if found is None:  # pragma: no cover - torch answers whenever CUDA is available
         raise DeviceError(f"cannot read the memory of {device}")
     if budget is not None:
