@@ -252,3 +252,25 @@ def test_a_size_reader_that_dies_leaves_its_events_to_the_caller(
     assert "a size reader for" in caplog.text and "failed (exit status 1)" in caplog.text
     monkeypatch.setattr("sys.executable", "/nonexistent/python")  # cannot start at all
     assert itemsizes(ds.path, ds.names, processes=2).tolist() == sizes.tolist()
+
+
+def test_the_size_pass_checks_field_names_of_every_layout(nugraph_copy: Path) -> None:
+    """Without a datasize table the size pass opens every event's type: one whose fields
+    are not store/attr is one clear error there, not in the worker search."""
+    from autoloader_plugins.nugraph_sizes import itemsizes, read_itemsizes
+
+    ds = open_dataset(str(nugraph_copy))
+    name = ds.names[7]
+    with h5py.File(nugraph_copy, "r+") as f:
+        del f["dataset"][name]
+        f.create_dataset(f"dataset/{name}", shape=(),
+                         dtype=np.dtype([("hits", "f4", (3,)), ("y", "i8")]))  # fmt: skip
+    expected = (
+        f"DATASET '{nugraph_copy}': event '{name}': field 'hits': expected a name 'store/attr' "
+        "(node store u, edge store u_plane_u, ...)"
+    )
+    for read in (lambda: read_itemsizes(ds.path, ds.names),
+                 lambda: itemsizes(ds.path, ds.names, processes=2)):  # fmt: skip
+        with pytest.raises(DatasetError) as caught:
+            read()
+        assert str(caught.value) == expected

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.hdf5 import LazyFile
-from autoloader_plugins.nugraph_sizes import itemsizes, not_compound
+from autoloader_plugins.nugraph_sizes import check_field, itemsizes, not_compound
 
 DEFAULT_SPLIT = "train"
 
@@ -105,8 +105,20 @@ class NuGraphEvents(LazyFile, Dataset):
             if self.split and f"datasize/{self.split}" in f:
                 recorded = np.asarray(f[f"datasize/{self.split}"][()])
                 if recorded.shape == (len(self.names),) and recorded.dtype.kind in "iu":
+                    # The table spares opening every event; the first one is checked, and
+                    # any other is checked (one line naming it) when it is read.
+                    if self.names:
+                        self._check_first(f)
                     return recorded.astype(np.int64)
         return itemsizes(self.path, self.names)
+
+    def _check_first(self, f: h5py.File) -> None:
+        name = self.names[0]
+        try:
+            event = h5py.h5d.open(h5py.h5g.open(f.id, b"dataset"), name.encode())
+        except KeyError:
+            raise DatasetError(f"DATASET '{self.path}': event {name!r} is missing") from None
+        _compound(event, self.path, name)
 
     def autoloader_source(self) -> DataSource:
         source = DataSource.for_file(self.path)
@@ -141,12 +153,7 @@ def _compound(d: h5py.h5d.DatasetID, path: Path, name: str) -> np.dtype:
     if dtype.names is None:
         raise DatasetError(not_compound(path, name, d))
     for field in dtype.names:
-        parts = field.split("/")
-        if len(parts) != 2 or not all(parts):
-            raise DatasetError(
-                f"DATASET '{path}': event {name!r}: field {field!r}: expected a name "
-                "'store/attr' (node store u, edge store u_plane_u, ...)"
-            )
+        check_field(path, name, field)
     return dtype
 
 

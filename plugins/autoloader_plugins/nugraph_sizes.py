@@ -80,9 +80,9 @@ def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
     with h5py.File(path, "r") as f:
         events = h5py.h5g.open(f.id, b"dataset")
         out = np.empty(len(names), dtype=np.int64)
+        layout: tuple[int, bytes] | None = None  # the first event's member count and name
         for i, name in enumerate(names):
             # The type's class and size only: building its numpy dtype costs 8x more.
-            # Field names are checked when an event is read.
             try:
                 event = h5py.h5d.open(events, name.encode())
             except KeyError:
@@ -90,8 +90,30 @@ def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
             kind = event.get_type()
             if kind.get_class() != h5py.h5t.COMPOUND:
                 raise DatasetError(not_compound(path, name, event))
+            # Every field of the first event, and of any event laid out otherwise, must be
+            # store/attr; two calls an event keep this within the noise of the pass.
+            mine = (kind.get_nmembers(), kind.get_member_name(0) if kind.get_nmembers() else b"")
+            if mine != layout:
+                check_fields(path, name, kind)
+                layout = layout or mine
             out[i] = kind.get_size()
         return out
+
+
+def check_fields(path: Path, name: str, kind: h5py.h5t.TypeCompoundID) -> None:
+    """Each field of an event's compound type is named ``store/attr``."""
+    for k in range(kind.get_nmembers()):
+        check_field(path, name, kind.get_member_name(k).decode(errors="replace"))
+
+
+def check_field(path: Path, name: str, field: str) -> None:
+    """A field name is ``store/attr``: a node or edge store, and one of its attributes."""
+    parts = field.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise DatasetError(
+            f"DATASET '{path}': event {name!r}: field {field!r}: expected a name "
+            "'store/attr' (node store u, edge store u_plane_u, ...)"
+        )
 
 
 def not_compound(path: Path, name: str, event: h5py.h5d.DatasetID) -> str:
