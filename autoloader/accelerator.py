@@ -5,15 +5,43 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from autoloader.errors import DeviceError
+from autoloader.errors import DeviceError, UsageError
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("autoloader")
+
+
+_DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+def parse_device(spec: Any, *, what: str = "--device") -> tuple[str, int | None]:
+    """``cpu``, ``cuda`` or ``cuda:K`` (a string or a ``torch.device``) as (kind, index);
+    the one parser of device names, torch-free, for the command line, ``tune`` and the
+    DataLoader's device feed alike.
+
+    Raises:
+        UsageError: naming ``what`` and the text, for anything else (``cpu:1`` included).
+    """
+    text = str(spec).strip().lower()
+    match = _DEVICE.match(text)
+    if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
+        raise UsageError(f"{what}: expected cpu, cuda or cuda:K, but got {spec!r}")
+    return match.group(1), int(match.group(2)) if match.group(2) is not None else None
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether an exception is an out-of-memory error (CPU or any accelerator)."""
+    import torch
+
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def accelerator_available() -> bool:

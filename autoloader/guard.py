@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from autoloader.accelerator import is_oom
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.metrics.loader import loader_metrics
-from autoloader.tuning.calibrate import is_oom
 
 log = logging.getLogger("autoloader")
 

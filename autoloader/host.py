@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from autoloader.errors import UsageError
+from autoloader.launch import local_world_size
 
 
 def usable_cpus() -> int:
@@ -42,19 +42,6 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None if q <= 0 else q / p
     except (OSError, ValueError):
         return None
-
-
-def local_world_size() -> int:
-    """Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``SLURM_NTASKS_PER_NODE``, 1."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
-        if value:
-            if not value.isdigit() or int(value) < 1:
-                raise UsageError(
-                    f"environment variable {name}: expected an integer >= 1, found {value!r}"
-                )
-            return int(value)
-    return 1
 
 
 def cpus_per_rank() -> int:

@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
 def describe(ranks: int | None = None) -> dict[str, Any]:
     """The ``devices --json`` document."""
     from autoloader.errors import UsageError
-    from autoloader.host import local_world_size
+    from autoloader.launch import local_world_size
     from autoloader.tuning.gpus import node_gpus, tightest
     from autoloader.tuning.reserve import reserve_parts
 

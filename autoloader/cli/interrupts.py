@@ -4,12 +4,15 @@ Both signals become one ``KeyboardInterrupt``, raised in the main thread, that u
 ``tune`` before it writes anything. Two rules make that hold in the first second too,
 while the command imports torch:
 
-* **Never inside an import.** A ``KeyboardInterrupt`` raised while a C extension is
-  being initialised breaks it: numpy then refuses to load again ("cannot load module
+* **Never where it breaks things.** A ``KeyboardInterrupt`` raised while a C extension
+  is being initialised breaks it: numpy then refuses to load again ("cannot load module
   more than once per process"), and an exception thrown through torch's C++ startup
-  aborts the process. A signal that lands inside an import is held, and a watcher thread
-  delivers it again (``_thread.interrupt_main``) the moment the main thread is out of
-  every import.
+  aborts the process. Raised inside logging's at-fork lock handlers, Python discards it
+  (the command then finishes and exits 0); raised while DataLoader workers start or
+  stop, the iterator's ``__del__`` deadlocks on a queue. A signal that lands in any of
+  these is held, and a watcher thread delivers it again (``_thread.interrupt_main``)
+  once the main thread is out of them; the handler checks again where it is delivered,
+  in the main thread's exact frame, and holds it once more if that frame is unsafe.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
   are ignored, so the stop itself is never interrupted.
 """
@@ -42,7 +45,7 @@ class Interrupts:
         if self.seen and not redelivery:
             return  # already stopping
         self.seen = True
-        if _importing(frame):
+        if _unsafe(frame):
             threading.Thread(
                 target=self._deliver_after_imports, args=(signum,), daemon=True
             ).start()
@@ -55,7 +58,7 @@ class Interrupts:
             frame = sys._current_frames().get(main_id) if main_id is not None else None
             if frame is None:
                 return  # the main thread is gone: nothing left to stop
-            if not _importing(frame):
+            if not _unsafe(frame):
                 self._redelivery = True
                 _thread.interrupt_main(signal.Signals(signum))  # runs __call__ in the main thread
                 return
@@ -88,10 +91,31 @@ def quiet_from_now_on() -> None:
     sys.unraisablehook = lambda unraisable: None
 
 
-def _importing(frame: FrameType | None) -> bool:
-    """Whether ``frame`` or one of its callers is running an import."""
+# (file name ending, function names; empty: any function of the file) where an
+# exception must not be raised: process start and stop, fork handlers, worker start-up.
+_UNSAFE: tuple[tuple[str, set[str]], ...] = (
+    ("logging/__init__.py", {"_acquireLock", "_releaseLock", "_at_fork_reinit",
+                             "_after_at_fork_child_reinit_locks", "_prepareFork",
+                             "_afterFork"}),
+    ("multiprocessing/popen_fork.py", set()),
+    ("multiprocessing/popen_spawn_posix.py", set()),
+    ("multiprocessing/process.py", {"start", "_bootstrap", "close", "join"}),
+    ("multiprocessing/resource_sharer.py", set()),
+    ("multiprocessing/util.py", {"_run_finalizers", "_exit_function", "_run_after_forkers"}),
+    ("torch/utils/data/dataloader.py", {"__init__", "_shutdown_workers", "__del__", "_reset"}),
+)  # fmt: skip
+
+
+def _unsafe(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or one of its callers is running an import, or code that a
+    ``KeyboardInterrupt`` would break (``_UNSAFE``)."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        code = frame.f_code
+        name = code.co_filename.replace("\\", "/")
+        if name.startswith("<frozen importlib"):
             return True
+        for ending, functions in _UNSAFE:
+            if name.endswith(ending) and (not functions or code.co_name in functions):
+                return True
         frame = frame.f_back
     return False

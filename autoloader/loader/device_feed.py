@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from autoloader.errors import DeviceError
+from autoloader.accelerator import parse_device
+from autoloader.errors import DeviceError, UsageError
 from autoloader.metrics.loader import BatchRecorder
 
 
@@ -85,16 +86,14 @@ def check_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
         return None
     try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise DeviceError(f"device={device!r}: not a device name ({exc})") from None
-    if dev.type == "cpu":
+        kind, index = parse_device(device, what=f"device={str(device)!r}")
+    except UsageError as exc:
+        raise DeviceError(str(exc)) from None
+    if kind == "cpu":
         return None
-    if dev.type != "cuda":
-        raise DeviceError(f"device={device!r}: expected 'cpu', 'cuda' or 'cuda:K'")
     if not torch.cuda.is_available():
         raise DeviceError(f"device={device!r}: no CUDA device is available to torch")
-    index = torch.cuda.current_device() if dev.index is None else dev.index
+    index = torch.cuda.current_device() if index is None else index
     if index >= torch.cuda.device_count():
         raise DeviceError(
             f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"

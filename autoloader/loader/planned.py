@@ -5,7 +5,6 @@ must agree on. ``autoloader.DataLoader`` calls these once, at construction."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.errors import PlanError
-from autoloader.loader.distributed import local_rank
+from autoloader.launch import launched_local_rank
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.plan.schema import validate_loader
@@ -172,5 +171,6 @@ def gpu_local_cpus_of_rank() -> list[int] | None:
     if not torch.cuda.is_available():
         log.info("autoloader: the plan pins workers near the GPU, but there is no GPU here")
         return None
-    index = local_rank() if os.environ.get("LOCAL_RANK") else torch.cuda.current_device()
+    local = launched_local_rank()
+    index = local if local is not None else torch.cuda.current_device()
     return gpu_local_cpus(nvml_index(torch.device("cuda", index)))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from autoloader.errors import UsageError
+from autoloader.launch import launched_local_rank
 from autoloader.metrics.http import start_server
 from autoloader.metrics.multiproc import merged_registry, metrics_dir
 
@@ -27,9 +26,9 @@ def serve_metrics(
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise UsageError(f"port should be an integer in [0, 65535], but got port={port!r}")
-    local = os.environ.get("LOCAL_RANK", "")
-    if port and local.isdigit():
-        port += int(local)
+    local = launched_local_rank()
+    if port and local is not None:
+        port += local
     if registry is None and metrics_dir() is not None:
         registry = merged_registry(metrics_dir())  # type: ignore[arg-type]
     try:

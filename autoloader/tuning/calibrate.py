@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import read
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
 from autoloader.loader.device_feed import move
@@ -46,13 +47,6 @@ class Point:
     peak_bytes: int | None  # allocated peak; None: the step ran out of memory
     note: str = ""
     reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Whether an exception is an out-of-memory error (CPU or any accelerator)."""
-    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def calibrate_step(

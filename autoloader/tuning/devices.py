@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, replace
 
 import psutil
 import torch
 
+from autoloader.accelerator import parse_device
 from autoloader.errors import DeviceError, UsageError
-from autoloader.host import local_world_size
+from autoloader.launch import launched_local_rank, local_world_size
 from autoloader.tuning.gpus import NodeGPU, node_gpus, tightest
-from autoloader.tuning.options import DEVICE
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +26,11 @@ def resolve_device(spec: str | None) -> torch.device:
     if spec is None:
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        local = os.environ.get("LOCAL_RANK", "")  # a launcher's rank k trains on cuda:k
-        k = int(local) if local.isdigit() else torch.cuda.current_device()
+        local = launched_local_rank()  # a launcher's local rank k trains on cuda:k
+        k = local if local is not None else torch.cuda.current_device()
         return torch.device("cuda", k % torch.cuda.device_count())
-    match = DEVICE.match(str(spec).strip().lower())
-    if match is None:
-        raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {spec!r}")
-    kind, index = match.group(1), match.group(2)
+    kind, index = parse_device(spec)
     if kind == "cpu":
-        if index is not None:
-            raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {spec!r}")
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise DeviceError(f"--device {spec}: no CUDA device is available to torch")

@@ -15,7 +15,7 @@ from typing import Any
 
 from autoloader.accelerator import nvml, visible_entries
 from autoloader.errors import DeviceError, UsageError
-from autoloader.host import local_world_size
+from autoloader.launch import local_world_size
 
 
 @dataclass(frozen=True)

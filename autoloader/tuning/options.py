@@ -6,17 +6,16 @@ The command line checks them before it opens the dataset, so a typo is answered 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoloader.accelerator import parse_device
 from autoloader.errors import UsageError
 from autoloader.plan.strategies import STRATEGY_NAMES
 from autoloader.units import parse_bytes
 
 DEFAULT_TOLERANCE = 0.05
-DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 _MAX = 2**31 - 1  # counts beyond this are typos, not batches or workers
 
 
@@ -90,12 +89,8 @@ def check_options(
             f"--global-batch-size {global_batch_size} is not divisible by --world-size "
             f"{world_size}: every rank needs the same local batch size"
         )
-    if device is not None and not isinstance(device, str):
-        device = str(device)
-    if device is not None and DEVICE.match(device.strip().lower()) is None:
-        raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {device!r}")
-    if device is not None and device.strip().lower().startswith("cpu:"):
-        raise UsageError(f"--device: expected cpu, cuda or cuda:K, but got {device!r}")
+    if device is not None:
+        parse_device(device)
     return Options(
         global_batch_size, world_size, iterations, seed, max_workers, alpha, tolerance,
         float(safety), float(worker_timeout), method, names,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -27,30 +26,11 @@ from torch_geometric.data import Data
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader_plugins.h5file import LazyFile
+from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SUFFIXES = (".h5", ".hdf5", ".he5")
-
-
-class LazyFile:
-    """An h5py handle opened lazily in each process that reads: h5py handles are not
-    fork-safe, so a worker opens its own, and pickling drops it."""
-
-    path: Path
-    _file: h5py.File | None = None
-    _pid: int | None = None
-
-    def _handle(self) -> h5py.File:
-        if self._file is None or self._pid != os.getpid():
-            self._file = h5py.File(self.path, "r")
-            self._pid = os.getpid()
-        return self._file
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_file"] = None
-        state["_pid"] = None
-        return state
 
 
 class GraphEventsH5(LazyFile, Dataset):
@@ -147,8 +127,6 @@ class _Plugin:
         return p.suffix.lower() in SUFFIXES or (p.is_file() and _is_hdf5(p))
 
     def open(self, spec: str) -> Dataset:
-        from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
-
         path, split = _split_spec(spec)
         p = Path(path)
         if p.is_file() and _is_hdf5(p):

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
-from autoloader_plugins.hdf5 import LazyFile
+from autoloader_plugins.h5file import LazyFile
 from autoloader_plugins.nugraph_sizes import check_field, itemsizes, not_compound
 
 DEFAULT_SPLIT = "train"

@@ -1,0 +1,122 @@
+"""What the launcher says about this process: its rank, the world size, its rank on the
+node, and the rendezvous, under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``/``MASTER_PORT``) or srun (``SLURM_*``).
+
+The one module that reads these variables: the loader, the tuner, the metrics server and
+the plugins ask it. Neutral ground: imports no torch at module level.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from autoloader.errors import UsageError
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)`` from an initialised process group, else ``RANK``/``WORLD_SIZE``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError(f"environment: RANK={rank} is not in [0, WORLD_SIZE={world})")
+    return rank, world
+
+
+def launched_local_rank() -> int | None:
+    """This process's rank on its node as a launcher set it: ``LOCAL_RANK`` (torchrun),
+    else ``SLURM_LOCALID`` under a multi-task ``srun``; None where no launcher says."""
+    if os.environ.get("LOCAL_RANK"):
+        return _env_int("LOCAL_RANK", 0)
+    env = launcher_env()
+    if env is None or "LOCAL_RANK" not in env:
+        return None
+    return int(env["LOCAL_RANK"]) if env["LOCAL_RANK"].isdigit() else None
+
+
+def local_rank() -> int:
+    """This process's rank on its node (``launched_local_rank``), 0 without a launcher."""
+    found = launched_local_rank()
+    return 0 if found is None else found
+
+
+def local_world_size() -> int:
+    """Ranks on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``SLURM_NTASKS_PER_NODE``, 1."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(
+                    f"environment variable {name}: expected an integer >= 1, found {value!r}"
+                )
+            return int(value)
+    return 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(
+            f"environment variable {name}: expected an integer, found {value!r}"
+        ) from None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu[07-09,12],cpu3`` -> ``gpu07``."""
+    text = nodelist.strip()
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            end = i
+            break
+    head = text[:end]
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    first = rest.split("]", 1)[0].split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The env:// rendezvous of a multi-rank launch, or None for a single process.
+
+    torchrun sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` itself;
+    under ``srun`` they are built from ``SLURM_PROCID``, ``SLURM_NTASKS``,
+    ``SLURM_LOCALID`` and the job's first host, as torchrun would (``MASTER_PORT``
+    defaults to 29500 + the job id modulo 1000, so concurrent jobs do not collide).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("WORLD_SIZE") and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        if _int_of(env, "WORLD_SIZE") > 1:
+            return {k: env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                    if k in env}  # fmt: skip
+        return None
+    if _int_of(env, "SLURM_NTASKS", 1) < 2 or "SLURM_PROCID" not in env:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
+    job_id = _int_of(env, "SLURM_JOB_ID", 0)
+    out = {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodelist),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(29500 + job_id % 1000),
+    }
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if per_node.isdigit():
+        out["LOCAL_WORLD_SIZE"] = per_node
+    return out
+
+
+def _int_of(env: Mapping[str, str], name: str, default: int = 0) -> int:
+    value = env.get(name, "")
+    return int(value) if value.isdigit() else default
