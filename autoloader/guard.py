@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from autoloader.accelerator import is_oom
+from autoloader.batches import num_samples, split
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.metrics.loader import loader_metrics
 
@@ -47,43 +48,20 @@ Splitter = Callable[[Any, int], list[Any]]
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
-    """Split a batch into at most ``parts`` pieces along the sample dimension.
-
-    PyG batches split by graphs; tensors along dim 0; lists, tuples and dicts element-wise.
-    """
-    if hasattr(batch, "to_data_list") and hasattr(batch, "num_graphs"):
-        from torch_geometric.data import Batch
-
-        graphs = batch.to_data_list()
-        step = -(-len(graphs) // parts)
-        return [Batch.from_data_list(graphs[i : i + step]) for i in range(0, len(graphs), step)]
-    if isinstance(batch, torch.Tensor):
-        return list(torch.tensor_split(batch, min(parts, max(1, batch.shape[0]))))
-    if isinstance(batch, Mapping):
-        keys = list(batch)
-        pieces = [split_batch(batch[k], parts) for k in keys]
-        mapping: Any = type(batch)
-        return [mapping(zip(keys, p, strict=True)) for p in zip(*pieces, strict=True)]
-    if isinstance(batch, Sequence) and not isinstance(batch, str):
-        pieces = [split_batch(v, parts) for v in batch]
-        return [
-            type(batch)(p) if isinstance(batch, tuple) else list(p)
-            for p in zip(*pieces, strict=True)
-        ]
-    raise TypeError(f"oom_guard cannot split a batch of type {type(batch).__name__}; pass split=")
+    """Split a batch into at most ``parts`` pieces along the sample dimension
+    (``autoloader.batches.split``: PyG batches by graphs, tensors along dim 0)."""
+    try:
+        return split(batch, parts)
+    except TypeError as exc:
+        raise TypeError(f"oom_guard {exc}; pass split=") from None
 
 
 def batch_len(batch: Any) -> int:
     """Samples in a batch: graphs in a PyG batch, else the first dimension."""
-    if hasattr(batch, "num_graphs"):
-        return int(batch.num_graphs)
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    if isinstance(batch, Mapping):
-        return batch_len(next(iter(batch.values())))
-    if isinstance(batch, Sequence) and not isinstance(batch, str):
-        return batch_len(batch[0])
-    raise TypeError(f"oom_guard cannot count the samples of a {type(batch).__name__}")
+    try:
+        return num_samples(batch)
+    except TypeError as exc:
+        raise TypeError(f"oom_guard {exc}") from None
 
 
 class OOMGuard:

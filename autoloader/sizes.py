@@ -15,13 +15,12 @@ import logging
 import os
 import stat
 import weakref
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from autoloader.batches import nbytes
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader.files import atomic_write, output_kind
@@ -31,27 +30,7 @@ log = logging.getLogger(__name__)
 _MEMO: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
 
 
-def nbytes_of(obj: Any) -> int:
-    """Bytes of the tensors and arrays inside a sample (or a collated batch).
-
-    Python numbers count as 8 bytes, the size they take once collated into a tensor.
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj.element_size() * obj.numel()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, (bool, int, float)):
-        return 8
-    if isinstance(obj, (str, bytes)) or obj is None:
-        return 0
-    stores = getattr(obj, "stores", None)  # torch_geometric Data / HeteroData / Batch
-    if stores is not None and hasattr(obj, "to_dict"):
-        return sum(nbytes_of(v) for store in stores for v in store.values())
-    if isinstance(obj, Mapping):
-        return sum(nbytes_of(v) for v in obj.values())
-    if isinstance(obj, Sequence):
-        return sum(nbytes_of(v) for v in obj)
-    return 0
+nbytes_of = nbytes  # bytes of the tensors and arrays inside a sample or batch
 
 
 def sample_sizes(

@@ -147,8 +147,9 @@ def test_choice_prefers_the_largest_local_batch_then_the_most_random() -> None:
     assert small.local_batch_size == 32 and small.grad_accum_steps == 2
     with pytest.raises(
         DeviceError,
-        match=r"even one sample per rank is predicted to peak at "
-        r"[\d.]+ \w+ \(\d+ bytes\); a --memory-budget of at least [\d.]+ \w+ \(\d+ bytes\)",
+        match=r"even one sample per rank is predicted to peak at [\d.]+ \w+ \(\d+ bytes\); the "
+        r"largest sample, index \d+ \(.+\), alone is predicted to peak at .+; a --memory-budget "
+        r"of at least [\d.]+ \w+ \(\d+ bytes\)",
     ):
         choose_batching(sizes, 64, 1, names, model, limit=int(sizes.max()) - 1)
 

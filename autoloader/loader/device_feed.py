@@ -14,67 +14,31 @@ memory plan.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from autoloader.accelerator import parse_device
+from autoloader.batches import map_tensors, tensors
 from autoloader.errors import DeviceError, UsageError
 from autoloader.metrics.loader import BatchRecorder
 
 
 def move(batch: Any, device: torch.device) -> Any:
     """Every tensor in ``batch`` copied to ``device`` (non-blocking); containers keep
-    their type. Tuples, namedtuples, lists, dicts, dataclasses and anything with
-    ``.to(device, non_blocking=True)`` (PyG ``Data``, ``Batch``, ``HeteroData``) move;
-    other values are left alone."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (str, bytes)) or batch is None:
-        return batch
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(move(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move(v, device) for v in batch)
-    if isinstance(batch, Mapping):
-        moved = {k: move(v, device) for k, v in batch.items()}
-        try:
-            return type(batch)(moved)  # type: ignore[call-arg]
-        except TypeError:
-            return moved
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {f.name: move(getattr(batch, f.name), device)
-                  for f in dataclasses.fields(batch) if f.init}  # fmt: skip
-        return dataclasses.replace(batch, **fields)
-    to = getattr(batch, "to", None)
-    if callable(to):
-        return to(device, non_blocking=True)
-    return batch
+    their type (``autoloader.batches``). Other values with ``.to(device)`` move too."""
+
+    def other(value: Any) -> Any:
+        to = getattr(value, "to", None)
+        return to(device, non_blocking=True) if callable(to) else value
+
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True), other)
 
 
-def tensors_of(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside ``batch`` (the containers ``move`` knows, and PyG stores)."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (str, bytes)) or batch is None:
-        return
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
-            yield from tensors_of(v)
-    elif isinstance(batch, Mapping):
-        for v in batch.values():
-            yield from tensors_of(v)
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        for f in dataclasses.fields(batch):
-            yield from tensors_of(getattr(batch, f.name))
-    elif hasattr(batch, "stores"):  # PyG Data / HeteroData / Batch
-        for store in batch.stores:
-            for v in store.values():
-                yield from tensors_of(v)
+tensors_of = tensors  # every tensor inside a batch, for the stream bookkeeping
 
 
 def check_device(device: str | torch.device | None) -> torch.device | None:
