@@ -22,7 +22,7 @@ from autoloader.files import (
     write_fd,
 )
 from autoloader.plan.jsonout import strict_json
-from autoloader.tuning.options import check_options
+from autoloader.tuning.options import tune_options
 from autoloader.units import parse_bytes
 
 HELP = """\
@@ -167,18 +167,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 def _run(
     args: argparse.Namespace, argv: list[str], out: Path, to_stdout: bool, through: int | None
 ) -> int:
-    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
-    strategies = _names(args.strategies) if args.strategies is not None else None
-    check_options(  # before the dataset is opened or torch imported: a typo answers at once
+    # Every option checked once, before the dataset is opened or torch imported: a typo
+    # answers at once, and the tune runs on exactly these.
+    opts = tune_options(
         global_batch_size=args.global_batch_size, world_size=args.world_size,
+        device=args.device, strategies=None if args.strategies is None else _names(args.strategies),
+        memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
         iterations=args.iterations, seed=args.seed, max_workers=args.max_workers,
         alpha=args.alpha, tolerance=args.tolerance, safety=args.safety,
-        worker_timeout=args.worker_timeout, search=args.search, strategies=strategies,
-        device=args.device,
+        worker_timeout=args.worker_timeout, search=args.search,
+        progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
+        command=shlex.join(["autoloader", *argv]),
     )  # fmt: skip
     from autoloader.cli.render import render
     from autoloader.plan import Plan
-    from autoloader.tuning import tune
+    from autoloader.tuning.tuner import run as tune_run
 
     step = _load_step(args.step) if args.step else None
     dataset = open_dataset(args.dataset)
@@ -192,7 +195,7 @@ def _run(
     lock = exclusive(out) if alone else contextlib.nullcontext(False)
     try:
         with lock:
-            plan: Plan = _tune(tune, dataset, args, budget, strategies, step, argv)
+            plan: Plan = tune_run(dataset, opts, step=step)
     except SampleError as exc:
         raise DatasetError(f"DATASET {args.dataset!r}: {exc.detail}") from exc
     from autoloader.loader.distributed import local_rank, rank_and_world_size
@@ -265,32 +268,6 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
             f"--out {out}: is {inside}{what} ({hit}), an input of this run: refusing to "
             "overwrite it; give another path"
         )
-
-
-def _tune(
-    tune: Any, dataset: Any, args: argparse.Namespace, budget: int | None,
-    strategies: list[str] | None, step: Any, argv: list[str],
-) -> Any:  # fmt: skip
-    return tune(
-        dataset,
-        global_batch_size=args.global_batch_size,
-        world_size=args.world_size,
-        device=args.device,
-        memory_budget=budget,
-        step=step,
-        strategies=strategies,
-        max_workers=args.max_workers,
-        iterations=args.iterations,
-        alpha=args.alpha,
-        tolerance=args.tolerance,
-        safety=args.safety,
-        seed=args.seed,
-        search=args.search,
-        worker_timeout=args.worker_timeout,
-        progress=not args.quiet and sys.stderr.isatty(),
-        spec=args.dataset,
-        command=shlex.join(["autoloader", *argv]),
-    )
 
 
 def _int(text: str) -> int:

@@ -35,6 +35,7 @@ from autoloader.datasets.reads import read
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
 from autoloader.loader.device_feed import move
 from autoloader.tuning.step import StepFactory
+from autoloader.tuning.workload import Workload
 
 Batches = Sequence[tuple[int, Callable[[], Any]]]
 
@@ -50,20 +51,14 @@ class Point:
 
 
 def calibrate_step(
-    factory: StepFactory,
-    dataset: Any,
-    sizes: np.ndarray,
-    local: int,
-    world_size: int,
-    seed: int,
-    dev: torch.device,
-    collate_fn: Any,
-    timeout: float,
-    epochs: int = 3,
+    factory: StepFactory, work: Workload, local: int, epochs: int = 3
 ) -> list[Point]:
     """Peaks of the step on batches from the smallest to the largest that random batching
     produces in the replayed epochs (the heaviest any strategy can produce)."""
     from autoloader.tuning.batching import all_local_batches
+
+    sizes, dev, collate_fn, timeout = work.sizes, work.device, work.collate_fn, work.timeout
+    dataset, world_size, seed = work.dataset, work.world_size, work.seed
 
     order = np.argsort(sizes, kind="stable")
     mid = max(0, len(sizes) // 2 - local // 2)
@@ -77,15 +72,15 @@ def calibrate_step(
     by_bytes = sorted(replayed, key=lambda b: int(sizes[b].sum()))
     chosen = [order[:local], order[mid : mid + local], by_bytes[len(by_bytes) // 2], by_bytes[-1]]
     pinned = dev.type != "cpu"
-    work: list[tuple[int, Callable[[], Any]]] = []
+    makers: list[tuple[int, Callable[[], Any]]] = []
     for idx in chosen:
 
         def make(idx: np.ndarray = idx) -> Any:
             batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
             return move(batch, dev) if pinned else batch
 
-        work.append((int(sizes[idx].sum()), make))
-    points = measure_peaks(factory, work, dev)
+        makers.append((int(sizes[idx].sum()), make))
+    points = measure_peaks(factory, makers, dev)
     if not any(p.peak_bytes for p in points):
         raise DeviceError(
             f"--step runs out of memory on every calibration batch, even the {local} smallest "

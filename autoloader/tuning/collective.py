@@ -12,7 +12,7 @@ between nodes, ``[batching]`` never does.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -137,3 +137,61 @@ def node_loaders(job: Job, loader: dict[str, Any] | Exception) -> dict[str, dict
             raise type(table)(f"on rank {rank} ({host}): {table}") from None
         nodes.setdefault(host, table)
     return nodes
+
+
+class Solo:
+    """This process alone: every stage runs here, and its answers are the plan's."""
+
+    job: Job | None = None
+
+    def settle(self, world_size: int, given: bool) -> int:
+        return world_size
+
+    def agree(self, options: dict[str, Any]) -> None:
+        """Nothing to agree with."""
+
+    def once(self, compute: Any) -> Any:
+        return compute()
+
+    def sizes(self, dataset: Any, *, progress: bool, timeout: float | None) -> np.ndarray:
+        return sample_sizes(dataset, progress=progress, timeout=timeout)
+
+    def tightest(self, mine: RankBudget) -> tuple[RankBudget, list[RankBudget]]:
+        return mine, []
+
+    def per_node(self, loader: dict[str, Any] | Exception) -> dict[str, dict[str, Any]]:
+        if isinstance(loader, Exception):
+            raise loader from None
+        return {}
+
+
+class Collective:
+    """A rank of a job: rank 0 measures once and shares, every rank probes its own GPU,
+    the tightest budget and rank 0's batching hold for all (the module's notes)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def settle(self, world_size: int, given: bool) -> int:
+        return check_world_size(self.job, world_size if given else None)
+
+    def agree(self, options: dict[str, Any]) -> None:
+        agree_on_options(self.job, options)
+
+    def once(self, compute: Any) -> Any:
+        return leader_result(self.job, compute)
+
+    def sizes(self, dataset: Any, *, progress: bool, timeout: float | None) -> np.ndarray:
+        return shared_sizes(self.job, dataset, progress=progress, timeout=timeout)
+
+    def tightest(self, mine: RankBudget) -> tuple[RankBudget, list[RankBudget]]:
+        return smallest_budget(self.job, replace(mine, rank=self.job.rank, host=self.job.host))
+
+    def per_node(self, loader: dict[str, Any] | Exception) -> dict[str, dict[str, Any]]:
+        return node_loaders(self.job, loader)
+
+
+def current_team() -> Solo | Collective:
+    """``Collective`` under a process group of more than one rank, else ``Solo``."""
+    job = current_job()
+    return Solo() if job is None else Collective(job)

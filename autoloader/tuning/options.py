@@ -7,7 +7,7 @@ The command line checks them before it opens the dataset, so a typo is answered 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoloader.accelerator import parse_device
@@ -20,18 +20,83 @@ _MAX = 2**31 - 1  # counts beyond this are typos, not batches or workers
 
 
 @dataclass(frozen=True)
-class Options:
+class TuneOptions:
+    """Everything ``tune`` is told, checked once and torch-free: the command line builds
+    it before opening the dataset, ``autoloader.tune`` from its keyword arguments."""
+
     global_batch_size: int
-    world_size: int
-    iterations: int
-    seed: int
-    max_workers: int | None
-    alpha: float | None
-    tolerance: float | None
-    safety: float
-    worker_timeout: float
-    method: str
-    strategies: list[str]
+    world_size: int = 1
+    world_size_given: bool = False  # an explicit --world-size, checked against the job's
+    device: str | None = None  # cpu, cuda, cuda:K; None: CUDA where there is one
+    memory_budget: int | None = None
+    strategies: tuple[str, ...] = STRATEGY_NAMES
+    max_workers: int | None = None
+    iterations: int = 100
+    alpha: float | None = None
+    tolerance: float | None = DEFAULT_TOLERANCE
+    safety: float = 0.1
+    seed: int = 0
+    method: str = "fast"  # "fast" or "exhaustive" worker search
+    worker_timeout: float = 60.0
+    progress: bool = True
+    spec: str | None = None
+    command: str | None = None
+
+    @property
+    def local_batch_size(self) -> int:
+        """The largest local batch: the global batch split over the ranks."""
+        return self.global_batch_size // self.world_size
+
+    def batching_options(self) -> dict[str, Any]:
+        """What every rank of a collective tune must have been given alike."""
+        return {"global_batch_size": self.global_batch_size, "strategies": list(self.strategies),
+                "seed": self.seed, "safety": self.safety,
+                "world_size": self.world_size if self.world_size_given else None}  # fmt: skip
+
+    def for_job(self, world_size: int) -> TuneOptions:
+        """These options in a job of ``world_size`` ranks (the global batch rechecked)."""
+        check_options(global_batch_size=self.global_batch_size, world_size=world_size)
+        return replace(self, world_size=world_size)
+
+
+def tune_options(
+    *,
+    global_batch_size: Any,
+    world_size: Any = 1,
+    device: Any = None,
+    memory_budget: Any = None,
+    strategies: Sequence[str] | None = None,
+    max_workers: Any = None,
+    iterations: Any = 100,
+    alpha: Any = None,
+    tolerance: Any = None,
+    safety: Any = 0.1,
+    seed: Any = 0,
+    search: Any = None,
+    worker_timeout: Any = 60.0,
+    progress: bool = True,
+    spec: str | None = None,
+    command: str | None = None,
+) -> TuneOptions:
+    """Check every option and build ``TuneOptions``.
+
+    Raises:
+        UsageError: naming the option, what was expected and what was found.
+    """
+    checked = check_options(
+        global_batch_size=global_batch_size, world_size=world_size, iterations=iterations,
+        seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance, safety=safety,
+        worker_timeout=worker_timeout, search=search, strategies=strategies, device=device,
+    )  # fmt: skip
+    return replace(
+        checked,
+        world_size_given=world_size != 1,
+        device=None if device is None else str(device).strip().lower(),
+        memory_budget=check_budget(memory_budget),
+        progress=bool(progress),
+        spec=spec,
+        command=command,
+    )
 
 
 def check_options(
@@ -48,8 +113,8 @@ def check_options(
     search: Any = None,
     strategies: Sequence[str] | None = None,
     device: Any = None,
-) -> Options:
-    """Check and normalise the tuner's options.
+) -> TuneOptions:
+    """Check and normalise the tuner's options (``tune_options`` takes all of them).
 
     Raises:
         UsageError: naming the option, what was expected and what was found.
@@ -91,9 +156,11 @@ def check_options(
         )
     if device is not None:
         parse_device(device)
-    return Options(
-        global_batch_size, world_size, iterations, seed, max_workers, alpha, tolerance,
-        float(safety), float(worker_timeout), method, names,
+    return TuneOptions(
+        global_batch_size=global_batch_size, world_size=world_size, iterations=iterations,
+        seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance,
+        safety=float(safety), worker_timeout=float(worker_timeout), method=method,
+        strategies=tuple(names),
     )  # fmt: skip
 
 

@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from autoloader.datasets.reads import Guarded, NamedCollate
 from autoloader.errors import UsageError
 from autoloader.samplers import RandomBatchSampler
+from autoloader.tuning.workload import Workload
 
 Step = Callable[[Any], Any]
 StepFactory = Callable[[], Step]
@@ -79,22 +79,13 @@ def _required_positional(obj: Any) -> int | None:
     )
 
 
-def sample_batches(
-    dataset: Any,
-    sizes: np.ndarray,
-    batch_size: int,
-    seed: int,
-    dev: torch.device,
-    collate_fn: Any,
-    timeout: float,
-    count: int,
-) -> list[Any]:
+def sample_batches(work: Workload, batch_size: int, count: int) -> list[Any]:
     """A few pinned random batches of ``batch_size``, as the training loop will see them."""
-    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
+    sampler = RandomBatchSampler(work.sizes, batch_size, seed=work.seed)
     loader = TorchDataLoader(
-        cast(Any, Guarded(dataset, timeout)),
+        cast(Any, Guarded(work.dataset, work.timeout)),
         batch_sampler=sampler,
-        collate_fn=NamedCollate(collate_fn),
-        pin_memory=dev.type != "cpu",
+        collate_fn=NamedCollate(work.collate_fn),
+        pin_memory=work.device.type != "cpu",
     )
     return list(islice(loader, count))

@@ -1,0 +1,118 @@
+"""The last stage: the stages' results written down as a ``Plan`` with its evidence."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from autoloader._version import __version__
+from autoloader.plan import BatchingPlan, LoaderPlan, Plan
+from autoloader.plan.evidence import gpus_table, memory_table, ranks_table, tuning_table
+from autoloader.samplers import make_sampler
+from autoloader.sizes import fingerprint, size_stats
+from autoloader.tuning.batching import BatchingChoice
+from autoloader.tuning.calibrate import Point
+from autoloader.tuning.devices import Headroom
+from autoloader.tuning.memory_model import MemoryModel
+from autoloader.tuning.options import TuneOptions
+from autoloader.tuning.prefetch import PrefetchChoice
+from autoloader.tuning.reserve import reserve_table
+from autoloader.tuning.stages import Budget, Placement, Timings, WorkerStage
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the stages found, in their order."""
+
+    sizes: np.ndarray
+    room: Headroom
+    model: MemoryModel
+    calibration: list[Point]
+    budget: Budget
+    batching: BatchingChoice
+    times: Timings
+    prefetch: PrefetchChoice | None
+    placement: Placement
+    workers: WorkerStage
+
+
+def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
+    """The plan: ``[loader]`` and ``[batching]`` to apply, the rest as evidence."""
+    b = found.batching
+    return Plan(
+        meta={
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "autoloader_version": __version__,
+            "host": socket.gethostname(),
+            "command": opts.command or "autoloader.tune()",
+        },
+        dataset={
+            "spec": opts.spec or type(dataset).__name__,
+            "fingerprint": fingerprint(found.sizes),
+            **size_stats(found.sizes),
+        },
+        hardware=_hardware(found),
+        loader=LoaderPlan(**found.workers.loader),
+        batching=BatchingPlan(
+            strategy=b.strategy,
+            local_batch_size=b.local_batch_size,
+            options=make_sampler(b.strategy, found.sizes, b.local_batch_size).options(),
+            world_size=opts.world_size,
+            grad_accum_steps=b.grad_accum_steps,
+            global_batch_size=opts.global_batch_size,
+            seed=opts.seed,
+            drop_last=False,
+        ),
+        memory=_memory(opts, found),
+        tuning=_tuning(opts, device, found),
+    )
+
+
+def _hardware(found: Findings) -> dict[str, Any]:
+    room, limit = found.room, found.budget.limit
+    return {
+        "cpu_count": found.placement.cpus,
+        "device": room.device,
+        "device_name": room.device_name,
+        "memory_total_bytes": room.total_bytes,
+        "memory_free_bytes": room.free_bytes,
+        "headroom_source": room.source,
+        **gpus_table([g.to_dict() for g in room.gpus], room.limiting_index),
+        **ranks_table([asdict(r) for r in found.budget.ranks], limit.rank, limit.host),
+    }
+
+
+def _memory(opts: TuneOptions, found: Findings) -> dict[str, Any]:
+    model, budget = found.model, found.budget
+    return memory_table(
+        budget_bytes=budget.bytes, safety=opts.safety, reserve=reserve_table(budget.reserve),
+        reserve_bytes=budget.reserve_bytes,
+        predicted_peak_bytes=found.batching.predicted_peak_bytes,
+        device_prefetch_bytes=found.prefetch.bytes if found.prefetch is not None else None,
+        model={**model.to_dict(), "description": model.describe()},
+        notes=[p.note for p in found.calibration],
+        out_of_memory_at=[p.batch_bytes for p in found.calibration if p.peak_bytes is None],
+    )  # fmt: skip
+
+
+def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
+    replays = found.batching.replays
+    strategies = {
+        name: {**r.to_dict(), "predicted_peak_bytes": found.model.predict(r.worst_batch_bytes)}
+        for name, r in replays.items()
+    }
+    pinned = found.placement.pinned
+    return tuning_table(
+        workers={"iterations": opts.iterations, "max_workers": found.workers.max_workers,
+                 **found.workers.choice.to_dict()},
+        strategies=strategies,
+        candidates=[c.to_dict() for c in found.batching.candidates],
+        step_seconds=found.times.step,
+        placement=(str(device), pinned) if pinned else None,
+        device_prefetch=found.prefetch.to_dict() if found.prefetch is not None else None,
+        nodes=found.workers.nodes,
+    )  # fmt: skip

@@ -1,0 +1,254 @@
+"""The tuner's stages, in the order ``tune`` runs them: sizes, headroom, memory model,
+budget, batching, timings, device prefetch, workers.
+
+Each stage owns its inputs, its measurement and its piece of evidence, and takes the
+``team`` (``Solo`` or ``Collective``) so that the same code runs alone or on every rank
+of a job: work that rank 0 does once goes through ``team.once``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoloader.accelerator import nvml_index
+from autoloader.errors import DatasetError, DeviceError, UsageError
+from autoloader.host import cpus_per_rank
+from autoloader.loader.placement import PinWorkers, gpu_local_cpus
+from autoloader.tuning import workers
+from autoloader.tuning.batching import BatchingChoice, choose_batching
+from autoloader.tuning.calibrate import Point, calibrate_step
+from autoloader.tuning.collective import Collective, RankBudget, Solo
+from autoloader.tuning.devices import Headroom, probe_headroom
+from autoloader.tuning.memory_model import MemoryModel, default_model, fit
+from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.options import TuneOptions
+from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
+from autoloader.tuning.reserve import ReservePart, reserve_parts
+from autoloader.tuning.step import sample_batches, time_step
+from autoloader.tuning.transfer import copy_seconds
+from autoloader.tuning.workload import Workload
+from autoloader.units import describe_bytes
+
+log = logging.getLogger("autoloader")
+
+Team = Solo | Collective
+REPLAY_EPOCHS = 3
+STEP_BATCHES = 6
+
+
+def sizes(team: Team, dataset: Any, opts: TuneOptions) -> np.ndarray:
+    """Bytes per sample, measured once (by rank 0 in a job) and cached beside the data.
+
+    Raises:
+        UsageError: the global batch is larger than the dataset.
+    """
+    found = team.sizes(dataset, progress=opts.progress, timeout=opts.worker_timeout)
+    if opts.global_batch_size > len(found):
+        raise UsageError(
+            f"--global-batch-size {opts.global_batch_size} is larger than the dataset "
+            f"({len(found)} samples): one optimiser step would see samples twice"
+        )
+    log.info("sizes: %d samples, %s in all", len(found), describe_bytes(int(found.sum())))
+    return found
+
+
+def headroom(device: torch.device, opts: TuneOptions) -> Headroom:
+    """This rank's free memory (NVML, torch, or the host), or the given budget."""
+    room = probe_headroom(device, opts.memory_budget)
+    log.info("memory: %s free on %s (%s)",
+             describe_bytes(room.free_bytes), room.device, room.source)  # fmt: skip
+    return room
+
+
+def memory_model(
+    team: Team, work: Workload, opts: TuneOptions, earlier: Any
+) -> tuple[MemoryModel, list[Point]]:
+    """Peak bytes against batch bytes: calibrated on the user's step (by rank 0), or an
+    ``earlier`` calibration, or the conservative default without a step."""
+    if earlier is not None:
+        return model_from_dict(earlier), []
+    step = work.step
+    if step is None:
+        return default_model(), []
+    log.info("calibrating the step's peak memory on %s (4 batches and a warm-up)", work.device)
+    points: list[Point] = team.once(
+        lambda: calibrate_step(step, work, opts.local_batch_size, REPLAY_EPOCHS)
+    )
+    return fit([(p.batch_bytes, p.peak_bytes) for p in points if p.peak_bytes]), points
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The bytes the plan may use on every rank, and where that number came from."""
+
+    bytes: int
+    reserve: list[ReservePart]
+    limit: RankBudget  # the rank whose budget is the job's
+    ranks: list[RankBudget]  # every rank's, in a job
+
+    @property
+    def reserve_bytes(self) -> int:
+        return sum(p.bytes for p in self.reserve)
+
+
+def budget(
+    team: Team, room: Headroom, opts: TuneOptions, calibration: list[Point], device: torch.device
+) -> Budget:
+    """Free memory less the safety margin and the reserve; in a job, the tightest rank's.
+
+    Raises:
+        DeviceError: nothing is left to plan for, naming the rank, the margin and reserve.
+    """
+    reserve = reserve_parts(
+        device_type=device.type, budget_overridden=opts.memory_budget is not None,
+        context_in_probe=room.context_in_probe, world_size=opts.world_size,
+        fragmentation=[(p.peak_bytes, p.reserved_bytes) for p in calibration
+                       if p.peak_bytes is not None and p.reserved_bytes is not None],
+    )  # fmt: skip
+    reserved = sum(p.bytes for p in reserve)
+    mine = int(room.free_bytes * (1 - opts.safety)) - reserved
+    limit, ranks = team.tightest(
+        RankBudget(0, socket.gethostname(), room.device, room.free_bytes, mine)
+    )
+    if limit.budget_bytes <= 0:
+        where = f" (rank {limit.rank} on {limit.host})" if ranks else ""
+        parts = ", ".join(f"{p.name} {describe_bytes(p.bytes)}" for p in reserve if p.bytes)
+        raise DeviceError(
+            f"no memory left to plan for: {describe_bytes(limit.free_bytes)} on "
+            f"{limit.device}{where}, less --safety {opts.safety:.0%}"
+            + (f", less a reserve of {describe_bytes(reserved)} ({parts})" if parts else "")
+            + f", leaves {describe_bytes(limit.budget_bytes)}; free the device or give a "
+            "larger --memory-budget"
+        )
+    return Budget(limit.budget_bytes, reserve, limit, ranks)
+
+
+def batching(
+    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, limit: int
+) -> BatchingChoice:
+    """The sampler and local batch whose worst replayed batch fits (chosen by rank 0)."""
+    log.info("replaying %s over %d epochs against a budget of %s", ", ".join(opts.strategies),
+             REPLAY_EPOCHS, describe_bytes(limit))  # fmt: skip
+    choice: BatchingChoice = team.once(
+        lambda: choose_batching(
+            work.sizes,
+            opts.global_batch_size,
+            opts.world_size,
+            list(opts.strategies),
+            model,
+            limit,
+            seed=opts.seed,
+            epochs=REPLAY_EPOCHS,
+        )
+    )
+    log.info("batching: %s, local batch %d x %d accumulation",
+             choice.strategy, choice.local_batch_size, choice.grad_accum_steps)  # fmt: skip
+    return choice
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds of one training step and of one batch's copy to the device, where known."""
+
+    step: float | None = None
+    copy: float | None = None
+
+
+def timings(team: Team, work: Workload, local: int) -> Timings:
+    """The step's and the copy's seconds on one set of sample batches (rank 0's)."""
+    step = work.step
+    if step is None and work.device.type != "cuda":
+        return Timings()
+
+    def timed() -> Timings:
+        batches = sample_batches(work, local, STEP_BATCHES)
+        copy = copy_seconds(batches, work.device) if work.device.type == "cuda" else None
+        seconds = time_step(step(), batches, work.device) if step is not None else None
+        return Timings(seconds, copy)
+
+    result: Timings = team.once(timed)
+    return result
+
+
+def device_prefetch(
+    device: torch.device, times: Timings, choice: BatchingChoice, limit: int
+) -> PrefetchChoice | None:
+    """How many batches the device feed copies ahead (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    return choose_device_prefetch(
+        copy_seconds=times.copy, step_seconds=times.step,
+        worst_batch_bytes=choice.replays[choice.strategy].worst_batch_bytes,
+        predicted_peak_bytes=choice.predicted_peak_bytes, budget_bytes=limit,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This rank's CPUs, and the GPU-local CPUs its workers are pinned to (if any)."""
+
+    cpus: int
+    pinned: list[int] | None
+
+
+def placement(device: torch.device) -> Placement:
+    cpus = cpus_per_rank()
+    local = gpu_local_cpus(nvml_index(device)) if device.type == "cuda" else None
+    return Placement(min(cpus, len(local)), local) if local else Placement(cpus, None)
+
+
+@dataclass(frozen=True)
+class WorkerStage:
+    """The worker search's choice as ``[loader]``, its trace, and each node's table."""
+
+    loader: dict[str, Any]
+    choice: Any  # workers.WorkerChoice
+    max_workers: int
+    nodes: dict[str, dict[str, Any]]
+
+
+def worker_search(
+    team: Team, work: Workload, opts: TuneOptions, local: int, times: Timings,
+    where: Placement, prefetch: PrefetchChoice | None,
+) -> WorkerStage:  # fmt: skip
+    """NWT over ``0..max_workers`` on every rank; each node keeps its first rank's choice.
+
+    Raises:
+        DatasetError: no batch could be loaded at all (on any rank).
+    """
+    n_max = max(0, where.cpus - 1) if opts.max_workers is None else opts.max_workers
+    rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step)
+    timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
+                            precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip
+    log.info("worker search (%s): 0..%d workers, up to %d batches each", opts.method, n_max,
+             opts.iterations)  # fmt: skip
+    result: dict[str, Any] | Exception
+    choice = None
+    try:
+        choice = workers.search(
+            work.dataset, work.sizes, local, max_workers=n_max, timing=timing, rule=rule,
+            device=work.device, method=opts.method, seed=opts.seed, progress=opts.progress,
+            worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
+            collate_fn=work.collate_fn,
+        )  # fmt: skip
+        result = {
+            "num_workers": choice.num_workers,
+            "pin_memory": work.device.type != "cpu",
+            "prefetch_factor": choice.prefetch_factor.value if choice.num_workers else None,
+            "persistent_workers": bool(choice.persistent_workers.value),
+            "worker_affinity": "gpu-local" if where.pinned else "none",
+            "device_prefetch": prefetch.depth if prefetch is not None else None,
+        }
+    except RuntimeError as exc:
+        result = DatasetError(f"cannot load batches from the dataset: {exc}")
+    except Exception as exc:
+        result = exc
+    nodes = team.per_node(result)  # a failure on any rank stops every rank
+    assert isinstance(result, dict)
+    return WorkerStage(result, choice, n_max, nodes)
