@@ -1,0 +1,93 @@
+"""Each stage of the tuner on its own (autoloader/tuning/stages.py, report.py), alone:
+the same code runs on every rank of a job through ``Collective`` (tests/test_job.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hostile_data import GOOD
+
+from autoloader import DeviceError, UsageError
+from autoloader.loader.collate import collate
+from autoloader.tuning import stages
+from autoloader.tuning.collective import Solo
+from autoloader.tuning.memory_model import MemoryModel
+from autoloader.tuning.options import tune_options
+from autoloader.tuning.report import Findings, plan_of
+from autoloader.tuning.workload import Workload
+
+CPU = torch.device("cpu")
+
+
+def options(**kw: object) -> object:
+    base = {"global_batch_size": 8, "max_workers": 0, "iterations": 5, "progress": False}
+    return tune_options(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def workload(step: object = None) -> Workload:
+    sizes = stages.sizes(Solo(), GOOD, options())
+    return Workload(GOOD, sizes, CPU, collate, 10.0, 0, 1, step)  # type: ignore[arg-type]
+
+
+def test_sizes_refuse_a_global_batch_larger_than_the_data() -> None:
+    assert stages.sizes(Solo(), GOOD, options()).tolist() == [32] * 300
+    with pytest.raises(UsageError, match=r"--global-batch-size 400 is larger than the dataset"):
+        stages.sizes(Solo(), GOOD, options(global_batch_size=400))
+
+
+def test_headroom_takes_the_given_budget_over_the_probe() -> None:
+    room = stages.headroom(CPU, options(memory_budget="64MiB"))
+    assert (room.free_bytes, room.source) == (64 * 2**20, "override")
+
+
+def test_the_memory_model_is_earlier_calibrated_or_default_or_measured() -> None:
+    earlier = MemoryModel(
+        intercept=100.0, slope=2.0, pcc=1.0, points=[(1, 102), (2, 104)]
+    ).to_dict()
+    model, points = stages.memory_model(Solo(), workload(), options(), earlier)
+    assert (model.intercept, model.slope, points) == (100.0, 2.0, [])
+    default, _ = stages.memory_model(Solo(), workload(), options(), None)
+    assert default.slope == 8.0
+
+    def factory() -> object:
+        return lambda batch: (batch.float() * 2).sum()
+
+    measured, points = stages.memory_model(Solo(), workload(factory), options(), None)
+    assert len(points) == 4 and measured.source == "step" and measured.points
+
+
+def test_the_budget_names_what_is_left_when_nothing_is() -> None:
+    room = stages.headroom(CPU, options(memory_budget=1000))
+    budget = stages.budget(Solo(), room, options(memory_budget=1000), [], CPU)
+    assert budget.bytes == 900 and budget.ranks == [] and budget.limit.budget_bytes == 900
+    with pytest.raises(DeviceError, match=r"no memory left to plan for: 1000 bytes on cpu, less "
+                       r"--safety 100%"):  # fmt: skip
+        stages.budget(Solo(), room, options(memory_budget=1000, safety=0.99999999), [], CPU)
+
+
+def test_batching_timings_prefetch_and_placement_on_the_cpu() -> None:
+    work, model = workload(), MemoryModel(0.0, 8.0)
+    choice = stages.batching(Solo(), work, options(), model, 10**9)
+    assert (choice.local_batch_size, choice.strategy) == (8, "random")
+    assert stages.timings(Solo(), work, 8) == stages.Timings()  # no step, no CUDA: nothing
+    assert stages.device_prefetch(CPU, stages.Timings(), choice, 10**9) is None
+    where = stages.placement(CPU)
+    assert where.pinned is None and where.cpus >= 1
+
+
+def test_the_worker_search_stage_and_the_report() -> None:
+    work, opts = workload(), options()
+    room = stages.headroom(CPU, opts)
+    model = MemoryModel(0.0, 8.0)
+    budget = stages.budget(Solo(), room, opts, [], CPU)
+    choice = stages.batching(Solo(), work, opts, model, budget.bytes)
+    where = stages.placement(CPU)
+    found = stages.worker_search(Solo(), work, opts, 8, stages.Timings(), where, None)
+    assert found.loader["num_workers"] == 0 and found.max_workers == 0 and found.nodes == {}
+    plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice,
+                                             stages.Timings(), None, where, found))  # fmt: skip
+    assert plan.batching.global_batch_size == 8 and plan.loader.num_workers == 0
+    assert plan.dataset["num_samples"] == 300 and "trace" in plan.tuning["workers"]
+    assert plan.memory["budget_bytes"] == budget.bytes
+    assert np.isfinite(plan.memory["predicted_peak_bytes"])
