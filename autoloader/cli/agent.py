@@ -35,13 +35,18 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9400, help="port to serve on (default 9400)")
+    add_metrics_dir(p)
+    p.add_argument("--once", action="store_true", help="print the metrics once and exit")
+    p.set_defaults(run=run)
+
+
+def add_metrics_dir(p: argparse.ArgumentParser) -> None:
+    """``--metrics-dir``, as the agent and ``status`` take it."""
     p.add_argument(
         "--metrics-dir",
         metavar="DIR",
         help="the training processes' metric files (default: $PROMETHEUS_MULTIPROC_DIR)",
     )
-    p.add_argument("--once", action="store_true", help="print the metrics once and exit")
-    p.set_defaults(run=run)
 
 
 def metrics_directory(given: str | None) -> Path | None:

@@ -20,6 +20,8 @@ data-bound, fed, memory (OOMs or drift), or starting. The agent serves the same 
 
 
 def register(sub: Any) -> None:
+    from autoloader.cli.agent import add_metrics_dir
+
     p = sub.add_parser(
         "status",
         help="what this node's training processes are waiting on",
@@ -27,11 +29,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print strict JSON")
-    p.add_argument(
-        "--metrics-dir",
-        metavar="DIR",
-        help="the training processes' metric files (default: $PROMETHEUS_MULTIPROC_DIR)",
-    )
+    add_metrics_dir(p)
     p.set_defaults(run=run)
 
 

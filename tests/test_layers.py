@@ -1,0 +1,94 @@
+"""The layout keeps its shape: data flows dataset -> sizes -> tuning -> plan -> loader ->
+metrics, runtime code never imports the tuner, no module imports another that imports it
+back (imports inside functions count), and functions stay readable."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME = ("autoloader.guard", "autoloader.loader", "autoloader.metrics", "autoloader.samplers",
+           "autoloader.plan", "autoloader_plugins")  # fmt: skip
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for base in (ROOT / "autoloader", ROOT / "plugins"):
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(ROOT / "plugins" if base.name == "plugins" else ROOT)
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+
+
+def _imports(name: str) -> set[str]:
+    """The project modules ``name`` imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def test_runtime_code_never_imports_the_tuner() -> None:
+    offenders = {name: sorted(m for m in _imports(name) if m.startswith("autoloader.tuning"))
+                 for name in MODULES if name.startswith(RUNTIME)}  # fmt: skip
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = {name: _imports(name) for name in MODULES}
+    cycles = []
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            here = todo.pop()
+            if here not in seen:
+                seen.add(here)
+                todo.extend(graph.get(here, ()))
+        return seen
+
+    for name in graph:
+        if name in reach(name):
+            cycles.append(name)
+    assert cycles == []
+
+
+@pytest.mark.parametrize(("prefix", "limit"), [("autoloader.tuning", 70), ("", 120)])
+def test_functions_stay_readable(prefix: str, limit: int) -> None:
+    long = []
+    for name, tree in TREES.items():
+        if not name.startswith(prefix):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == []
+
+
+def test_the_launcher_environment_is_read_in_one_module() -> None:
+    reads = re.compile(r"""environ(?:\.get)?\(?\[?["'](?:LOCAL_RANK|LOCAL_WORLD_SIZE)["']""")
+    readers = sorted(name for name, path in MODULES.items() if reads.search(path.read_text()))
+    assert readers == ["autoloader.launch"]
+
+
+def test_the_conductor_does_not_branch_on_being_alone() -> None:
+    text = MODULES["autoloader.tuning.tuner"].read_text()
+    assert text.count("job is None") <= 1
