@@ -21,13 +21,20 @@ _DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
 def parse_device(spec: Any, *, what: str = "--device") -> tuple[str, int | None]:
-    """``cpu``, ``cuda`` or ``cuda:K`` (a string or a ``torch.device``) as (kind, index);
+    """``cpu``, ``cuda`` or ``cuda:K`` (text, or a ``torch.device`` of those types, whose
+    CPU index is ignored) as (kind, index);
     the one parser of device names, torch-free, for the command line, ``tune`` and the
     DataLoader's device feed alike.
 
     Raises:
         UsageError: naming ``what`` and the text, for anything else (``cpu:1`` included).
     """
+    kind = getattr(spec, "type", None)
+    if isinstance(kind, str) and not isinstance(spec, str):  # a torch.device, as frameworks
+        if kind == "cpu":  # pass them: torch.device("cpu", 0) is the CPU
+            return "cpu", None
+        if kind == "cuda":
+            return "cuda", spec.index
     text = str(spec).strip().lower()
     match = _DEVICE.match(text)
     if match is None or (match.group(1) == "cpu" and match.group(2) is not None):

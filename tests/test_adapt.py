@@ -270,10 +270,10 @@ class FakePeak:
 def test_memory_drift_warns_once_and_marks_the_plan_stale(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from autoloader.loader import dataloader
+    from autoloader.loader import drift
 
     peak = FakePeak([900, 1000, 1500, 1500, 1500, 1500])
-    monkeypatch.setattr(dataloader, "cuda_peak", lambda device: peak)
+    monkeypatch.setattr(drift, "cuda_peak", lambda device: peak)
     registry = CollectorRegistry()
     plan = planned(0, predicted_peak_bytes=1000, budget_bytes=2000)
     loader = DataLoader(Slow(n=24, delay=0), plan=plan, check_fingerprint=False,

@@ -170,3 +170,15 @@ def test_local_ranks_on_the_cpu_share_the_hosts_memory(monkeypatch: pytest.Monke
     # each of the two plans for half of what is free (memory moves a little between reads)
     assert abs(shared.free_bytes - alone.free_bytes / 2) < 0.05 * available
     assert abs(alone.free_bytes - available) < 0.1 * available
+
+
+def test_one_parser_reads_device_names_and_torch_devices() -> None:
+    from autoloader import UsageError
+    from autoloader.accelerator import parse_device
+
+    assert parse_device("CUDA:3 ") == ("cuda", 3) and parse_device("cpu") == ("cpu", None)
+    assert parse_device(torch.device("cpu", 0)) == ("cpu", None)  # as Accelerate passes it
+    assert parse_device(torch.device("cuda", 1)) == ("cuda", 1)
+    for bad in ("cpu:1", "tpu", "cuda:-1", torch.device("meta")):
+        with pytest.raises(UsageError, match="expected cpu, cuda or cuda:K, but got"):
+            parse_device(bad)

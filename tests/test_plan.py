@@ -157,7 +157,9 @@ def test_save_is_atomic_and_failure_keeps_the_old_plan(
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        PlanError, match=r"plan\.toml: cannot write the plan: disk full; the old plan is kept"
+    ):
         plan.save(path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]  # no temporary left
