@@ -17,7 +17,8 @@ from autoloader.metrics.status import node_verdict, rank_verdict
 TESTS = Path(__file__).parent
 
 # One rank's training loop: rank 0 reads slow samples with no workers and may not add any
-# (a loop waiting for data), rank 1 reads instant samples behind a 20 ms step (fed).
+# (a loop waiting for data), rank 1 reads instant samples behind a 100 ms step (fed, with
+# room to stay fed on a loaded machine).
 TRAINER = """
 import os, time, torch
 from torch.utils.data import Dataset
@@ -39,7 +40,7 @@ loader = DataLoader(Data(0.01 if starved else 0.0), plan=plan, check_fingerprint
 for epoch in range(2):
     loader.set_epoch(epoch)
     for batch in loader:
-        time.sleep(0.0 if starved else 0.02)
+        time.sleep(0.0 if starved else 0.1)
 """
 
 
