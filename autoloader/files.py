@@ -140,6 +140,34 @@ def is_input(out: Path, inputs: list[Path]) -> Path | None:
     return None
 
 
+def read_at_most(path: Path, limit: int, *, regular_only: bool = False) -> tuple[int, bytes]:
+    """``(st_mode, data)``: at most ``limit`` + 1 bytes of ``path``, opened without blocking,
+    so a device whose size reads 0 (``/dev/zero``) is bounded too and the caller can tell
+    a file over ``limit`` by its length. A FIFO or socket (or, with ``regular_only``,
+    anything but a regular file) is not read: ``data`` is empty, and nothing ever blocks.
+
+    Raises:
+        OSError: ``path`` cannot be opened or read (``FileNotFoundError`` where missing).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        unread = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+        if unread or (regular_only and not stat.S_ISREG(mode)):
+            return mode, b""
+        os.set_blocking(fd, True)
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return mode, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def check_writable(path: Path, *, what: str = "--out") -> None:
     """Refuse at once a path the plan could not be written to (read-only file system,
     no permission), before any work is done.

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
 import stat
 import weakref
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 from autoloader.batches import nbytes
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
-from autoloader.files import atomic_write, output_kind
+from autoloader.files import atomic_write, output_kind, read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -176,24 +175,15 @@ def _read_cache(source: DataSource, n: int) -> np.ndarray | None:
 
 def _read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of a regular file of at most ``limit`` bytes, else None; never blocks
-    (a FIFO or device where the cache should be is skipped, not opened for reading)."""
+    (a FIFO or device where the cache should be is skipped, not read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        mode, data = read_at_most(path, limit, regular_only=True)
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            log.warning("autoloader: %s is not a regular file: not used as a size cache", path)
-            return None
-        if st.st_size > limit:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)
-    except OSError:
+    if not stat.S_ISREG(mode):
+        log.warning("autoloader: %s is not a regular file: not used as a size cache", path)
         return None
-    finally:
-        os.close(fd)
+    return data if len(data) <= limit else None
 
 
 def _write_cache(source: DataSource, sizes: np.ndarray) -> None:

@@ -206,18 +206,14 @@ def _run(
     rank = rank_and_world_size()[0]
     if to_stdout:
         if rank == 0:
-            import tomli_w
-
-            sys.stdout.write(tomli_w.dumps(plan.to_dict()))
+            sys.stdout.write(plan.to_toml())
             sys.stdout.flush()
             if not args.quiet:
                 print(render(plan, path="(stdout)"), file=sys.stderr)
         return 0
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
         if through is not None:
-            import tomli_w
-
-            write_fd(through, tomli_w.dumps(plan.to_dict()).encode())
+            write_fd(through, plan.to_toml().encode())
         else:
             plan.save(out)
     if rank != 0:

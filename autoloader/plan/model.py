@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from autoloader.errors import PlanError, UsageError
-from autoloader.files import write_output
+from autoloader.files import read_at_most, write_output
 from autoloader.plan.schema import SCHEMA_VERSION, validate
 
 if sys.version_info >= (3, 11):
@@ -122,6 +122,10 @@ class Plan:
                 out[name] = copy.deepcopy(getattr(self, name))
         return drop_none(out)
 
+    def to_toml(self) -> str:
+        """The plan as the TOML text ``save`` writes."""
+        return tomli_w.dumps(self.to_dict())
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read and validate a plan file.
@@ -153,7 +157,7 @@ class Plan:
         p = Path(path)
         if p.is_dir():
             raise PlanError(f"{p}: is a directory, expected a path for the plan file")
-        text = tomli_w.dumps(self.to_dict())
+        text = self.to_toml()
         directory = p.parent if str(p.parent) else Path(".")
         if not directory.is_dir():
             raise PlanError(f"{p}: cannot write the plan: directory {directory} does not exist")
@@ -170,28 +174,13 @@ def _read_capped(p: Path) -> bytes:
     """At most ``MAX_PLAN_BYTES`` + 1 bytes of ``p``, opened without blocking (a FIFO
     without a writer, a device such as /dev/zero, whose size reads 0, are bounded too)."""
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        mode, raw = read_at_most(p, MAX_PLAN_BYTES)
     except FileNotFoundError:
         raise PlanError(f"{p}: no such plan file") from None
     except OSError as exc:
         raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            raise PlanError(f"{p}: not a plan: a FIFO or socket, expected a TOML plan file")
-        os.set_blocking(fd, True)
-        chunks, left = [], MAX_PLAN_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 2**20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise PlanError(f"{p}: cannot read the plan: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise PlanError(f"{p}: not a plan: a FIFO or socket, expected a TOML plan file")
     if len(raw) > MAX_PLAN_BYTES:
         size = os.stat(p).st_size if stat.S_ISREG(mode) else 0
         found = f"{size} bytes" if size else f"it reads on past {MAX_PLAN_BYTES} bytes"
