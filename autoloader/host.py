@@ -49,8 +49,9 @@ def cpus_per_rank() -> int:
     return max(1, usable_cpus() // local_world_size())
 
 
-def tree_memory_bytes(pid: int | None = None) -> int:
-    """Proportional set size (PSS) of a process and all its descendants.
+def tree_memory_bytes(pid: int | None = None, *, include_root: bool = True) -> int:
+    """Proportional set size (PSS) of a process and all its descendants (only the
+    descendants, such as a loader's workers, without ``include_root``).
 
     RSS counts the pages that forked workers share with the parent once per process, so
     a sum of RSS over the tree double-counts. USS counts private pages only, so a page
@@ -60,7 +61,7 @@ def tree_memory_bytes(pid: int | None = None) -> int:
     """
     root = psutil.Process(pid)
     total = 0
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in [root, *root.children(recursive=True)][0 if include_root else 1 :]:
         try:
             info = proc.memory_full_info()
             total += int(getattr(info, "pss", 0) or getattr(info, "uss", 0) or info.rss)

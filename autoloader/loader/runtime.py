@@ -21,7 +21,8 @@ from typing import Any
 
 import psutil
 
-from autoloader.host import cpus_per_rank, local_world_size, tree_memory_bytes
+from autoloader.host import cpus_per_rank, tree_memory_bytes
+from autoloader.launch import local_world_size
 from autoloader.loader.adapt import (
     SETTINGS,
     Adaptation,
@@ -299,9 +300,6 @@ class EpochIter:
 def _workers_memory() -> int | None:
     """PSS of this process's children (the loader's workers), each page counted once."""
     try:
-        me = psutil.Process()
-        info = me.memory_full_info()
-        own = int(getattr(info, "pss", 0) or getattr(info, "uss", 0) or info.rss)
-        return max(0, tree_memory_bytes() - own)
+        return tree_memory_bytes(include_root=False)
     except (psutil.Error, OSError):
         return None

@@ -55,25 +55,30 @@ class TolerantCollector(MultiProcessCollector):
         self._warned: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
-        good, bad = [], []
-        for path in sorted(glob.glob(os.path.join(self._path, "*.db"))):
-            try:
-                self._read_metrics([path])
-            except Exception as exc:  # the file's content is what failed, not us
-                bad.append(path)
-                if path not in self._warned:
-                    self._warned.add(path)
-                    log.warning("autoloader: skipping unreadable metric file %s (%s: %s)",
-                                path, type(exc).__name__, exc)  # fmt: skip
-            else:
-                good.append(path)
-        yield from self.merge(good, accumulate=True)
+        files = sorted(glob.glob(os.path.join(self._path, "*.db")))
+        try:  # every file read once, as the stock collector does
+            merged, bad = list(self.merge(files, accumulate=True)), []
+        except Exception:  # a file's content failed: find it, then merge the others
+            bad = [path for path in files if not self._readable(path)]
+            merged = list(self.merge([p for p in files if p not in bad], accumulate=True))
+        yield from merged
         skipped = GaugeMetricFamily(
             "autoloader_metric_files_skipped",
             "Metric files in the multiprocess directory that could not be read.",
         )
         skipped.add_metric([], len(bad))
         yield skipped
+
+    def _readable(self, path: str) -> bool:
+        try:
+            self._read_metrics([path])
+        except Exception as exc:  # the file's content is what failed, not us
+            if path not in self._warned:
+                self._warned.add(path)
+                log.warning("autoloader: skipping unreadable metric file %s (%s: %s)",
+                            path, type(exc).__name__, exc)  # fmt: skip
+            return False
+        return True
 
 
 @contextlib.contextmanager
