@@ -83,16 +83,8 @@ class Runtime:
         self.stale: str | None = None
         self._warned_drift = False
         if recorder is not None:
-            m = recorder.metrics
-            m.workers_since.labels(rank=recorder.rank).set(time.time())
-            m.plan_stale.labels(rank=recorder.rank).set(0)
-            if adapter is not None:
-                m.max_workers.labels(rank=recorder.rank).set(adapter.limits.max_workers)
-                for setting in SETTINGS:  # exported as 0 until a change is made
-                    for direction in ("up", "down"):
-                        m.adaptations.labels(
-                            rank=recorder.rank, setting=setting, direction=direction
-                        )
+            limit = adapter.limits.max_workers if adapter is not None else None
+            recorder.runtime_started(limit, SETTINGS)
 
     @property
     def adaptations(self) -> list[Adaptation]:
@@ -116,9 +108,7 @@ class Runtime:
         if want.device_prefetch is not None:
             loader.device_prefetch = want.device_prefetch
         if workers_changed and self.recorder is not None:
-            m, rank = self.recorder.metrics, self.recorder.rank
-            m.num_workers.labels(rank=rank).set(want.num_workers)
-            m.workers_since.labels(rank=rank).set(time.time())
+            self.recorder.workers_changed(want.num_workers)
 
     def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
         return EpochIter(batches, self, loader)
@@ -128,11 +118,7 @@ class Runtime:
         self.epoch += 1
         self.last = m
         if self.recorder is not None:
-            metrics, rank = self.recorder.metrics, self.recorder.rank
-            metrics.epochs.labels(rank=rank).inc()
-            metrics.wait_ratio.labels(rank=rank).set(m.wait_fraction)
-            metrics.samples_per_second.labels(rank=rank).set(m.samples_per_second)
-            self.recorder.stats.epochs = self.epoch
+            self.recorder.epoch_done(self.epoch, m.wait_fraction, m.samples_per_second)
         if self.adapter is not None:
             for change in self.adapter.decide(m):
                 self._record(change)
@@ -146,18 +132,14 @@ class Runtime:
             change.reason, change.samples_per_second,
         )  # fmt: skip
         if self.recorder is not None:
-            self.recorder.metrics.adaptations.labels(
-                rank=self.recorder.rank, setting=change.setting, direction=change.direction
-            ).inc()
+            self.recorder.adapted(change.setting, change.direction)
 
     def _check_drift(self, drift: Drift | None) -> None:
         if drift is None:
             return
         self.drift = drift
         if self.recorder is not None:
-            m, rank = self.recorder.metrics, self.recorder.rank
-            m.memory_peak.labels(rank=rank).set(drift.peak_bytes)
-            m.memory_drift.labels(rank=rank).set(drift.ratio)
+            self.recorder.memory_peak(drift.peak_bytes, drift.ratio)
         if not drift.drifted:
             return
         which = (
@@ -180,8 +162,7 @@ class Runtime:
         if self.stale is None:
             self.stale = reason
         if self.recorder is not None:
-            self.recorder.stats.plan_stale = self.stale
-            self.recorder.metrics.plan_stale.labels(rank=self.recorder.rank).set(1)
+            self.recorder.plan_stale(self.stale)
 
     def adapted_plan(self, loader_plan: LoaderPlan) -> Plan:
         """The plan with this rank's adapted ``[loader]`` and a ``[tuning.runtime]`` table."""

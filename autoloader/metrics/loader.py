@@ -86,7 +86,19 @@ class LoaderMetrics:
             **gauge,
         )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
-        # Run-time adaptation and the last complete epoch (see autoloader/loader/runtime.py).
+        self._runtime_metrics(registry)
+        self.h2d = Histogram(
+            "autoloader_h2d_seconds",
+            "Host-to-device copy time per batch (DataLoader(device=...)).",
+            buckets=WAIT_BUCKETS,
+            **kw,
+        )
+
+    def _runtime_metrics(self, registry: CollectorRegistry) -> None:
+        """Run-time adaptation, the last complete epoch and memory drift (see
+        ``autoloader/loader/runtime.py``)."""
+        kw: dict[str, Any] = {"labelnames": ["rank"], "registry": registry}
+        gauge = {**kw, "multiprocess_mode": "livemax"}
         self.adaptations = Counter(
             "autoloader_adaptations",
             "Changes of a [loader] setting at an epoch boundary.",
@@ -128,12 +140,6 @@ class LoaderMetrics:
             "autoloader_plan_stale",
             "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
             **gauge,
-        )
-        self.h2d = Histogram(
-            "autoloader_h2d_seconds",
-            "Host-to-device copy time per batch (DataLoader(device=...)).",
-            buckets=WAIT_BUCKETS,
-            **kw,
         )
 
 
@@ -263,6 +269,41 @@ class BatchRecorder:
     def h2d(self, seconds: float) -> None:
         """One batch's host-to-device copy took ``seconds`` (on the GPU's clock)."""
         self._pending_h2d.append(seconds)
+
+    def runtime_started(self, max_workers: int | None, settings: Sequence[str] = ()) -> None:
+        """A loader that adapts (``max_workers``, ``settings``) or watches its plan: export
+        its starting point, and every adaptation counter at 0."""
+        m, rank = self.metrics, self.rank
+        m.workers_since.labels(rank=rank).set(time.time())
+        m.plan_stale.labels(rank=rank).set(0)
+        if max_workers is None:
+            return
+        m.max_workers.labels(rank=rank).set(max_workers)
+        for setting in settings:
+            for direction in ("up", "down"):
+                m.adaptations.labels(rank=rank, setting=setting, direction=direction)
+
+    def workers_changed(self, num_workers: int) -> None:
+        self.metrics.num_workers.labels(rank=self.rank).set(num_workers)
+        self.metrics.workers_since.labels(rank=self.rank).set(time.time())
+
+    def epoch_done(self, epochs: int, wait_fraction: float, samples_per_second: float) -> None:
+        m, rank = self.metrics, self.rank
+        m.epochs.labels(rank=rank).inc()
+        m.wait_ratio.labels(rank=rank).set(wait_fraction)
+        m.samples_per_second.labels(rank=rank).set(samples_per_second)
+        self.stats.epochs = epochs
+
+    def adapted(self, setting: str, direction: str) -> None:
+        self.metrics.adaptations.labels(rank=self.rank, setting=setting, direction=direction).inc()
+
+    def memory_peak(self, peak_bytes: int, drift_ratio: float) -> None:
+        self.metrics.memory_peak.labels(rank=self.rank).set(peak_bytes)
+        self.metrics.memory_drift.labels(rank=self.rank).set(drift_ratio)
+
+    def plan_stale(self, reason: str) -> None:
+        self.stats.plan_stale = reason
+        self.metrics.plan_stale.labels(rank=self.rank).set(1)
 
     def oom_count(self) -> int:
         """Out-of-memory errors ``oom_guard`` counted on this rank (same registry)."""
