@@ -85,9 +85,14 @@ def test_the_worker_search_stage_and_the_report() -> None:
     where = stages.placement(CPU)
     found = stages.worker_search(Solo(), work, opts, 8, stages.Timings(), where, None)
     assert found.loader["num_workers"] == 0 and found.max_workers == 0 and found.nodes == {}
+    tried = stages.trials(Solo(), work, opts, model, budget.bytes, choice, found, where)
+    assert tried.threads is None  # no step: the threads are not the loop's to choose
+    assert tried.comparison is not None and tried.comparison.diagnosis.kind == "loading-only"
+    assert tried.comparison.baseline.settings["batch_size"] == 8
     plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice,
-                                             stages.Timings(), None, where, found))  # fmt: skip
+                                             stages.Timings(), None, where, found, tried))  # fmt: skip
     assert plan.batching.global_batch_size == 8 and plan.loader.num_workers == 0
+    assert plan.tuning["baseline"]["measured"]["plan"]["samples_per_second"] > 0
     assert plan.dataset["num_samples"] == 300 and "trace" in plan.tuning["workers"]
     assert plan.memory["budget_bytes"] == budget.bytes
     assert np.isfinite(plan.memory["predicted_peak_bytes"])

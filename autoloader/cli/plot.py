@@ -1,92 +1,223 @@
-"""``autoloader show PLAN --plot FILE.png``: the worker search and the batch sizes, drawn."""
+"""The plan's evidence, drawn: ``show --plot FILE.png`` (one sheet) and the charts of
+``show --html`` (one image each).
+
+Four panels, each on its own axes so that no line hides another: samples/s per worker
+count, memory per worker count, each strategy's batch bytes against the largest batch the
+budget allows (log scale where they differ by orders of magnitude), and the memory model's
+fit with the points it was fitted to.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
+import math
+from collections.abc import Callable
 from typing import Any
 
 from autoloader._version import DISTRIBUTION
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
 from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.units import format_bytes
+
+MIB = 2**20
+LOG_SPAN = 20.0  # values further apart than this factor go on a log axis
+
+Panel = Callable[[Any, Plan], None]
 
 
-def plot(plan: Plan, path: str | Path) -> None:
-    """Draw the plan's evidence: time and memory per worker count; each strategy's batch
-    bytes (1st-99th percentile whiskers, quartile boxes, worst marked) against the largest
-    batch the memory budget allows under the plan's memory model."""
+def plot_png(plan: Plan) -> bytes:
+    """The four panels on one sheet, as PNG bytes."""
+    return _png(_pyplot("--plot"), sheet(plan))
+
+
+def sheet(plan: Plan) -> Any:
+    """The four panels on one matplotlib figure, each on its own axes."""
+    plt = _pyplot("--plot")
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for ax, (_, draw) in zip(axes.flat, PANELS, strict=True):
+        draw(ax, plan)
+    fig.suptitle(f"autoloader plan: {plan.dataset.get('spec', plan.source)}")
+    fig.tight_layout()
+    return fig
+
+
+def panel_pngs(plan: Plan) -> list[tuple[str, bytes]]:
+    """Each panel as its own PNG, with its title: the report's images."""
+    plt = _pyplot("--html")
+    out = []
+    for title, draw in PANELS:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        draw(ax, plan)
+        fig.tight_layout()
+        out.append((title, _png(plt, fig)))
+    return out
+
+
+def _pyplot(option: str) -> Any:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError(f"--plot needs matplotlib: pip install '{DISTRIBUTION}[plot]'") from None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _workers(left, plan)
-    _strategies(right, plan)
-    fig.suptitle(f"autoloader plan: {plan.dataset.get('spec', plan.source)}")
-    fig.tight_layout()
+        raise UsageError(f"{option} needs matplotlib: pip install '{DISTRIBUTION}[plot]'") from None
+    return plt
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    buf = io.BytesIO()
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise UsageError(f"--plot {path}: cannot write: {exc.strerror}") from None
+        fig.savefig(buf, format="png", dpi=100)
     finally:
         plt.close(fig)
+    return buf.getvalue()
 
 
-def _workers(ax: Any, plan: Plan) -> None:
-    trace = [c for c in plan.tuning.get("workers", {}).get("trace", []) if c.get("status") == "ok"]
-    ax.set_title("worker search")
-    if not trace:
-        ax.text(0.5, 0.5, "no worker search recorded", ha="center", transform=ax.transAxes)
-        return
-    w = [c["workers"] for c in trace]
-    ax.plot(w, [1000 * c["seconds_per_batch"] for c in trace], "o-", color="tab:blue")
-    ax.set_xlabel("worker processes")
-    if len(w) <= 20:
-        ax.set_xticks(w)
-    ax.set_ylabel("ms per batch", color="tab:blue")
+def _trace(plan: Plan) -> list[dict[str, Any]]:
+    trace = plan.tuning.get("workers", {}).get("trace", [])
+    return [c for c in trace if isinstance(c, dict) and c.get("status") == "ok"]
+
+
+def _none(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _chosen_workers(ax: Any, plan: Plan, ws: list[int]) -> None:
     chosen = plan.loader.num_workers
     ax.axvline(chosen, color="tab:green", linestyle="--", label=f"chosen: {chosen}")
-    ax.legend(loc="upper center")
-    mem = ax.twinx()
-    mem.plot(w, [c["memory_bytes"] / 2**20 for c in trace], "s:", color="tab:orange")
-    mem.set_ylabel("memory, PSS MiB", color="tab:orange")
+    ax.set_xlabel("worker processes")
+    if len(ws) <= 20:
+        ax.set_xticks(ws)
 
 
-def _strategies(ax: Any, plan: Plan) -> None:
+def worker_speed(ax: Any, plan: Plan) -> None:
+    """Loading throughput per worker count, against the rate the step consumes."""
+    ax.set_title("loading speed per worker count")
+    trace = _trace(plan)
+    if not trace:
+        return _none(ax, "no worker search recorded")
+    local = plan.batching.local_batch_size
+    ws = [c["workers"] for c in trace]
+    rate = [local / c["seconds_per_batch"] if c["seconds_per_batch"] > 0 else 0 for c in trace]
+    ax.plot(ws, rate, "o-", color="tab:blue", label="samples/s loaded (no step)")
+    step = plan.tuning.get("workers", {}).get("step_seconds")
+    if isinstance(step, (int, float)) and step > 0:
+        ax.axhline(local / step, color="tab:purple", linestyle=":",
+                   label="samples/s the step takes")  # fmt: skip
+    _chosen_workers(ax, plan, ws)
+    ax.set_ylabel("samples per second")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize="small")
+    return None
+
+
+def worker_memory(ax: Any, plan: Plan) -> None:
+    """Memory of the loading process tree per worker count."""
+    ax.set_title("host memory per worker count")
+    trace = _trace(plan)
+    if not trace:
+        return _none(ax, "no worker search recorded")
+    ws = [c["workers"] for c in trace]
+    ax.plot(ws, [c["memory_bytes"] / MIB for c in trace], "s-", color="tab:orange",
+            label="PSS of the loading processes")  # fmt: skip
+    _chosen_workers(ax, plan, ws)
+    ax.set_ylabel("MiB")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize="small")
+    return None
+
+
+def strategies(ax: Any, plan: Plan) -> None:
+    """Each strategy's local batch bytes (1st-99th percentile whiskers, quartile boxes,
+    worst marked) against the largest batch the budget allows under the memory model."""
     reports = plan.tuning.get("strategies", {})
-    ax.set_title("batch bytes per strategy (replayed epochs)")
+    ax.set_title("batch bytes per strategy against the budget")
     names = [n for n, r in reports.items() if len(r.get("quantiles", [])) == 9]
     if not names:
-        ax.text(0.5, 0.5, "no replay recorded", ha="center", transform=ax.transAxes)
-        return
+        return _none(ax, "no replay recorded")
+    values: list[float] = []
     for i, name in enumerate(names):
-        q = [v / 2**20 for v in reports[name]["quantiles"]]  # 0 1 5 25 50 75 95 99 100
+        q = [max(v, 1) / MIB for v in reports[name]["quantiles"]]  # 0 1 5 25 50 75 95 99 100
         ax.plot([i, i], [q[1], q[7]], color="gray")
         ax.add_patch(_box(i, q[3], q[5], name == plan.batching.strategy))
         ax.plot([i - 0.2, i + 0.2], [q[4], q[4]], color="black")
-        ax.plot(i, q[8], "v", color="tab:red")
+        ax.plot(i, q[8], "v", color="tab:red", label="worst batch" if i == 0 else None)
+        values += q
+    allowed = _allowed_mib(plan)
+    if allowed is not None:
+        label = f"largest batch the budget allows ({format_bytes(allowed * MIB)})"
+        ax.axhline(allowed, color="tab:red", linestyle="--", label=label)
+        values.append(allowed)
+    base = plan.tuning.get("baseline", {}).get("measured", {}).get("baseline", {})
+    if isinstance(base.get("worst_batch_bytes"), (int, float)) and base["worst_batch_bytes"] > 0:
+        worst = base["worst_batch_bytes"] / MIB
+        ax.axhline(worst, color="tab:gray", linestyle=":",
+                   label=f"baseline's worst batch ({format_bytes(worst * MIB)})")  # fmt: skip
+        values.append(worst)
+    if max(values) / min(values) > LOG_SPAN:
+        ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylabel("local batch MiB" + (" (log scale)" if ax.get_yscale() == "log" else ""))
+    ax.legend(loc="best", fontsize="small")
+    return None
+
+
+def _allowed_mib(plan: Plan) -> float | None:
     model = plan.memory.get("model", {})
     budget = plan.memory.get("budget_bytes")
-    if budget is not None and model.get("slope"):
-        allowed = model_from_dict({"intercept": 0.0, **model}).max_batch_bytes(budget) / 2**20
-        ax.axhline(
-            allowed, color="tab:red", linestyle="--", label="largest batch the budget allows"
-        )
-        ax.legend(loc="upper right")
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("local batch MiB (box: quartiles, v: worst)")
+    if not isinstance(budget, int) or not isinstance(model, dict) or not model.get("slope"):
+        return None
+    allowed = model_from_dict({"intercept": 0.0, **model}).max_batch_bytes(budget)
+    return allowed / MIB if math.isfinite(allowed) and allowed > 0 else None
+
+
+def memory_model(ax: Any, plan: Plan) -> None:
+    """The model's line over the calibration points, the chosen worst batch and budget."""
+    ax.set_title("memory model: step peak against batch bytes")
+    model = plan.memory.get("model", {})
+    if not isinstance(model, dict) or "slope" not in model:
+        return _none(ax, "no memory model recorded")
+    fitted = model_from_dict({"intercept": 0.0, **model})
+    points = fitted.points
+    worst = plan.tuning.get("strategies", {}).get(plan.batching.strategy, {})
+    worst_bytes = worst.get("worst_batch_bytes") if isinstance(worst, dict) else None
+    right = max([b for b, _ in points] + [worst_bytes or 0, 1]) * 1.1
+    xs = [0.0, right / MIB]
+    ax.plot(xs, [fitted.predict(x * MIB) / MIB for x in xs], "-", color="tab:blue",
+            label=f"model: {model.get('source', 'step')}")  # fmt: skip
+    if points:
+        ax.plot([b / MIB for b, _ in points], [p / MIB for _, p in points], "o", color="black",
+                label=f"calibration steps ({len(points)})")  # fmt: skip
+    if isinstance(worst_bytes, (int, float)):
+        ax.axvline(worst_bytes / MIB, color="tab:green", linestyle="--",
+                   label=f"plan's worst batch ({format_bytes(worst_bytes)})")  # fmt: skip
+    budget = plan.memory.get("budget_bytes")
+    top = fitted.predict(right) / MIB
+    if isinstance(budget, int) and budget / MIB <= top * LOG_SPAN:
+        ax.axhline(budget / MIB, color="tab:red", linestyle="--", label="budget")
+    elif isinstance(budget, int):
+        ax.set_title(f"memory model (the {format_bytes(budget)} budget is far above)")
+    ax.set_xlabel("batch MiB")
+    ax.set_ylabel("peak MiB")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize="small")
+    return None
 
 
 def _box(x: float, low: float, high: float, chosen: bool) -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle(
-        (x - 0.25, low),
-        0.5,
-        high - low,
-        facecolor="tab:green" if chosen else "lightsteelblue",
-        edgecolor="black",
-    )
+    return Rectangle((x - 0.25, low), 0.5, max(high - low, 0.0),
+                     facecolor="tab:green" if chosen else "lightsteelblue",
+                     edgecolor="black")  # fmt: skip
+
+
+PANELS: list[tuple[str, Panel]] = [
+    ("loading speed per worker count", worker_speed),
+    ("host memory per worker count", worker_memory),
+    ("batch bytes per strategy against the budget", strategies),
+    ("memory model", memory_model),
+]

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.plan import Plan
 from autoloader.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Section:
+    """One table of the plan's evidence, as ``show`` prints it and the report draws it."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [f"\n{self.title}", *table(self.header, self.rows),
+                *(f"  {n}" for n in self.notes)]  # fmt: skip
+
+
+def sections(plan: Plan) -> list[Section]:
+    """The evidence tables ``show`` prints after the plan's settings, in order."""
+    found = [
+        _workers(plan.tuning.get("workers"), plan.loader.num_workers),
+        _batching(plan.tuning.get("batching")),
+        _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
+        baseline_section(plan.tuning.get("baseline")),
+    ]
+    return [s for s in found if s is not None]
 
 
 def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -71,7 +97,11 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
         f"persistent_workers={str(lp.persistent_workers).lower()}"
         + (f" device_prefetch={lp.device_prefetch}" if lp.device_prefetch is not None else "")
+        + (f" num_threads={lp.num_threads}" if lp.num_threads is not None else "")
     )
+    threads = plan.tuning.get("threads")
+    if isinstance(threads, dict) and isinstance(threads.get("why"), str):
+        out.append(f"          num_threads: {threads['why']}")
     why = plan.tuning.get("device_prefetch")
     if isinstance(why, dict) and isinstance(why.get("why"), str):
         out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
@@ -82,11 +112,74 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"accumulation = global {bp.global_batch_size}; seed {bp.seed}"
         f"{', drop_last' if bp.drop_last else ''}"
     )
-    out.extend(_workers(plan.tuning.get("workers"), lp.num_workers))
-    out.extend(_batching(plan.tuning.get("batching")))
-    out.extend(_strategies(plan.tuning.get("strategies"), bp.strategy))
+    found = sections(plan)
+    for section in found[:-1] if plan.tuning.get("baseline") else found:
+        out.extend(section.lines())
     out.extend(_runtime(plan.tuning.get("runtime")))
+    if plan.tuning.get("baseline") and found:  # the comparison and its verdict come last
+        out.extend(found[-1].lines())
+        out.append(f"verdict   {verdict(plan)}")
     return "\n".join(out)
+
+
+def verdict(plan: Plan) -> str | None:
+    """The diagnosis of ``[tuning.baseline]``, in one line, if the plan has one."""
+    found = plan.tuning.get("baseline")
+    text = found.get("verdict") if isinstance(found, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def baseline_section(found: Any) -> Section | None:
+    """``[tuning.baseline]``: the user's loader and the plan's side by side."""
+    if not isinstance(found, dict) or not isinstance(found.get("measured"), dict):
+        return None
+    base, plan = found["measured"].get("baseline"), found["measured"].get("plan")
+    if not isinstance(base, dict) or not isinstance(plan, dict):
+        return None
+    rows = [[label, fmt(base), fmt(plan), _ratio(base, plan, key)]
+            for label, fmt, key in BASELINE_ROWS]  # fmt: skip
+    return Section(
+        f"baseline ({found.get('given', '?')}) against the plan, timed in the same run",
+        ["", "baseline", "plan", "plan/baseline"], rows,
+    )  # fmt: skip
+
+
+def _get(key: str, fmt: str) -> Any:
+    def show(side: dict[str, Any]) -> str:
+        value = side.get(key)
+        return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+    return show
+
+
+def _loader(side: dict[str, Any]) -> str:
+    s = side.get("settings", {})
+    text = f"{s.get('num_workers', 0)} workers, pin {str(s.get('pin_memory', False)).lower()}"
+    return text + (f", {s['num_threads']} threads" if "num_threads" in s else "")
+
+
+def _ratio(base: dict[str, Any], plan: dict[str, Any], key: str | None) -> str:
+    if key is None:
+        return ""
+    b, p = base.get(key), plan.get(key)
+    if not isinstance(b, (int, float)) or not isinstance(p, (int, float)) or b <= 0:
+        return "-"
+    return f"{p / b:.2f}x"
+
+
+# (row, how a side shows it, the key whose plan/baseline ratio is shown)
+BASELINE_ROWS: list[tuple[str, Any, str | None]] = [
+    ("loader", _loader, None),
+    ("local batch", lambda s: str(s.get("settings", {}).get("batch_size", "-")), None),
+    ("samples/s", _get("samples_per_second", "{:.1f}"), "samples_per_second"),
+    ("data wait", _get("wait_share", "{:.0%}"), None),
+    ("step p50 s", _get("step_p50_seconds", "{:.4f}"), "step_p50_seconds"),
+    ("step p90 s", _get("step_p90_seconds", "{:.4f}"), "step_p90_seconds"),
+    ("start-up s", _get("startup_seconds", "{:.2f}"), None),
+    ("worst batch", lambda s: _b(s.get("worst_batch_bytes")), "worst_batch_bytes"),
+    ("predicted peak", lambda s: _b(s.get("predicted_peak_bytes")), "predicted_peak_bytes"),
+    ("status", lambda s: str(s.get("status", "ok")), None),
+]
 
 
 def _runtime(runtime: Any) -> list[str]:
@@ -143,9 +236,9 @@ def _reserve(mem: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _workers(search: Any, chosen: int) -> list[str]:
+def _workers(search: Any, chosen: int) -> Section | None:
     if not isinstance(search, dict) or not search.get("trace"):
-        return []
+        return None
     rows = []
     for c in search["trace"]:
         mark = " *" if c.get("workers") == chosen else ""
@@ -161,22 +254,21 @@ def _workers(search: Any, chosen: int) -> list[str]:
             ]
         )
     head = (
-        f"\nworker search ({search.get('method', 'exhaustive')}, {search.get('rule', '?')}; "
+        f"worker search ({search.get('method', 'exhaustive')}, {search.get('rule', '?')}; "
         f"{search.get('timed_batches', '?')} timed batches; * chosen)"
     )
-    lines = [
-        head,
-        *table(["workers", "s/batch", "start-up s", "memory (PSS)", "batches", "status"], rows),
+    notes = [
+        f"{key.removesuffix('_why')}: {search[key]}"
+        for key in ("prefetch_factor_why", "persistent_workers_why")
+        if key in search
     ]
-    for key in ("prefetch_factor_why", "persistent_workers_why"):
-        if key in search:
-            lines.append(f"  {key.removesuffix('_why')}: {search[key]}")
-    return lines
+    return Section(head, ["workers", "s/batch", "start-up s", "memory (PSS)", "batches",
+                          "status"], rows, notes)  # fmt: skip
 
 
-def _batching(choice: Any) -> list[str]:
+def _batching(choice: Any) -> Section | None:
     if not isinstance(choice, dict) or not choice.get("candidates"):
-        return []
+        return None
     rows = [
         [
             str(c.get("local_batch_size")),
@@ -188,15 +280,14 @@ def _batching(choice: Any) -> list[str]:
         ]
         for c in choice["candidates"]
     ]
-    return [
-        f"\nbatch size and strategy ({choice.get('rule', '')})",
-        *table(["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"], rows),
-    ]
+    return Section(f"batch size and strategy ({choice.get('rule', '')})",
+                   ["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"],
+                   rows)  # fmt: skip
 
 
-def _strategies(reports: Any, chosen: str) -> list[str]:
+def _strategies(reports: Any, chosen: str) -> Section | None:
     if not isinstance(reports, dict) or not reports:
-        return []
+        return None
     rows = []
     for name, r in reports.items():
         rows.append(
@@ -210,12 +301,9 @@ def _strategies(reports: Any, chosen: str) -> list[str]:
             ]
         )
     epochs = next(iter(reports.values())).get("epochs", "?")
-    return [
-        f"\nstrategies ({epochs} epochs replayed over all ranks; * chosen)",
-        *table(
-            ["strategy", "local batch", "worst batch", "mean batch", "std", "predicted peak"], rows
-        ),
-    ]
+    return Section(f"strategies ({epochs} epochs replayed over all ranks; * chosen)",
+                   ["strategy", "local batch", "worst batch", "mean batch", "std",
+                    "predicted peak"], rows)  # fmt: skip
 
 
 def _b(n: Any) -> str:

@@ -145,6 +145,15 @@ def register(sub: Any) -> None:
         "and their count is recorded as hung (default 60)",
     )
     p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
+    p.add_argument(
+        "--baseline",
+        metavar='"key=value,..."',
+        default="default",
+        help="your own loader, timed in the same run as the plan and shown beside it with a "
+        "diagnosis (input-, compute- or memory-bound): num_workers, pin_memory, "
+        "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
+        "the ranks), num_threads. Default: torch's DataLoader defaults; none: skip it",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
     p.set_defaults(run=run)
@@ -177,7 +186,7 @@ def _run(
         alpha=args.alpha, tolerance=args.tolerance, safety=args.safety,
         worker_timeout=args.worker_timeout, search=args.search,
         progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
-        command=shlex.join(["autoloader", *argv]),
+        command=shlex.join(["autoloader", *argv]), baseline=args.baseline,
     )  # fmt: skip
     from autoloader.cli.render import render
     from autoloader.plan import Plan

@@ -70,6 +70,10 @@ class DataLoader(tud.DataLoader):
             the loader adds workers or prefetching.
         adapt_max_workers: the most workers adaptation may start (default: this rank's
             CPUs less one, as ``tune`` searches, never below the plan's count).
+        num_threads: the main process's intra-op threads, set with
+            ``torch.set_num_threads`` at construction: ``"plan"`` (the default) applies the
+            plan's ``[loader] num_threads`` where ``tune`` measured it faster than torch's
+            default; an int sets that many; None leaves torch alone.
         **kwargs: torch's keyword arguments; any given explicitly wins over the plan.
     """
 
@@ -85,9 +89,11 @@ class DataLoader(tud.DataLoader):
         adapt: bool = True,
         adapt_threshold: float = 0.05,
         adapt_max_workers: int | None = None,
+        num_threads: int | str | None = "plan",
         **kwargs: Any,
     ) -> None:
         _check_adapt_args(adapt, adapt_max_workers)
+        _check_threads(num_threads)
         self._feed_device = check_device(device)
         self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
@@ -138,6 +144,7 @@ class DataLoader(tud.DataLoader):
                     memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
                 )
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+        self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank = rank
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
@@ -251,6 +258,31 @@ def _check_adapt_args(adapt: Any, max_workers: Any) -> None:
             "adapt_max_workers should be a non-negative integer value, "
             f"but got adapt_max_workers={max_workers!r}"
         )
+
+
+def _check_threads(value: Any) -> None:
+    if value is None or value == "plan":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"num_threads should be 'plan', None or a positive integer, but got {value!r}"
+        )
+
+
+def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
+    """Set the main process's intra-op threads as asked; the count set, or None."""
+    count = node_loader(plan).num_threads if value == "plan" and plan is not None else value
+    if not isinstance(count, int):
+        return None
+    if torch.get_num_threads() != count:
+        log.info(
+            "autoloader: torch intra-op threads %d -> %d (%s)",
+            torch.get_num_threads(),
+            count,
+            "the plan's [loader] num_threads" if value == "plan" else "num_threads=",
+        )
+        torch.set_num_threads(count)
+    return count
 
 
 def _runtime(

@@ -35,10 +35,12 @@ def tuning_table(
     *, workers: Mapping[str, Any], strategies: Mapping[str, Mapping[str, Any]],
     candidates: Sequence[Mapping[str, Any]], step_seconds: float | None,
     placement: tuple[str, list[int]] | None, device_prefetch: Mapping[str, Any] | None,
-    nodes: Mapping[str, Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None = None,
+    threads: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
-    (where they apply) the step time, the worker pinning, the device feed, each node."""
+    (where they apply) the step time, the worker pinning, the device feed, each node, the
+    baseline measured beside the plan, and the intra-op threads choice."""
     out: dict[str, Any] = {
         "workers": dict(workers),
         "strategies": {name: dict(r) for name, r in strategies.items()},
@@ -52,6 +54,10 @@ def tuning_table(
         out["device_prefetch"] = dict(device_prefetch)
     if len(nodes) > 1:
         out["nodes"] = {host: drop_none(dict(table)) for host, table in nodes.items()}
+    if baseline is not None:
+        out["baseline"] = drop_none(dict(baseline))
+    if threads is not None:
+        out["threads"] = dict(threads)
     return out
 
 

@@ -36,6 +36,7 @@ class LoaderPlan:
     persistent_workers: bool = False
     worker_affinity: str = "none"  # "gpu-local": pin workers to the CPUs near the rank's GPU
     device_prefetch: int | None = None  # batches copied to the device ahead of the step
+    num_threads: int | None = None  # the main process's intra-op threads; None: torch's
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "worker_affinity": Key("str", choices=WORKER_AFFINITY),
             # batches copied to the device ahead of the step (DataLoader(device=...))
             "device_prefetch": Key("int", minimum=0, maximum=MAX_DEVICE_PREFETCH),
+            # the main process's intra-op threads (torch.set_num_threads), set at construction
+            "num_threads": Key("int", minimum=1, maximum=MAX_WORKERS),
         },
     ),
     "batching": (
@@ -270,6 +272,12 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("tuning.runtime.adaptations", "array", {
         "epoch": ("int",), "setting": _STR, "from": ("int",), "to": ("int",),
         "direction": _STR, "wait_fraction": _NUM, "samples_per_second": _NUM, "reason": _STR,
+    }),
+    # the user's own loader timed beside the plan (tune --baseline)
+    ("tuning.baseline.measured", "table", {
+        "samples_per_second": _NUM, "wait_share": _NUM, "startup_seconds": _NUM,
+        "step_p50_seconds": _NUM, "step_p90_seconds": _NUM, "worst_batch_bytes": _NUM,
+        "predicted_peak_bytes": _NUM, "batches": ("int",), "status": _STR,
     }),
     ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
     ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),

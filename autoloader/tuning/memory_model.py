@@ -42,6 +42,8 @@ class MemoryModel:
         line = f"peak = {self.intercept / 2**20:.1f} MiB + {self.slope:.2f} x batch bytes"
         if self.source == "default":
             return line + " (conservative default: no --step was given to calibrate it)"
+        if self.pcc is None:  # every calibration batch weighed the same: a line through 0
+            return line + f" (through the origin: all {len(self.points)} steps had equal batches)"
         return line + f" (fitted to {len(self.points)} steps, Pearson r = {self.pcc:.3f})"
 
     def to_dict(self) -> dict[str, Any]:

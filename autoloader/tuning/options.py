@@ -13,6 +13,7 @@ from typing import Any
 from autoloader.accelerator import parse_device
 from autoloader.errors import UsageError
 from autoloader.plan.strategies import STRATEGY_NAMES
+from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
 from autoloader.units import parse_bytes
 
 DEFAULT_TOLERANCE = 0.05
@@ -41,6 +42,7 @@ class TuneOptions:
     progress: bool = True
     spec: str | None = None
     command: str | None = None
+    baseline: LoopSettings | None = TORCH_DEFAULTS  # the user's loader; None: not measured
 
     @property
     def local_batch_size(self) -> int:
@@ -77,6 +79,7 @@ def tune_options(
     progress: bool = True,
     spec: str | None = None,
     command: str | None = None,
+    baseline: Any = "default",
 ) -> TuneOptions:
     """Check every option and build ``TuneOptions``.
 
@@ -96,6 +99,7 @@ def tune_options(
         progress=bool(progress),
         spec=spec,
         command=command,
+        baseline=parse_baseline(baseline),
     )
 
 

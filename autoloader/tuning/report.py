@@ -21,7 +21,7 @@ from autoloader.tuning.memory_model import MemoryModel
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
 from autoloader.tuning.reserve import reserve_table
-from autoloader.tuning.stages import Budget, Placement, Timings, WorkerStage
+from autoloader.tuning.stages import Budget, Placement, Timings, Trials, WorkerStage
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Findings:
     prefetch: PrefetchChoice | None
     placement: Placement
     workers: WorkerStage
+    trials: Trials
 
 
 def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
@@ -56,7 +57,7 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             **size_stats(found.sizes),
         },
         hardware=_hardware(found),
-        loader=LoaderPlan(**found.workers.loader),
+        loader=LoaderPlan(**found.workers.loader, num_threads=_threads(found)),
         batching=BatchingPlan(
             strategy=b.strategy,
             local_batch_size=b.local_batch_size,
@@ -70,6 +71,11 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
         memory=_memory(opts, found),
         tuning=_tuning(opts, device, found),
     )
+
+
+def _threads(found: Findings) -> int | None:
+    threads = found.trials.threads
+    return threads.chosen if threads is not None else None
 
 
 def _hardware(found: Findings) -> dict[str, Any]:
@@ -115,4 +121,6 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         placement=(str(device), pinned) if pinned else None,
         device_prefetch=found.prefetch.to_dict() if found.prefetch is not None else None,
         nodes=found.workers.nodes,
+        baseline=found.trials.comparison.to_dict() if found.trials.comparison else None,
+        threads=found.trials.threads.to_dict() if found.trials.threads else None,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """The tuner's stages, in the order ``tune`` runs them: sizes, headroom, memory model,
-budget, batching, timings, device prefetch, workers.
+budget, batching, timings, device prefetch, workers, trials (the plan's loop against the
+user's own, and the main process's threads).
 
 Each stage owns its inputs, its measurement and its piece of evidence, and takes the
 ``team`` (``Solo`` or ``Collective``) so that the same code runs alone or on every rank
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,13 @@ from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.host import cpus_per_rank
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
-from autoloader.tuning import workers
-from autoloader.tuning.batching import BatchingChoice, choose_batching
+from autoloader.samplers import RandomBatchSampler, make_sampler
+from autoloader.tuning import trial, workers
+from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings
+from autoloader.tuning.batching import BatchingChoice, choose_batching, replay
 from autoloader.tuning.calibrate import Point, calibrate_step
 from autoloader.tuning.collective import Collective, RankBudget, Solo
+from autoloader.tuning.comparison import Comparison, Side, ThreadsChoice, choose_threads, diagnose
 from autoloader.tuning.devices import Headroom, probe_headroom
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
@@ -252,3 +256,100 @@ def worker_search(
     nodes = team.per_node(result)  # a failure on any rank stops every rank
     assert isinstance(result, dict)
     return WorkerStage(result, choice, n_max, nodes)
+
+
+@dataclass(frozen=True)
+class Trials:
+    """The plan's loop timed against the user's own (``--baseline``), and with a step,
+    the main process's threads chosen."""
+
+    threads: ThreadsChoice | None
+    comparison: Comparison | None
+
+
+def trials(
+    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
+    choice: BatchingChoice, stage: WorkerStage, where: Placement,
+) -> Trials:  # fmt: skip
+    """The training loop timed with the plan's settings and the baseline's (by rank 0).
+
+    Raises:
+        UsageError: the baseline's batch is larger than the dataset.
+    """
+    base = opts.baseline
+    if base is None and work.step is None:
+        return Trials(None, None)
+    if base is not None and (base.batch_size or 0) > len(work.sizes):
+        raise UsageError(f"--baseline batch_size={base.batch_size} is larger than the dataset "
+                         f"({len(work.sizes)} samples)")  # fmt: skip
+    lp = stage.loader
+    planned = LoopSettings(
+        num_workers=lp["num_workers"], pin_memory=lp["pin_memory"],
+        prefetch_factor=lp["prefetch_factor"], persistent_workers=lp["persistent_workers"],
+        batch_size=choice.local_batch_size,
+    )  # fmt: skip
+    plan_batches = [list(b) for b in make_sampler(
+        choice.strategy, work.sizes, choice.local_batch_size, seed=opts.seed,
+        num_replicas=opts.world_size, rank=0)]  # fmt: skip
+    plan_trial = trial.Trial(plan_batches, planned, lp["device_prefetch"] or 0,
+                             PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
+    log.info(
+        "timing the training loop: the plan%s%s",
+        " and the baseline" if base else "",
+        ", torch's threads against the cores the workers leave" if work.step else "",
+    )
+
+    timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout)
+
+    def measured() -> Trials:
+        step = work.step() if work.step is not None else None
+        loop = trial.run_trial(work, plan_trial, step, timing)
+        threads = None
+        if step is not None:
+            threads = _threads(work, plan_trial, step, loop, timing, where.cpus)
+            loop = threads.chosen_loop
+        if base is None:
+            return Trials(threads, None)
+        plan_side = Side(planned.to_dict(), loop, choice.replays[choice.strategy].worst_batch_bytes,
+                         choice.predicted_peak_bytes)  # fmt: skip
+        compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
+        return Trials(threads, compared)
+
+    result: Trials = team.once(measured)
+    return result
+
+
+def _threads(work: Workload, plan: trial.Trial, step: Any, loop: trial.LoopResult,
+             timing: workers.Timing, cpus: int) -> ThreadsChoice:  # fmt: skip
+    workers = plan.settings.num_workers
+    default, candidate = loop.num_threads, max(1, cpus - workers)
+    other = None
+    if candidate != default:
+        fewer = trial.Trial(plan.batches, replace(plan.settings, num_threads=candidate),
+                            plan.device_prefetch, plan.worker_init_fn)  # fmt: skip
+        other = trial.run_trial(work, fewer, step, timing)
+    return choose_threads(default, candidate, loop, other, cpus, workers)
+
+
+def _compare(work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
+             choice: BatchingChoice, plan: Side, step: Any,
+             timing: workers.Timing) -> Comparison:  # fmt: skip
+    base = opts.baseline
+    assert base is not None
+    size = base.batch_size or opts.local_batch_size
+    settings = replace(base, batch_size=size)
+    batches = [
+        list(b)
+        for b in RandomBatchSampler(
+            work.sizes, size, seed=opts.seed, num_replicas=opts.world_size, rank=0
+        )
+    ]
+    loop = trial.run_trial(work, trial.Trial(batches, settings), step, timing)
+    worst = replay("random", work.sizes, size, world_size=opts.world_size,
+                   epochs=REPLAY_EPOCHS, seed=opts.seed).worst_batch_bytes  # fmt: skip
+    side = Side(settings.to_dict(), loop, worst, model.predict(worst))
+    accum = f" x {choice.grad_accum_steps} accumulation" if choice.grad_accum_steps > 1 else ""
+    what = f"{choice.strategy} batches of {choice.local_batch_size}{accum}"
+    given = base.describe() + (", torch's defaults" if base == TORCH_DEFAULTS else "")
+    return Comparison(given, side, plan, budget_bytes,
+                      diagnose(side, plan, budget_bytes, plan_batching=what))  # fmt: skip

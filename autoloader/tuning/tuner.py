@@ -1,7 +1,8 @@
 """``autoloader.tune``: the conductor. It decides the order of the stages
 (``autoloader.tuning.stages``), each of which owns its measurement and its evidence:
 
-    sizes -> headroom -> memory model -> budget -> batching -> timings -> loader -> plan
+    sizes -> headroom -> memory model -> budget -> batching -> timings -> loader
+          -> trials (the plan's loop against the user's own; threads) -> plan
 
 Alone or on every rank of a job, the same code runs: ``Solo`` and ``Collective`` answer
 the few questions whose answer depends on it (who measures, whose budget limits).
@@ -48,6 +49,7 @@ def tune(
     memory_model: Any = None,
     spec: str | None = None,
     command: str | None = None,
+    baseline: Any = "default",
 ) -> Plan:
     """Tune a loader for ``dataset`` on this node and return the plan.
 
@@ -78,13 +80,18 @@ def tune(
         collate_fn: the training loop's collate function (default: autoloader's, which is
             torch's default_collate plus PyG graphs).
         spec, command: recorded in the plan's ``[dataset]`` and ``[meta]``.
+        baseline: the user's own loader, timed in the same run as the plan:
+            ``"num_workers=0,pin_memory=false"`` (keys ``num_workers``, ``pin_memory``,
+            ``prefetch_factor``, ``persistent_workers``, ``batch_size``, ``num_threads``),
+            a dict of the same, ``"default"`` (torch's DataLoader defaults with the global
+            batch split over the ranks), or None (not measured).
     """
     opts = tune_options(
         global_batch_size=global_batch_size, world_size=world_size, memory_budget=memory_budget,
         device=None if isinstance(device, torch.device) else device, strategies=strategies,
         max_workers=max_workers, iterations=iterations, alpha=alpha, tolerance=tolerance,
         safety=safety, seed=seed, search=search, worker_timeout=worker_timeout,
-        progress=progress, spec=spec, command=command,
+        progress=progress, spec=spec, command=command, baseline=baseline,
     )  # fmt: skip
     target = device if isinstance(device, torch.device) else None
     return run(dataset, opts, step=step, collate_fn=collate_fn, memory_model=memory_model,
@@ -114,6 +121,7 @@ def run(
         times = stages.timings(team, work, local)
         prefetch = stages.device_prefetch(dev, times, batching, budget.bytes)
         loader = stages.worker_search(team, work, opts, local, times, where, prefetch)
+        tried = stages.trials(team, work, opts, model, budget.bytes, batching, loader, where)
         found = Findings(sizes, room, model, calibration, budget, batching, times, prefetch,
-                         where, loader)  # fmt: skip
+                         where, loader, tried)  # fmt: skip
         return plan_of(dataset, opts, dev, found)

@@ -9,9 +9,12 @@ replaces the best so far only if it is faster by more than ``alpha`` seconds in 
 ``fast`` (the default): counts on a doubling grid (0, 1, 2, 4, ...), each timed only
 until its mean is stable, then a bisection between grid points for the fewest workers
 within the threshold. The threshold is ``tolerance`` above the fastest time (default 5%;
-an absolute alpha swallows every difference when a batch takes milliseconds), or the time
-a training step takes, when it is known, less a margin: more workers than keep the step
-fed only cost memory.
+an absolute alpha swallows every difference when a batch takes milliseconds). When the
+training step's time is known, counts are compared by the loop's time per batch, not the
+loading's alone: without workers the loop loads and steps in turn (loading + step), with
+them loading overlaps the step (the slower of the two, loading with a margin), so a worker
+that only matches the main process's loading speed still wins by hiding it behind the step,
+and more workers than keep the step fed only cost memory.
 """
 
 from __future__ import annotations
@@ -44,16 +47,24 @@ class Rule:
         return text
 
     def threshold(self, fastest: float) -> float:
-        """Seconds per batch that are good enough, given the fastest measured."""
-        limit = fastest * (1 + (self.tolerance or 0.0))
-        if self.step_seconds is not None:
-            limit = max(limit, self.step_seconds / (1 + self.margin))
-        return limit
+        """Loop seconds per batch that are good enough, given the fastest measured."""
+        return fastest * (1 + (self.tolerance or 0.0))
+
+    def loop_seconds(self, workers: int, loading: float) -> float:
+        """The training loop's seconds per batch with ``workers`` loading in ``loading``
+        seconds each: loading alone without a known step; loading then the step in the
+        main process; with workers, the slower of the step and loading (with the margin)."""
+        if self.step_seconds is None or not math.isfinite(loading):
+            return loading
+        if workers == 0:
+            return loading + self.step_seconds
+        return max(loading * (1 + self.margin), self.step_seconds)
 
 
-def good_enough(cand: Candidate, limit: float) -> bool:
+def good_enough(cand: Candidate, limit: float, rule: Rule) -> bool:
     """Within the limit even allowing for one standard error of measurement."""
-    return cand.ok and cand.seconds_per_batch + cand.stderr_seconds <= limit
+    slow = cand.seconds_per_batch + cand.stderr_seconds
+    return cand.ok and rule.loop_seconds(cand.workers, slow) <= limit
 
 
 def choose(trace: list[Candidate], rule: Rule) -> int:
@@ -67,9 +78,9 @@ def choose(trace: list[Candidate], rule: Rule) -> int:
             if cand.total_seconds < best.total_seconds - rule.alpha:
                 best = cand
         return best.workers
-    fastest = min(ok, key=lambda c: c.seconds_per_batch)
-    limit = rule.threshold(fastest.seconds_per_batch)
-    return min((c.workers for c in ok if good_enough(c, limit)), default=fastest.workers)
+    fastest = min(ok, key=lambda c: rule.loop_seconds(c.workers, c.seconds_per_batch))
+    limit = rule.threshold(rule.loop_seconds(fastest.workers, fastest.seconds_per_batch))
+    return min((c.workers for c in ok if good_enough(c, limit, rule)), default=fastest.workers)
 
 
 def exhaustive(measure: Measure, max_workers: int) -> list[Candidate]:
@@ -85,9 +96,9 @@ def fast(measure: Measure, max_workers: int, rule: Rule) -> list[Candidate]:
 
     def seconds(w: int) -> float:
         if w not in seen:
-            ok = [c.seconds_per_batch for c in seen.values() if c.ok]
+            ok = [rule.loop_seconds(c.workers, c.seconds_per_batch) for c in seen.values() if c.ok]
             seen[w] = measure(w, rule.threshold(min(ok)) if ok else None)
-        return seen[w].seconds_per_batch if seen[w].ok else math.inf
+        return rule.loop_seconds(w, seen[w].seconds_per_batch) if seen[w].ok else math.inf
 
     # Largest counts first: they are usually near the fastest, so the slow small counts
     # that follow can stop as soon as they are clearly slower.
@@ -108,13 +119,13 @@ def fast(measure: Measure, max_workers: int, rule: Rule) -> list[Candidate]:
     if math.isinf(fastest):
         return sorted(seen.values(), key=lambda c: c.workers)
     limit = rule.threshold(fastest)
-    within = [w for w in seen if good_enough(seen[w], limit)]
+    within = [w for w in seen if good_enough(seen[w], limit, rule)]
     hi = min(within, default=min(seen, key=seconds))
     lo = max((w for w in seen if w < hi), default=hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         seconds(mid)
-        if good_enough(seen[mid], limit):
+        if good_enough(seen[mid], limit, rule):
             hi = mid
         else:
             lo = mid

@@ -1,0 +1,178 @@
+"""What the plan buys against the user's own loader, and why: the diagnosis.
+
+Pure arithmetic over two timed loops (``autoloader.tuning.trial``) and the replayed batch
+bytes: the ratios, a one-line verdict (input-bound, compute-bound or memory-bound, and
+what the plan did about it), and the choice of the main process's intra-op threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoloader.tuning.trial import LoopResult
+from autoloader.units import format_bytes as describe_bytes
+
+WAIT_LIMIT = 0.10  # a loop waiting for data more than this share of its time is input-bound
+CUT = 0.05  # a data-wait share must fall by this much to count as cut
+THREADS_GAIN = 0.03  # fewer threads must be this much faster to be worth setting
+
+
+@dataclass(frozen=True)
+class Side:
+    """One loader in the comparison: its settings, its timed loop, its worst batch."""
+
+    settings: dict[str, Any]
+    loop: LoopResult
+    worst_batch_bytes: int
+    predicted_peak_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": dict(self.settings), **self.loop.to_dict(),
+                "worst_batch_bytes": self.worst_batch_bytes,
+                "predicted_peak_bytes": self.predicted_peak_bytes}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: str  # "input-bound" | "compute-bound" | "memory-bound" | "loading-only" | "unknown"
+    text: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The baseline and the plan, measured in one run, with the verdict."""
+
+    given: str  # the baseline's settings, as --baseline takes them
+    baseline: Side
+    plan: Side
+    budget_bytes: int
+    diagnosis: Diagnosis
+
+    def ratios(self) -> dict[str, float]:
+        """Plan over baseline: above 1 is faster for samples/s, below 1 is smaller."""
+        out: dict[str, float] = {}
+        b, p = self.baseline, self.plan
+        if b.loop.ok and p.loop.ok and b.loop.samples_per_second > 0:
+            out["samples_per_second"] = p.loop.samples_per_second / b.loop.samples_per_second
+        if b.worst_batch_bytes > 0:
+            out["worst_batch_bytes"] = p.worst_batch_bytes / b.worst_batch_bytes
+        if b.predicted_peak_bytes > 0:
+            out["predicted_peak_bytes"] = p.predicted_peak_bytes / b.predicted_peak_bytes
+        return {k: round(v, 3) for k, v in out.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "given": self.given,
+            "diagnosis": self.diagnosis.kind,
+            "verdict": self.diagnosis.text,
+            "budget_bytes": self.budget_bytes,
+            "ratios": self.ratios(),
+            "measured": {"baseline": self.baseline.to_dict(), "plan": self.plan.to_dict()},
+        }
+
+
+def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: str) -> Diagnosis:
+    """One line from the measurements: what held the baseline back, and what the plan did.
+
+    Memory first (a job that dies does not care how fast it was), then the data wait.
+    """
+    b, p = baseline.loop, plan.loop
+    speed = (
+        f"{p.samples_per_second / b.samples_per_second:.2f}x samples/s"
+        if b.ok and p.ok and b.samples_per_second > 0 else "speed not compared"
+    )  # fmt: skip
+    if baseline.predicted_peak_bytes > budget_bytes or b.status.startswith("out of memory"):
+        cause = (
+            "ran out of memory" if b.status.startswith("out of memory") else
+            f"has a worst batch of {describe_bytes(baseline.worst_batch_bytes)}, predicted to "
+            f"peak at {describe_bytes(baseline.predicted_peak_bytes)}"
+        )  # fmt: skip
+        return Diagnosis("memory-bound", (
+            f"memory-bound: the baseline {cause}, over the {describe_bytes(budget_bytes)} "
+            f"budget; the plan's {plan_batching} peaks at "
+            f"{describe_bytes(plan.predicted_peak_bytes)} ({speed})"))  # fmt: skip
+    if not b.ok:
+        return Diagnosis("unknown", f"the baseline could not be timed: {b.status}")
+    if b.wait_share is None:
+        return Diagnosis("loading-only", (
+            f"loading only (no --step): {speed} loading alone; give --step to tell "
+            "input-bound from compute-bound"))  # fmt: skip
+    workers = plan.settings.get("num_workers", 0)
+    after = f"{p.wait_share:.0%}" if p.ok and p.wait_share is not None else "?"
+    if b.wait_share > WAIT_LIMIT:
+        cut = p.ok and p.wait_share is not None and p.wait_share < b.wait_share - CUT
+        what = (
+            f"the plan's {workers} worker(s) cut that to {after} ({speed})" if cut else
+            f"the plan's {workers} worker(s) could not cut it ({after}, {speed}): loading is "
+            "the limit; for reads that wait on storage try --max-workers above the CPU "
+            "count, else faster storage or cheaper samples"
+        )  # fmt: skip
+        return Diagnosis("input-bound", (
+            f"input-bound: the baseline loop waited for data {b.wait_share:.0%} of its time; "
+            f"{what}"))  # fmt: skip
+    return Diagnosis("compute-bound", (
+        f"compute-bound: the baseline loop waited for data only {b.wait_share:.0%} of its "
+        f"time, so a faster loader buys little ({speed}); the plan keeps the step fed "
+        f"({after} waiting) with {workers} worker(s)"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ThreadsChoice:
+    """The main process's intra-op threads: torch's default against the cores the
+    workers leave, both timed in the plan's loop with the step."""
+
+    default: int
+    candidate: int
+    chosen: int | None  # None: leave torch alone
+    default_loop: LoopResult
+    candidate_loop: LoopResult | None
+    why: str
+
+    @property
+    def chosen_loop(self) -> LoopResult:
+        if self.chosen is not None and self.candidate_loop is not None:
+            return self.candidate_loop
+        return self.default_loop
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "default": self.default,
+            "candidate": self.candidate,
+            "why": self.why,
+            "default_samples_per_second": self.default_loop.samples_per_second,
+        }
+        if self.chosen is not None:
+            out["chosen"] = self.chosen
+        if self.candidate_loop is not None:
+            out["candidate_samples_per_second"] = self.candidate_loop.samples_per_second
+        return out  # fmt: skip
+
+
+def choose_threads(
+    default: int,
+    candidate: int,
+    default_loop: LoopResult,
+    candidate_loop: LoopResult | None,
+    cpus: int,
+    workers: int,
+) -> ThreadsChoice:
+    """Set ``num_threads`` only when the cores left after the workers were measurably
+    faster than torch's default; otherwise leave torch alone."""  # fmt: skip
+    left = f"{cpus} CPU(s) less {workers} worker(s) leave {candidate}"
+    if candidate_loop is None:
+        return ThreadsChoice(default, candidate, None, default_loop, None,
+                             f"{left}, torch's default already: left alone")  # fmt: skip
+    d, c = default_loop.samples_per_second, candidate_loop.samples_per_second
+    faster = candidate_loop.ok and default_loop.ok and c > d * (1 + THREADS_GAIN)
+    if not default_loop.ok and candidate_loop.ok:
+        faster = True
+    verdict = (
+        f"{c / d:.2f}x samples/s with {candidate} against torch's {default}"
+        if d > 0 and c > 0 else "one of the two loops failed"
+    )  # fmt: skip
+    if faster:
+        return ThreadsChoice(default, candidate, candidate, default_loop, candidate_loop,
+                             f"{left}: {verdict}; set num_threads = {candidate}")  # fmt: skip
+    why = f"{left}: {verdict}, not {THREADS_GAIN:.0%} faster: left alone"
+    return ThreadsChoice(default, candidate, None, default_loop, candidate_loop, why)

@@ -1,0 +1,178 @@
+"""A training loop, timed: one loader's settings against the user's step.
+
+The baseline (the user's own settings) and the plan are run through this same loop on
+the same data, so their ratio is honest: ``next(loader)`` is the time the loop waits for
+data, the step (or, without one, the copy to the device) is the time it computes. The
+first batch is the loader's start-up, reported apart from the steady state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+import torch
+from torch.utils.data import DataLoader
+
+from autoloader.accelerator import is_oom
+from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
+from autoloader.loader.device_feed import DeviceFeed
+from autoloader.tuning.baseline import LoopSettings
+from autoloader.tuning.transfer import transfer
+from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Timing
+from autoloader.tuning.workload import Workload
+
+MAX_SECONDS = 15.0  # a trial stops after this long, whatever its batch count
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """One trial's steady state: how fast samples went through the loop and how much of
+    its time the loop waited for data (None without a step: the loop only loaded)."""
+
+    batches: int  # timed batches: start-up and the workers' first queue excluded
+    samples_per_second: float
+    wait_share: float | None
+    startup_seconds: float
+    step_p50_seconds: float | None
+    step_p90_seconds: float | None
+    num_threads: int
+    status: str = "ok"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What one trial runs: the batches (index lists, in order), the loader settings, and
+    how many batches the device feed copies ahead (CUDA, the plan's ``device_prefetch``)."""
+
+    batches: list[list[int]]
+    settings: LoopSettings
+    device_prefetch: int = 0
+    worker_init_fn: Callable[[int], None] | None = None
+
+
+def run_trial(work: Workload, trial: Trial, step: Callable[[Any], Any] | None,
+              timing: Timing) -> LoopResult:  # fmt: skip
+    """Run the loop until its time per batch is known to ``timing`` (at most
+    ``timing.iterations`` batches after the first, or ``MAX_SECONDS``).
+
+    A failure to load or an out-of-memory step ends the trial with its status; what was
+    timed before it still counts.
+    """
+    s = trial.settings
+    threads = s.num_threads or torch.get_num_threads()
+    # Untimed: the first batch (start-up) and those the workers queued while starting.
+    queued = s.num_workers * (s.prefetch_factor or PREFETCH_FACTOR) if s.num_workers else 1
+    warm = min(max(1, queued), max(1, len(trial.batches) // 2))
+    batches = trial.batches[: timing.iterations + warm]
+    sizes = [len(b) for b in batches]
+    with _threads(s.num_threads), warnings.catch_warnings():
+        # More workers than torch suggests may be the user's choice, or the plan's measured one.
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        loader = DataLoader(
+            cast(Any, Guarded(work.dataset, work.timeout)),
+            batch_sampler=batches,
+            num_workers=s.num_workers,
+            collate_fn=NamedCollate(work.collate_fn),
+            pin_memory=s.pin_memory and work.device.type != "cpu",
+            prefetch_factor=s.prefetch_factor if s.num_workers else None,
+            persistent_workers=s.persistent_workers,
+            timeout=worker_timeout(work.timeout) if s.num_workers else 0,
+            worker_init_fn=trial.worker_init_fn,
+        )
+        return _loop(work, loader, trial.device_prefetch, step, sizes, threads, timing, warm)
+
+
+def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], Any] | None,
+          sizes: list[int], threads: int, timing: Timing, warm: int) -> LoopResult:  # fmt: skip
+    device = work.device
+    block = max(1, loader.num_workers)  # batches arrive in bursts of the workers
+    consume = step if step is not None else (lambda b: transfer(b, device))
+    waits: list[float] = []
+    steps: list[float] = []
+    status, startup = "ok", math.inf
+    start = time.perf_counter()
+    batches = _batches(loader, device, depth)
+    try:
+        for i, batch in enumerate(_waited(batches, waits)):
+            began = time.perf_counter()
+            if i == 0:
+                startup = began - start  # workers started, the first batch arrived
+            consume(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            steps.append(time.perf_counter() - began)
+            loop = [w + t for w, t in zip(waits[warm:], steps[warm:], strict=False)]
+            if timing.enough(loop, block=block) or time.perf_counter() - start > MAX_SECONDS:
+                break
+    except Exception as exc:  # the loop's failure is this trial's result, not the tune's
+        if not (is_oom(exc) or isinstance(exc, (RuntimeError, OSError))):
+            raise
+        status = ("out of memory" if is_oom(exc) else "failed") + f": {_first_line(exc)}"
+    finally:
+        del batches, loader  # the workers shut down with their iterator
+    timed = slice(warm, len(steps))
+    return _result(waits[timed], steps[timed], sizes[timed], startup, threads, status,
+                   timed_step=step is not None)  # fmt: skip
+
+
+def _result(waits: list[float], steps: list[float], sizes: list[int], startup: float,
+            threads: int, status: str, *, timed_step: bool) -> LoopResult:  # fmt: skip
+    n = min(len(waits), len(steps))
+    waited, stepped = sum(waits[:n]), sum(steps[:n])
+    total = waited + stepped
+    rate = sum(sizes[:n]) / total if n and total > 0 else 0.0
+    p50 = p90 = None
+    if timed_step and n:
+        p50 = statistics.median(steps[:n])
+        p90 = statistics.quantiles(steps[:n], n=10)[-1] if n > 1 else steps[0]
+    if n == 0 and status == "ok":
+        status = "failed: too few batches to time (a larger dataset or --iterations)"
+    return LoopResult(n, rate, waited / total if timed_step and total > 0 else None,
+                      startup, p50, p90, threads, status)  # fmt: skip
+
+
+def _batches(loader: DataLoader, device: torch.device, depth: int) -> Iterator[Any]:
+    if device.type == "cuda" and depth > 0:
+        return DeviceFeed(iter(loader), device, depth)
+    return iter(loader)
+
+
+def _waited(batches: Iterator[Any], waits: list[float]) -> Iterator[Any]:
+    while True:
+        began = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        waits.append(time.perf_counter() - began)
+        yield batch
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

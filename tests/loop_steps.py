@@ -1,0 +1,35 @@
+"""Datasets and steps whose loop is known to be input-bound or compute-bound, importable as
+DATASET and --step (MODULE:ATTR) by the baseline tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+
+class SlowReads(Dataset):
+    """Every sample waits ``seconds`` (as a read from slow storage would) and is 1 KiB."""
+
+    def __init__(self, n: int = 600, seconds: float = 0.002) -> None:
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return torch.full((256,), float(i))
+
+
+slow = SlowReads()
+quick = SlowReads(seconds=0.0)
+
+
+def busy_step(batch: Any) -> None:
+    """A step that computes for about 10 ms."""
+    end = time.perf_counter() + 0.010
+    while time.perf_counter() < end:
+        pass

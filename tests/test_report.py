@@ -1,0 +1,265 @@
+"""What tuning bought: the user's loader timed beside the plan, the diagnosis, the intra-op
+threads, and the report (PNG and a self-contained HTML page checked in a real browser)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from browser import load, missing
+from conftest import VariableTensors, run_cli
+from prometheus_client import CollectorRegistry
+
+import autoloader
+from autoloader import Plan, PlanError, UsageError
+from autoloader.cli import main
+from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
+from autoloader.tuning.comparison import Side, choose_threads, diagnose
+from autoloader.tuning.trial import LoopResult
+
+MIB = 2**20
+
+
+def loop(rate: float, wait: float | None = 0.5, status: str = "ok") -> LoopResult:
+    return LoopResult(20, rate, wait, 0.1, 0.01 if wait is not None else None, 0.02, 2, status)
+
+
+def side(rate: float, wait: float | None, peak: int = MIB, workers: int = 0) -> Side:
+    return Side({"num_workers": workers}, loop(rate, wait), peak // 8, peak)
+
+
+# --- the user's settings -------------------------------------------------------------
+
+
+def test_baseline_takes_the_users_settings_and_refuses_what_torch_would() -> None:
+    given = parse_baseline("num_workers=4, pin_memory=true,prefetch-factor=4,batch_size=8")
+    assert given == LoopSettings(4, True, 4, False, 8, None)
+    assert (
+        given.describe() == "num_workers=4,pin_memory=true,prefetch_factor=4,"
+        "persistent_workers=false,batch_size=8"
+    )
+    assert parse_baseline("default") == TORCH_DEFAULTS and parse_baseline("none") is None
+    assert parse_baseline({"num_threads": 1}) == LoopSettings(num_threads=1)
+    for bad, says in [
+        ("num_worker=2", "unknown setting 'num_worker'"),
+        ("num_workers=two", "num_workers: expected an integer"),
+        ("pin_memory=maybe", "pin_memory: expected true or false"),
+        ("prefetch_factor=4", "need num_workers > 0"),
+        ("num_workers", "expected key=value pairs"),
+        ("num_threads=0", "num_threads: expected an integer in [1, 1024]"),
+    ]:
+        with pytest.raises(UsageError, match=None) as err:
+            parse_baseline(bad)
+        assert says in str(err.value), bad
+
+
+def test_a_bad_baseline_is_refused_at_once_with_one_line(tmp_path: Path) -> None:
+    done = run_cli("tune", "conftest:DATASET", "--baseline", "workers=2", "-o",
+                   str(tmp_path / "p.toml"), timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "autoloader: error: --baseline: unknown setting 'workers': expected some of "
+        "num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, num_threads"
+    ]
+    assert not (tmp_path / "p.toml").exists()
+
+
+# --- the diagnosis ---------------------------------------------------------------------
+
+
+def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
+    budget = 10 * MIB
+    fed = side(200.0, 0.03, workers=2)
+    found = diagnose(side(100.0, 0.6), fed, budget, plan_batching="random batches of 32")
+    assert found.kind == "input-bound"
+    assert "waited for data 60%" in found.text and "cut that to 3%" in found.text
+    assert "2.00x samples/s" in found.text
+    # the plan could not help: said so, with what to try
+    stuck = diagnose(side(100.0, 0.6), side(101.0, 0.59, workers=1), budget, plan_batching="x")
+    assert stuck.kind == "input-bound" and "could not cut it" in stuck.text
+    assert diagnose(side(100.0, 0.04), fed, budget, plan_batching="x").kind == "compute-bound"
+    # a worst batch over the budget comes first, however fast
+    over = side(300.0, 0.6, peak=12 * MIB)
+    mem = diagnose(over, side(200.0, 0.1, peak=8 * MIB), budget, plan_batching="kk x 2")
+    assert mem.kind == "memory-bound"
+    assert "12.0 MiB" in mem.text and "10.0 MiB budget" in mem.text and "kk x 2" in mem.text
+    oom = Side({}, loop(0.0, None, status="out of memory: CUDA"), MIB, MIB)
+    assert diagnose(oom, fed, budget, plan_batching="x").kind == "memory-bound"
+    assert diagnose(side(100.0, None), side(150.0, None), budget,
+                    plan_batching="x").kind == "loading-only"  # fmt: skip
+
+
+def test_threads_are_set_only_where_measured_faster() -> None:
+    default = loop(100.0)
+    faster = choose_threads(2, 1, default, loop(130.0), cpus=2, workers=1)
+    assert faster.chosen == 1 and "1.30x samples/s with 1 against torch's 2" in faster.why
+    within_noise = choose_threads(2, 1, default, loop(102.0), cpus=2, workers=1)
+    assert within_noise.chosen is None and "left alone" in within_noise.why
+    same = choose_threads(2, 2, default, None, cpus=2, workers=0)
+    assert same.chosen is None and "torch's default already" in same.why
+
+
+# --- measured in one run -----------------------------------------------------------------
+
+
+def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path) -> None:
+    """Reads that wait on storage and a 10 ms step: torch's defaults (no workers) leave
+    the loop waiting; the plan's workers overlap the reads with the step."""
+    out = tmp_path / "plan.toml"
+    done = run_cli("tune", "loop_steps:slow", "--step", "loop_steps:busy_step",
+                   "--global-batch-size", "32", "--max-workers", "2", "--iterations", "20",
+                   "--baseline", "num_workers=0,pin_memory=false", "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout
+    assert "baseline (num_workers=0,pin_memory=false,persistent_workers=false, torch's "\
+        "defaults) against the plan, timed in the same run" in summary  # fmt: skip
+    assert summary.strip().splitlines()[-1].startswith("verdict   input-bound: the baseline "
+                                                       "loop waited for data")  # fmt: skip
+    found = Plan.load(out).tuning["baseline"]
+    base, plan = found["measured"]["baseline"], found["measured"]["plan"]
+    assert found["diagnosis"] == "input-bound"
+    assert base["settings"]["num_workers"] == 0 and plan["settings"]["num_workers"] >= 1
+    assert base["wait_share"] > 0.5 and plan["wait_share"] < base["wait_share"] - 0.05
+    assert found["ratios"]["samples_per_second"] > 1.2
+    assert math.isclose(
+        found["ratios"]["samples_per_second"],
+        plan["samples_per_second"] / base["samples_per_second"],
+        rel_tol=0.01,
+    )
+    for key in ("step_p50_seconds", "step_p90_seconds", "startup_seconds"):
+        assert base[key] > 0 and plan[key] > 0
+    threads = Plan.load(out).tuning["threads"]
+    assert threads["default"] == torch.get_num_threads() and "why" in threads
+    shown = run_cli("show", str(out), timeout=60).stdout
+    assert "plan/baseline" in shown and "samples/s" in shown and "verdict   input-bound" in shown
+
+
+def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:
+    ds = VariableTensors(400)
+    plan = autoloader.tune(ds, global_batch_size=64, memory_budget=30_000, iterations=10,
+                           progress=False, max_workers=0, collate_fn=list)  # fmt: skip
+    found = plan.tuning["baseline"]
+    assert plan.batching.grad_accum_steps > 1
+    assert found["diagnosis"] == "memory-bound" and found["given"].endswith("torch's defaults")
+    assert found["measured"]["baseline"]["predicted_peak_bytes"] > plan.memory["budget_bytes"]
+    assert found["ratios"]["predicted_peak_bytes"] < 1
+    assert "accumulation" in found["verdict"]
+
+
+def test_no_baseline_and_no_step_times_nothing_more() -> None:
+    plan = autoloader.tune(
+        VariableTensors(100),
+        global_batch_size=8,
+        iterations=5,
+        progress=False,
+        max_workers=0,
+        collate_fn=list,
+        baseline=None,
+    )
+    assert "baseline" not in plan.tuning and "threads" not in plan.tuning
+    assert plan.loader.num_threads is None
+
+
+# --- the threads knob ----------------------------------------------------------------------
+
+
+def test_the_loader_applies_the_plans_threads_and_none_leaves_torch_alone() -> None:
+    before = torch.get_num_threads()
+    data = {"schema": 1, "loader": {"num_workers": 0, "num_threads": 1},
+            "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    plan = Plan.from_dict(data)
+    ds = VariableTensors(20)
+    try:
+        torch.set_num_threads(2)
+        kw = {"registry": CollectorRegistry(), "check_fingerprint": False, "collate_fn": list}
+        assert autoloader.DataLoader(ds, plan=plan, num_threads=None, **kw).num_threads is None
+        assert torch.get_num_threads() == 2
+        assert autoloader.DataLoader(ds, plan=plan, **kw).num_threads == 1
+        assert torch.get_num_threads() == 1
+        assert autoloader.DataLoader(ds, plan=plan, num_threads=2, **kw).num_threads == 2
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="num_threads should be"):
+            autoloader.DataLoader(ds, plan=plan, num_threads=0, **kw)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(PlanError, match=r"loader\.num_threads"):
+        Plan.from_dict({**data, "loader": {"num_workers": 0, "num_threads": 0}})
+
+
+# --- the pictures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shown_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tuned plan with a calibrated step, a baseline, and batches far below the budget."""
+    out = tmp_path_factory.mktemp("report") / "plan.toml"
+    done = run_cli("tune", "pyg:FakeDataset?num_graphs=120", "--step", "memory_steps:make_step",
+                   "--global-batch-size", "16", "--max-workers", "1", "--iterations", "8",
+                   "--memory-budget", "20GiB", "--quiet", "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_png_draws_each_curve_on_its_own_axes(shown_plan: Path) -> None:
+    from autoloader.cli.plot import sheet
+
+    fig = sheet(Plan.load(shown_plan))
+    boxes = [ax.get_position() for ax in fig.axes]
+    assert len(boxes) == 4  # no twin axes: speed and memory each have their own
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    # batches of KiB against a budget of GiB: a log axis, or the boxes sit on zero
+    assert by_title["batch bytes per strategy against the budget"].get_yscale() == "log"
+    speed = by_title["loading speed per worker count"]
+    assert speed.get_ylabel() == "samples per second" and len(speed.lines) >= 2
+    assert fig.axes[3].get_title().startswith("memory model")
+
+
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
+def test_the_html_report_loads_alone_with_its_tables_and_images(
+    shown_plan: Path, tmp_path: Path
+) -> None:
+    page = tmp_path / "report.html"
+    assert main(["show", str(shown_plan), "--html", str(page)]) == 0
+    seen = load(page, tmp_path / "profile", {
+        "tables": "document.querySelectorAll('table').length",
+        "images": "[...document.images].map(i => [i.complete, i.naturalWidth])",
+        "verdict": "document.getElementById('verdict').textContent",
+        "text": "document.body.innerText",
+    })  # fmt: skip
+    assert seen.errors == [], seen.console
+    fetched = [u for u in seen.requests if not u.startswith("data:")]
+    assert fetched == [page.resolve().as_uri()], fetched  # the page itself, nothing else
+    assert seen.checks["tables"] >= 5
+    assert len(seen.checks["images"]) == 4
+    assert all(done and width > 300 for done, width in seen.checks["images"])
+    assert seen.checks["verdict"] == Plan.load(shown_plan).tuning["baseline"]["verdict"]
+    assert "plan/baseline" in seen.checks["text"] and "worker search" in seen.checks["text"]
+    assert seen.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(seen.screenshot) > 50_000
+    (tmp_path / "report.png").write_bytes(seen.screenshot)
+
+
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
+def test_the_browser_check_sees_a_request_and_a_console_error(tmp_path: Path) -> None:
+    """The check above can fail: a page that fetches or logs an error is caught."""
+    page = tmp_path / "leaky.html"
+    page.write_text("<!DOCTYPE html><img src='http://127.0.0.1:9/x.png'>"
+                    "<script>console.error('boom')</script>")  # fmt: skip
+    seen = load(page, tmp_path / "profile", {})
+    assert "http://127.0.0.1:9/x.png" in seen.requests
+    assert "boom" in seen.errors
+
+
+def test_show_never_writes_a_chart_or_report_over_the_plan(shown_plan: Path) -> None:
+    before = shown_plan.read_bytes()
+    for option in ("--html", "--plot"):
+        done = run_cli("show", str(shown_plan), option, str(shown_plan), timeout=60)
+        assert done.returncode == 2
+        assert "is the plan being shown: refusing to overwrite it" in done.stderr
+    assert shown_plan.read_bytes() == before
+    assert json.loads(run_cli("show", str(shown_plan), "--json", timeout=60).stdout)
