@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/workers.py
 	$(PY) benchmarks/adapt.py
+	$(PY) benchmarks/baseline.py
 	$(PY) benchmarks/metrics.py
 	$(PY) benchmarks/cli.py
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "nugraph==25.4.0"

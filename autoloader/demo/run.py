@@ -69,6 +69,7 @@ def run_demo(
         iterations=3,
         spec=str(data_path),
         progress=progress,
+        baseline=None,  # this pass only calibrates; pass 2 is measured against a baseline
     )
     peaks = {name: r["predicted_peak_bytes"] for name, r in probe.tuning["strategies"].items()}
     budget = (peaks["random"] + min(peaks.values())) // 2
