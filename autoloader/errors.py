@@ -29,3 +29,7 @@ class DeviceError(AutoloaderError):
 
 class PluginError(AutoloaderError):
     """A dataset plugin failed to load; the message names the plugin."""
+
+
+class JobError(AutoloaderError):
+    """A rank of the job vanished during a collective step; the message names it."""

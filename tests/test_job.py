@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import prepend_pythonpath, reaped, run_reaped, spawn, torchrun
@@ -212,3 +215,67 @@ def test_ranks_given_different_options_all_stop_with_one_line(
     )
     assert done.stderr.count(expected) == 2
     assert not (tmp_path / "plan.toml").exists()
+
+
+def srun_ranks(
+    tmp_path: Path, world: int, *args: str, env_extra: dict[str, str], started: int = 0
+) -> list[Any]:
+    """Ranks of ``autoloader tune`` in a job of ``world`` started as srun starts them (no
+    torchrun agent), each with its own stderr file: the first ``started`` (default all)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = prepend_pythonpath(Path(__file__).parent)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=str(world),
+               SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4243", MASTER_PORT=str(port),
+               **env_extra)  # fmt: skip
+    cmd = [sys.executable, "-m", "autoloader", "-v", "tune", *args]
+    procs = []
+    for r in range(started or world):
+        env_r = {**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}
+        log = (tmp_path / f"rank{r}.log").open("w")
+        procs.append(spawn([*cmd, "-o", str(tmp_path / f"plan{r}.toml")], env=env_r, stderr=log))
+    return procs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_mid_tune_is_named_and_the_others_stop(tmp_path: Path, victim: int) -> None:
+    """Under srun no agent stops the job when a rank dies: the survivor must not wait for
+    gloo's hour-long timeout, nor call it a bug."""
+    procs = srun_ranks(tmp_path, 2, "loop_steps:slow", "--global-batch-size", "32",
+                       "--iterations", "300", "--max-workers", "1", "--quiet",
+                       env_extra={"AUTOLOADER_PEER_TIMEOUT": "3"})  # fmt: skip
+    survivor = 1 - victim
+    with reaped(*procs):
+        deadline = time.monotonic() + 120
+        log = tmp_path / f"rank{victim}.log"
+        while "worker search" not in log.read_text():  # joined, measured, now searching
+            assert time.monotonic() < deadline and procs[victim].poll() is None, log.read_text()
+            time.sleep(0.1)
+        os.killpg(procs[victim].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = procs[survivor].wait(timeout=60)
+        took = time.monotonic() - killed
+    err = (tmp_path / f"rank{survivor}.log").read_text()
+    lines = [line for line in err.splitlines() if line.startswith("autoloader: error:")]
+    assert code == 2, err[-3000:]
+    assert took < 3 + 10, took  # the peer timeout and a few beats, not gloo's hour
+    assert len(lines) == 1 and "Traceback" not in err and "a bug" not in err, err[-3000:]
+    assert f"rank {victim} stopped" in lines[0] and "no plan is written" in lines[0]
+    assert not (tmp_path / f"plan{survivor}.toml").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_joins_is_named_after_the_join_timeout(tmp_path: Path) -> None:
+    procs = srun_ranks(tmp_path, 3, "conftest:DATASET", "--global-batch-size", "6", "--quiet",
+                       env_extra={"AUTOLOADER_JOIN_TIMEOUT": "4"}, started=2)  # fmt: skip
+    with reaped(*procs):
+        codes = [p.wait(timeout=120) for p in procs]
+    for r in range(2):
+        err = (tmp_path / f"rank{r}.log").read_text()
+        assert codes[r] == 2, err[-2000:]
+        if r == 0:
+            assert "rank(s) 2 did not join the collective tune" in err and "within 4 s" in err

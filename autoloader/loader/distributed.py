@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from autoloader.errors import UsageError
+from autoloader.errors import JobError, UsageError
 from autoloader.launch import (
     first_host,
     launched_local_rank,
@@ -19,6 +20,7 @@ from autoloader.launch import (
     local_rank,
     rank_and_world_size,
 )
+from autoloader.loader.liveness import Liveness, first_beat
 
 __all__ = [
     "first_host",
@@ -34,8 +36,13 @@ __all__ = [
 def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
     """A process group for the job's ranks while the block runs: the user's where one is
     initialised, else a gloo group from the launcher's environment (destroyed after, so
-    the user's own ``init_process_group`` still works). Yields whether there is a group of
-    more than one rank."""
+    the user's own ``init_process_group`` still works), whose ranks watch each other's
+    heartbeats (``autoloader.loader.liveness``): a rank that vanishes is named and the
+    others stop with exit status 2. Yields whether there is a group of more than one rank.
+
+    Raises:
+        JobError: a collective failed because a rank vanished (named).
+    """
     if dist.is_available() and dist.is_initialized():
         yield dist.get_world_size() > 1
         return
@@ -45,16 +52,102 @@ def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
         return
     for key, value in env.items():
         os.environ.setdefault(key, value)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = join(addr, port, rank, world, join_timeout())
+    # Watched from here on: a rank that vanishes during gloo's own handshake is named too.
+    watch = Liveness(addr, port, rank, world, prefix=round_prefix()).start()
     try:
-        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timeout)  # fmt: skip
     except Exception as exc:
+        watch.stop()
         raise UsageError(
-            f"cannot join the job's ranks at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} "
-            f"(rank {env.get('RANK')} of {env.get('WORLD_SIZE')}): {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            f"cannot join the job's ranks at {addr}:{port} (rank {rank} of {world}): "
+            f"{type(exc).__name__}: {_first_line(exc)}"
         ) from None
     try:
         yield True
+    except RuntimeError as exc:
+        why = watch.gone(wait=watch.limit + 3 * watch.interval) if _collective(exc) else None
+        if why is None:
+            raise
+        raise JobError(
+            f"rank {dist.get_rank()} of {dist.get_world_size()}: {why}, during the collective "
+            f"tune ({type(exc).__name__}: {_first_line(exc)}); no plan is written: rerun the job"
+        ) from None
     finally:
+        watch.stop()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+_ROUND = 0  # collective tunes joined by this process
+JOIN_TIMEOUT_ENV = "AUTOLOADER_JOIN_TIMEOUT"
+DEFAULT_JOIN_TIMEOUT = 300.0  # ranks started together by srun, importing torch off shared storage
+
+
+def join_timeout() -> float:
+    """Seconds every rank has to reach the rendezvous (``AUTOLOADER_JOIN_TIMEOUT``)."""
+    try:
+        value = float(os.environ.get(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT))
+    except ValueError:
+        return DEFAULT_JOIN_TIMEOUT
+    return value if value > 0 else DEFAULT_JOIN_TIMEOUT
+
+
+def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.Store:
+    """The env:// rendezvous, as torch's, but bounded and named: rank 0 holds the store,
+    every rank says it is there, and a rank that never arrives within ``timeout`` seconds
+    is named on every rank that did.
+
+    Raises:
+        UsageError: rank 0's store cannot be reached.
+        JobError: ranks that did not arrive in time (named).
+    """
+    # As torch's env:// does: under torchrun the agent may hold the store (every rank a
+    # client); else rank 0 holds it, shareable with a later group in this process.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    try:
+        server = dist.TCPStore(addr, port, is_master=rank == 0 and not agent,
+                              wait_for_workers=False, timeout=timedelta(seconds=timeout),
+                              multi_tenant=True)  # fmt: skip
+    except Exception as exc:
+        raise UsageError(
+            f"cannot join the job's ranks at {addr}:{port} (rank {rank} of {world}): rank 0 "
+            f"holds the rendezvous there: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
+    store = dist.PrefixStore(round_prefix(next_round=True), server)
+    first_beat(store, rank)
+    store.set(f"joined/{rank}", "1")
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = [r for r in range(world) if not store.check([f"joined/{r}"])]
+        if not missing:
+            return store
+        if time.monotonic() > deadline:
+            raise JobError(
+                f"rank {rank} of {world}: rank(s) {', '.join(map(str, missing))} did not join "
+                f"the collective tune at {addr}:{port} within {timeout:.0f} s "
+                f"({JOIN_TIMEOUT_ENV}); no plan is written: rerun the job"
+            )
+        time.sleep(0.1)
+
+
+def round_prefix(*, next_round: bool = False) -> str:
+    """The keys of this process's latest join: every rank joins as often as the others, so
+    their rounds match; an elastic restart (torchrun's agent keeps its store) starts anew."""
+    global _ROUND
+    _ROUND += int(next_round)
+    return f"autoloader/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_ROUND}/"
+
+
+def _collective(exc: RuntimeError) -> bool:
+    """Whether a failure came from the group's transport: gloo's "connection closed by
+    peer" and its kin, torch's DistError family."""
+    return isinstance(exc, getattr(dist, "DistError", ())) or "gloo" in str(exc).lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
