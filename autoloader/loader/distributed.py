@@ -121,8 +121,16 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.St
     first_beat(store, rank)
     store.set(f"joined/{rank}", "1")
     deadline = time.monotonic() + timeout
+    missing = list(range(world))
     while True:
-        missing = [r for r in range(world) if not store.check([f"joined/{r}"])]
+        try:
+            missing = [r for r in missing if not store.check([f"joined/{r}"])]
+        except Exception as exc:  # rank 0 gave up (or died) and took its store along
+            raise JobError(
+                f"rank {rank} of {world}: the job's store at {addr}:{port}, which rank 0 "
+                f"holds, went away while rank(s) {', '.join(map(str, missing))} had not "
+                f"joined ({_first_line(exc)}); no plan is written: rerun the job"
+            ) from None
         if not missing:
             return store
         if time.monotonic() > deadline:
