@@ -66,3 +66,23 @@ def format_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name``, or ``default`` where it is unset.
+
+    Raises:
+        UsageError: the variable is set to anything but a number of seconds > 0.
+    """
+    import os
+
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"environment variable {name}: expected seconds > 0, found {raw!r}")
+    return value

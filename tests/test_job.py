@@ -282,3 +282,19 @@ def test_a_rank_that_never_joins_is_named_after_the_join_timeout(tmp_path: Path)
         if r == 0:  # rank 1 names the same rank, or rank 0's store gone as rank 0 gave up
             assert "rank(s) 2 did not join the collective tune" in err and "within 4 s" in err
         assert "2 did not join" in lines[0] or "had not joined" in lines[0]
+
+
+def test_the_job_timeouts_from_the_environment_are_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autoloader import UsageError
+    from autoloader.loader.distributed import join_timeout
+    from autoloader.loader.liveness import peer_limit
+
+    assert join_timeout() == 300.0 and peer_limit() == 10.0
+    monkeypatch.setenv("AUTOLOADER_PEER_TIMEOUT", "2.5")
+    assert peer_limit() == 2.5
+    for bad in ("soon", "0", "-3", "inf"):
+        monkeypatch.setenv("AUTOLOADER_JOIN_TIMEOUT", bad)
+        with pytest.raises(UsageError, match="AUTOLOADER_JOIN_TIMEOUT: expected seconds > 0"):
+            join_timeout()

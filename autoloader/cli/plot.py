@@ -83,12 +83,16 @@ def _none(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def _chosen_workers(ax: Any, plan: Plan, ws: list[int]) -> None:
+def _per_worker_count(ax: Any, plan: Plan, ws: list[int], ylabel: str) -> None:
+    """The chosen count marked, the axes labelled from zero."""
     chosen = plan.loader.num_workers
     ax.axvline(chosen, color="tab:green", linestyle="--", label=f"chosen: {chosen}")
     ax.set_xlabel("worker processes")
     if len(ws) <= 20:
         ax.set_xticks(ws)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize="small")
 
 
 def worker_speed(ax: Any, plan: Plan) -> None:
@@ -105,10 +109,7 @@ def worker_speed(ax: Any, plan: Plan) -> None:
     if isinstance(step, (int, float)) and step > 0:
         ax.axhline(local / step, color="tab:purple", linestyle=":",
                    label="samples/s the step takes")  # fmt: skip
-    _chosen_workers(ax, plan, ws)
-    ax.set_ylabel("samples per second")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="best", fontsize="small")
+    _per_worker_count(ax, plan, ws, "samples per second")
     return None
 
 
@@ -121,10 +122,7 @@ def worker_memory(ax: Any, plan: Plan) -> None:
     ws = [c["workers"] for c in trace]
     ax.plot(ws, [c["memory_bytes"] / MIB for c in trace], "s-", color="tab:orange",
             label="PSS of the loading processes")  # fmt: skip
-    _chosen_workers(ax, plan, ws)
-    ax.set_ylabel("MiB")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="best", fontsize="small")
+    _per_worker_count(ax, plan, ws, "MiB")
     return None
 
 

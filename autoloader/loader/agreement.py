@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from autoloader.errors import PlanError, UsageError
+from autoloader.errors import PlanError
+from autoloader.units import seconds_from_env
 
 DEFAULT_TIMEOUT = 120.0  # seconds; ranks build their loaders at slightly different times
 _generation = itertools.count()
@@ -29,19 +29,7 @@ _generation = itertools.count()
 
 def agreement_timeout() -> float:
     """Seconds to wait for the other ranks (``AUTOLOADER_AGREEMENT_TIMEOUT``)."""
-    raw = os.environ.get("AUTOLOADER_AGREEMENT_TIMEOUT", "")
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(
-            f"environment variable AUTOLOADER_AGREEMENT_TIMEOUT: expected seconds > 0, "
-            f"found {raw!r}"
-        )
-    return value
+    return seconds_from_env("AUTOLOADER_AGREEMENT_TIMEOUT", DEFAULT_TIMEOUT)
 
 
 def check_ranks_agree(digest: dict[str, Any], *, source: str) -> None:

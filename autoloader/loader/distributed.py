@@ -21,6 +21,7 @@ from autoloader.launch import (
     rank_and_world_size,
 )
 from autoloader.loader.liveness import Liveness, first_beat
+from autoloader.units import seconds_from_env
 
 __all__ = [
     "first_host",
@@ -89,11 +90,7 @@ DEFAULT_JOIN_TIMEOUT = 300.0  # ranks started together by srun, importing torch 
 
 def join_timeout() -> float:
     """Seconds every rank has to reach the rendezvous (``AUTOLOADER_JOIN_TIMEOUT``)."""
-    try:
-        value = float(os.environ.get(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT))
-    except ValueError:
-        return DEFAULT_JOIN_TIMEOUT
-    return value if value > 0 else DEFAULT_JOIN_TIMEOUT
+    return seconds_from_env(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
 
 
 def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.Store:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from autoloader.units import seconds_from_env
+
 log = logging.getLogger("autoloader")
 
 PREFIX = "liveness/"  # under the join's own prefix (``distributed.join``)
@@ -37,11 +39,7 @@ def first_beat(store: object, rank: int) -> None:
 
 def peer_limit() -> float:
     """Seconds of silence before a rank is called gone (``AUTOLOADER_PEER_TIMEOUT``)."""
-    try:
-        value = float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT))
-    except ValueError:
-        return DEFAULT_LIMIT
-    return value if value > 0 else DEFAULT_LIMIT
+    return seconds_from_env(LIMIT_ENV, DEFAULT_LIMIT)
 
 
 class Liveness:
