@@ -27,6 +27,16 @@ local_batch_size = 4
 """
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads() -> Iterator[None]:
+    """A planned DataLoader sets the process's intra-op threads ([loader] num_threads):
+    no test leaves its setting to the next."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def events_h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic HDF5 file of graph events, shared read-only by the session."""

