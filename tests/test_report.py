@@ -80,6 +80,10 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
     # the plan could not help: said so, with what to try
     stuck = diagnose(side(100.0, 0.6), side(101.0, 0.59, workers=1), budget, plan_batching="x")
     assert stuck.kind == "input-bound" and "could not cut it" in stuck.text
+    assert "noise" not in stuck.text
+    same = diagnose(side(100.0, 0.6), side(91.0, 0.62), budget, plan_batching="x").text
+    assert "0.91x samples/s: the plan's loader is the baseline's, so that is measurement " \
+        "noise" in same  # fmt: skip
     assert diagnose(side(100.0, 0.04), fed, budget, plan_batching="x").kind == "compute-bound"
     # a worst batch over the budget comes first, however fast
     over = side(300.0, 0.6, peak=12 * MIB)

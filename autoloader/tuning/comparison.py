@@ -100,6 +100,8 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
             "input-bound from compute-bound"))  # fmt: skip
     workers = plan.settings.get("num_workers", 0)
     after = f"{p.wait_share:.0%}" if p.ok and p.wait_share is not None else "?"
+    if _same_loader(baseline.settings, plan.settings):
+        speed += ": the plan's loader is the baseline's, so that is measurement noise"
     if b.wait_share > WAIT_LIMIT:
         cut = p.ok and p.wait_share is not None and p.wait_share < b.wait_share - CUT
         what = (
@@ -115,6 +117,12 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
         f"compute-bound: the baseline loop waited for data only {b.wait_share:.0%} of its "
         f"time, so a faster loader buys little ({speed}); the plan keeps the step fed "
         f"({after} waiting) with {workers} worker(s)"))  # fmt: skip
+
+
+def _same_loader(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+            "batch_size", "num_threads")  # fmt: skip
+    return all(a.get(k) == b.get(k) for k in keys)
 
 
 @dataclass(frozen=True)
