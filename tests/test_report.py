@@ -267,3 +267,17 @@ def test_show_never_writes_a_chart_or_report_over_the_plan(shown_plan: Path) -> 
         assert "is the plan being shown: refusing to overwrite it" in done.stderr
     assert shown_plan.read_bytes() == before
     assert json.loads(run_cli("show", str(shown_plan), "--json", timeout=60).stdout)
+
+
+def test_a_baseline_table_without_measurements_hides_no_other_table() -> None:
+    from autoloader.cli.render import render
+
+    report = {"local_batch_size": 4, "worst_batch_bytes": 64, "mean_batch_bytes": 60.0,
+              "std_batch_bytes": 2.0, "epochs": 3}  # fmt: skip
+    plan = Plan.from_dict({
+        "schema": 1, "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 4},
+        "tuning": {"strategies": {"random": report}, "baseline": {"given": "hand-written"}},
+    })  # fmt: skip
+    text = render(plan)
+    assert "strategies (3 epochs" in text and "verdict" not in text

@@ -24,12 +24,13 @@ class Section:
 
 
 def sections(plan: Plan) -> list[Section]:
-    """The evidence tables ``show`` prints after the plan's settings, in order."""
+    """The evidence tables ``show`` prints after the plan's settings, in order (the
+    baseline's comparison, ``baseline_section``, comes apart: last in text, first in the
+    report)."""
     found = [
         _workers(plan.tuning.get("workers"), plan.loader.num_workers),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
-        baseline_section(plan.tuning.get("baseline")),
     ]
     return [s for s in found if s is not None]
 
@@ -112,13 +113,13 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"accumulation = global {bp.global_batch_size}; seed {bp.seed}"
         f"{', drop_last' if bp.drop_last else ''}"
     )
-    found = sections(plan)
-    for section in found[:-1] if plan.tuning.get("baseline") else found:
+    for section in sections(plan):
         out.extend(section.lines())
     out.extend(_runtime(plan.tuning.get("runtime")))
-    if plan.tuning.get("baseline") and found:  # the comparison and its verdict come last
-        out.extend(found[-1].lines())
-        out.append(f"verdict   {verdict(plan)}")
+    compared = baseline_section(plan.tuning.get("baseline"))
+    if compared is not None:  # the comparison and its verdict come last
+        out.extend(compared.lines())
+        out.append(f"verdict   {verdict(plan) or '?'}")
     return "\n".join(out)
 
 

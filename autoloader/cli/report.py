@@ -12,7 +12,7 @@ import html
 from typing import Any
 
 from autoloader.cli.plot import panel_pngs
-from autoloader.cli.render import Section, render, sections, verdict
+from autoloader.cli.render import Section, baseline_section, render, sections, verdict
 from autoloader.plan import Plan
 from autoloader.units import format_bytes
 
@@ -53,8 +53,9 @@ def report_html(plan: Plan, *, path: str) -> str:
     if found is not None:
         kind = str(plan.tuning.get("baseline", {}).get("diagnosis", ""))
         body.append(f'<p class="verdict {e(kind)}" id="verdict">{e(found)}</p>')
-    tables = sections(plan)
-    body += [_table(s) for s in tables if s.title.startswith("baseline")]
+    compared = baseline_section(plan.tuning.get("baseline"))
+    if compared is not None:
+        body.append(_table(compared))
     body.append("<h2>settings</h2>" + _pairs(_settings(plan)))
     body.append('<h2>charts</h2><div class="charts">')
     for title, png in panel_pngs(plan):
@@ -62,7 +63,7 @@ def report_html(plan: Plan, *, path: str) -> str:
         body.append(f"<figure><img alt=\"{e(title)}\" src=\"data:image/png;base64,{data}\">"
                     f"<figcaption>{e(title)}</figcaption></figure>")  # fmt: skip
     body.append("</div>")
-    body += [_table(s) for s in tables if not s.title.startswith("baseline")]
+    body += [_table(s) for s in sections(plan)]
     body.append(f"<h2>the plan as <code>show</code> prints it</h2><pre>"
                 f"{e(render(plan, path=path))}</pre>")  # fmt: skip
     return (
