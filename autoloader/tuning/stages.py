@@ -288,11 +288,6 @@ def trials(
         prefetch_factor=lp["prefetch_factor"], persistent_workers=lp["persistent_workers"],
         batch_size=choice.local_batch_size,
     )  # fmt: skip
-    plan_batches = [list(b) for b in make_sampler(
-        choice.strategy, work.sizes, choice.local_batch_size, seed=opts.seed,
-        num_replicas=opts.world_size, rank=0)]  # fmt: skip
-    plan_trial = trial.Trial(plan_batches, planned, lp["device_prefetch"] or 0,
-                             PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
     log.info(
         "timing the training loop: the plan%s%s",
         " and the baseline" if base else "",
@@ -301,7 +296,12 @@ def trials(
 
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout)
 
-    def measured() -> Trials:
+    def measured() -> Trials:  # on rank 0 alone: the others wait for its result
+        plan_batches = [list(b) for b in make_sampler(
+            choice.strategy, work.sizes, choice.local_batch_size, seed=opts.seed,
+            num_replicas=opts.world_size, rank=0)]  # fmt: skip
+        plan_trial = trial.Trial(plan_batches, planned, lp["device_prefetch"] or 0,
+                                 PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
         step = work.step() if work.step is not None else None
         loop = trial.run_trial(work, plan_trial, step, timing)
         threads = None
@@ -321,14 +321,14 @@ def trials(
 
 def _threads(work: Workload, plan: trial.Trial, step: Any, loop: trial.LoopResult,
              timing: workers.Timing, cpus: int) -> ThreadsChoice:  # fmt: skip
-    workers = plan.settings.num_workers
-    default, candidate = loop.num_threads, max(1, cpus - workers)
+    count = plan.settings.num_workers
+    default, candidate = loop.num_threads, max(1, cpus - count)
     other = None
     if candidate != default:
         fewer = trial.Trial(plan.batches, replace(plan.settings, num_threads=candidate),
                             plan.device_prefetch, plan.worker_init_fn)  # fmt: skip
         other = trial.run_trial(work, fewer, step, timing)
-    return choose_threads(default, candidate, loop, other, cpus, workers)
+    return choose_threads(default, candidate, loop, other, cpus, count)
 
 
 def _compare(work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,

@@ -103,6 +103,7 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
     consume = step if step is not None else (lambda b: transfer(b, device))
     waits: list[float] = []
     steps: list[float] = []
+    loop: list[float] = []  # wait + step of each timed batch (after the warm-up)
     status, startup = "ok", math.inf
     start = time.perf_counter()
     batches = _batches(loader, device, depth)
@@ -115,7 +116,8 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             steps.append(time.perf_counter() - began)
-            loop = [w + t for w, t in zip(waits[warm:], steps[warm:], strict=False)]
+            if i >= warm:
+                loop.append(waits[i] + steps[i])
             if timing.enough(loop, block=block) or time.perf_counter() - start > MAX_SECONDS:
                 break
     except Exception as exc:  # the loop's failure is this trial's result, not the tune's
