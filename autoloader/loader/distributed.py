@@ -55,9 +55,10 @@ def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
         os.environ.setdefault(key, value)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    store = join(addr, port, rank, world, join_timeout())
+    prefix = _next_round()
+    store = join(addr, port, rank, world, join_timeout(), prefix=prefix)
     # Watched from here on: a rank that vanishes during gloo's own handshake is named too.
-    watch = Liveness(addr, port, rank, world, prefix=round_prefix()).start()
+    watch = Liveness(addr, port, rank, world, prefix=prefix).start()
     try:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timeout)  # fmt: skip
@@ -93,10 +94,10 @@ def join_timeout() -> float:
     return seconds_from_env(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
 
 
-def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.Store:
+def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix: str) -> dist.Store:
     """The env:// rendezvous, as torch's, but bounded and named: rank 0 holds the store,
     every rank says it is there, and a rank that never arrives within ``timeout`` seconds
-    is named on every rank that did.
+    is named on every rank that did. The keys live under ``prefix`` (one per join).
 
     Raises:
         UsageError: rank 0's store cannot be reached.
@@ -114,7 +115,7 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.St
             f"cannot join the job's ranks at {addr}:{port} (rank {rank} of {world}): rank 0 "
             f"holds the rendezvous there: {type(exc).__name__}: {_first_line(exc)}"
         ) from None
-    store = dist.PrefixStore(round_prefix(next_round=True), server)
+    store = dist.PrefixStore(prefix, server)
     first_beat(store, rank)
     store.set(f"joined/{rank}", "1")
     deadline = time.monotonic() + timeout
@@ -139,11 +140,11 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float) -> dist.St
         time.sleep(0.1)
 
 
-def round_prefix(*, next_round: bool = False) -> str:
-    """The keys of this process's latest join: every rank joins as often as the others, so
+def _next_round() -> str:
+    """The keys of this process's next join: every rank joins as often as the others, so
     their rounds match; an elastic restart (torchrun's agent keeps its store) starts anew."""
     global _ROUND
-    _ROUND += int(next_round)
+    _ROUND += 1
     return f"autoloader/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_ROUND}/"
 
 
