@@ -279,7 +279,7 @@ def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
             "autoloader: torch intra-op threads %d -> %d (%s)",
             torch.get_num_threads(),
             count,
-            "the plan's [loader] num_threads" if value == "plan" else "num_threads=",
+            "the plan's [loader] num_threads" if value == "plan" else f"num_threads={count}",
         )
         torch.set_num_threads(count)
     return count
