@@ -72,6 +72,24 @@ def tree_memory_bytes(pid: int | None = None, *, include_root: bool = True) -> i
     return total
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds these processes have used (a vanished one counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        total += times.user + times.system
+    return total
+
+
+def worker_memory_budget() -> int:
+    """Host memory one rank's loader workers may hold: half the available memory, split
+    over the ranks sharing this node (the tune's search and the run-time adapter alike)."""
+    return int(psutil.virtual_memory().available // 2 // max(1, local_world_size()))
+
+
 def doubling_grid(max_workers: int) -> list[int]:
     """The worker counts stepped through: 0, 1, 2, 4, ... and ``max_workers`` itself."""
     grid = {0, max_workers}

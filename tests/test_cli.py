@@ -70,7 +70,13 @@ def empty_h5(tmp_path: Path) -> Path:
         ),
         (
             ["tune", "{h5}", "--max-workers", "-1"],
-            "--max-workers: expected an integer in [0, 1024], but got -1",
+            "--max-workers: expected an integer in [1, 1024], but got -1 (the search always "
+            "times 0 workers; --max-workers is the largest count tried beside it)",
+        ),
+        (
+            ["tune", "{h5}", "--max-workers", "0"],
+            "--max-workers: expected an integer in [1, 1024], but got 0 (the search always "
+            "times 0 workers; --max-workers is the largest count tried beside it)",
         ),
         (
             ["tune", "{h5}", "--memory-budget", "12XB"],
@@ -374,7 +380,7 @@ def test_a_full_disk_keeps_the_old_plan_and_is_not_a_bug(
 
     monkeypatch.setattr(files.os, "fsync", full)
     code = main(["tune", "hostile_data:GOOD", "-o", str(out), "--global-batch-size", "4",
-                 "--max-workers", "0", "--iterations", "5", "--quiet", "--device", "cpu"])  # fmt: skip
+                 "--max-workers", "1", "--iterations", "5", "--quiet", "--device", "cpu"])  # fmt: skip
     assert code == 2
     assert capsys.readouterr().err == (
         f"autoloader: error: {out}: cannot write the plan: No space left on device; the old "
@@ -390,7 +396,7 @@ def test_tune_takes_the_command_lines_byte_forms_and_refuses_others_at_once() ->
     import autoloader
 
     plan = autoloader.tune(GOOD, global_batch_size=4, memory_budget="512MiB", progress=False,
-                           max_workers=0, iterations=5, device="cpu")  # fmt: skip
+                           max_workers=1, iterations=5, device="cpu")  # fmt: skip
     assert plan.hardware["headroom_source"] == "override"
     assert plan.hardware["memory_free_bytes"] == 512 * 2**20
     for bad in (float("nan"), 1.5, 0, True):

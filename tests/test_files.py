@@ -16,7 +16,7 @@ from autoloader.cli import main
 from autoloader.plan.model import tomllib
 
 TESTS = Path(__file__).parent
-FAST = ["--global-batch-size", "4", "--max-workers", "0", "--iterations", "5", "--quiet",
+FAST = ["--global-batch-size", "4", "--max-workers", "1", "--iterations", "5", "--quiet",
         "--device", "cpu"]  # fmt: skip
 
 

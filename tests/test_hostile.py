@@ -111,7 +111,7 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
 # 2. the user's data fails, not our code ------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize(
     ("spec", "why"),
     [("hostile_data:NONE_AT_7", "sample 7 is None"),
@@ -134,7 +134,7 @@ def test_a_batch_that_cannot_be_collated_names_its_samples(
     [
         ("hostile_data:BAD_ITEM", [],
          "DATASET 'hostile_data:BAD_ITEM': sample 137 raised ValueError: corrupt record 137"),
-        ("hostile_data:BAD_IN_TIMING", ["--max-workers", "0"],
+        ("hostile_data:BAD_IN_TIMING", ["--max-workers", "1"],
          "DATASET 'hostile_data:BAD_IN_TIMING': sample 5 raised ValueError: corrupt record 5"),
         ("hostile_data:HANGS", ["--worker-timeout", "1"],
          "DATASET 'hostile_data:HANGS': sample 3 did not return within 1 s (--worker-timeout)"),
@@ -201,7 +201,7 @@ def test_memory_budget_extremes(
     expected: str,
 ) -> None:  # fmt: skip
     line = one_line(capsys, ["tune", str(events_h5), "-o", str(tmp_path / "p.toml"),
-                             "--memory-budget", budget, "--max-workers", "0"])  # fmt: skip
+                             "--memory-budget", budget, "--max-workers", "1"])  # fmt: skip
     assert line.startswith(expected)
 
 
@@ -230,13 +230,13 @@ def test_files_follow_the_umask_and_a_retune_keeps_the_mode(events_copy: Path) -
     plan = events_copy.with_name("plan.toml")
     previous = os.umask(0o022)
     try:
-        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "0",
+        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "1",
                      "--iterations", "2", "--quiet"]) == 0  # fmt: skip
         assert plan.stat().st_mode & 0o777 == 0o644
         cache = next(events_copy.parent.glob("*.autoloader-sizes.npz"))
         assert cache.stat().st_mode & 0o777 == 0o644
         plan.chmod(0o640)
-        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "0",
+        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "1",
                      "--iterations", "2", "--quiet"]) == 0  # fmt: skip
         assert plan.stat().st_mode & 0o777 == 0o640
     finally:
@@ -353,22 +353,22 @@ def test_words(
     monkeypatch.syspath_prepend(str(TESTS))
     out = str(tmp_path / "p.toml")
     assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--global-batch-size",
-                             "100000", "--max-workers", "0"]) == (
+                             "100000", "--max-workers", "1"]) == (
         "--global-batch-size 100000 is larger than the dataset (300 samples): one optimiser "
         "step would see samples twice"
     )  # fmt: skip
     assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--step",
-                             "hostile_data:returns_text", "--max-workers", "0"]) == (
+                             "hostile_data:returns_text", "--max-workers", "1"]) == (
         "--step: the factory returned str, expected a callable step(batch)"
     )  # fmt: skip
     line = one_line(capsys, ["tune", str(events_h5), "-o", out, "--memory-budget", "90KiB",
-                             "--safety", "0", "--max-workers", "0"])  # fmt: skip
+                             "--safety", "0", "--max-workers", "1"])  # fmt: skip
     assert line.startswith("no batching fits the memory budget of 90.0 KiB (92160 bytes): even ")
     sizes = sample_sizes(GraphEventsH5(events_h5))
     largest = int(sizes.argmax())
     assert f"; the largest sample, index {largest} ({describe_bytes(int(sizes[largest]))}), " \
         "alone is predicted to peak at " in line  # fmt: skip
-    assert main(["-v", "tune", "hostile_data:GOOD", "-o", out, "--max-workers", "0",
+    assert main(["-v", "tune", "hostile_data:GOOD", "-o", out, "--max-workers", "1",
                  "--iterations", "2", "--quiet"]) == 0  # fmt: skip
     said = caplog.text  # on a terminal: stderr
     for stage in ("sizes: 300 samples", "memory: ", "replaying", "batching: ", "worker search"):

@@ -199,7 +199,7 @@ def test_bad_files_get_one_clear_line(
     name = _rewrite(nugraph_copy, edit) if edit else ""
     plan = nugraph_copy.parent / "plan.toml"
     code = main(
-        ["tune", f"{nugraph_copy}{split}", "-o", str(plan), "--max-workers", "0", "--quiet"]
+        ["tune", f"{nugraph_copy}{split}", "-o", str(plan), "--max-workers", "1", "--quiet"]
     )
     err = capsys.readouterr().err
     assert code == 2

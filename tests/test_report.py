@@ -144,7 +144,7 @@ def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:
     ds = VariableTensors(400)
     plan = autoloader.tune(ds, global_batch_size=64, memory_budget=30_000, iterations=10,
-                           progress=False, max_workers=0, collate_fn=list)  # fmt: skip
+                           progress=False, max_workers=1, collate_fn=list)  # fmt: skip
     found = plan.tuning["baseline"]
     assert plan.batching.grad_accum_steps > 1
     assert found["diagnosis"] == "memory-bound" and found["given"].endswith("torch's defaults")
@@ -159,7 +159,7 @@ def test_no_baseline_and_no_step_times_nothing_more() -> None:
         global_batch_size=8,
         iterations=5,
         progress=False,
-        max_workers=0,
+        max_workers=1,
         collate_fn=list,
         baseline=None,
     )

@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 
 def options(**kw: object) -> object:
-    base = {"global_batch_size": 8, "max_workers": 0, "iterations": 5, "progress": False}
+    base = {"global_batch_size": 8, "max_workers": 1, "iterations": 5, "progress": False}
     return tune_options(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -83,15 +83,16 @@ def test_the_worker_search_stage_and_the_report() -> None:
     budget = stages.budget(Solo(), room, opts, [], CPU)
     choice = stages.batching(Solo(), work, opts, model, budget.bytes)
     where = stages.placement(CPU)
-    found = stages.worker_search(Solo(), work, opts, 8, stages.Timings(), where, None)
-    assert found.loader["num_workers"] == 0 and found.max_workers == 0 and found.nodes == {}
+    found = stages.worker_search(Solo(), work, opts, choice, stages.Timings(), where, None)
+    assert found.loader["num_workers"] in (0, 1) and found.max_workers == 1 and found.nodes == {}
+    assert [c.workers for c in found.choice.trace] == [0, 1] and found.choice.reach is None
     tried = stages.trials(Solo(), work, opts, model, budget.bytes, choice, found, where)
     assert tried.threads is None  # no step: the threads are not the loop's to choose
     assert tried.comparison is not None and tried.comparison.diagnosis.kind == "loading-only"
     assert tried.comparison.baseline.settings["batch_size"] == 8
     plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice,
                                              stages.Timings(), None, where, found, tried))  # fmt: skip
-    assert plan.batching.global_batch_size == 8 and plan.loader.num_workers == 0
+    assert plan.batching.global_batch_size == 8
     assert plan.tuning["baseline"]["measured"]["plan"]["samples_per_second"] > 0
     assert plan.dataset["num_samples"] == 300 and "trace" in plan.tuning["workers"]
     assert plan.memory["budget_bytes"] == budget.bytes

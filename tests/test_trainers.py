@@ -110,7 +110,7 @@ def test_tune_calibrates_on_a_lightning_modules_real_step(
     step(torch.tensor([[1.0, 1.0], [2.0, 1.0]]))
     assert not torch.equal(made[0].layer.weight, before)  # backward and optimiser ran
     plan = tune(Skewed(), global_batch_size=32, device="cpu", step=step_factory(
-        lambda: _with_epoch(Model()), device="cpu"), max_workers=0, iterations=2,
+        lambda: _with_epoch(Model()), device="cpu"), max_workers=1, iterations=2,
         progress=False)  # fmt: skip
     assert plan.memory["model"]["source"] == "step"
     with pytest.raises(UsageError, match="expected a LightningModule from the factory, found int"):

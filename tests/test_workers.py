@@ -22,8 +22,9 @@ from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Candidate, Rule, Timing, choose, doubling_grid, measure
 from autoloader.tuning.workers import search as run_search
-from autoloader.tuning.workers.model import ModelledNode, saturating
-from autoloader.tuning.workers.search import exhaustive, fast
+from autoloader.tuning.workers.extent import Extent
+from autoloader.tuning.workers.model import ModelledNode, saturating, waiting
+from autoloader.tuning.workers.search import exhaustive, fast, fast_search
 from autoloader.tuning.workers.settings import persistent_workers, prefetch_factor
 
 
@@ -104,6 +105,49 @@ def test_fast_search_keeps_throughput_with_a_third_of_the_batches(
     assert true(time_best) / true(chosen) >= 0.9
     assert chosen <= time_best + 1
     assert sum(c.batches for c in quick) <= 0.35 * sum(c.batches for c in full)
+
+
+def extent(cpus: int = 2, memory: int = 2**40, shm: int | None = None, batch: int = 1) -> Extent:
+    return Extent(cpus=cpus, memory_bytes=memory, shm_bytes=shm, batch_bytes=batch,
+                  hard_cap=Extent.default_cap(cpus))  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_waiting_reads_take_the_search_past_the_cores(seed: int) -> None:
+    curve, share = waiting(0.064, floor=0.004, cpu=0.002)
+    node = ModelledNode(curve, seed=seed, share=share, cv=0.1)
+    rule = Rule(tolerance=0.05)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, rule, extent())
+    chosen = choose(trace, rule)
+    best = min(range(33), key=curve)  # an exhaustive scan of 0..16x the CPUs
+    assert curve(best) / curve(chosen) >= 0.9 and chosen > 2
+    assert max(c.workers for c in trace) <= 16  # the hard cap: 8 per CPU
+    assert reach is not None and reach.startswith("went past the 2 CPUs to ")
+    assert "2 workers were busy 3% of their time (waiting, not computing)" in reach
+    assert "were no faster than" in reach or "cap of 16" in reach
+
+
+def test_computing_workers_stop_the_search_at_the_cores() -> None:
+    node = ModelledNode(saturating(3), seed=0, share=lambda w: 0.97)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), extent())
+    assert max(c.workers for c in trace) == 2
+    assert reach == ("stopped at 2 (this rank's CPUs): 2 workers were busy 97% of their time "
+                     "(1.9 of 2 CPUs): more would compete for the cores")  # fmt: skip
+
+
+def test_host_memory_and_shared_memory_bound_the_search() -> None:
+    curve, share = waiting(0.064, floor=0.001, cpu=0.001)
+    node = ModelledNode(curve, seed=0, share=share, worker_bytes=100 * 2**20)
+    measure_w = node.measure(Timing(iterations=100))
+    trace, reach = fast_search(measure_w, 2, Rule(), extent(memory=500 * 2**20))
+    assert max(c.workers for c in trace) == 4
+    assert reach is not None and reach.endswith(
+        "stopped: 8 workers would hold about 800.0 MiB of host memory (100.0 MiB each, measured); "
+        "500.0 MiB is the workers' budget")
+    trace, reach = fast_search(measure_w, 2, Rule(), extent(shm=64 * 2**20, batch=8 * 2**20))
+    assert max(c.workers for c in trace) == 2
+    assert reach == ("stopped at 2 (this rank's CPUs): 4 workers x 2 batches of up to 8.0 MiB in "
+                     "flight would need 64.0 MiB of shared memory; /dev/shm has 64.0 MiB free")
 
 
 def test_doubling_grid() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +252,7 @@ def _workers(search: Any, chosen: int) -> Section | None:
                 f"{c.get('seconds_per_batch', 0):.4f}" if ok else "-",
                 f"{c.get('startup_seconds', 0):.2f}" if ok else "-",
                 _b(c.get("memory_bytes")) if ok else "-",
+                _share(c.get("cpu_share")) if ok else "-",
                 str(c.get("batches", "")),
                 c.get("status", "ok"),
             ]
@@ -260,11 +263,18 @@ def _workers(search: Any, chosen: int) -> Section | None:
     )
     notes = [
         f"{key.removesuffix('_why')}: {search[key]}"
-        for key in ("prefetch_factor_why", "persistent_workers_why")
-        if key in search
+        for key in ("reach", "prefetch_factor_why", "persistent_workers_why")
+        if isinstance(search.get(key), str)
     ]
-    return Section(head, ["workers", "s/batch", "start-up s", "memory (PSS)", "batches",
-                          "status"], rows, notes)  # fmt: skip
+    return Section(head, ["workers", "s/batch", "start-up s", "memory (PSS)", "CPU busy",
+                          "batches", "status"], rows, notes)  # fmt: skip
+
+
+def _share(value: Any) -> str:
+    """A worker's CPU time over its wall time, as a percentage ("-" where not measured)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    return f"{value:.0%}"
 
 
 def _batching(choice: Any) -> Section | None:

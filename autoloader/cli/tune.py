@@ -107,7 +107,9 @@ def register(sub: Any) -> None:
         "--max-workers",
         type=_int,
         metavar="N",
-        help="largest worker count tried (default: this rank's CPUs - 1)",
+        help="largest worker count tried, at least 1 (default: this rank's CPUs, and past "
+        "them, doubling, while the workers wait on reads rather than compute, within host "
+        "memory, /dev/shm and 8 per CPU)",
     )
     p.add_argument(
         "--iterations",

@@ -65,7 +65,7 @@ def run_demo(
         global_batch_size=GLOBAL_BATCH,
         device=device,
         step=factory,
-        max_workers=0,
+        max_workers=1,
         iterations=3,
         spec=str(data_path),
         progress=progress,

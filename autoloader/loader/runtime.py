@@ -21,8 +21,7 @@ from typing import Any
 
 import psutil
 
-from autoloader.host import cpus_per_rank, tree_memory_bytes
-from autoloader.launch import local_world_size
+from autoloader.host import cpus_per_rank, tree_memory_bytes, worker_memory_budget
 from autoloader.loader.adapt import (
     SETTINGS,
     Adaptation,
@@ -46,8 +45,7 @@ def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> L
     processes, and a device feed only as deep as the plan's memory budget allows."""
     if max_workers is None:
         max_workers = max(settings.num_workers, cpus_per_rank() - 1)
-    ram = psutil.virtual_memory().available // 2 // max(1, local_world_size())
-    return Limits(max_workers, int(ram), _device_prefetch_max(plan, settings))
+    return Limits(max_workers, worker_memory_budget(), _device_prefetch_max(plan, settings))
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:

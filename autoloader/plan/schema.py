@@ -257,7 +257,7 @@ _NUM, _STR = ("int", "number"), ("str",)
 EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("tuning.workers.trace", "array", {
         "workers": ("int",), "seconds_per_batch": _NUM, "startup_seconds": _NUM,
-        "memory_bytes": _NUM, "batches": ("int",), "status": _STR,
+        "memory_bytes": _NUM, "batches": ("int",), "status": _STR, "cpu_share": _NUM,
     }),
     ("tuning.batching.candidates", "array", {
         "local_batch_size": ("int",), "grad_accum_steps": ("int",), "strategy": _STR,

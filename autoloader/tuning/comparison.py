@@ -164,10 +164,14 @@ def choose_threads(
     candidate_loop: LoopResult | None,
     cpus: int,
     workers: int,
+    busy_cores: int | None = None,
 ) -> ThreadsChoice:
     """Set ``num_threads`` only when the cores left after the workers were measurably
-    faster than torch's default; otherwise leave torch alone."""  # fmt: skip
-    left = f"{cpus} CPU(s) less {workers} worker(s) leave {candidate}"
+    faster than torch's default; otherwise leave torch alone. ``busy_cores``: the cores
+    the workers were measured to use, where fewer than their count (they wait on reads)."""
+    used = (f"{workers} worker(s) busy on {busy_cores}" if busy_cores is not None
+            and busy_cores < workers else f"{workers} worker(s)")  # fmt: skip
+    left = f"{cpus} CPU(s) less {used} leave {candidate}"
     if candidate_loop is None:
         return ThreadsChoice(default, candidate, None, default_loop, None,
                              f"{left}, torch's default already: left alone")  # fmt: skip

@@ -128,7 +128,13 @@ def check_options(
     iterations = _int("--iterations", iterations, 1)
     seed = _int("--seed", seed, 0, 2**63 - 1)
     if max_workers is not None:
-        max_workers = _int("--max-workers", max_workers, 0, 1024)
+        if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
+            raise UsageError(
+                f"--max-workers: expected an integer in [1, 1024], but got {max_workers!r} "
+                "(the search always times 0 workers; --max-workers is the largest count "
+                "tried beside it)"
+            )
+        max_workers = _int("--max-workers", max_workers, 1, 1024)
     if alpha is not None and tolerance is not None:
         raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
     if alpha is not None and not _number(alpha) >= 0:

@@ -10,6 +10,7 @@ of a job: work that rank 0 does once goes through ``team.once``.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
-from autoloader.host import cpus_per_rank
+from autoloader.host import cpus_per_rank, worker_memory_budget
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.tuning import trial, workers
@@ -36,6 +37,7 @@ from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
 from autoloader.tuning.reserve import ReservePart, reserve_parts
 from autoloader.tuning.step import sample_batches, time_step
 from autoloader.tuning.transfer import copy_seconds
+from autoloader.tuning.workers.extent import shm_free_bytes
 from autoloader.tuning.workload import Workload
 from autoloader.units import describe_bytes
 
@@ -218,34 +220,45 @@ class WorkerStage:
 
 
 def worker_search(
-    team: Team, work: Workload, opts: TuneOptions, local: int, times: Timings,
+    team: Team, work: Workload, opts: TuneOptions, choice: BatchingChoice, times: Timings,
     where: Placement, prefetch: PrefetchChoice | None,
 ) -> WorkerStage:  # fmt: skip
     """NWT over ``0..max_workers`` on every rank; each node keeps its first rank's choice.
+    Without ``--max-workers`` the search covers this rank's CPUs and goes past them while
+    the workers mostly wait (``workers.Extent``).
 
     Raises:
         DatasetError: no batch could be loaded at all (on any rank).
     """
-    n_max = max(0, where.cpus - 1) if opts.max_workers is None else opts.max_workers
+    local = choice.local_batch_size
+    n_max = where.cpus if opts.max_workers is None else opts.max_workers
+    extent = None
+    if opts.max_workers is None:
+        extent = workers.Extent(
+            cpus=where.cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
+            batch_bytes=int(choice.replays[choice.strategy].worst_batch_bytes),
+            hard_cap=workers.Extent.default_cap(where.cpus),
+        )  # fmt: skip
     rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step)
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
                             precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip
-    log.info("worker search (%s): 0..%d workers, up to %d batches each", opts.method, n_max,
+    log.info("worker search (%s): 0..%d workers%s, up to %d batches each", opts.method, n_max,
+             " (further while the workers wait)" if extent and opts.method == "fast" else "",
              opts.iterations)  # fmt: skip
     result: dict[str, Any] | Exception
-    choice = None
+    found = None
     try:
-        choice = workers.search(
+        found = workers.search(
             work.dataset, work.sizes, local, max_workers=n_max, timing=timing, rule=rule,
             device=work.device, method=opts.method, seed=opts.seed, progress=opts.progress,
             worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
-            collate_fn=work.collate_fn,
+            collate_fn=work.collate_fn, extent=extent,
         )  # fmt: skip
         result = {
-            "num_workers": choice.num_workers,
+            "num_workers": found.num_workers,
             "pin_memory": work.device.type != "cpu",
-            "prefetch_factor": choice.prefetch_factor.value if choice.num_workers else None,
-            "persistent_workers": bool(choice.persistent_workers.value),
+            "prefetch_factor": found.prefetch_factor.value if found.num_workers else None,
+            "persistent_workers": bool(found.persistent_workers.value),
             "worker_affinity": "gpu-local" if where.pinned else "none",
             "device_prefetch": prefetch.depth if prefetch is not None else None,
         }
@@ -255,7 +268,10 @@ def worker_search(
         result = exc
     nodes = team.per_node(result)  # a failure on any rank stops every rank
     assert isinstance(result, dict)
-    return WorkerStage(result, choice, n_max, nodes)
+    if found is not None and found.reach:
+        log.info("worker search: %s", found.reach)
+    top = max((c.workers for c in found.trace), default=n_max) if found else n_max
+    return WorkerStage(result, found, max(n_max, top), nodes)
 
 
 @dataclass(frozen=True)
@@ -306,7 +322,8 @@ def trials(
         loop = trial.run_trial(work, plan_trial, step, timing)
         threads = None
         if step is not None:
-            threads = _threads(work, plan_trial, step, loop, timing, where.cpus)
+            busy = _busy_cores(stage, planned.num_workers)
+            threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
         if base is None:
             return Trials(threads, None)
@@ -319,16 +336,26 @@ def trials(
     return result
 
 
+def _busy_cores(stage: WorkerStage, count: int) -> int:
+    """The cores ``count`` workers were measured to use: their count, or fewer where the
+    search measured them waiting (reads from storage leave their cores to the step)."""
+    trace = stage.choice.trace if stage.choice is not None else []
+    cand = next((c for c in trace if c.workers == count and c.ok), None)
+    if cand is None or cand.cpu_share is None or count == 0:
+        return count
+    return min(count, math.ceil(cand.cpu_share * count - 1e-9))
+
+
 def _threads(work: Workload, plan: trial.Trial, step: Any, loop: trial.LoopResult,
-             timing: workers.Timing, cpus: int) -> ThreadsChoice:  # fmt: skip
+             timing: workers.Timing, cpus: int, busy: int) -> ThreadsChoice:  # fmt: skip
     count = plan.settings.num_workers
-    default, candidate = loop.num_threads, max(1, cpus - count)
+    default, candidate = loop.num_threads, max(1, cpus - busy)
     other = None
     if candidate != default:
         fewer = trial.Trial(plan.batches, replace(plan.settings, num_threads=candidate),
                             plan.device_prefetch, plan.worker_init_fn)  # fmt: skip
         other = trial.run_trial(work, fewer, step, timing)
-    return choose_threads(default, candidate, loop, other, cpus, count)
+    return choose_threads(default, candidate, loop, other, cpus, count, busy)
 
 
 def _compare(work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,

@@ -61,7 +61,9 @@ def tune(
             ``"512MiB"``, ``"30GiB"``, ``"40GB"``); overrides the probed free memory.
         step: a training step ``step(batch)``, or a zero-argument factory of one.
         strategies: sampler names to consider (default: all in ``STRATEGIES``).
-        max_workers: the largest worker count tried (default: this rank's CPUs - 1).
+        max_workers: the largest worker count tried (at least 1; default: this rank's
+            CPUs, and past them, doubling, while the workers measured mostly wait on
+            reads rather than compute, within host memory, /dev/shm and 8 per CPU).
         iterations: the most batches timed per worker count.
         alpha: seconds; the paper's rule over an exhaustive scan (a larger count must save
             more than ``alpha`` seconds over the timed batches).
@@ -120,7 +122,7 @@ def run(
         where = stages.placement(dev)
         times = stages.timings(team, work, local)
         prefetch = stages.device_prefetch(dev, times, batching, budget.bytes)
-        loader = stages.worker_search(team, work, opts, local, times, where, prefetch)
+        loader = stages.worker_search(team, work, opts, batching, times, where, prefetch)
         tried = stages.trials(team, work, opts, model, budget.bytes, batching, loader, where)
         found = Findings(sizes, room, model, calibration, budget, batching, times, prefetch,
                          where, loader, tried)  # fmt: skip

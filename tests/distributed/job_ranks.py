@@ -82,7 +82,7 @@ def main() -> None:
     if mode == "tune":
         plan = autoloader.tune(
             DATASET, global_batch_size=48, memory_budget=budget_for(rank), safety=0.0,
-            max_workers=0, iterations=2, progress=False, collate_fn=concat,
+            max_workers=1, iterations=2, progress=False, collate_fn=concat,
         )  # fmt: skip
         if rank == 0:
             plan.save(out / "plan.toml")
@@ -96,7 +96,7 @@ def main() -> None:
     elif mode == "options":
         code = cli(
             ["tune", "job_ranks:FIXED", "-o", str(out / "plan.toml"), "--global-batch-size",
-             str(24 * (rank + 1)), "--max-workers", "0", "--iterations", "2", "--quiet"]
+             str(24 * (rank + 1)), "--max-workers", "1", "--iterations", "2", "--quiet"]
         )  # fmt: skip
         result.update(code=code)
     elif mode in ("cli", "nodes"):
@@ -105,7 +105,7 @@ def main() -> None:
         code = cli(
             ["tune", "job_ranks:FIXED", "-o", str(plans / "plan.toml"), "--global-batch-size",
              "48", "--memory-budget", str(budget_for(rank)), "--safety", "0", "--max-workers",
-             "0", "--iterations", "2", "--quiet", *sys.argv[3:]]
+             "1", "--iterations", "2", "--quiet", *sys.argv[3:]]
         )  # fmt: skip
         import job_ranks  # what the command line imported (this file runs as __main__)
 

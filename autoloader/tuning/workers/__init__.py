@@ -13,6 +13,7 @@ import torch
 from autoloader.host import doubling_grid
 from autoloader.loader.collate import collate
 from autoloader.tuning.workers import search as _search
+from autoloader.tuning.workers.extent import Extent
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
 from autoloader.tuning.workers.search import Rule, choose
 from autoloader.tuning.workers.settings import Setting, persistent_workers, prefetch_factor
@@ -20,6 +21,7 @@ from autoloader.tuning.workers.settings import Setting, persistent_workers, pref
 __all__ = [
     "PREFETCH_FACTOR",
     "Candidate",
+    "Extent",
     "Rule",
     "Timing",
     "WorkerChoice",
@@ -40,6 +42,7 @@ class WorkerChoice:
     rule: str
     method: str
     trace: list[Candidate]
+    reach: str | None = None  # why the search went past the CPUs, or stopped at them
 
     @property
     def timed_batches(self) -> int:
@@ -52,6 +55,7 @@ class WorkerChoice:
             "timed_batches": self.timed_batches,
             "prefetch_factor_why": self.prefetch_factor.why,
             "persistent_workers_why": self.persistent_workers.why,
+            **({"reach": self.reach} if self.reach else {}),
             "trace": [c.to_dict() for c in self.trace],
         }
 
@@ -70,8 +74,10 @@ def search(
     progress: bool = False,
     worker_init_fn: Callable[[int], None] | None = None,
     collate_fn: Callable[[list[Any]], Any] = collate,
+    extent: Extent | None = None,
 ) -> WorkerChoice:
-    """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose.
+    """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
+    search goes past ``max_workers`` where ``extent`` allows.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
@@ -103,11 +109,12 @@ def search(
         bar.update()
         return cand
 
+    reach = None
     try:
         if method == "exhaustive":
             trace = _search.exhaustive(measured, max_workers)
         else:
-            trace = _search.fast(measured, max_workers, rule)
+            trace, reach = _search.fast_search(measured, max_workers, rule, extent)
     finally:
         bar.close()
     failed = [c for c in trace if not c.ok]
@@ -124,4 +131,5 @@ def search(
         rule.describe(),
         method,
         trace,
+        reach,
     )

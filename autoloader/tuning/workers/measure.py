@@ -10,6 +10,7 @@ stops early once the mean is known to ``precision`` (relative standard error), o
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator
@@ -21,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
-from autoloader.host import tree_memory_bytes
+from autoloader.host import cpu_seconds, tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
 from autoloader.tuning.transfer import transfer
@@ -42,6 +43,9 @@ class Candidate:
     memory_bytes: int  # PSS of the process tree while loading
     status: str = "ok"
     stderr_seconds: float = 0.0  # standard error of seconds_per_batch
+    # CPU time of the loading processes over their wall time while timed (per worker; the
+    # main process's without workers): near 1 they compute, near 0 they wait (on storage)
+    cpu_share: float | None = None
 
     @classmethod
     def from_times(cls, workers: int, times: list[float], startup: float, memory: int) -> Candidate:
@@ -189,8 +193,9 @@ def _measure(
         transfer(next(batches), device)
         startup = time.perf_counter() - start
         memory[0] = tree_memory_bytes()
+        busy = _Busy(_loading_pids(loader))
         times = steady_state(
-            _timed(batches, device, memory),
+            _timed(batches, device, memory, busy),
             timing,
             skip=max(1, workers * prefetch_factor) - 1,
             slower_than=slower_than,
@@ -211,11 +216,45 @@ def _measure(
         startup,
         max(times),
         max(memory[0], tree_memory_bytes()),
+        cpu_share=busy.share(),
     )
 
 
-def _timed(batches: Iterator[Any], device: torch.device, memory: list[int]) -> Iterator[float]:
+class _Busy:
+    """The loading processes' CPU seconds over their wall seconds, from the first timed
+    batch to the last: how much of the time each one computed rather than waited."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.start: tuple[float, float] | None = None
+        self.last: tuple[float, float] | None = None
+
+    def mark(self) -> None:
+        now = (time.perf_counter(), cpu_seconds(self.pids))
+        if self.start is None:
+            self.start = now
+        else:
+            self.last = now
+
+    def share(self) -> float | None:
+        if self.start is None or self.last is None or self.last[0] <= self.start[0]:
+            return None
+        wall = (self.last[0] - self.start[0]) * len(self.pids)
+        return round(max(0.0, self.last[1] - self.start[1]) / wall, 4)
+
+
+def _loading_pids(loader: DataLoader) -> list[int]:
+    """The processes that load batches: the workers, or this process without them."""
+    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    pids = [p.pid for p in workers if getattr(p, "pid", None)]
+    return pids or [os.getpid()]
+
+
+def _timed(
+    batches: Iterator[Any], device: torch.device, memory: list[int], busy: _Busy
+) -> Iterator[float]:
     count = 0
+    busy.mark()
     while True:
         start = time.perf_counter()
         transfer(next(batches), device)
@@ -223,6 +262,8 @@ def _timed(batches: Iterator[Any], device: torch.device, memory: list[int]) -> I
         count += 1
         if count % 16 == 0:  # PSS is read from /proc: sample it, not every batch
             memory[0] = max(memory[0], tree_memory_bytes())
+        if count % 4 == 0 or count < 4:
+            busy.mark()
 
 
 def _endless(loader: DataLoader, sampler: RandomBatchSampler) -> Generator[Any, None, None]:

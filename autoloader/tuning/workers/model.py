@@ -10,6 +10,7 @@ on any machine. The benchmark and the tests use it to compare searches at a larg
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,13 +27,29 @@ def saturating(
     return lambda w: floor + work / min(w + 1, knee) + contention * max(0.0, w + 1 - knee)
 
 
+def waiting(read: float, *, floor: float = 0.001, cpu: float = 0.0) -> tuple[Curve, Curve]:
+    """Reads that wait ``read`` seconds per batch on storage (``cpu`` of it computing):
+    ``w`` workers overlap their waits, so seconds per batch fall as ``read / w`` to the
+    ``floor``; each worker's CPU share is ``cpu / read`` while it keeps up. Returns the
+    seconds-per-batch curve and the CPU-share curve."""
+    return (
+        lambda w: max(floor, read / max(1, w)) if w else read + floor,
+        lambda w: cpu / read if read / max(1, w) >= floor else cpu / read * read / (w * floor),
+    )
+
+
 class ModelledNode:
     """Measures candidates against a curve with gamma noise of coefficient ``cv``."""
 
-    def __init__(self, curve: Curve, *, cv: float = 0.25, seed: int = 0) -> None:
+    def __init__(
+        self, curve: Curve, *, cv: float = 0.25, seed: int = 0, share: Curve | None = None,
+        worker_bytes: int = 0,
+    ) -> None:  # fmt: skip
         self.curve = curve
         self.shape = 1.0 / cv**2
         self.rng = np.random.default_rng(seed)
+        self.share = share  # each worker's CPU share with ``w`` workers
+        self.worker_bytes = worker_bytes  # memory each worker holds
 
     def measure(self, timing: Timing) -> Callable[[int, float | None], Candidate]:
         def measure_w(w: int, slower_than: float | None = None) -> Candidate:
@@ -40,6 +57,7 @@ class ModelledNode:
             times: list[float] = []
             while not timing.enough(times, slower_than):
                 times.append(float(self.rng.gamma(self.shape, mean / self.shape)))
-            return Candidate.from_times(w, times, startup=0.0, memory=0)
+            cand = Candidate.from_times(w, times, startup=0.0, memory=self.worker_bytes * w)
+            return replace(cand, cpu_share=self.share(w) if self.share else None)
 
         return measure_w

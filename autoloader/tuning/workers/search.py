@@ -14,7 +14,9 @@ training step's time is known, counts are compared by the loop's time per batch,
 loading's alone: without workers the loop loads and steps in turn (loading + step), with
 them loading overlaps the step (the slower of the two, loading with a margin), so a worker
 that only matches the main process's loading speed still wins by hiding it behind the step,
-and more workers than keep the step fed only cost memory.
+and more workers than keep the step fed only cost memory. Given an ``Extent`` (the default
+when the user sets no ``--max-workers``), the grid goes on doubling past the CPUs while the
+workers measured mostly wait rather than compute (``extent``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoloader.host import doubling_grid
+from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import Candidate
 
 Measure = Callable[[int, "float | None"], Candidate]  # (workers, stop if slower than)
@@ -89,44 +92,99 @@ def exhaustive(measure: Measure, max_workers: int) -> list[Candidate]:
 
 
 def fast(measure: Measure, max_workers: int, rule: Rule) -> list[Candidate]:
-    """A doubling grid, a local refinement around the fastest, then bisection for the
-    fewest workers within the threshold. A count that is clearly slower than the
-    threshold of the fastest so far stops after a few batches."""
-    seen: dict[int, Candidate] = {}
+    """The fast search over ``0..max_workers`` alone (see ``fast_search``)."""
+    return fast_search(measure, max_workers, rule)[0]
 
-    def seconds(w: int) -> float:
-        if w not in seen:
-            ok = [rule.loop_seconds(c.workers, c.seconds_per_batch) for c in seen.values() if c.ok]
-            seen[w] = measure(w, rule.threshold(min(ok)) if ok else None)
-        return rule.loop_seconds(w, seen[w].seconds_per_batch) if seen[w].ok else math.inf
 
+def fast_search(
+    measure: Measure, max_workers: int, rule: Rule, extent: Extent | None = None
+) -> tuple[list[Candidate], str | None]:
+    """A doubling grid, past ``max_workers`` where ``extent`` allows, a local refinement
+    around the fastest, then bisection for the fewest workers within the threshold. A
+    count that is clearly slower than the threshold of the fastest so far stops after a
+    few batches. Returns the trace and, with ``extent``, why the search went past
+    ``max_workers`` or stopped there."""
+    seen = _Seen(measure, rule)
     # Largest counts first: they are usually near the fastest, so the slow small counts
     # that follow can stop as soon as they are clearly slower.
     for w in reversed(doubling_grid(max_workers)):
-        seconds(w)
+        seen.seconds(w)
+    reach = _beyond(seen, max_workers, rule, extent) if extent is not None else None
+    _refine(seen)
+    return sorted(seen.found.values(), key=lambda c: c.workers), reach
+
+
+class _Seen:
+    """Counts measured so far, each measured once, slow ones stopped early."""
+
+    def __init__(self, measure: Measure, rule: Rule) -> None:
+        self.measure, self.rule = measure, rule
+        self.found: dict[int, Candidate] = {}
+
+    def seconds(self, w: int) -> float:
+        rule, found = self.rule, self.found
+        if w not in found:
+            ok = [rule.loop_seconds(c.workers, c.seconds_per_batch) for c in found.values() if c.ok]
+            found[w] = self.measure(w, rule.threshold(min(ok)) if ok else None)
+        return rule.loop_seconds(w, found[w].seconds_per_batch) if found[w].ok else math.inf
+
+    def best(self) -> int:
+        return min(self.found, key=self.seconds)
+
+
+def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
+    """Double past ``top`` while the workers mostly wait and the loop gets faster, within
+    the host's memory, shared memory and the hard cap; say why it went on or stopped."""
+    w = top
+    went = []
+    while True:
+        cand = seen.found[w]
+        if seen.best() != w:
+            stop = f"the fastest count, {seen.best()}, is below {w}"
+            break
+        stop = extent.busy(cand)
+        if stop is not None:
+            break
+        nxt = 2 * w if w else 1
+        stop = extent.refuse(nxt, per_worker_bytes(seen.found))
+        if stop is not None:
+            break
+        went.append(f"{w} workers were busy {cand.cpu_share:.0%} of their time")
+        before = seen.seconds(w)
+        if not seen.seconds(nxt) < before / (1 + (rule.tolerance or 0.0)):
+            stop = f"{nxt} workers were no faster than {w}"
+            break
+        w = nxt
+    if not went:
+        return f"stopped at {top} (this rank's CPUs): {stop}"
+    return (f"went past the {top} CPUs to {max(seen.found)} workers: {went[0]} (waiting, "
+            f"not computing); stopped: {stop}")  # fmt: skip
+
+
+def _refine(seen: _Seen) -> None:
     while True:  # halve the gaps next to the fastest until its neighbours are adjacent
-        best = min(seen, key=seconds)
+        best = seen.best()
         sides = (
-            max((w for w in seen if w < best), default=best),
-            min((w for w in seen if w > best), default=best),
+            max((w for w in seen.found if w < best), default=best),
+            min((w for w in seen.found if w > best), default=best),
         )
         fresh = [(side + best) // 2 for side in sides if abs(side - best) > 1]
-        if not fresh or math.isinf(seconds(best)):
+        if not fresh or math.isinf(seen.seconds(best)):
             break
         for w in fresh:
-            seconds(w)
-    fastest = min(seconds(w) for w in seen)
+            seen.seconds(w)
+    fastest = min(seen.seconds(w) for w in seen.found)
     if math.isinf(fastest):
-        return sorted(seen.values(), key=lambda c: c.workers)
+        return
+    rule, found = seen.rule, seen.found
     limit = rule.threshold(fastest)
-    within = [w for w in seen if good_enough(seen[w], limit, rule)]
-    hi = min(within, default=min(seen, key=seconds))
-    lo = max((w for w in seen if w < hi), default=hi)
+    within = [w for w in found if good_enough(found[w], limit, rule)]
+    hi = min(within, default=seen.best())
+    lo = max((w for w in found if w < hi), default=hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        seconds(mid)
-        if good_enough(seen[mid], limit, rule):
+        seen.seconds(mid)
+        if good_enough(found[mid], limit, rule):
             hi = mid
         else:
             lo = mid
-    return sorted(seen.values(), key=lambda c: c.workers)
