@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from autoloader import DataLoader, Plan
 from autoloader.cli import main
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
+from autoloader.loop_model import Evidence
 
 SCRIPTS = Path(__file__).parent / "distributed"
 
@@ -65,11 +66,69 @@ def test_a_raise_that_did_not_help_is_undone_and_never_tried_again() -> None:
         ("num_workers", 1, 0, "down")
     ]
     assert back[0].reason == (
-        "the raise to 1 brought +4.0% samples/s (needs +5%); back to 0, no more raises"
+        "the raise to 1 brought +4.0% samples/s (needs +5%); back to 0, no more raises "
+        "while loading stays as it is"
     )
     for epoch in range(2, 6):  # still starved, but workers are settled; 0 workers: no prefetch
         assert a.decide(measure(epoch, 0.5, 100)) == []
     assert a.settings.num_workers == 0 and len(a.history) == 2
+
+
+def loaded(epoch: int, wait: float, sps: float, workers: int, loading: float) -> EpochMeasure:
+    """A 50-batch epoch at ``workers`` whose main process waited ``loading`` per batch."""
+    loop = 50 * loading / wait
+    return EpochMeasure(epoch, 50, int(sps * loop), 50 * loading, loop, None, loading, workers)
+
+
+# a GNN step of 60 ms, loading 20 ms in the main process, 1 worker timed no faster
+GNN_TUNE = {"step_seconds": 0.060, "max_workers": 2, "trace": [
+    {"workers": 0, "seconds_per_batch": 0.020, "stderr_seconds": 0.0005, "status": "ok"},
+    {"workers": 1, "seconds_per_batch": 0.090, "stderr_seconds": 0.002, "status": "ok"},
+    {"workers": 2, "seconds_per_batch": 0.080, "stderr_seconds": 0.002, "status": "ok"},
+]}  # fmt: skip
+
+
+def test_a_raise_the_tune_timed_no_faster_is_not_paid_for(caplog: Any) -> None:
+    a = adapter(cap=2, evidence=Evidence.from_plan(GNN_TUNE))
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        for epoch in range(4):
+            assert a.decide(loaded(epoch, 0.25, 100, 0, 0.0201)) == []
+    assert a.history == [] and len(a.declined) == 1
+    reason = ("the tune timed 1 (0.0990 s) workers against 0 (0.0800 s per batch of the loop): "
+              "not +5% faster, and loading is as the tune measured it")  # fmt: skip
+    assert (a.declined[0].setting, a.declined[0].reason) == ("num_workers", reason)
+    assert caplog.text.count("not raising num_workers") == 1
+
+
+def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> None:
+    a = adapter(cap=2, evidence=Evidence.from_plan(GNN_TUNE))
+    change = a.decide(loaded(0, 0.6, 100, 0, 0.200))  # reads became 10x slower
+    assert [(c.setting, c.after) for c in change] == [("num_workers", 1)]
+    assert change[0].reason == (
+        "the loop waited 60% of its time for data; the tune timed 1 (0.0990 s) workers "
+        "against 0 (0.0800 s per batch of the loop): not +5% faster, but loading at 0 workers "
+        "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 25% noise): "
+        "trying 1"
+    )
+
+
+def test_a_raise_that_cannot_reach_the_gain_it_must_bring_is_not_tried() -> None:
+    a = adapter(threshold=0.01)
+    assert a.decide(measure(0, 0.04, 100)) == []  # all of the 4% wait is at most +4.2%
+    assert a.declined[0].reason == ("the loop waited 4.0% of its time: a raise could gain at "
+                                    "most +4.2%, not the +5% it must")  # fmt: skip
+    assert [c.after for c in a.decide(measure(1, 0.06, 100))] == [1]
+
+
+def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:
+    a = adapter(cap=2)
+    assert [c.after for c in a.decide(loaded(0, 0.3, 100, 0, 0.010))] == [1]
+    assert [c.after for c in a.decide(loaded(1, 0.3, 101, 1, 0.010))] == [0]  # in vain
+    assert a.decide(loaded(2, 0.3, 100, 0, 0.011)) == []  # the same loop: settled
+    again = a.decide(loaded(3, 0.8, 30, 0, 0.100))  # reads became 10x slower
+    assert [c.after for c in again] == [1]
+    assert again[0].reason.endswith("loading per batch moved 10.00x since the raise in vain "
+                                    "(0.0100 s -> 0.1000 s): trying again")  # fmt: skip
 
 
 def test_workers_stop_at_the_memory_budget_then_prefetch_deepens() -> None:

@@ -14,7 +14,14 @@ The policy is a hill climb with one step back:
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
   if it does not, the raise is undone and that setting is never raised again, so a
   steady dataset cannot oscillate;
-- an epoch that was fed (wait at or under the threshold) changes nothing.
+- an epoch that was fed (wait at or under the threshold) changes nothing;
+- the plan's own evidence comes first (``autoloader.loop_model``, the judgement the worker
+  search made): a worker count the tune timed no faster than the current one is not tried
+  unless the loop's loading time per batch has moved beyond noise since; a raise whose best
+  possible gain (all the wait removed) cannot reach ``min_gain`` is not tried; and a
+  setting settled after a raise in vain is tried again once loading moves beyond noise
+  from what it was then. Each decision not to raise is kept, with its reason, in
+  ``declined``.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
 to say anything. This module decides; ``autoloader.loader.dataloader`` applies.
@@ -22,10 +29,15 @@ to say anything. This module decides; ``autoloader.loader.dataloader`` applies.
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoloader.host import doubling_grid
+from autoloader.loop_model import Evidence, moved
+
+log = logging.getLogger("autoloader")
 
 MIN_BATCHES = 4
 MAX_PREFETCH_FACTOR = 16
@@ -52,6 +64,8 @@ class EpochMeasure:
     wait_seconds: float  # the loop waited for the next batch
     loop_seconds: float  # from the first next() to the end of the epoch
     worker_memory_bytes: int | None = None  # PSS of the worker processes, where measured
+    first_wait_seconds: float = 0.0  # the first batch's wait (start-up, cold caches)
+    workers: int | None = None  # the workers that loaded the epoch
 
     @property
     def wait_fraction(self) -> float:
@@ -60,6 +74,17 @@ class EpochMeasure:
     @property
     def samples_per_second(self) -> float:
         return self.samples / self.loop_seconds if self.loop_seconds > 0 else 0.0
+
+    @property
+    def loading_seconds(self) -> float:
+        """Seconds the loader took to hand over a batch, as the tune's trace measures it:
+        without workers, the main process's wait per batch (the first left out); with
+        workers, the loop's time per batch (their delivery interval, while starved)."""
+        if self.batches < 2:
+            return 0.0
+        if not self.workers:
+            return max(0.0, self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
+        return self.loop_seconds / self.batches
 
 
 @dataclass(frozen=True)
@@ -98,11 +123,25 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Declined:
+    """A raise not tried, and why (the plan's evidence, or a gain out of reach)."""
+
+    epoch: int
+    setting: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class _Trial:
     setting: str
     before: int
     after: int
     baseline_samples_per_second: float
+    loading_seconds: float
+    workers: int
 
 
 class Adapter:
@@ -114,11 +153,12 @@ class Adapter:
         threshold: the wait fraction above which an epoch counts as starved.
         min_gain: the relative samples/s gain a raise must bring to be kept.
         fixed: settings the user chose explicitly: never changed.
+        evidence: the plan's worker search, where it has one.
     """
 
     def __init__(
         self, settings: Settings, limits: Limits, *, threshold: float = 0.05,
-        min_gain: float = 0.05, fixed: tuple[str, ...] = (),
+        min_gain: float = 0.05, fixed: tuple[str, ...] = (), evidence: Evidence | None = None,
     ) -> None:  # fmt: skip
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
             raise TypeError(f"adapt_threshold should be a number, but got {threshold!r}")
@@ -131,10 +171,15 @@ class Adapter:
         self.threshold = float(threshold)
         self.min_gain = min_gain
         self.history: list[Adaptation] = []
+        self.declined: list[Declined] = []
+        self.evidence = evidence
         self._trial: _Trial | None = None
-        # settings raised once in vain (or fixed by the user): never raised again
-        self._settled: set[str] = set(fixed)
+        self._fixed = set(fixed)
+        # settings raised once in vain: not raised again while loading stays as it was
+        # then (the loading seconds per batch and the worker count it was measured at)
+        self._settled: dict[str, tuple[int, float]] = {}
         self._per_worker_bytes: float | None = None
+        self._probing = False
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
@@ -146,18 +191,62 @@ class Adapter:
         if trial is not None:
             gain = m.samples_per_second / trial.baseline_samples_per_second - 1
             if gain < self.min_gain:
-                self._settled.add(trial.setting)
+                self._settled[trial.setting] = (trial.workers, trial.loading_seconds)
                 return self._change(
                     m, trial.setting, trial.before,
                     f"the raise to {trial.after} brought {gain:+.1%} samples/s "
-                    f"(needs {self.min_gain:+.0%}); back to {trial.before}, no more raises",
+                    f"(needs {self.min_gain:+.0%}); back to {trial.before}, no more raises "
+                    "while loading stays as it is",
                 )  # fmt: skip
         if m.wait_fraction <= self.threshold:
             return []
+        best = m.wait_fraction / (1 - m.wait_fraction) if m.wait_fraction < 1 else math.inf
+        if best < self.min_gain:
+            self._decline(m, "all", f"the loop waited {m.wait_fraction:.1%} of its time: a raise "
+                          f"could gain at most {best:+.1%}, not the {self.min_gain:+.0%} it must")
+            return []
         for setting, after, why in self._raises(m):
-            self._trial = _Trial(setting, self._value(setting), after, m.samples_per_second)
+            self._trial = _Trial(setting, self._value(setting), after, m.samples_per_second,
+                                 m.loading_seconds, self.settings.num_workers)  # fmt: skip
             return self._change(m, setting, after, why)
         return []
+
+    def _decline(self, m: EpochMeasure, setting: str, reason: str) -> None:
+        """Keep (and log, once per reason) a raise not tried."""
+        if self._probing or any(d.setting == setting and d.reason == reason for d in self.declined[-8:]):
+            return
+        self.declined.append(Declined(m.epoch, setting, reason))
+        log.info("autoloader: after epoch %d, not raising %s: %s", m.epoch, setting, reason)
+
+    def _unsettled(self, setting: str, m: EpochMeasure) -> str | None:
+        """Whether ``setting`` may be raised: None if not, else "" or why it may again."""
+        if setting in self._fixed:
+            return None
+        if setting not in self._settled:
+            return ""
+        workers, loading = self._settled[setting]
+        if workers != self.settings.num_workers or workers != m.workers:
+            return None
+        ratio = moved(loading, m.loading_seconds)
+        if ratio is None:
+            return None
+        return (f"; loading per batch moved {ratio:.2f}x since the raise in vain "
+                f"({loading:.4f} s -> {m.loading_seconds:.4f} s): trying again")
+
+    def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
+        """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
+        again = self._unsettled("num_workers", m)
+        if again is None:
+            return None
+        current, evidence = self.settings.num_workers, self.evidence
+        ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
+        if ruled is None or evidence is None:
+            return waited + again
+        changed = evidence.changed(current, m.loading_seconds) if m.workers == current else None
+        if changed is None:
+            self._decline(m, "num_workers", f"{ruled}, and loading is as the tune measured it")
+            return None
+        return f"{waited}; {ruled}, but {changed}: trying {nxt}"
 
     def _raises(self, m: EpochMeasure) -> list[tuple[str, int, str]]:
         """The raise to try, first possible first: (setting, new value, reason)."""
@@ -165,16 +254,18 @@ class Adapter:
         waited = f"the loop waited {m.wait_fraction:.0%} of its time for data"
         out = []
         nxt = next((w for w in doubling_grid(lim.max_workers) if w > s.num_workers), None)
-        if "num_workers" not in self._settled and nxt is not None:
+        if nxt is not None:
             per_worker = self._per_worker_bytes
             if per_worker is None or per_worker * nxt <= lim.memory_budget_bytes:
-                out.append(("num_workers", nxt, waited))
-        if s.num_workers > 0 and "prefetch_factor" not in self._settled:
+                why = self._worker_raise(m, nxt, waited)
+                if why is not None:
+                    out.append(("num_workers", nxt, why))
+        if s.num_workers > 0 and self._unsettled("prefetch_factor", m) is not None:
             depth = s.prefetch_factor or 2
             if depth < MAX_PREFETCH_FACTOR:
                 out.append(("prefetch_factor", min(2 * depth, MAX_PREFETCH_FACTOR),
                             f"{waited}, with workers at their cap"))  # fmt: skip
-        if s.device_prefetch is not None and "device_prefetch" not in self._settled:
+        if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
             if s.device_prefetch < lim.device_prefetch_max:
                 out.append(("device_prefetch", s.device_prefetch + 1,
                             f"{waited}, with workers and prefetch at their caps"))  # fmt: skip
@@ -189,6 +280,8 @@ class Adapter:
             m.epoch, setting, self._value(setting), after, m.wait_fraction,
             m.samples_per_second, reason,
         )  # fmt: skip
+        if after > change.before:
+            self._settled.pop(setting, None)  # tried again: judged afresh
         self.settings = replace(self.settings, **{setting: after})
         if setting == "num_workers" and after > 0 and self.settings.prefetch_factor is None:
             self.settings = replace(self.settings, prefetch_factor=2)  # torch's default
@@ -197,4 +290,9 @@ class Adapter:
 
     def at_cap(self) -> bool:
         """No further raise is possible: every setting is at its cap or settled."""
-        return not self._raises(EpochMeasure(0, MIN_BATCHES, 1, 1.0, 1.0))
+        probe = EpochMeasure(0, MIN_BATCHES, 1, 1.0, 1.0, workers=self.settings.num_workers)
+        self._probing = True
+        try:
+            return not self._raises(probe)
+        finally:
+            self._probing = False

@@ -38,6 +38,7 @@ from autoloader.loader.trainers import (
     lightning_record,
     mark_prepared,
 )
+from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH
@@ -68,8 +69,9 @@ class DataLoader(tud.DataLoader):
             never changes. False: the plan's settings, fixed. Off without a plan.
         adapt_threshold: the share of an epoch's loop spent waiting for data above which
             the loader adds workers or prefetching.
-        adapt_max_workers: the most workers adaptation may start (default: this rank's
-            CPUs less one, as ``tune`` searches, never below the plan's count).
+        adapt_max_workers: the most workers adaptation may start (default: as far as
+            ``tune`` searched: this rank's CPUs, or past them where the tune found the
+            workers waiting on reads; never below the plan's count).
         num_threads: the main process's intra-op threads, set with
             ``torch.set_num_threads`` at construction: ``"plan"`` (the default) applies the
             plan's ``[loader] num_threads`` where ``tune`` measured it faster than torch's
@@ -297,7 +299,8 @@ def _runtime(
         loader.device_prefetch if loader._feed_device is not None else None,
     )
     limits = default_limits(plan, settings, max_workers)
-    adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed))
+    adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
+                      evidence=Evidence.from_plan(plan.tuning.get("workers")))  # fmt: skip
     predicted = plan.memory.get("predicted_peak_bytes")
     watch = None
     if isinstance(predicted, int) and predicted > 0:

@@ -40,11 +40,16 @@ log = logging.getLogger("autoloader")
 
 
 def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> Limits:
-    """The caps: workers as tune caps its search (this rank's CPUs less one, never below
-    the plan's count), half the available RAM split over the node's ranks for the worker
-    processes, and a device feed only as deep as the plan's memory budget allows."""
+    """The caps: workers as far as the tune's search went (this rank's CPUs, or past them
+    where the tune found the workers waiting on reads; never below the plan's count), half
+    the available RAM split over the node's ranks for the worker processes, and a device
+    feed only as deep as the plan's memory budget allows."""
     if max_workers is None:
-        max_workers = max(settings.num_workers, cpus_per_rank() - 1)
+        table = plan.tuning.get("workers")
+        searched = table.get("max_workers") if isinstance(table, dict) else None
+        if isinstance(searched, bool) or not isinstance(searched, int):
+            searched = 0
+        max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
     return Limits(max_workers, worker_memory_budget(), _device_prefetch_max(plan, settings))
 
 
@@ -185,6 +190,8 @@ class Runtime:
             "epochs": self.epoch,
             "adaptations": [a.to_dict() for a in self.adaptations],
         }
+        if self.adapter is not None and self.adapter.declined:
+            runtime["declined"] = [d.to_dict() for d in self.adapter.declined]
         if self.last is not None:
             runtime["last_epoch"] = {
                 "wait_fraction": round(self.last.wait_fraction, 4),
@@ -224,11 +231,12 @@ class EpochIter:
         self._loader = loader
         self._start: float | None = None
         self._wait = 0.0
+        self._first_wait = 0.0
         self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
         self._worker_memory: int | None = None
-        workers = loader.num_workers
+        workers = self._workers = loader.num_workers
         self._memory_at = workers * (loader.prefetch_factor or 2) + 1 if workers else -1
         self._done = False
 
@@ -252,7 +260,10 @@ class EpochIter:
         except StopIteration:
             self._finish()
             raise
-        self._wait += time.perf_counter() - now
+        waited = time.perf_counter() - now
+        self._wait += waited
+        if self._count == 0:
+            self._first_wait = waited
         self._count += 1
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)
@@ -271,8 +282,9 @@ class EpochIter:
         else:
             samples = self._count * (getattr(loader.batch_sampler, "batch_size", None) or 1)
         measure = EpochMeasure(
-            runtime.epoch, self._count, samples, self._wait, loop, self._worker_memory
-        )
+            runtime.epoch, self._count, samples, self._wait, loop, self._worker_memory,
+            self._first_wait, self._workers,
+        )  # fmt: skip
         runtime.end(measure, self._last_bytes, self._count)
 
 

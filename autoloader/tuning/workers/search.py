@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoloader.host import doubling_grid
+from autoloader.loop_model import MARGIN, loop_seconds
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import Candidate
 
@@ -39,7 +40,7 @@ class Rule:
     tolerance: float | None = 0.05  # relative, against the fastest count
     alpha: float | None = None  # the paper's absolute seconds, over the timed batches
     step_seconds: float | None = None  # a training step's time: keep it fed, no more
-    margin: float = 0.1  # loading must be this much faster than the step
+    margin: float = MARGIN  # loading must be this much faster than the step
 
     def describe(self) -> str:
         if self.alpha is not None:
@@ -55,13 +56,8 @@ class Rule:
 
     def loop_seconds(self, workers: int, loading: float) -> float:
         """The training loop's seconds per batch with ``workers`` loading in ``loading``
-        seconds each: loading alone without a known step; loading then the step in the
-        main process; with workers, the slower of the step and loading (with the margin)."""
-        if self.step_seconds is None or not math.isfinite(loading):
-            return loading
-        if workers == 0:
-            return loading + self.step_seconds
-        return max(loading * (1 + self.margin), self.step_seconds)
+        seconds each (``autoloader.loop_model``: the adapter judges by the same model)."""
+        return loop_seconds(workers, loading, self.step_seconds, self.margin)
 
 
 def good_enough(cand: Candidate, limit: float, rule: Rule) -> bool:

@@ -1,0 +1,132 @@
+"""The one judgement of worker counts that the tune and the run-time adapter share.
+
+A training loop's time per batch follows from two measured figures: the seconds the loader
+takes to hand over a batch (``loading``) and the training step's seconds. Without workers
+the loop loads, then steps; with workers loading overlaps the step, so the loop runs at
+the slower of the two (loading with a margin, since workers that only just keep up leave
+no slack). The worker search chooses counts by this model (``tuning.workers.Rule``); the
+planned loader's adapter reads the search's trace back from the plan (``Evidence``) so
+that it never pays an epoch for a raise the tune already measured to be no faster, unless
+the loop has changed since.
+
+Neutral ground: the tuner and the loader both import it; it imports neither.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MARGIN = 0.1  # loading must be this much faster than the step to keep it fed
+NOISE = 0.25  # run-time loading within this share of the tune's figure is the same loop
+
+
+def loop_seconds(
+    workers: int, loading: float, step: float | None, margin: float = MARGIN
+) -> float:
+    """Seconds per batch of the training loop with ``workers`` loading in ``loading``
+    seconds each: loading alone without a known step; loading then the step in the main
+    process; with workers, the slower of the step and loading (with the margin)."""
+    if step is None or not math.isfinite(loading):
+        return loading
+    if workers == 0:
+        return loading + step
+    return max(loading * (1 + margin), step)
+
+
+def moved(before: float, now: float, noise: float = NOISE) -> float | None:
+    """``now / before`` where loading moved beyond ``noise`` either way (None: it did not)."""
+    if before <= 0 or now <= 0:
+        return None
+    ratio = now / before
+    return ratio if abs(math.log(ratio)) > math.log1p(noise) else None
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One worker count as the tune measured it."""
+
+    workers: int
+    seconds_per_batch: float
+    stderr_seconds: float = 0.0
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The tune's worker search, as a plan records it in ``[tuning.workers]``."""
+
+    counts: dict[int, Timed]
+    step_seconds: float | None
+
+    @classmethod
+    def from_plan(cls, workers_table: Any) -> Evidence | None:
+        """The evidence in a plan's ``[tuning.workers]`` table (None where it has none:
+        a hand-written plan, or one whose trace cannot be read)."""
+        if not isinstance(workers_table, Mapping):
+            return None
+        trace = workers_table.get("trace")
+        counts: dict[int, Timed] = {}
+        for entry in trace if isinstance(trace, list) else []:
+            if not isinstance(entry, Mapping) or entry.get("status", "ok") != "ok":
+                continue
+            w, spb = entry.get("workers"), _number(entry.get("seconds_per_batch"))
+            if isinstance(w, bool) or not isinstance(w, int) or spb is None:
+                continue
+            counts[w] = Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0)
+        if not counts:
+            return None
+        return cls(counts, _number(workers_table.get("step_seconds")))
+
+    def loop(self, workers: int) -> float | None:
+        """The loop's predicted seconds per batch at a measured count."""
+        t = self.counts.get(workers)
+        return None if t is None else loop_seconds(workers, t.seconds_per_batch, self.step_seconds)
+
+    def changed(self, workers: int, loading: float) -> str | None:
+        """How loading has moved since the tune, where beyond noise (None: the same loop).
+
+        ``loading`` is the run-time seconds per batch the loader took to hand over a
+        batch at ``workers``: what the tune's trace measured at that count.
+        """
+        t = self.counts.get(workers)
+        if t is None or t.seconds_per_batch <= 0 or loading <= 0:
+            return None
+        noise = max(NOISE, 3 * t.stderr_seconds / t.seconds_per_batch)
+        ratio = moved(t.seconds_per_batch, loading, noise)
+        if ratio is None:
+            return None
+        return (
+            f"loading at {workers} workers moved from the tune's {t.seconds_per_batch:.4f} s "
+            f"to {loading:.4f} s per batch ({ratio:.2f}x, beyond the {noise:.0%} noise)"
+        )
+
+    def rules_out(self, current: int, raised: int, min_gain: float) -> str | None:
+        """Why the tune's own timings say ``raised`` workers would not bring ``min_gain``
+        over ``current`` (None: they do not say so, or were not measured)."""
+        now = self.loop(current)
+        if now is None:
+            return None
+        if raised in self.counts:
+            tried = [raised]
+        else:  # not measured: ruled out only if the counts either side were no faster
+            below = max((w for w in self.counts if current < w < raised), default=None)
+            above = min((w for w in self.counts if w > raised), default=None)
+            if below is None or above is None:
+                return None
+            tried = [below, above]
+        loops = [self.loop(w) for w in tried]
+        if any(x is None or x <= 0 or now / x - 1 >= min_gain for x in loops):
+            return None
+        which = " and ".join(f"{w} ({x:.4f} s)" for w, x in zip(tried, loops))
+        return (
+            f"the tune timed {which} workers against {current} ({now:.4f} s per batch of the "
+            f"loop): not {min_gain:+.0%} faster"
+        )
