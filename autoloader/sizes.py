@@ -103,6 +103,11 @@ def size_stats(sizes: np.ndarray) -> dict[str, int | float]:
 MAX_SAMPLES = 2**32  # more is a broken __len__, not a dataset: its sizes alone take 32 GiB
 
 
+def dataset_length(dataset: Any) -> int:
+    """``len(dataset)``, or a ``DatasetError`` that says what is wrong with it."""
+    return _length(dataset)
+
+
 def _length(dataset: Any) -> int:
     name = type(dataset).__name__
     if not hasattr(type(dataset), "__len__"):
@@ -200,6 +205,74 @@ def _write_cache(source: DataSource, sizes: np.ndarray) -> None:
             return
         except OSError as exc:
             log.info("cannot cache sample sizes in %s (%s)", path, exc.strerror)
+
+
+def recorded_path(plan_path: str | Path) -> Path:
+    """Where a plan's sizes are recorded beside it: ``plan.toml`` -> ``plan.toml.sizes.npz``."""
+    p = Path(plan_path)
+    return p.with_name(p.name + ".sizes.npz")
+
+
+def record_sizes(plan_path: str | Path, sizes: np.ndarray) -> None:
+    """Record the sizes a tune measured beside its plan, stamped with their fingerprint, so
+    a planned loader finds them without reading the data. Best effort: a plan written
+    through a device or pipe, or beside an existing special file, records none."""
+    path = recorded_path(plan_path)
+    if output_kind(Path(plan_path)) != "file" or output_kind(path) != "file" or path.is_symlink():
+        return
+    buffer = io.BytesIO()
+    np.savez(buffer, sizes=np.asarray(sizes, dtype=np.int64), stamp=np.array(fingerprint(sizes)))
+    try:
+        atomic_write(path, buffer.getvalue())
+    except OSError as exc:
+        log.info("cannot record the sample sizes in %s (%s)", path, exc.strerror)
+
+
+def recorded_sizes(plan_path: str | Path, expected: str | None) -> np.ndarray | None:
+    """The sizes recorded beside a plan, if they are there, whole, and of the data the
+    plan was tuned for (fingerprint ``expected``); None otherwise."""
+    path = recorded_path(plan_path)
+    if expected is None or not path.exists():
+        return None
+    try:
+        n = int(expected.split(":")[1])
+    except (IndexError, ValueError):
+        return None
+    data = _read_regular(path, limit=16 * n + 2**20)
+    if data is None:
+        return None
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as found:
+            sizes = np.array(found["sizes"], dtype=np.int64)
+            stamp = str(found["stamp"])
+    except Exception as exc:  # truncated, flipped, not a zip: measured again
+        log.warning("autoloader: the recorded sizes %s are damaged (%s)", path, type(exc).__name__)
+        return None
+    if stamp != expected or sizes.ndim != 1 or fingerprint(sizes) != expected:
+        return None
+    sizes.setflags(write=False)
+    return sizes
+
+
+def spot_check(dataset: Any, sizes: np.ndarray, *, count: int = 8) -> str | None:
+    """Load a few samples (the largest, and others drawn by a fixed seed) and compare
+    their sizes with ``sizes``; why they are stale, or None where they agree.
+
+    Raises:
+        SampleError: a sample raised, naming it.
+    """
+    from autoloader.datasets.reads import read
+
+    n = len(sizes)
+    if _length(dataset) != n:
+        return f"they are for {n} samples; this dataset has {len(dataset)}"
+    rng = np.random.default_rng(n)
+    picks = {int(np.argmax(sizes)), *rng.choice(n, size=min(count, n), replace=False).tolist()}
+    for i in sorted(picks):
+        found = nbytes_of(read(dataset, i))
+        if found != int(sizes[i]):
+            return f"sample {i} is {found} bytes, recorded {int(sizes[i])}"
+    return None
 
 
 __all__ = ["DataSource", "fingerprint", "nbytes_of", "sample_sizes", "size_stats"]

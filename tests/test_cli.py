@@ -249,7 +249,7 @@ def test_json_and_quiet(
         "--iterations",
         "2",
         "--max-workers",
-        "0",
+        "1",
     ]
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["schema"] == 1

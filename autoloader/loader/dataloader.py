@@ -22,6 +22,7 @@ from autoloader.loader.collate import collate
 from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.planned import (
     accumulation_for,
@@ -43,7 +44,7 @@ from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH
 from autoloader.samplers import SizeBatchSampler
-from autoloader.sizes import sample_sizes
+from autoloader.sizes import dataset_length
 
 log = logging.getLogger("autoloader")
 
@@ -106,14 +107,17 @@ class DataLoader(tud.DataLoader):
         self.grad_accum_steps = 1
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
-            sizes = sample_sizes(dataset)
-            if check_fingerprint:
-                check_data_fingerprint(self.plan, sizes)
             rank, world = rank_and_world_size()
+            n = dataset_length(dataset)
+            verify = check_fingerprint and self.plan.fingerprint is not None
+            sizes = known_sizes(self.plan, dataset, world, verify=verify)
+            if check_fingerprint:
+                check_data_fingerprint(self.plan, sizes, n)
             self.grad_accum_steps = accumulation_for(self.plan, world)
-            given = apply_plan(self.plan, given, sizes, rank, world)
+            given = apply_plan(self.plan, given, sizes, rank, world, n)
             check_ranks_agree(
-                digest(self.plan, given, sizes, self.grad_accum_steps), source=self.plan.source
+                digest(self.plan, given, sizes, self.grad_accum_steps, n),
+                source=self.plan.source,
             )
         else:
             self.plan = None
@@ -122,6 +126,7 @@ class DataLoader(tud.DataLoader):
                 rank, _ = rank_and_world_size()
         if given.get("collate_fn") is None and _auto_collation(given):
             given["collate_fn"] = collate
+        self._sizes = sizes
         self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
@@ -172,7 +177,9 @@ class DataLoader(tud.DataLoader):
             raise UsageError("save_plan: this DataLoader was built without a plan")
         runtime = self._runtime or Runtime(self.plan, None, None, self._recorder, self._rank)
         adapted = runtime.adapted_plan(node_loader(self.plan))
-        Plan.from_dict(adapted.to_dict(), source=os.fspath(path)).save(path)
+        saved = Plan.from_dict(adapted.to_dict(), source=os.fspath(path))
+        saved.sizes = self.plan.sizes if self.plan.sizes is not None else self._sizes
+        saved.save(path)
 
     @property
     def stats(self) -> LoaderStats:

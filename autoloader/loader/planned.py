@@ -24,7 +24,7 @@ log = logging.getLogger("autoloader")
 
 
 def apply_plan(
-    plan: Plan, given: dict[str, Any], sizes: np.ndarray, rank: int, world: int
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray | None, rank: int, world: int, n: int
 ) -> dict[str, Any]:
     """Torch keyword arguments from the plan; explicitly given ones win."""
     lp, bp = node_loader(plan), plan.batching
@@ -51,7 +51,9 @@ def apply_plan(
         overrides.update(
             {k: given[k] for k in ("batch_size", "shuffle", "drop_last") if k in given}
         )
-        planned["batch_sampler"] = planned_sampler(plan, given, sizes, rank, world)
+        # Sizes are None only where the batches do not depend on them (random, one rank).
+        known = sizes if sizes is not None else np.zeros(n, dtype=np.int64)
+        planned["batch_sampler"] = planned_sampler(plan, given, known, rank, world)
     if overrides:
         log.info(
             "autoloader: keyword arguments override the plan: %s",
@@ -139,7 +141,9 @@ def accumulation_for(plan: Plan, world: int) -> int:
     return steps
 
 
-def digest(plan: Plan, given: dict[str, Any], sizes: np.ndarray, accum: int) -> dict[str, Any]:
+def digest(
+    plan: Plan, given: dict[str, Any], sizes: np.ndarray | None, accum: int, n: int
+) -> dict[str, Any]:
     """What must be equal on every rank: the batching as applied, and the data."""
     batching = plan.to_dict()["batching"]
     sampler = given.get("batch_sampler")
@@ -149,12 +153,24 @@ def digest(plan: Plan, given: dict[str, Any], sizes: np.ndarray, accum: int) -> 
     elif sampler is not None or given.get("sampler") is not None:
         batching["sampler"] = type(sampler or given.get("sampler")).__name__
     batching["grad_accum_steps"] = accum
-    return {**batching, "dataset fingerprint": fingerprint(sizes)}
+    data = fingerprint(sizes) if sizes is not None else f"{n} samples"
+    return {**batching, "dataset fingerprint": data}
 
 
-def check_data_fingerprint(plan: Plan, sizes: np.ndarray) -> None:
+def check_data_fingerprint(plan: Plan, sizes: np.ndarray | None, n: int) -> None:
+    """Refuse a plan tuned for other data: by fingerprint, or by sample count where no
+    sizes were needed."""
     expected = plan.fingerprint
     if expected is None:
+        return
+    if sizes is None:
+        recorded = plan.dataset.get("num_samples")
+        if isinstance(recorded, int) and recorded != n:
+            raise PlanError(
+                f"{plan.source}: the plan was tuned for other data ({recorded} samples); "
+                f"this dataset has {n} samples. Re-run `autoloader tune`, or pass "
+                "check_fingerprint=False"
+            )
         return
     found = fingerprint(sizes)
     if found != expected:

@@ -74,6 +74,9 @@ class Plan:
     memory: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="<dict>", compare=False)
+    # bytes per sample as the tune measured them: recorded beside the plan by ``save``,
+    # so a planned loader starts without reading the data (not part of the TOML)
+    sizes: Any = field(default=None, compare=False, repr=False)
 
     @property
     def fingerprint(self) -> str | None:
@@ -154,6 +157,8 @@ class Plan:
         An interrupted or failed save leaves any previous plan at ``path`` untouched. A
         link keeps being a link (its file is replaced); a device or FIFO is written
         through, never replaced; a socket or block device is refused (``PlanError``).
+        A plan that holds the tune's ``sizes`` records them beside a regular plan file
+        (``PATH.sizes.npz``).
         """
         p = Path(path)
         if p.is_dir():
@@ -164,6 +169,10 @@ class Plan:
             raise PlanError(f"{p}: cannot write the plan: directory {directory} does not exist")
         try:
             write_output(p, text.encode("utf-8"))
+            if self.sizes is not None:
+                from autoloader.sizes import record_sizes  # numpy: not for `show`
+
+                record_sizes(p, self.sizes)
         except UsageError as exc:
             raise PlanError(str(exc)) from None
         except OSError as exc:  # a full disk, a quota: the environment, not a bug

@@ -70,6 +70,7 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
         ),
         memory=_memory(opts, found),
         tuning=_tuning(opts, device, found),
+        sizes=found.sizes,
     )
 
 
