@@ -23,9 +23,7 @@ MARGIN = 0.1  # loading must be this much faster than the step to keep it fed
 NOISE = 0.25  # run-time loading within this share of the tune's figure is the same loop
 
 
-def loop_seconds(
-    workers: int, loading: float, step: float | None, margin: float = MARGIN
-) -> float:
+def loop_seconds(workers: int, loading: float, step: float | None, margin: float = MARGIN) -> float:
     """Seconds per batch of the training loop with ``workers`` loading in ``loading``
     seconds each: loading alone without a known step; loading then the step in the main
     process; with workers, the slower of the step and loading (with the margin)."""
@@ -125,7 +123,7 @@ class Evidence:
         loops = [self.loop(w) for w in tried]
         if any(x is None or x <= 0 or now / x - 1 >= min_gain for x in loops):
             return None
-        which = " and ".join(f"{w} ({x:.4f} s)" for w, x in zip(tried, loops))
+        which = " and ".join(f"{w} ({x:.4f} s)" for w, x in zip(tried, loops, strict=True))
         return (
             f"the tune timed {which} workers against {current} ({now:.4f} s per batch of the "
             f"loop): not {min_gain:+.0%} faster"

@@ -93,12 +93,38 @@ def tune_loadtune(peer: str, name: str, data: str, workdir: Path) -> tuple[dict[
     seconds = time.perf_counter() - start
     if not (out / "loadtune_apply.py").exists():  # it found nothing better: defaults stay
         return {"kwargs": {}, "threads": None}, seconds
-    probe = (f"import sys, json; sys.path.insert(0, {str(out)!r}); import loadtune_apply as a, "
-             "torch; t = torch.get_num_threads(); a.apply_global_configs(); "
-             "print(json.dumps([a.get_dataloader_kwargs(), torch.get_num_threads(), t]))")  # fmt: skip
+    probe = (
+        f"import sys, json; sys.path.insert(0, {str(out)!r}); "
+        "import loadtune_apply as a, torch; t = torch.get_num_threads(); "
+        "a.apply_global_configs(); "
+        "print(json.dumps([a.get_dataloader_kwargs(), torch.get_num_threads(), t]))"
+    )
     found = subprocess.run([peer, "-c", probe], check=True, capture_output=True, text=True)
     kwargs, threads, default = json.loads(found.stdout)
     return {"kwargs": kwargs, "threads": threads if threads != default else None}, seconds
+
+
+def startup(name: str, data: str, plan: Path) -> tuple[float, float]:
+    """Seconds a new process takes to build the planned loader: with the sizes the tune
+    recorded beside the plan, and without them (every sample read, as before)."""
+    code = ("import time, sys, autoloader, peer_workloads as w; d = w.dataset(); "
+            "t = time.perf_counter(); autoloader.DataLoader(d, plan=sys.argv[1]); "
+            "print(time.perf_counter() - t)")  # fmt: skip
+    recorded = plan.with_name(plan.name + ".sizes.npz")
+
+    def timed() -> float:
+        out = subprocess.run([sys.executable, "-c", code, str(plan)], check=True,
+                             capture_output=True, text=True, env=env_for(name, data))  # fmt: skip
+        return float(out.stdout.split()[-1])
+
+    fast = timed()
+    aside = recorded.with_name("aside.npz")
+    recorded.rename(aside)
+    try:
+        slow = timed()
+    finally:
+        aside.rename(recorded)
+    return fast, slow
 
 
 def main() -> None:
@@ -106,16 +132,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workloads", default="demo,io,cpu")
-    parser.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"),
-                        help="a python with loadtune installed (its own venv)")
+    parser.add_argument(
+        "--peer-python",
+        default=os.environ.get("PEER_PYTHON"),
+        help="a python with loadtune installed (its own venv)",
+    )
     args = parser.parse_args()
     peer = args.peer_python
     if peer and subprocess.run([peer, "-c", "import loadtune"], capture_output=True).returncode:
         peer = None
     if not peer:
         print("loadtune: not installed (give --peer-python VENV/bin/python): its arm is skipped")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.rounds} rounds of "
-          f"{args.epochs} epochs per arm, interleaved; medians of samples/s")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.rounds} rounds of "
+        f"{args.epochs} epochs per arm, interleaved; medians of samples/s"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -125,8 +156,10 @@ def main() -> None:
         for name in args.workloads.split(","):
             os.environ.update(env_for(name, data))
             rows.append(run_workload(name, data, workdir, peer, args))
-    print("\n| workload | autoloader / defaults | loadtune / defaults | autoloader / loadtune "
-          "| autoloader plan | loadtune config | tuning s (autoloader, loadtune) |")
+    print(
+        "\n| workload | autoloader / defaults | loadtune / defaults | autoloader / loadtune "
+        "| autoloader plan | loadtune config | tuning s (autoloader, loadtune) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
@@ -157,24 +190,34 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     got: dict[str, list[float]] = {k: [] for k in arms}
     names = list(arms)
     for r in range(args.rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             got[k].append(loop(arms[k], step, args.epochs))
     med = {k: statistics.median(v) for k, v in got.items()}
+    fast, slow = startup(name, data, plan_path) if name != "demo" else (None, None)
     plan = autoloader.Plan.load(plan_path)
     lp = plan.loader
     mine = f"{lp.num_workers} workers" + (f", {lp.num_threads} threads" if lp.num_threads else "")
     print(f"\n{name}: samples/s " + ", ".join(
         f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in got.items()))  # fmt: skip
     print(f"  autoloader: {mine}; {plan.tuning['workers'].get('reach', '')}")
+    if fast is not None and slow is not None:
+        print(
+            f"  a new process builds the planned loader in {fast:.2f} s with the sizes "
+            f"recorded beside the plan, {slow:.2f} s reading every sample ({slow / fast:.0f}x)"
+        )
     if theirs is None:
-        return (f"| {name} | {med['autoloader'] / med['torch']:.2f}x | - | - | {mine} | - "
-                f"| {ours_s:.0f}, - |")
+        return (
+            f"| {name} | {med['autoloader'] / med['torch']:.2f}x | - | - | {mine} | - "
+            f"| {ours_s:.0f}, - |"
+        )
     cfg = ", ".join(f"{k}={v}" for k, v in theirs["kwargs"].items())
     cfg += f", threads={theirs['threads']}" if theirs["threads"] else ""
     print(f"  loadtune: {cfg}")
-    return (f"| {name} | {med['autoloader'] / med['torch']:.2f}x | "
-            f"{med['loadtune'] / med['torch']:.2f}x | **{med['autoloader'] / med['loadtune']:.2f}x**"
-            f" | {mine} | {cfg} | {ours_s:.0f}, {peer_s:.0f} |")
+    ours_x, peer_x = med["autoloader"] / med["torch"], med["loadtune"] / med["torch"]
+    return (
+        f"| {name} | {ours_x:.2f}x | {peer_x:.2f}x | **{ours_x / peer_x:.2f}x** | {mine} "
+        f"| {cfg} | {ours_s:.0f}, {peer_s:.0f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -78,8 +78,9 @@ def test_a_planned_loader_starts_without_reading_the_data(tuned: Path) -> None:
 
 def test_stale_sizes_are_measured_again_and_say_why(tuned: Path, caplog: Any) -> None:
     changed = Counted(grow=int(np.argmax([i % 7 for i in range(96)])))
-    with caplog.at_level(logging.WARNING, logger="autoloader"), pytest.raises(
-        PlanError, match=r"the plan was tuned for other data"
+    with (
+        caplog.at_level(logging.WARNING, logger="autoloader"),
+        pytest.raises(PlanError, match=r"the plan was tuned for other data"),
     ):
         DataLoader(changed, plan=tuned, adapt=False, metrics=False, collate_fn=list)
     assert changed.reads.value >= 96
@@ -103,6 +104,8 @@ def test_random_batches_on_one_rank_need_no_sizes(tmp_path: Path) -> None:
                           "grad_accum_steps": 1, "global_batch_size": 8, "seed": 0,
                           "drop_last": False, "options": {}}}  # fmt: skip
     data = Counted()
-    loader = DataLoader(data, plan=Plan.from_dict(table), adapt=False, metrics=False, collate_fn=list)
+    loader = DataLoader(
+        data, plan=Plan.from_dict(table), adapt=False, metrics=False, collate_fn=list
+    )
     assert data.reads.value == 0
     assert len(batches(loader, 1)) == 12

@@ -202,8 +202,9 @@ class Adapter:
             return []
         best = m.wait_fraction / (1 - m.wait_fraction) if m.wait_fraction < 1 else math.inf
         if best < self.min_gain:
-            self._decline(m, "all", f"the loop waited {m.wait_fraction:.1%} of its time: a raise "
-                          f"could gain at most {best:+.1%}, not the {self.min_gain:+.0%} it must")
+            self._decline(m, "all", (
+                f"the loop waited {m.wait_fraction:.1%} of its time: a raise could gain at "
+                f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
             return []
         for setting, after, why in self._raises(m):
             self._trial = _Trial(setting, self._value(setting), after, m.samples_per_second,
@@ -213,7 +214,8 @@ class Adapter:
 
     def _decline(self, m: EpochMeasure, setting: str, reason: str) -> None:
         """Keep (and log, once per reason) a raise not tried."""
-        if self._probing or any(d.setting == setting and d.reason == reason for d in self.declined[-8:]):
+        recent = self.declined[-8:]
+        if self._probing or any(d.setting == setting and d.reason == reason for d in recent):
             return
         self.declined.append(Declined(m.epoch, setting, reason))
         log.info("autoloader: after epoch %d, not raising %s: %s", m.epoch, setting, reason)

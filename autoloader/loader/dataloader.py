@@ -22,8 +22,8 @@ from autoloader.loader.collate import collate
 from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.drift import MemoryWatch, PeakOf
-from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
+from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.planned import (
     accumulation_for,
     apply_plan,

@@ -132,20 +132,18 @@ def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
     """Double past ``top`` while the workers mostly wait and the loop gets faster, within
     the host's memory, shared memory and the hard cap; say why it went on or stopped."""
     w = top
-    went = []
+    went: list[str] = []
     while True:
         cand = seen.found[w]
-        if seen.best() != w:
-            stop = f"the fastest count, {seen.best()}, is below {w}"
-            break
-        stop = extent.busy(cand)
-        if stop is not None:
-            break
         nxt = 2 * w if w else 1
-        stop = extent.refuse(nxt, per_worker_bytes(seen.found))
+        stop = (
+            (f"the fastest count, {seen.best()}, is below {w}" if seen.best() != w else None)
+            or extent.busy(cand)
+            or extent.refuse(nxt, per_worker_bytes(seen.found))
+        )
         if stop is not None:
             break
-        went.append(f"{w} workers were busy {cand.cpu_share:.0%} of their time")
+        went.append(f"{w} workers were busy {cand.cpu_share or 0:.0%} of their time")
         before = seen.seconds(w)
         if not seen.seconds(nxt) < before / (1 + (rule.tolerance or 0.0)):
             stop = f"{nxt} workers were no faster than {w}"
