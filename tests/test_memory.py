@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from autoloader import DeviceError, tune
 from autoloader.loader.collate import collate
 from autoloader.samplers import make_sampler
 from autoloader.sizes import sample_sizes
+from autoloader.tuning import stages
 from autoloader.tuning.batching import all_local_batches, choose_batching, local_batch_sizes
 from autoloader.tuning.calibrate import measure_peaks
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
@@ -73,7 +75,15 @@ def test_cpu_calibration_never_forks(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_fork() -> int:
         raise AssertionError("os.fork called during calibration")
 
-    monkeypatch.setattr(os, "fork", no_fork)
+    calibrate = stages.calibrate_step
+
+    def calibrate_without_fork(*args: Any, **kw: Any) -> Any:
+        # the worker search forks loader workers, as it must; the calibration never does
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fork", no_fork)
+            return calibrate(*args, **kw)
+
+    monkeypatch.setattr(stages, "calibrate_step", calibrate_without_fork)
     x = torch.ones(4, requires_grad=True)
     (x * 2).sum().backward()  # autograd's threads exist in this process now
     plan = tune(

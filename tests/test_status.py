@@ -36,7 +36,7 @@ plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
                        "batching": {"strategy": "random", "local_batch_size": 4, "world_size": 2},
                        "memory": {"predicted_peak_bytes": 1000, "budget_bytes": 4000}})
 loader = DataLoader(Data(0.01 if starved else 0.0), plan=plan, check_fingerprint=False,
-                    adapt_max_workers=1)
+                    adapt_max_workers=0)
 for epoch in range(2):
     loader.set_epoch(epoch)
     for batch in loader:

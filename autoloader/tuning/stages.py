@@ -209,6 +209,15 @@ def placement(device: torch.device) -> Placement:
     return Placement(min(cpus, len(local)), local) if local else Placement(cpus, None)
 
 
+def _extent(choice: BatchingChoice, where: Placement) -> workers.Extent:
+    """How far past the CPUs the search may go: host memory, /dev/shm, 8 per CPU."""
+    return workers.Extent(
+        cpus=where.cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
+        batch_bytes=int(choice.replays[choice.strategy].worst_batch_bytes),
+        hard_cap=workers.Extent.default_cap(where.cpus),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class WorkerStage:
     """The worker search's choice as ``[loader]``, its trace, and each node's table."""
@@ -232,13 +241,7 @@ def worker_search(
     """
     local = choice.local_batch_size
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
-    extent = None
-    if opts.max_workers is None:
-        extent = workers.Extent(
-            cpus=where.cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
-            batch_bytes=int(choice.replays[choice.strategy].worst_batch_bytes),
-            hard_cap=workers.Extent.default_cap(where.cpus),
-        )  # fmt: skip
+    extent = _extent(choice, where) if opts.max_workers is None else None
     rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step)
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
                             precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip

@@ -62,8 +62,7 @@ def tune(
         step: a training step ``step(batch)``, or a zero-argument factory of one.
         strategies: sampler names to consider (default: all in ``STRATEGIES``).
         max_workers: the largest worker count tried (at least 1; default: this rank's
-            CPUs, and past them, doubling, while the workers measured mostly wait on
-            reads rather than compute, within host memory, /dev/shm and 8 per CPU).
+            CPUs, and past them while the workers wait on reads: ``workers.extent``).
         iterations: the most batches timed per worker count.
         alpha: seconds; the paper's rule over an exhaustive scan (a larger count must save
             more than ``alpha`` seconds over the timed batches).

@@ -117,19 +117,12 @@ def search(
             trace, reach = _search.fast_search(measured, max_workers, rule, extent)
     finally:
         bar.close()
-    failed = [c for c in trace if not c.ok]
-    if len(failed) == len(trace):
-        raise RuntimeError(f"every worker count failed; with 0 workers: {failed[0].status}")
+    if not any(c.ok for c in trace):
+        raise RuntimeError(f"every worker count failed; with 0 workers: {trace[0].status}")
     chosen_w = choose(trace, rule)
     chosen = next(c for c in trace if c.workers == chosen_w)
     serial = next((c for c in trace if c.workers == 0), None)
     batches = -(-len(sizes) // batch_size)
-    return WorkerChoice(
-        chosen_w,
-        prefetch_factor(chosen, serial, rule.step_seconds),
-        persistent_workers(chosen, batches),
-        rule.describe(),
-        method,
-        trace,
-        reach,
-    )
+    return WorkerChoice(chosen_w, prefetch_factor(chosen, serial, rule.step_seconds),
+                        persistent_workers(chosen, batches), rule.describe(), method, trace,
+                        reach)  # fmt: skip
