@@ -106,6 +106,21 @@ class Evidence:
             f"to {loading:.4f} s per batch ({ratio:.2f}x, beyond the {noise:.0%} noise)"
         )
 
+    def queue_cannot_help(self, workers: int) -> str | None:
+        """Why a deeper prefetch queue cannot feed the loop at ``workers`` (None: it may).
+
+        A queue absorbs slow batches among fast ones; it cannot make workers that hand over
+        a batch more slowly than the step consumes one keep up on average."""
+        t = self.counts.get(workers)
+        step = self.step_seconds
+        if t is None or step is None or t.seconds_per_batch <= step * (1 + MARGIN):
+            return None
+        return (
+            f"the tune timed {workers} workers handing over a batch every "
+            f"{t.seconds_per_batch:.4f} s against a {step:.4f} s step: their speed, not its "
+            "jitter, is the limit, and a deeper queue cannot help"
+        )
+
     def rules_out(self, current: int, raised: int, min_gain: float) -> str | None:
         """Why the tune's own timings say ``raised`` workers would not bring ``min_gain``
         over ``current`` (None: they do not say so, or were not measured)."""

@@ -112,6 +112,24 @@ def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> No
     )
 
 
+def test_a_deeper_queue_is_not_tried_where_the_workers_are_too_slow_on_average() -> None:
+    tuned = {"step_seconds": 0.002, "trace": [
+        {"workers": 2, "seconds_per_batch": 0.0127, "stderr_seconds": 0.0002}]}  # fmt: skip
+    a = adapter(workers=2, prefetch=2, cap=2, evidence=Evidence.from_plan(tuned))
+    # a batch every 0.0128 s over 50 batches, half of it waiting: as the tune measured
+    assert a.decide(EpochMeasure(0, 50, 3200, 0.32, 0.64, None, 0.0128, 2)) == []
+    assert a.declined[0].reason == (
+        "the tune timed 2 workers handing over a batch every 0.0127 s against a 0.0020 s "
+        "step: their speed, not its jitter, is the limit, and a deeper queue cannot help"
+    )
+
+
+def test_start_up_is_not_starvation() -> None:
+    a = adapter(workers=2, prefetch=2, cap=4)
+    # 0.3 s of a 1 s epoch waiting, all of it for the first batch (the workers starting)
+    assert a.decide(EpochMeasure(0, 50, 500, 0.3, 1.0, None, 0.3, 2)) == []
+
+
 def test_a_raise_that_cannot_reach_the_gain_it_must_bring_is_not_tried() -> None:
     a = adapter(threshold=0.01)
     assert a.decide(measure(0, 0.04, 100)) == []  # all of the 4% wait is at most +4.2%

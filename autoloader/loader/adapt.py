@@ -76,6 +76,22 @@ class EpochMeasure:
         return self.samples / self.loop_seconds if self.loop_seconds > 0 else 0.0
 
     @property
+    def steady_wait_fraction(self) -> float:
+        """The wait share past the first batch: worker start-up and cold caches are not
+        the starvation that more workers cure (they start more slowly)."""
+        loop = self.loop_seconds - self.first_wait_seconds
+        return (self.wait_seconds - self.first_wait_seconds) / loop if loop > 0 else 0.0
+
+    @property
+    def steady_samples_per_second(self) -> float:
+        """Samples/s past the first batch (a raise is judged on what it keeps, not on the
+        start-up of the workers it added)."""
+        loop = self.loop_seconds - self.first_wait_seconds
+        if loop <= 0 or self.batches < 2 or self.first_wait_seconds <= 0:
+            return self.samples_per_second
+        return self.samples * (self.batches - 1) / self.batches / loop
+
+    @property
     def loading_seconds(self) -> float:
         """Seconds the loader took to hand over a batch, as the tune's trace measures it:
         without workers, the main process's wait per batch (the first left out); with
@@ -84,7 +100,7 @@ class EpochMeasure:
             return 0.0
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
-        return self.loop_seconds / self.batches
+        return max(0.0, self.loop_seconds - self.first_wait_seconds) / (self.batches - 1)
 
 
 @dataclass(frozen=True)
@@ -189,7 +205,7 @@ class Adapter:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
         trial, self._trial = self._trial, None
         if trial is not None:
-            gain = m.samples_per_second / trial.baseline_samples_per_second - 1
+            gain = m.steady_samples_per_second / trial.baseline_samples_per_second - 1
             if gain < self.min_gain:
                 self._settled[trial.setting] = (trial.workers, trial.loading_seconds)
                 return self._change(
@@ -198,16 +214,18 @@ class Adapter:
                     f"(needs {self.min_gain:+.0%}); back to {trial.before}, no more raises "
                     "while loading stays as it is",
                 )  # fmt: skip
-        if m.wait_fraction <= self.threshold:
+        wait = m.steady_wait_fraction
+        if wait <= self.threshold:
             return []
-        best = m.wait_fraction / (1 - m.wait_fraction) if m.wait_fraction < 1 else math.inf
+        best = wait / (1 - wait) if wait < 1 else math.inf
         if best < self.min_gain:
             self._decline(m, "all", (
-                f"the loop waited {m.wait_fraction:.1%} of its time: a raise could gain at "
+                f"the loop waited {wait:.1%} of its time: a raise could gain at "
                 f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
             return []
         for setting, after, why in self._raises(m):
-            self._trial = _Trial(setting, self._value(setting), after, m.samples_per_second,
+            self._trial = _Trial(setting, self._value(setting), after,
+                                 m.steady_samples_per_second,
                                  m.loading_seconds, self.settings.num_workers)  # fmt: skip
             return self._change(m, setting, after, why)
         return []
@@ -250,10 +268,26 @@ class Adapter:
             return None
         return f"{waited}; {ruled}, but {changed}: trying {nxt}"
 
+    def _prefetch_raise(self, m: EpochMeasure, waited: str) -> str | None:
+        """Why a deeper queue may help (None: the evidence says the workers' speed, not
+        their jitter, is the limit, and loading has not moved since the tune)."""
+        again = self._unsettled("prefetch_factor", m)
+        if again is None:
+            return None
+        current, evidence = self.settings.num_workers, self.evidence
+        ruled = evidence.queue_cannot_help(current) if evidence else None
+        if ruled is None or evidence is None:
+            return waited + again
+        changed = evidence.changed(current, m.loading_seconds) if m.workers == current else None
+        if changed is None:
+            self._decline(m, "prefetch_factor", ruled)
+            return None
+        return f"{waited}; {ruled}, but {changed}"
+
     def _raises(self, m: EpochMeasure) -> list[tuple[str, int, str]]:
         """The raise to try, first possible first: (setting, new value, reason)."""
         s, lim = self.settings, self.limits
-        waited = f"the loop waited {m.wait_fraction:.0%} of its time for data"
+        waited = f"the loop waited {m.steady_wait_fraction:.0%} of its time for data"
         out = []
         nxt = next((w for w in doubling_grid(lim.max_workers) if w > s.num_workers), None)
         if nxt is not None:
@@ -262,11 +296,11 @@ class Adapter:
                 why = self._worker_raise(m, nxt, waited)
                 if why is not None:
                     out.append(("num_workers", nxt, why))
-        if s.num_workers > 0 and self._unsettled("prefetch_factor", m) is not None:
-            depth = s.prefetch_factor or 2
-            if depth < MAX_PREFETCH_FACTOR:
-                out.append(("prefetch_factor", min(2 * depth, MAX_PREFETCH_FACTOR),
-                            f"{waited}, with workers at their cap"))  # fmt: skip
+        depth = s.prefetch_factor or 2
+        if s.num_workers > 0 and depth < MAX_PREFETCH_FACTOR:
+            why = self._prefetch_raise(m, f"{waited}, with workers at their cap")
+            if why is not None:
+                out.append(("prefetch_factor", min(2 * depth, MAX_PREFETCH_FACTOR), why))
         if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
             if s.device_prefetch < lim.device_prefetch_max:
                 out.append(("device_prefetch", s.device_prefetch + 1,
@@ -279,8 +313,8 @@ class Adapter:
 
     def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
         change = Adaptation(
-            m.epoch, setting, self._value(setting), after, m.wait_fraction,
-            m.samples_per_second, reason,
+            m.epoch, setting, self._value(setting), after, m.steady_wait_fraction,
+            m.steady_samples_per_second, reason,
         )  # fmt: skip
         if after > change.before:
             self._settled.pop(setting, None)  # tried again: judged afresh
