@@ -88,21 +88,28 @@ class Evidence:
         t = self.counts.get(workers)
         return None if t is None else loop_seconds(workers, t.seconds_per_batch, self.step_seconds)
 
-    def changed(self, workers: int, loading: float) -> str | None:
+    def changed(self, workers: int, loading: float, compute: float = 0.0) -> str | None:
         """How loading has moved since the tune, where beyond noise (None: the same loop).
 
-        ``loading`` is the run-time seconds per batch the loader took to hand over a
-        batch at ``workers``: what the tune's trace measured at that count.
+        ``loading``: the run-time seconds per batch at ``workers``; without workers the
+        main process's wait per batch (what the tune's trace measured at 0), with workers
+        the loop's time per batch, which the tune's figure predicts together with the
+        run-time ``compute`` (the loop's time per batch less its wait): the slower of the
+        workers' delivery (with the margin) and the step.
         """
         t = self.counts.get(workers)
         if t is None or t.seconds_per_batch <= 0 or loading <= 0:
             return None
+        expected = t.seconds_per_batch
+        if workers:
+            expected = max(expected * (1 + MARGIN), compute)
         noise = max(NOISE, 3 * t.stderr_seconds / t.seconds_per_batch)
-        ratio = moved(t.seconds_per_batch, loading, noise)
+        ratio = moved(expected, loading, noise)
         if ratio is None:
             return None
+        what = "loading" if not workers else "the loop"
         return (
-            f"loading at {workers} workers moved from the tune's {t.seconds_per_batch:.4f} s "
+            f"{what} at {workers} workers moved from the tune's {expected:.4f} s "
             f"to {loading:.4f} s per batch ({ratio:.2f}x, beyond the {noise:.0%} noise)"
         )
 

@@ -10,6 +10,8 @@ time-best count of the exhaustive sweep, the choice's throughput / the best thro
 (both from the exhaustive sweep, same run), timed batches fast / exhaustive, and the
 memory (PSS of the process tree) of the choice against the time-best count. Then the
 same comparison on a modelled node for N = 16, 32, 64 (autoloader.tuning.workers.model).
+Then the tune's default search (up to the CPUs, past them while the workers wait) against
+an exhaustive scan of 0..2x the CPUs, on the cpu and sleep datasets.
 Run: `python benchmarks/workers.py`.
 """
 
@@ -26,11 +28,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from autoloader.host import usable_cpus
+from autoloader.host import usable_cpus, worker_memory_budget
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Rule, Timing, choose, measure
+from autoloader.tuning.workers.extent import Extent, shm_free_bytes
 from autoloader.tuning.workers.model import ModelledNode, saturating
-from autoloader.tuning.workers.search import exhaustive, fast
+from autoloader.tuning.workers.search import exhaustive, fast, fast_search
 
 
 class CPUBound(Dataset):
@@ -91,6 +94,30 @@ def compare(name: str, dataset: Dataset, n: int, batch: int, iterations: int) ->
     print(f"  memory of the choice / the time-best:  {memory:.3f}")
 
 
+def compare_default(name: str, dataset: Dataset, batch: int, iterations: int) -> None:
+    """The tune's default search (this rank's CPUs, past them while the workers wait)
+    against an exhaustive scan of 0..2x the CPUs, in one run."""
+    sizes = sample_sizes(dataset)
+    cpus = usable_cpus()
+    rule = Rule(tolerance=0.05)
+    run = partial(measure, dataset, sizes, batch, device=torch.device("cpu"))
+    full = exhaustive(lambda w, s: run(w, timing=Timing(iterations, precision=None)), 2 * cpus)
+    extent = Extent(cpus=cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
+                    batch_bytes=int(batch * sizes.max()), hard_cap=Extent.default_cap(cpus))
+    quick, reach = fast_search(
+        lambda w, s: run(w, timing=Timing(iterations), slower_than=s), cpus, rule, extent
+    )
+    chosen = choose(quick, rule)
+    best = min(full, key=lambda c: c.seconds_per_batch)
+    mine = next(c for c in quick if c.workers == chosen)
+    print(f"\n{name}: the default search ({cpus} CPUs) against every count 0..{2 * cpus}")
+    print(f"  default search: {[c.workers for c in quick]} timed, chose {chosen} "
+          f"({mine.seconds_per_batch:.5f} s/batch); {reach}")
+    print(f"  exhaustive 0..{2 * cpus}: best {best.workers} ({best.seconds_per_batch:.5f} s/batch)")
+    print(f"  throughput of the choice / the exhaustive best: "
+          f"{best.seconds_per_batch / mine.seconds_per_batch:.3f}")
+
+
 def modelled() -> None:
     rule = Rule(tolerance=0.05)
     print("\nmodelled node (saturating curve, gamma noise CV 0.25, 5 seeds each)")
@@ -120,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--skip-real", action="store_true", help="only the modelled node")
+    parser.add_argument("--default-only", action="store_true",
+                        help="only the default search against 0..2x the CPUs")
     args = parser.parse_args(argv)
+    if args.default_only:
+        compare_default("cpu-bound", CPUBound(), 16, args.iterations)
+        compare_default("sleep (I/O-bound)", Sleepy(), 16, args.iterations)
+        return 0
     if not args.skip_real:
         cores = usable_cpus()
         compare("cpu-bound", CPUBound(), max(2, cores), 16, args.iterations)
@@ -132,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             events = GraphEventsH5(generate(Path(tmp) / "events.h5", 2000))
             compare("hdf5 graph events", events, max(2, cores), 32, args.iterations)
+        compare_default("cpu-bound", CPUBound(), 16, args.iterations)
+        compare_default("sleep (I/O-bound)", Sleepy(), 16, args.iterations)
     modelled()
     return 0
 

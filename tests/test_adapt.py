@@ -124,6 +124,24 @@ def test_a_deeper_queue_is_not_tried_where_the_workers_are_too_slow_on_average()
     )
 
 
+def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
+    # 7 workers timed at 0.0079 s a batch, a 0.0102 s step; at run time the loop takes
+    # 0.0124 s a batch, 7% of it waiting: the step, not loading, sets the pace
+    tuned = {"step_seconds": 0.0102, "trace": [
+        {"workers": 7, "seconds_per_batch": 0.0079, "stderr_seconds": 0.0001},
+        {"workers": 8, "seconds_per_batch": 0.0075, "stderr_seconds": 0.0001}]}  # fmt: skip
+    evidence = Evidence.from_plan(tuned)
+    assert evidence is not None
+    assert evidence.changed(7, 0.0124, 0.0124 * 0.93) is None
+    assert evidence.changed(7, 0.0400, 0.0124 * 0.93) == (
+        "the loop at 7 workers moved from the tune's 0.0115 s to 0.0400 s per batch "
+        "(3.47x, beyond the 25% noise)"
+    )
+    a = adapter(workers=7, prefetch=2, cap=8, evidence=evidence)
+    a.decide(EpochMeasure(0, 50, 1600, 0.0434, 0.62, None, 0.0, 7))
+    assert [c.setting for c in a.history] == ["prefetch_factor"]
+
+
 def test_start_up_is_not_starvation() -> None:
     a = adapter(workers=2, prefetch=2, cap=4)
     # 0.3 s of a 1 s epoch waiting, all of it for the first batch (the workers starting)

@@ -92,6 +92,14 @@ class EpochMeasure:
         return self.samples * (self.batches - 1) / self.batches / loop
 
     @property
+    def compute_seconds(self) -> float:
+        """The loop's seconds per batch less its wait (the step and the loop's own work),
+        past the first batch."""
+        if self.batches < 2:
+            return 0.0
+        return max(0.0, self.loop_seconds - self.wait_seconds) / self.batches
+
+    @property
     def loading_seconds(self) -> float:
         """Seconds the loader took to hand over a batch, as the tune's trace measures it:
         without workers, the main process's wait per batch (the first left out); with
@@ -262,7 +270,8 @@ class Adapter:
         ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
         if ruled is None or evidence is None:
             return waited + again
-        changed = evidence.changed(current, m.loading_seconds) if m.workers == current else None
+        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds)
+        changed = changed if m.workers == current else None
         if changed is None:
             self._decline(m, "num_workers", f"{ruled}, and loading is as the tune measured it")
             return None
@@ -278,7 +287,8 @@ class Adapter:
         ruled = evidence.queue_cannot_help(current) if evidence else None
         if ruled is None or evidence is None:
             return waited + again
-        changed = evidence.changed(current, m.loading_seconds) if m.workers == current else None
+        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds)
+        changed = changed if m.workers == current else None
         if changed is None:
             self._decline(m, "prefetch_factor", ruled)
             return None
@@ -290,15 +300,18 @@ class Adapter:
         waited = f"the loop waited {m.steady_wait_fraction:.0%} of its time for data"
         out = []
         nxt = next((w for w in doubling_grid(lim.max_workers) if w > s.num_workers), None)
-        if nxt is not None:
-            per_worker = self._per_worker_bytes
-            if per_worker is None or per_worker * nxt <= lim.memory_budget_bytes:
-                why = self._worker_raise(m, nxt, waited)
-                if why is not None:
-                    out.append(("num_workers", nxt, why))
+        per_worker = self._per_worker_bytes
+        capped = nxt is None or (
+            per_worker is not None and per_worker * nxt > lim.memory_budget_bytes
+        )
+        if nxt is not None and not capped:
+            why = self._worker_raise(m, nxt, waited)
+            if why is not None:
+                out.append(("num_workers", nxt, why))
         depth = s.prefetch_factor or 2
         if s.num_workers > 0 and depth < MAX_PREFETCH_FACTOR:
-            why = self._prefetch_raise(m, f"{waited}, with workers at their cap")
+            held = "at their cap" if capped else "not to be raised"
+            why = self._prefetch_raise(m, f"{waited}, with workers {held}")
             if why is not None:
                 out.append(("prefetch_factor", min(2 * depth, MAX_PREFETCH_FACTOR), why))
         if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
