@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-.PHONY: demo test test-torch bench gpu-check lint clean
+.PHONY: demo test test-torch bench bench-peer gpu-check lint clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/cli.py
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps "nugraph==25.4.0"
 	$(PY) benchmarks/nugraph_files.py
+
+# autoloader against torch's defaults and loadtune (PyPI), each as users run it. loadtune
+# lives in its own venv (with this checkout, for the workloads' datasets), CPU torch pinned.
+PEER_VENV := .venv-peer
+$(PEER_VENV)/.installed: pyproject.toml constraints-dev.txt
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints-dev.txt "torch==2.13.0" \
+	  "loadtune==0.3.0" -e .
+	touch $(PEER_VENV)/.installed
+
+bench-peer: $(STAMP) $(PEER_VENV)/.installed
+	$(PY) benchmarks/peer.py --peer-python $(PEER_VENV)/bin/python
 
 lint: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
