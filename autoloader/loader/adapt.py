@@ -238,6 +238,17 @@ class Adapter:
             return self._change(m, setting, after, why)
         return []
 
+    def restore(self, saved: dict[str, int]) -> None:
+        """Resume at settings an earlier run reached (a loader's saved state); the ones
+        the user fixed stay as given."""
+        keep = {k: v for k, v in saved.items() if k not in self._fixed}
+        if self.settings.device_prefetch is None:
+            keep.pop("device_prefetch", None)
+        if keep.get("num_workers", self.settings.num_workers) == 0:
+            keep["prefetch_factor"] = self.settings.prefetch_factor  # type: ignore[assignment]
+        self.settings = replace(self.settings, **keep)
+        self._trial = None
+
     def _decline(self, m: EpochMeasure, setting: str, reason: str) -> None:
         """Keep (and log, once per reason) a raise not tried."""
         recent = self.declined[-8:]

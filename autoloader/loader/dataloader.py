@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -31,6 +32,8 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
 )
+from autoloader.loader.position import Position, Served, check_state, saved_settings
+from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
 from autoloader.loader.trainers import (
     PlannedIndices,
@@ -103,14 +106,18 @@ class DataLoader(tud.DataLoader):
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
         given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
         sizes: np.ndarray | None = None
-        rank = 0
+        rank, world = 0, 1
         self.grad_accum_steps = 1
+        self._position = Position()
+        self._inner_position: Position | None = None
+        self._data_identity = ""
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
             n = dataset_length(dataset)
             verify = check_fingerprint and self.plan.fingerprint is not None
             sizes = known_sizes(self.plan, dataset, world, verify=verify)
+            self._data_identity = self.plan.fingerprint or f"{n} samples"
             if check_fingerprint:
                 check_data_fingerprint(self.plan, sizes, n)
             self.grad_accum_steps = accumulation_for(self.plan, world)
@@ -152,7 +159,7 @@ class DataLoader(tud.DataLoader):
                 )
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
         self.num_threads = _apply_threads(self.plan, num_threads)
-        self._rank = rank
+        self._rank, self._world = rank, world
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
             fixed: list[str] = [k for k in ("num_workers", "prefetch_factor") if k in kwargs]
@@ -180,6 +187,51 @@ class DataLoader(tud.DataLoader):
         saved = Plan.from_dict(adapted.to_dict(), source=os.fspath(path))
         saved.sizes = self.plan.sizes if self.plan.sizes is not None else self._sizes
         saved.save(path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the epoch, the batches of it handed out so far (prefetched
+        ones not counted), the settings adaptation reached, and what identifies the plan
+        and the data. Plain data, well under 1 KiB ({} for a loader without a plan)."""
+        if self.plan is None:
+            return {}
+        return position_state(self._position, self.plan, self._data_identity, self._world,
+                              self._settings())  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at a saved position: the next ``iter()`` yields exactly the batches an
+        uninterrupted run yields after it (the served ones skipped at the batch sampler,
+        never read), then later epochs as usual; ``set_epoch`` with another epoch starts
+        that epoch at its beginning. Under a process group every rank must resume the
+        same epoch.
+
+        Raises:
+            PlanError: a state of another plan, dataset or world size, or not a state.
+            UsageError: the loader has no plan, or the user's own batch sampler.
+        """
+        if self.plan is None:
+            if state_dict:
+                raise UsageError("load_state_dict: this DataLoader was built without a plan "
+                                 "and keeps no position")  # fmt: skip
+            return
+        sampler = self.batch_sampler
+        if not isinstance(sampler, SizeBatchSampler):
+            raise UsageError("load_state_dict: the batch sampler is the caller's own, not the "
+                             "plan's: its position is not the loader's to restore")  # fmt: skip
+        where = check_state(state_dict, self.plan, self._data_identity, self._world,
+                            len(sampler))  # fmt: skip
+        check_ranks_agree({"resumed epoch": where.epoch}, source=self.plan.source)
+        sampler.set_epoch(where.epoch)
+        sampler.resume_at(where.batches)
+        self._position = where
+        if self._runtime is not None and self._runtime.adapter is not None:
+            self._runtime.adapter.restore(saved_settings(state_dict))
+
+    def _settings(self) -> dict[str, Any]:
+        if self._runtime is not None and self._runtime.adapter is not None:
+            return dataclasses.asdict(self._runtime.adapter.settings)
+        feed = self.device_prefetch if self._feed_device is not None else None
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
+                "device_prefetch": feed}  # fmt: skip
 
     @property
     def stats(self) -> LoaderStats:
@@ -226,11 +278,22 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
+        sampler = self.batch_sampler if self.plan is not None else None
+        positioned = isinstance(sampler, SizeBatchSampler)
+        if positioned:
+            self._position.epoch, self._position.batches = sampler.epoch, sampler.resume
+        accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
+        # Batches are counted where the loop receives them: in torch's iterator itself
+        # when nothing wraps it (so iter() stays torch's own), else outermost.
+        outer = self._feed_device is not None or accelerate or self._runtime is not None
+        self._inner_position = self._position if positioned and not outer else None
         batches: Iterator[Any] = super().__iter__()
         if self._feed_device is not None:
             batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
-        if getattr(self, "_is_accelerate_prepared", False):  # planned: Accelerate keeps it
+        if accelerate:  # planned: Accelerate keeps it
             batches = accelerate_epoch(self, batches)
+        if positioned and (outer or self._recorder is None):
+            batches = Served(batches, self._position)
         if self._runtime is not None:
             batches = self._runtime.wrap(batches, self)
         return batches

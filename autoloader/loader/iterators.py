@@ -27,15 +27,18 @@ from autoloader.metrics.loader import BatchRecorder  # noqa: E402
 class _Recording:
     _recorder: BatchRecorder
     _pending: deque[Any]
+    _position: Any
 
     def __init__(self, loader: Any) -> None:
         self._recorder = loader._recorder
+        self._position = loader._inner_position  # count served batches here, or not
         self._feed_waits = loader._feed_device is not None  # the feed times the loop's wait
         self._pending = deque()
         super().__init__(loader)  # type: ignore[call-arg]
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._pending.clear()
+        self._position = loader._inner_position
         super()._reset(loader, first_iter)  # type: ignore[misc]
 
     def _next_index(self) -> Any:
@@ -51,6 +54,8 @@ class _Recording:
             self._recorder.flush()
             raise
         now = time.perf_counter()
+        if self._position is not None:
+            self._position.batches += 1
         index = self._pending.popleft() if self._pending else None
         self._recorder.record(None if self._feed_waits else now - start, index, batch, now)
         return batch

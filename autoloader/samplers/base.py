@@ -60,6 +60,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, minimum=0)
         self.epoch = 0
+        self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
 
     @property
     def global_batch_size(self) -> int:
@@ -70,15 +71,26 @@ class SizeBatchSampler(Sampler[list[int]]):
         return {}
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch; with ``shuffle=True`` each epoch has its own batches."""
-        self.epoch = check_int("epoch", epoch, minimum=0)
+        """Choose the epoch; with ``shuffle=True`` each epoch has its own batches. Another
+        epoch than the current one drops a position set by ``resume_at``."""
+        epoch = check_int("epoch", epoch, minimum=0)
+        if epoch != self.epoch:
+            self.resume = 0
+        self.epoch = epoch
+
+    def resume_at(self, batches: int) -> None:
+        """The next iteration of this epoch starts after its first ``batches`` batches
+        (arithmetic on the epoch's arrangement: the skipped batches are never read). Later
+        iterations start at the beginning again."""
+        self.resume = check_int("batches", batches, minimum=0)
 
     def __len__(self) -> int:
         n, g = len(self.sizes), self.global_batch_size
         return n // g if self.drop_last else -(-n // g)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for local in self.local_batches():
+        skip, self.resume = self.resume, 0
+        for local in self.local_batches()[skip:]:
             yield local.tolist()
 
     def local_batches(self) -> list[np.ndarray]:
