@@ -280,7 +280,7 @@ class DataLoader(tud.DataLoader):
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler if self.plan is not None else None
         positioned = isinstance(sampler, SizeBatchSampler)
-        if positioned:
+        if isinstance(sampler, SizeBatchSampler):
             self._position.epoch, self._position.batches = sampler.epoch, sampler.resume
         accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
         # Batches are counted where the loop receives them: in torch's iterator itself
