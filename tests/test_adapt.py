@@ -405,3 +405,21 @@ def test_two_ranks_adapt_on_their_own_and_keep_their_batches(tmp_path: Path) -> 
         assert r["changes"] and r["changes_without"] == []
     every = sorted(i for r in ranks for batch in r["adapted"][0] for i in batch)
     assert every == list(range(96))
+
+
+def test_a_long_starved_epoch_is_adapted_inside_it_with_the_same_indices() -> None:
+    """96 batches of 4 samples of 4 ms against a 5 ms step: windows of 8 batches."""
+    data = Slow(n=384)
+    adapted = make(data, planned(0), adapt_max_workers=2)
+    got = run(adapted, 1, step=0.005)
+    assert got == run(make(data, planned(0), adapt=False), 1)
+    changes = adapted.adaptations
+    assert changes and changes[0].epoch == 0 and changes[0].batch == 8
+    assert changes[0].to_dict()["batch"] == 8 and adapted.num_workers > 0
+    assert adapted.state_dict()["settings"]["num_workers"] == adapted.num_workers
+
+
+def test_a_fed_long_epoch_never_changes() -> None:
+    loader = make(Slow(n=384, delay=0), planned(0), adapt_max_workers=2)
+    run(loader, 1, step=0.02)  # the main process's own loading is under 5% of the loop
+    assert loader.adaptations == [] and loader.num_workers == 0

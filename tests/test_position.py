@@ -144,3 +144,14 @@ def test_prefetched_batches_are_not_counted_as_served(workers: int, adapt: bool,
     resumed = DataLoader(Plain(64), plan=planned(), check_fingerprint=False)
     resumed.load_state_dict(loader.state_dict())
     assert got + [b.tolist() for b in resumed] == [b.tolist() for b in loader]
+
+
+@pytest.mark.slow
+def test_ranks_share_the_size_measurement_and_agree_on_the_epoch(tmp_path: Path) -> None:
+    from conftest import torchrun
+
+    torchrun(TESTS / "distributed" / "position_ranks.py", str(tmp_path), ranks=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["measured"] for r in ranks] == [48, 48]  # half of the 96 samples each
+    assert all(r["resumed"] for r in ranks)
+    assert all("resumed epoch" in r["refused"] for r in ranks)

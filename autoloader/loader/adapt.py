@@ -66,6 +66,7 @@ class EpochMeasure:
     worker_memory_bytes: int | None = None  # PSS of the worker processes, where measured
     first_wait_seconds: float = 0.0  # the first batch's wait (start-up, cold caches)
     workers: int | None = None  # the workers that loaded the epoch
+    batch: int | None = None  # a window inside the epoch: the batches served at its end
 
     @property
     def wait_fraction(self) -> float:
@@ -122,6 +123,7 @@ class Adaptation:
     wait_fraction: float
     samples_per_second: float
     reason: str
+    batch: int | None = None  # applied inside the epoch, after this many of its batches
 
     @property
     def direction(self) -> str:
@@ -134,6 +136,8 @@ class Adaptation:
         out["direction"] = self.direction
         out["wait_fraction"] = round(self.wait_fraction, 4)
         out["samples_per_second"] = round(self.samples_per_second, 2)
+        if self.batch is None:
+            del out["batch"]
         return out
 
 
@@ -338,7 +342,7 @@ class Adapter:
     def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
         change = Adaptation(
             m.epoch, setting, self._value(setting), after, m.steady_wait_fraction,
-            m.steady_samples_per_second, reason,
+            m.steady_samples_per_second, reason, m.batch,
         )  # fmt: skip
         if after > change.before:
             self._settled.pop(setting, None)  # tried again: judged afresh

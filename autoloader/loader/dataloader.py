@@ -8,6 +8,7 @@ import inspect
 import logging
 import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,6 +111,7 @@ class DataLoader(tud.DataLoader):
         self.grad_accum_steps = 1
         self._position = Position()
         self._inner_position: Position | None = None
+        self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data_identity = ""
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -278,6 +280,14 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
+        batches = self._chain()
+        if self._runtime is not None:
+            batches = self._runtime.wrap(batches, self)
+        return batches
+
+    def _chain(self) -> Iterator[Any]:
+        """The epoch's batches from the batch sampler's position: torch's iterator, then
+        the device feed, Accelerate's bookkeeping, and the count of served batches."""
         sampler = self.batch_sampler if self.plan is not None else None
         positioned = isinstance(sampler, SizeBatchSampler)
         if isinstance(sampler, SizeBatchSampler):
@@ -288,15 +298,35 @@ class DataLoader(tud.DataLoader):
         outer = self._feed_device is not None or accelerate or self._runtime is not None
         self._inner_position = self._position if positioned and not outer else None
         batches: Iterator[Any] = super().__iter__()
+        self._live = weakref.ref(batches)  # not held: an abandoned epoch's workers end
         if self._feed_device is not None:
             batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
         if accelerate:  # planned: Accelerate keeps it
             batches = accelerate_epoch(self, batches)
         if positioned and (outer or self._recorder is None):
             batches = Served(batches, self._position)
-        if self._runtime is not None:
-            batches = self._runtime.wrap(batches, self)
         return batches
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and deep-copied as torch's loader is: without a live iterator."""
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
+    def _restart_in_epoch(self) -> Iterator[Any]:
+        """The rest of this epoch with the settings adaptation just decided: the workers
+        of the old settings are shut down, and the batch sampler resumes after the batches
+        served (those prefetched but not served are loaded again: nothing is lost, and
+        nothing repeated)."""
+        assert self._runtime is not None and isinstance(self.batch_sampler, SizeBatchSampler)
+        live = self._live() if self._live is not None else None
+        shutdown = getattr(live, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._iterator = None
+        self.batch_sampler.resume_at(self._position.batches)
+        self._runtime.begin(self)
+        return self._chain()
 
     def _warn_accumulation(self) -> None:
         if self._warned_accumulation or accelerator_active():

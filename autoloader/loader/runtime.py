@@ -31,8 +31,10 @@ from autoloader.loader.adapt import (
     Settings,
 )
 from autoloader.loader.drift import Drift, MemoryWatch
+from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
+from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import nbytes_of
 from autoloader.units import describe_bytes
 
@@ -116,22 +118,33 @@ class Runtime:
     def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
         return EpochIter(batches, self, loader)
 
-    def end(self, m: EpochMeasure, last_bytes: int | None, batches: int) -> None:
-        """A complete epoch: export it, judge it, check the memory."""
+    def end(self, m: EpochMeasure, last_bytes: int | None, batches: int, *,
+            judged: bool = False) -> None:  # fmt: skip
+        """A complete epoch: export it, judge it (unless its windows were), check the
+        memory."""
         self.epoch += 1
         self.last = m
         if self.recorder is not None:
             self.recorder.epoch_done(self.epoch, m.wait_fraction, m.samples_per_second)
-        if self.adapter is not None:
-            for change in self.adapter.decide(m):
-                self._record(change)
+        if not judged:
+            self.judge(m)
         if self.watch is not None:
             self._check_drift(self.watch.end_epoch(m.epoch, batches, last_bytes))
 
+    def judge(self, m: EpochMeasure) -> list[Adaptation]:
+        """Judge an epoch, or a window of one; the changes made (often none)."""
+        if self.adapter is None:
+            return []
+        changes = self.adapter.decide(m)
+        for change in changes:
+            self._record(change)
+        return changes
+
     def _record(self, change: Adaptation) -> None:
+        when = f"epoch {change.epoch}" + (f" batch {change.batch}" if change.batch else "")
         log.info(
-            "autoloader: rank %d, after epoch %d: %s %d -> %d (%s; %.1f samples/s)",
-            self.rank, change.epoch, change.setting, change.before, change.after,
+            "autoloader: rank %d, after %s: %s %d -> %d (%s; %.1f samples/s)",
+            self.rank, when, change.setting, change.before, change.after,
             change.reason, change.samples_per_second,
         )  # fmt: skip
         if self.recorder is not None:
@@ -239,6 +252,11 @@ class EpochIter:
         workers = self._workers = loader.num_workers
         self._memory_at = workers * (loader.prefetch_factor or 2) + 1 if workers else -1
         self._done = False
+        sampler = loader.batch_sampler
+        # Windows inside the epoch, where it is long and the position can be kept.
+        positioned = isinstance(sampler, SizeBatchSampler) and runtime.adapter is not None
+        self._window_size = window_size(len(sampler)) if positioned else None
+        self._window: Window | None = None
 
     def __iter__(self) -> EpochIter:
         return self
@@ -253,6 +271,8 @@ class EpochIter:
             self._start = now
             if runtime.watch is not None:
                 runtime.watch.start_epoch()
+            if self._window_size is not None:
+                self._window = Window(self._window_size, self._workers, self._samples())
         if runtime.watch is not None:
             runtime.watch.before_batch(self._count, self._last_bytes)
         try:
@@ -269,23 +289,39 @@ class EpochIter:
             self._last_bytes = nbytes_of(batch)
         if self._count == self._memory_at:
             self._worker_memory = _workers_memory()
+        if self._window is not None and self._window.add(waited):
+            self._judge_window()
         return batch
+
+    def _samples(self) -> int:
+        if self._runtime.recorder is not None:
+            return self._runtime.recorder.stats.samples - self._samples_at_start
+        return self._count * (getattr(self._loader.batch_sampler, "batch_size", None) or 1)
+
+    def _judge_window(self) -> None:
+        """Judge the window just complete; apply a change at once, at this batch."""
+        window, loader = self._window, self._loader
+        assert window is not None and self._window_size is not None
+        m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
+        m = replace(m, batch=loader._position.batches)
+        if self._runtime.judge(m):
+            self._batches = loader._restart_in_epoch()
+            workers = self._workers = loader.num_workers
+            self._worker_memory = None
+            self._memory_at = self._count + workers * (loader.prefetch_factor or 2) + 1
+        self._window = Window(self._window_size, self._workers, self._samples())
 
     def _finish(self) -> None:
         if self._done or self._start is None:
             return
         self._done = True
-        runtime, loader = self._runtime, self._loader
+        runtime = self._runtime
         loop = time.perf_counter() - self._start
-        if runtime.recorder is not None:
-            samples = runtime.recorder.stats.samples - self._samples_at_start
-        else:
-            samples = self._count * (getattr(loader.batch_sampler, "batch_size", None) or 1)
         measure = EpochMeasure(
-            runtime.epoch, self._count, samples, self._wait, loop, self._worker_memory,
+            runtime.epoch, self._count, self._samples(), self._wait, loop, self._worker_memory,
             self._first_wait, self._workers,
         )  # fmt: skip
-        runtime.end(measure, self._last_bytes, self._count)
+        runtime.end(measure, self._last_bytes, self._count, judged=self._window is not None)
 
 
 def _workers_memory() -> int | None:

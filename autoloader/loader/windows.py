@@ -1,0 +1,47 @@
+"""Windows of batches inside an epoch, judged as epochs are.
+
+A job with long epochs (300,000 events, or a one-epoch run) cannot wait for an epoch's end
+to learn that its loader starves: like tf.data, which re-optimises its pipeline
+periodically rather than at fixed boundaries, the adapter judges runs of batches long
+enough to be measured to a few percent and short against the epoch. A change is applied
+at a batch boundary by restarting the epoch's iterator at the loader's position.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autoloader.loader.adapt import EpochMeasure
+
+MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
+WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
+
+
+def window_size(epoch_batches: int) -> int | None:
+    """Batches per window for an epoch of ``epoch_batches`` (None: judge whole epochs;
+    an epoch of fewer than four windows is short enough)."""
+    size = max(MIN_WINDOW, epoch_batches // WINDOWS_PER_EPOCH)
+    return size if epoch_batches >= 4 * size else None
+
+
+class Window:
+    """One window's wait and loop time; its first batch apart (a restart's start-up)."""
+
+    def __init__(self, size: int, workers: int, samples: int) -> None:
+        self.size, self.workers, self.samples_at_start = size, workers, samples
+        self.start = time.perf_counter()
+        self.wait = self.first_wait = 0.0
+        self.count = 0
+
+    def add(self, waited: float) -> bool:
+        """Count one batch; whether the window is complete."""
+        if self.count == 0:
+            self.first_wait = waited
+        self.wait += waited
+        self.count += 1
+        return self.count >= self.size
+
+    def measure(self, epoch: int, samples: int, worker_memory: int | None) -> EpochMeasure:
+        loop = time.perf_counter() - self.start
+        return EpochMeasure(epoch, self.count, samples - self.samples_at_start, self.wait, loop,
+                            worker_memory, self.first_wait, self.workers)  # fmt: skip
