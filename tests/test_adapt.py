@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing as mp
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,21 @@ def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
     a = adapter(workers=7, prefetch=2, cap=8, evidence=evidence)
     a.decide(EpochMeasure(0, 50, 1600, 0.0434, 0.62, None, 0.0, 7))
     assert [c.setting for c in a.history] == ["prefetch_factor"]
+
+
+def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
+    a = adapter(workers=2, prefetch=2, cap=4)
+    # 8 batches of 0.1 s, 10% waiting, 0.2 s to start the workers, 16 batches left:
+    # at most 0.16 s to save against 0.4 s of restarts
+    window = EpochMeasure(0, 8, 256, 0.08, 0.8, None, 0.0, 2, batch=16, remaining=16,
+                          restart_seconds=0.2)  # fmt: skip
+    assert a.decide(window) == []
+    assert a.declined[0].reason == (
+        "a change inside the epoch restarts its iterator (~0.40 s with an undo); the 10% wait "
+        "over the 16 batches left saves at most 0.16 s: left to the epoch's end"
+    )
+    later = [c.after for c in a.decide(replace(window, remaining=160))]
+    assert later == [4] and a.history[0].batch == 16
 
 
 def test_start_up_is_not_starvation() -> None:

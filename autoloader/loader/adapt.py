@@ -67,6 +67,8 @@ class EpochMeasure:
     first_wait_seconds: float = 0.0  # the first batch's wait (start-up, cold caches)
     workers: int | None = None  # the workers that loaded the epoch
     batch: int | None = None  # a window inside the epoch: the batches served at its end
+    remaining: int | None = None  # a window: the epoch's batches still to come
+    restart_seconds: float = 0.0  # a window: what starting the epoch's iterator cost
 
     @property
     def wait_fraction(self) -> float:
@@ -235,12 +237,28 @@ class Adapter:
                 f"the loop waited {wait:.1%} of its time: a raise could gain at "
                 f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
             return []
+        if m.remaining is not None and not self._repays(m, wait):
+            return []
         for setting, after, why in self._raises(m):
             self._trial = _Trial(setting, self._value(setting), after,
                                  m.steady_samples_per_second,
                                  m.loading_seconds, self.settings.num_workers)  # fmt: skip
             return self._change(m, setting, after, why)
         return []
+
+    def _repays(self, m: EpochMeasure, wait: float) -> bool:
+        """Inside an epoch a change restarts the iterator (and an undo again): worth it
+        only if removing all the wait over the batches left could repay two restarts."""
+        per_batch = m.loop_seconds / m.batches
+        saving = wait * per_batch * (m.remaining or 0)
+        cost = 2 * max(m.restart_seconds, per_batch)
+        if saving >= cost:
+            return True
+        self._decline(m, "all", (
+            f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an undo); "
+            f"the {wait:.0%} wait over the {m.remaining} batches left saves at most "
+            f"{saving:.2f} s: left to the epoch's end"), key="a change inside the epoch")  # fmt: skip
+        return False
 
     def restore(self, saved: dict[str, int]) -> None:
         """Resume at settings an earlier run reached (a loader's saved state); the ones
@@ -253,13 +271,15 @@ class Adapter:
         self.settings = replace(self.settings, **keep)
         self._trial = None
 
-    def _decline(self, m: EpochMeasure, setting: str, reason: str) -> None:
-        """Keep (and log, once per reason) a raise not tried."""
+    def _decline(self, m: EpochMeasure, setting: str, reason: str, key: str = "") -> None:
+        """Keep (and log, once per reason, or per ``key``) a raise not tried."""
         recent = self.declined[-8:]
-        if self._probing or any(d.setting == setting and d.reason == reason for d in recent):
+        same = (lambda d: d.reason.startswith(key)) if key else (lambda d: d.reason == reason)
+        if self._probing or any(d.setting == setting and same(d) for d in recent):
             return
         self.declined.append(Declined(m.epoch, setting, reason))
-        log.info("autoloader: after epoch %d, not raising %s: %s", m.epoch, setting, reason)
+        what = "any setting" if setting == "all" else setting
+        log.info("autoloader: after epoch %d, not raising %s: %s", m.epoch, what, reason)
 
     def _unsettled(self, setting: str, m: EpochMeasure) -> str | None:
         """Whether ``setting`` may be raised: None if not, else "" or why it may again."""

@@ -303,7 +303,9 @@ class EpochIter:
         window, loader = self._window, self._loader
         assert window is not None and self._window_size is not None
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
-        m = replace(m, batch=loader._position.batches)
+        served = loader._position.batches
+        m = replace(m, batch=served, remaining=len(loader.batch_sampler) - served,
+                    restart_seconds=self._first_wait)  # fmt: skip
         if self._runtime.judge(m):
             self._batches = loader._restart_in_epoch()
             workers = self._workers = loader.num_workers
