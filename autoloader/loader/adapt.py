@@ -254,10 +254,10 @@ class Adapter:
         cost = 2 * max(m.restart_seconds, per_batch)
         if saving >= cost:
             return True
-        self._decline(m, "all", (
-            f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an undo); "
-            f"the {wait:.0%} wait over the {m.remaining} batches left saves at most "
-            f"{saving:.2f} s: left to the epoch's end"), key="a change inside the epoch")  # fmt: skip
+        why = (f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an undo); "
+               f"the {wait:.0%} wait over the {m.remaining} batches left saves at most "
+               f"{saving:.2f} s: left to the epoch's end")  # fmt: skip
+        self._decline(m, "all", why, key="a change inside the epoch")
         return False
 
     def restore(self, saved: dict[str, int]) -> None:
