@@ -88,7 +88,9 @@ class Evidence:
         t = self.counts.get(workers)
         return None if t is None else loop_seconds(workers, t.seconds_per_batch, self.step_seconds)
 
-    def changed(self, workers: int, loading: float, compute: float = 0.0) -> str | None:
+    def changed(
+        self, workers: int, loading: float, compute: float = 0.0, batches: int = 100
+    ) -> str | None:
         """How loading has moved since the tune, where beyond noise (None: the same loop).
 
         ``loading``: the run-time seconds per batch at ``workers``; without workers the
@@ -103,7 +105,7 @@ class Evidence:
         expected = t.seconds_per_batch
         if workers:
             expected = max(expected * (1 + MARGIN), compute)
-        noise = max(NOISE, 3 * t.stderr_seconds / t.seconds_per_batch)
+        noise = max(NOISE, 3 * t.stderr_seconds / t.seconds_per_batch, 2 / math.sqrt(batches))
         ratio = moved(expected, loading, noise)
         if ratio is None:
             return None

@@ -108,7 +108,7 @@ def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> No
     assert change[0].reason == (
         "the loop waited 60% of its time for data; the tune timed 1 (0.0990 s) workers "
         "against 0 (0.0800 s per batch of the loop): not +5% faster, but loading at 0 workers "
-        "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 25% noise): "
+        "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 28% noise): "
         "trying 1"
     )
 

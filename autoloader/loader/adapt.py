@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoloader.host import doubling_grid
-from autoloader.loop_model import Evidence, moved
+from autoloader.loop_model import NOISE, Evidence, moved
 
 log = logging.getLogger("autoloader")
 
@@ -290,7 +290,7 @@ class Adapter:
         workers, loading = self._settled[setting]
         if workers != self.settings.num_workers or workers != m.workers:
             return None
-        ratio = moved(loading, m.loading_seconds)
+        ratio = moved(loading, m.loading_seconds, max(NOISE, 2 / math.sqrt(m.batches)))
         if ratio is None:
             return None
         return (f"; loading per batch moved {ratio:.2f}x since the raise in vain "
@@ -305,7 +305,7 @@ class Adapter:
         ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
         if ruled is None or evidence is None:
             return waited + again
-        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds)
+        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds, m.batches)
         changed = changed if m.workers == current else None
         if changed is None:
             self._decline(m, "num_workers", f"{ruled}, and loading is as the tune measured it")
@@ -322,7 +322,7 @@ class Adapter:
         ruled = evidence.queue_cannot_help(current) if evidence else None
         if ruled is None or evidence is None:
             return waited + again
-        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds)
+        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds, m.batches)
         changed = changed if m.workers == current else None
         if changed is None:
             self._decline(m, "prefetch_factor", ruled)

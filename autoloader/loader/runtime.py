@@ -304,9 +304,10 @@ class EpochIter:
         assert window is not None and self._window_size is not None
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
         served = loader._position.batches
-        m = replace(m, batch=served, remaining=len(loader.batch_sampler) - served,
-                    restart_seconds=self._first_wait)  # fmt: skip
-        if self._runtime.judge(m):
+        left = len(loader.batch_sampler) - served
+        # At the epoch's end a change waits for the next iter(): no restart to repay.
+        m = replace(m, batch=served, remaining=left or None, restart_seconds=self._first_wait)
+        if self._runtime.judge(m) and left:
             self._batches = loader._restart_in_epoch()
             workers = self._workers = loader.num_workers
             self._worker_memory = None
