@@ -19,51 +19,14 @@ import functools
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from peer_workloads import MatmulStep, Reads, wait_step  # the same workloads as peer.py
 
 import autoloader
 from autoloader.demo.model import TrainStep
 from autoloader.demo.run import GLOBAL_BATCH
 from autoloader.demo.synthetic import generate
-
-
-class Reads(Dataset):
-    """``n`` samples of 1 KiB; each read sleeps (I/O) or spins (CPU) for ``seconds``."""
-
-    def __init__(self, n: int, seconds: float, *, cpu: bool) -> None:
-        self.n, self.seconds, self.cpu = n, seconds, cpu
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.cpu:
-            end = time.perf_counter() + self.seconds
-            while time.perf_counter() < end:
-                pass
-        else:
-            time.sleep(self.seconds)
-        return torch.full((256,), float(i))
-
-
-def wait_step(batch: Any) -> None:
-    """A 10 ms step that leaves the cores free (a GPU step, as the host sees it)."""
-    time.sleep(0.010)
-
-
-class MatmulStep:
-    """A CPU-bound step on torch's intra-op threads."""
-
-    def __init__(self) -> None:
-        self.w = torch.randn(768, 768)
-
-    def __call__(self, batch: Any) -> None:
-        x = torch.randn(256, 768)
-        for _ in range(6):
-            x = torch.tanh(x @ self.w)
 
 
 def report(name: str, plan: autoloader.Plan, seconds: float) -> None:
