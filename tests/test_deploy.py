@@ -75,6 +75,20 @@ def test_kubernetes_job_wires_tune_trainer_and_agent() -> None:
     assert {"plan", "metrics"} <= mounts
 
 
+@pytest.mark.parametrize("manifest", ["job.yaml", "indexed-job.yaml"])
+def test_kubernetes_pods_give_dev_shm_memory(manifest: str) -> None:
+    """Loader workers and NCCL need more than a container's default 64 MiB /dev/shm."""
+    job = list(yaml.safe_load_all((DEPLOY / "kubernetes" / manifest).read_text()))[-1]
+    pod = job["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    shm = next(name for name, v in volumes.items() if v.get("emptyDir", {}).get("medium"))
+    assert volumes[shm]["emptyDir"]["medium"] == "Memory"
+    for container in pod["initContainers"] + [c for c in pod["containers"]
+                                              if c["name"] == "trainer"]:  # fmt: skip
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts.get("/dev/shm") == shm, container["name"]
+
+
 def test_kubernetes_indexed_job_runs_one_torchrun_node_per_pod() -> None:
     from torch.distributed.run import get_args_parser
 
