@@ -140,6 +140,23 @@ def is_input(out: Path, inputs: list[Path]) -> Path | None:
     return None
 
 
+def refuse_inputs(out: Path, inputs: list[tuple[Path, str]], option: str) -> None:
+    """The one rule for every writer of plans: never replace what the run reads.
+
+    Raises:
+        UsageError: ``out`` is, or lies inside, one of ``inputs`` (path, what it is).
+    """
+    hit = is_input(out, [p for p, _ in inputs])
+    if hit is None:
+        return
+    what = dict((str(p), w) for p, w in inputs)[str(hit)]
+    inside = "a file inside " if hit.is_dir() else ""
+    raise UsageError(
+        f"{option} {out}: is {inside}{what} ({hit}), an input of this run: refusing to "
+        "overwrite it; give another path"
+    )
+
+
 def read_at_most(path: Path, limit: int, *, regular_only: bool = False) -> tuple[int, bytes]:
     """``(st_mode, data)``: at most ``limit`` + 1 bytes of ``path``, opened without blocking,
     so a device whose size reads 0 (``/dev/zero``) is bounded too and the caller can tell

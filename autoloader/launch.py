@@ -34,7 +34,7 @@ def launched_local_rank() -> int | None:
     env = launcher_env()
     if env is None or "LOCAL_RANK" not in env:
         return None
-    return int(env["LOCAL_RANK"]) if env["LOCAL_RANK"].isdigit() else None
+    return int(env["LOCAL_RANK"]) if _ascii_int(env["LOCAL_RANK"]) else None
 
 
 def local_rank() -> int:
@@ -48,7 +48,7 @@ def local_world_size() -> int:
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
         if value:
-            if not value.isdigit() or int(value) < 1:
+            if not _ascii_int(value) or int(value) < 1:
                 raise UsageError(
                     f"environment variable {name}: expected an integer >= 1, found {value!r}"
                 )
@@ -60,12 +60,9 @@ def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if not value:
         return default
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(
-            f"environment variable {name}: expected an integer, found {value!r}"
-        ) from None
+    if not _ascii_int(value.strip().removeprefix("-")):
+        raise UsageError(f"environment variable {name}: expected an integer, found {value!r}")
+    return int(value)
 
 
 def first_host(nodelist: str) -> str:
@@ -112,11 +109,18 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | N
         "MASTER_PORT": env.get("MASTER_PORT") or str(29500 + job_id % 1000),
     }
     per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if per_node.isdigit():
+    if _ascii_int(per_node):
         out["LOCAL_WORLD_SIZE"] = per_node
     return out
 
 
 def _int_of(env: Mapping[str, str], name: str, default: int = 0) -> int:
     value = env.get(name, "")
-    return int(value) if value.isdigit() else default
+    if value.isdigit() and not value.isascii():  # '²' is a digit to Python, not to int()
+        raise UsageError(f"environment variable {name}: expected an integer, found {value!r}")
+    return int(value) if _ascii_int(value) else default
+
+
+def _ascii_int(value: str) -> bool:
+    """Digits 0-9 only: ``str.isdigit`` also takes superscripts and other scripts' digits."""
+    return value.isascii() and value.isdigit()

@@ -313,7 +313,9 @@ def test_show_plot_draws_a_png(
         == 0
     )
     png = tmp_path / "plan.png"
+    capsys.readouterr()
     assert main(["show", str(plan), "--plot", str(png)]) == 0
+    assert capsys.readouterr().out == f"--plot: wrote {png}\n"  # one line, not the tables
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 20_000
     line = error_line(capsys, ["show", str(plan), "--plot", str(tmp_path / "no" / "x.png")])

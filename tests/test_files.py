@@ -155,3 +155,28 @@ def test_plan_save_refuses_a_socket(tmp_path: Path) -> None:
         s.bind(str(sock))
         with pytest.raises(PlanError, match=r"s\.sock: is a socket: refusing to write the plan"):
             plan.save(sock)
+
+
+
+def test_save_plan_never_replaces_the_data_it_reads(tmp_path: Path, events_copy: Path) -> None:
+    """One rule for every writer of plans: the loader's save_plan refuses as `tune -o`."""
+    from prometheus_client import CollectorRegistry
+
+    from autoloader import DataLoader, Plan, open_dataset
+    from autoloader.errors import UsageError
+
+    data = open_dataset(str(events_copy))
+    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
+                           "batching": {"strategy": "random", "local_batch_size": 4}})  # fmt: skip
+    loader = DataLoader(data, plan=plan, check_fingerprint=False, registry=CollectorRegistry())
+    before = events_copy.read_bytes()
+    link = tmp_path / "link.h5"
+    link.symlink_to(events_copy)
+    cache = data.autoloader_source().cache_path
+    for target, what in ((events_copy, "the dataset"), (link, "the dataset"),
+                         (cache, "the dataset's size cache")):  # fmt: skip
+        with pytest.raises(UsageError, match=f"save_plan: {target}: is {what} "):
+            loader.save_plan(target)
+    assert events_copy.read_bytes() == before
+    loader.save_plan(tmp_path / "adapted.toml")
+    assert Plan.load(tmp_path / "adapted.toml").batching.local_batch_size == 4

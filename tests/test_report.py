@@ -50,6 +50,8 @@ def test_baseline_takes_the_users_settings_and_refuses_what_torch_would() -> Non
         ("prefetch_factor=4", "need num_workers > 0"),
         ("num_workers", "expected key=value pairs"),
         ("num_threads=0", "num_threads: expected an integer in [1, 1024]"),
+        ("num_workers=0,num-workers=1", "--baseline: num_workers is given twice "
+         "(num_workers=0 and num_workers=1): give each setting once"),
     ]:
         with pytest.raises(UsageError, match=None) as err:
             parse_baseline(bad)

@@ -144,3 +144,19 @@ def test_the_agent_serves_the_same_status(metrics: Path) -> None:
             served = json.loads(resp.read())
     direct = json.loads(run_cli("status", "--json", "--metrics-dir", str(metrics)).stdout)
     assert [r["verdict"] for r in served["ranks"]] == [r["verdict"] for r in direct["ranks"]]
+    assert served.keys() == direct.keys() and served["metrics_dir"] == str(metrics)
+
+
+def test_adaptation_counters_that_never_moved_are_not_listed() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from autoloader.metrics.status import read_status
+
+    registry = CollectorRegistry()
+    adapted = Counter("autoloader_adaptations_total", "changes", ["rank", "setting", "direction"],
+                      registry=registry)  # fmt: skip
+    adapted.labels(rank="0", setting="num_workers", direction="up")  # declared, never moved
+    adapted.labels(rank="0", setting="prefetch_factor", direction="up").inc()
+    Gauge("autoloader_num_workers", "workers", ["rank"], registry=registry).labels(rank="0").set(2)
+    (rank,) = read_status(registry)["ranks"]
+    assert rank["adaptations"] == {"prefetch_factor up": 1}

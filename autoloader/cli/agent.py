@@ -97,7 +97,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
     try:
-        server, thread = start_server(args.port, args.host, registry, status=directory is not None)
+        status = {"metrics_dir": str(directory)} if directory is not None else None
+        server, thread = start_server(args.port, args.host, registry, status=status)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise UsageError(f"cannot serve on {args.host}:{args.port}: {reason}") from None

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         from autoloader.plan.jsonout import strict_json
 
         print(strict_json(plan.to_dict()))
+    elif outputs:  # a file option says what it wrote, as one line; the tables are there
+        print("; ".join(f"{option}: wrote {value}" for option, value in outputs))
     else:
         print(render(plan, path=args.plan))
     return 0

@@ -12,13 +12,14 @@ from typing import Any
 
 from autoloader.datasets import open_dataset
 from autoloader.datasets.reads import SampleError
+from autoloader.datasets.source import dataset_files
 from autoloader.errors import DatasetError, UsageError
 from autoloader.files import (
     check_writable,
     exclusive,
-    is_input,
     open_through,
     output_kind,
+    refuse_inputs,
     write_fd,
 )
 from autoloader.plan.jsonout import strict_json
@@ -256,25 +257,13 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
     spec_path = Path(args.dataset.split("#", 1)[0])
     if spec_path.exists():
         inputs.append((spec_path, "the dataset"))
-    source = getattr(dataset, "autoloader_source", None)
-    if callable(source):
-        with contextlib.suppress(Exception):
-            found = source()
-            inputs.append((Path(found.path), "the dataset"))
-            inputs.append((Path(found.cache_path), "the dataset's size cache"))
+    inputs += dataset_files(dataset)
     for spec, what in ((args.dataset, "the dataset's module"), (args.step, "the --step module")):
         module = sys.modules.get(spec.split(":", 1)[0]) if spec and ":" in spec else None
         path = getattr(module, "__file__", None)
         if path:
             inputs.append((Path(path), what))
-    hit = is_input(out, [p for p, _ in inputs])
-    if hit is not None:
-        what = dict((str(p), w) for p, w in inputs)[str(hit)]
-        inside = "a file inside " if hit.is_dir() else ""
-        raise UsageError(
-            f"--out {out}: is {inside}{what} ({hit}), an input of this run: refusing to "
-            "overwrite it; give another path"
-        )
+    refuse_inputs(out, inputs, "--out")
 
 
 def _int(text: str) -> int:

@@ -15,6 +15,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,18 @@ def user_cache_dir() -> Path:
         import tempfile
 
         return Path(tempfile.gettempdir()) / f"autoloader-cache-{os.getuid()}"
+
+
+def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
+    """The files a dataset reads or keeps beside it (its data and its size caches), each
+    with what it is: outputs must never replace them."""
+    source = getattr(dataset, "autoloader_source", None)
+    if not callable(source):
+        return []
+    try:
+        found = source()
+    except Exception:  # a dataset that cannot say where it lives has nothing to protect
+        return []
+    return [(Path(found.path), "the dataset"),
+            (Path(found.cache_path), "the dataset's size cache"),
+            (Path(found.fallback_cache_path), "the dataset's size cache")]  # fmt: skip

@@ -10,6 +10,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,9 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
+from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
+from autoloader.files import refuse_inputs
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
@@ -180,10 +183,12 @@ class DataLoader(tud.DataLoader):
         Written atomically and validated as any plan.
 
         Raises:
-            UsageError: the loader has no plan.
+            UsageError: the loader has no plan, or ``path`` is the dataset, a file inside
+                it, or its size cache (outputs never replace inputs, as ``tune -o``).
         """
         if self.plan is None:
             raise UsageError("save_plan: this DataLoader was built without a plan")
+        refuse_inputs(Path(path), dataset_files(self.dataset), "save_plan:")
         runtime = self._runtime or Runtime(self.plan, None, None, self._recorder, self._rank)
         adapted = runtime.adapted_plan(node_loader(self.plan))
         saved = Plan.from_dict(adapted.to_dict(), source=os.fspath(path))

@@ -42,11 +42,13 @@ class MetricsApp:
     """A WSGI app serving a registry at ``/metrics``, generated at most every ``max_age``."""
 
     def __init__(
-        self, registry: CollectorRegistry, max_age: float = MAX_AGE, status: bool = False
-    ) -> None:
+        self, registry: CollectorRegistry, max_age: float = MAX_AGE,
+        status: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.registry = registry
         self.max_age = max_age
-        self.status = status  # also serve /status (the node agent)
+        # also serve /status (the node agent), these fields first (as `status --json`)
+        self.status = status
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, bytes]] = {}
 
@@ -61,10 +63,12 @@ class MetricsApp:
 
     def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
-        if self.status and path in ("/status", "/status/") and method in ("GET", "HEAD"):
+        if self.status is not None and path in ("/status", "/status/") and method in (
+                "GET", "HEAD"):  # fmt: skip
             from autoloader.metrics.status import read_status
 
-            body = json.dumps(read_status(self.registry), allow_nan=False).encode()
+            found = {**self.status, **read_status(self.registry)}
+            body = json.dumps(found, allow_nan=False).encode()
             start("200 OK", [("Content-Type", "application/json"),
                              ("Content-Length", str(len(body)))])  # fmt: skip
             return [b"" if method == "HEAD" else body]
@@ -85,7 +89,7 @@ class MetricsApp:
 
 
 def start_server(
-    port: int, host: str, registry: CollectorRegistry, *, status: bool = False
+    port: int, host: str, registry: CollectorRegistry, *, status: dict[str, Any] | None = None
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``registry`` on ``host:port`` from a daemon thread; return server and thread.
 

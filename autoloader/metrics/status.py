@@ -48,7 +48,9 @@ def read_status(registry: CollectorRegistry) -> dict[str, Any]:
                 continue
             if sample.name == "autoloader_adaptations_total":
                 key = f"{sample.labels.get('setting')} {sample.labels.get('direction')}"
-                ranks[rank]["adaptations"][key] = int(sample.value)
+                adaptations = ranks[rank]["adaptations"]
+                if sample.value > 0:  # a counter declared but never moved is no adaptation
+                    adaptations[key] = int(sample.value)
             elif sample.name in _FIELDS:
                 field = _FIELDS[sample.name]
                 ranks[rank][field] = int(sample.value) if field in _INTS else sample.value

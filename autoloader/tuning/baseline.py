@@ -67,7 +67,11 @@ def parse_baseline(text: Any) -> LoopSettings | None:
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
                 raise UsageError(f"--baseline: expected key=value pairs, but got {item!r}")
-            pairs[key.strip().replace("-", "_")] = value.strip()
+            name = key.strip().replace("-", "_")
+            if name in pairs:
+                raise UsageError(f"--baseline: {name} is given twice ({name}={pairs[name]} and "
+                                 f"{name}={value.strip()}): give each setting once")  # fmt: skip
+            pairs[name] = value.strip()
     elif isinstance(text, dict):
         pairs = dict(text)
     else:

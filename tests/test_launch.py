@@ -1,0 +1,46 @@
+"""What the launcher says (autoloader/launch.py): a malformed variable is named, exit 2."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import prepend_pythonpath, run_reaped
+
+from autoloader.errors import UsageError
+from autoloader.launch import launcher_env, local_world_size, rank_and_world_size
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "2x"])
+def test_a_digit_that_is_not_0_to_9_is_named(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
+    with pytest.raises(UsageError, match="environment variable LOCAL_WORLD_SIZE: expected an "
+                       f"integer >= 1, found {value!r}"):  # fmt: skip
+        local_world_size()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", value)
+    with pytest.raises(UsageError, match=f"environment variable WORLD_SIZE: expected an integer, "
+                       f"found {value!r}"):  # fmt: skip
+        rank_and_world_size()
+
+
+def test_a_superscript_world_size_is_named_by_the_rendezvous() -> None:
+    env = {"WORLD_SIZE": "²", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0"}
+    with pytest.raises(UsageError, match="environment variable WORLD_SIZE: expected an integer"):
+        launcher_env(env)
+    with pytest.raises(UsageError, match="environment variable SLURM_NTASKS"):
+        launcher_env({"SLURM_NTASKS": "²", "SLURM_PROCID": "0"})
+
+
+def test_tune_names_the_variable_and_exits_2(tmp_path: Path) -> None:
+    env = prepend_pythonpath(Path(__file__).parent)
+    env["LOCAL_WORLD_SIZE"] = "²"
+    done = run_reaped([sys.executable, "-m", "autoloader", "tune", "conftest:DATASET", "-o",
+                       str(tmp_path / "p.toml"), "--global-batch-size", "4", "--quiet"],
+                      timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "autoloader: error: environment variable LOCAL_WORLD_SIZE: expected an integer >= 1, "
+        "found '²'"
+    ]
