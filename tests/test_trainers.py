@@ -120,3 +120,22 @@ def test_tune_calibrates_on_a_lightning_modules_real_step(
 def _with_epoch(model):  # type: ignore[no-untyped-def]
     model.epochs.append([])  # its training_step records batches into the current epoch
     return model
+
+
+@pytest.mark.slow
+def test_lightning_resumes_a_mid_epoch_checkpoint_at_its_batch_under_ddp(tmp_path: Path) -> None:
+    """ModelCheckpoint(every_n_train_steps=5), the job dies after step 7, and
+    Trainer.fit(ckpt_path=step 5) yields exactly the uninterrupted run's batches from
+    step 5 on, on both DDP ranks (Lightning saves the loader's state_dict)."""
+
+    script = Path(__file__).parent / "distributed" / "lightning_resume.py"
+    for mode, code in (("whole", 0), ("killed", 9), ("resume", 0)):
+        done = run_reaped([sys.executable, str(script), mode, str(tmp_path)], timeout=300)
+        assert done.returncode == code, done.stderr[-3000:]
+    for rank in (0, 1):
+        runs = {mode: [json.loads(line) for line in
+                       (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()]
+                for mode in ("whole", "killed", "resume")}  # fmt: skip
+        assert len(runs["whole"]) == 24  # 2 epochs of 12 batches a rank
+        assert runs["killed"] == runs["whole"][:7]
+        assert runs["resume"] == runs["whole"][5:]
