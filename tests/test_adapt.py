@@ -436,6 +436,6 @@ def test_a_long_starved_epoch_is_adapted_inside_it_with_the_same_indices() -> No
 
 
 def test_a_fed_long_epoch_never_changes() -> None:
-    loader = make(Slow(n=384, delay=0), planned(0), adapt_max_workers=2)
-    run(loader, 1, step=0.02)  # the main process's own loading is under 5% of the loop
+    loader = make(Slow(n=256, delay=0), planned(0), adapt_max_workers=2)
+    run(loader, 1, step=0.05)  # the main process's own loading: ~1 ms of a 50 ms loop
     assert loader.adaptations == [] and loader.num_workers == 0
