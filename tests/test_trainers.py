@@ -139,3 +139,9 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_at_its_batch_under_ddp(tmp_pat
         assert len(runs["whole"]) == 24  # 2 epochs of 12 batches a rank
         assert runs["killed"] == runs["whole"][:7]
         assert runs["resume"] == runs["whole"][5:]
+
+
+def test_accelerate_save_state_carries_the_loaders_position() -> None:
+    script = Path(__file__).parent / "distributed" / "accelerate_resume.py"
+    done = run_reaped([sys.executable, str(script)], timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
