@@ -155,3 +155,22 @@ def test_ranks_share_the_size_measurement_and_agree_on_the_epoch(tmp_path: Path)
     assert [r["measured"] for r in ranks] == [48, 48]  # half of the 96 samples each
     assert all(r["resumed"] for r in ranks)
     assert all("resumed epoch" in r["refused"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_a_job_killed_mid_epoch_resumes_on_every_rank_under_torchrun(tmp_path: Path) -> None:
+    from conftest import torchrun
+
+    script = TESTS / "distributed" / "position_ranks.py"
+    torchrun(script, str(tmp_path), "whole", ranks=2)
+    killed = run_reaped([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc_per_node", "2", str(script), str(tmp_path), "killed"],
+                        timeout=240)  # fmt: skip
+    assert killed.returncode != 0  # the ranks died after their 5th batch
+    torchrun(script, str(tmp_path), "resume", ranks=2)
+    for rank in (0, 1):
+        runs = {mode: [json.loads(line) for line in
+                       (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()]
+                for mode in ("whole", "killed", "resume")}  # fmt: skip
+        assert len(runs["whole"]) == 24 and runs["killed"] == runs["whole"][:5]
+        assert runs["resume"] == runs["whole"][5:]

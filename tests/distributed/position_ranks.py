@@ -2,6 +2,8 @@
 nobody recorded, then saves and resumes a position.
 
   torchrun --nproc_per_node 2 position_ranks.py OUT
+  torchrun --nproc_per_node 2 position_ranks.py OUT whole|killed|resume
+
 
 Each rank writes OUT/rank<R>.json: the samples it read to learn the sizes, and whether the
 resumed batches equal the rest of an uninterrupted epoch. Rank 1 then loads a state of
@@ -39,9 +41,39 @@ PLAN = {"schema": 1, "loader": {"num_workers": 0},
                      "global_batch_size": 8}}  # fmt: skip
 
 
+def loop(out: Path, mode: str) -> None:
+    """Two epochs with 2 workers, the state saved after every batch; ``killed`` dies after
+    the 5th batch of epoch 0 (no teardown), ``resume`` starts from the saved state."""
+    import os
+
+    rank = dist.get_rank()
+    loader = DataLoader(Counted(), plan=Plan.from_dict(PLAN), check_fingerprint=False,
+                        collate_fn=list, metrics=False, num_workers=2)  # fmt: skip
+    start = 0
+    if mode == "resume":
+        state = torch.load(out / f"state{rank}.pt", weights_only=True)
+        loader.load_state_dict(state)
+        start = state["epoch"]
+    served = 0
+    for epoch in range(start, 2):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            with open(out / f"{mode}-rank{rank}.jsonl", "a") as f:
+                f.write(json.dumps([int(t[0]) for t in batch]) + "\n")
+            torch.save(loader.state_dict(), out / f"state{rank}.tmp")
+            os.replace(out / f"state{rank}.tmp", out / f"state{rank}.pt")
+            served += 1
+            if mode == "killed" and served == 5:
+                os._exit(9)
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
+    if len(sys.argv) > 2:
+        loop(out, sys.argv[2])
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     data = Counted()
     loader = DataLoader(data, plan=Plan.from_dict(PLAN), check_fingerprint=False,
