@@ -16,33 +16,16 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
-from torch.utils.data import Dataset
 
 pl = importlib.import_module(os.environ.get("LIGHTNING_PACKAGE", "pytorch_lightning"))
+
+from skewed import Skewed  # noqa: E402
 
 import autoloader  # noqa: E402 (after Lightning: autoloader.lightning takes the one imported)
 import autoloader.lightning  # noqa: E402
 from autoloader.lightning import LoaderStatsCallback  # noqa: E402
-
-
-class Skewed(Dataset):
-    """512 samples; sample i is (i, 1.0); sizes are skewed, as graph events are."""
-
-    def __init__(self, n: int = 512) -> None:
-        self.sizes = np.random.default_rng(0).lognormal(8.0, 1.0, n).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([float(i), 1.0])
-
-    def autoloader_sizes(self) -> np.ndarray:
-        return self.sizes
-
 
 PLAN = autoloader.Plan.from_dict(
     {"schema": 1, "loader": {"num_workers": 0},

@@ -16,31 +16,17 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 import lightning.pytorch as pl  # isort: skip
+from skewed import Skewed
+
 import autoloader
 
 PLAN = autoloader.Plan.from_dict(
     {"schema": 1, "loader": {"num_workers": 0},
      "batching": {"strategy": "kk", "local_batch_size": 8, "world_size": 2}}
 )  # fmt: skip
-
-
-class Skewed(Dataset):
-    def __init__(self) -> None:
-        self.sizes = np.random.default_rng(0).lognormal(8.0, 1.0, 192).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([float(i), 1.0])
-
-    def autoloader_sizes(self) -> np.ndarray:
-        return self.sizes
 
 
 class Model(pl.LightningModule):
@@ -59,7 +45,7 @@ class Model(pl.LightningModule):
             os._exit(9)  # a node that dies: no teardown, no final checkpoint
 
     def train_dataloader(self) -> autoloader.DataLoader:
-        return autoloader.DataLoader(Skewed(), plan=PLAN, metrics=False)
+        return autoloader.DataLoader(Skewed(192), plan=PLAN, metrics=False)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
