@@ -34,12 +34,19 @@ def loop_seconds(workers: int, loading: float, step: float | None, margin: float
     return max(loading * (1 + margin), step)
 
 
-def moved(before: float, now: float, noise: float = NOISE) -> float | None:
-    """``now / before`` where loading moved beyond ``noise`` either way (None: it did not)."""
+def noise(batches: int) -> float:
+    """The share a figure measured over ``batches`` may move by chance: at least ``NOISE``,
+    more over few batches (2/sqrt(batches): 71% over 8, the floor from 64)."""
+    return max(NOISE, 2 / math.sqrt(max(1, batches)))
+
+
+def moved(before: float, now: float, allowed: float = NOISE) -> float | None:
+    """``now / before`` where loading moved beyond ``allowed`` either way (None: it did
+    not)."""
     if before <= 0 or now <= 0:
         return None
     ratio = now / before
-    return ratio if abs(math.log(ratio)) > math.log1p(noise) else None
+    return ratio if abs(math.log(ratio)) > math.log1p(allowed) else None
 
 
 @dataclass(frozen=True)
@@ -105,14 +112,14 @@ class Evidence:
         expected = t.seconds_per_batch
         if workers:
             expected = max(expected * (1 + MARGIN), compute)
-        noise = max(NOISE, 3 * t.stderr_seconds / t.seconds_per_batch, 2 / math.sqrt(batches))
-        ratio = moved(expected, loading, noise)
+        allowed = max(noise(batches), 3 * t.stderr_seconds / t.seconds_per_batch)
+        ratio = moved(expected, loading, allowed)
         if ratio is None:
             return None
         what = "loading" if not workers else "the loop"
         return (
             f"{what} at {workers} workers moved from the tune's {expected:.4f} s "
-            f"to {loading:.4f} s per batch ({ratio:.2f}x, beyond the {noise:.0%} noise)"
+            f"to {loading:.4f} s per batch ({ratio:.2f}x, beyond the {allowed:.0%} noise)"
         )
 
     def queue_cannot_help(self, workers: int) -> str | None:

@@ -129,15 +129,23 @@ def _length(dataset: Any) -> int:
 
 
 def _measure(dataset: Any, n: int, progress: bool, timeout: float | None) -> np.ndarray:
+    return measure_sizes(dataset, range(n), progress=progress, timeout=timeout)
+
+
+def measure_sizes(
+    dataset: Any, indices: range, *, progress: bool = False, timeout: float | None = None,
+    desc: str = "measuring sample sizes",
+) -> np.ndarray:  # fmt: skip
+    """The sizes of the samples at ``indices``, each loaded once (a failing or hanging
+    sample raises ``SampleError`` naming it)."""
     from tqdm import tqdm
 
     from autoloader.datasets.reads import read
 
-    out = np.empty(n, dtype=np.int64)
-    for i in tqdm(
-        range(n), desc="measuring sample sizes", unit="sample", disable=not progress, leave=False
-    ):
-        out[i] = nbytes_of(read(dataset, i, timeout=timeout))
+    out = np.empty(len(indices), dtype=np.int64)
+    for k, i in enumerate(tqdm(indices, desc=desc, unit="sample", disable=not progress,
+                               leave=False)):  # fmt: skip
+        out[k] = nbytes_of(read(dataset, i, timeout=timeout))
     return out
 
 
@@ -162,20 +170,34 @@ def _check(sizes: np.ndarray, n: int, dataset: Any) -> np.ndarray:
 
 def _read_cache(source: DataSource, n: int) -> np.ndarray | None:
     for path in (source.cache_path, source.fallback_cache_path):
-        data = _read_regular(path, limit=16 * n + 2**20)  # int64 sizes, the stamp, zip
-        if data is None:
-            continue
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as cached:
-                if str(cached["stamp"]) == source.stamp and cached["sizes"].shape == (n,):
-                    log.debug("sample sizes read from %s", path)
-                    return np.array(cached["sizes"], dtype=np.int64)
-        except Exception as exc:  # truncated, flipped, not a zip: rebuilt below
-            log.warning(
-                "autoloader: the size cache %s is damaged (%s); measuring the sizes again",
-                path, type(exc).__name__,
-            )  # fmt: skip
+        found = _load_stamped(path, source.stamp, n, damaged=f"the size cache {path} is")
+        if found is not None:
+            log.debug("sample sizes read from %s", path)
+            return found
     return None
+
+
+def _load_stamped(path: Path, stamp: str, n: int, *, damaged: str) -> np.ndarray | None:
+    """The ``n`` sizes saved in ``path`` with ``stamp`` (``_stamped``), else None; a
+    damaged file is said once (``damaged``: what it is) and measured again."""
+    data = _read_regular(path, limit=16 * n + 2**20)  # int64 sizes, the stamp, zip
+    if data is None:
+        return None
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+            if str(saved["stamp"]) == stamp and saved["sizes"].shape == (n,):
+                return np.array(saved["sizes"], dtype=np.int64)
+    except Exception as exc:  # truncated, flipped, not a zip: rebuilt
+        log.warning("autoloader: %s damaged (%s); measuring the sizes again",
+                    damaged, type(exc).__name__)  # fmt: skip
+    return None
+
+
+def _stamped(sizes: np.ndarray, stamp: str) -> bytes:
+    """Sizes and the stamp that says what data they are of, as an .npz file's bytes."""
+    buffer = io.BytesIO()
+    np.savez(buffer, sizes=np.asarray(sizes, dtype=np.int64), stamp=np.array(stamp))
+    return buffer.getvalue()
 
 
 def _read_regular(path: Path, limit: int) -> bytes | None:
@@ -198,9 +220,7 @@ def _write_cache(source: DataSource, sizes: np.ndarray) -> None:
             continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            buffer = io.BytesIO()
-            np.savez(buffer, sizes=sizes, stamp=np.array(source.stamp))
-            atomic_write(path, buffer.getvalue())
+            atomic_write(path, _stamped(sizes, source.stamp))
             log.debug("sample sizes cached in %s", path)
             return
         except OSError as exc:
@@ -220,10 +240,8 @@ def record_sizes(plan_path: str | Path, sizes: np.ndarray) -> None:
     path = recorded_path(plan_path)
     if output_kind(Path(plan_path)) != "file" or output_kind(path) != "file" or path.is_symlink():
         return
-    buffer = io.BytesIO()
-    np.savez(buffer, sizes=np.asarray(sizes, dtype=np.int64), stamp=np.array(fingerprint(sizes)))
     try:
-        atomic_write(path, buffer.getvalue())
+        atomic_write(path, _stamped(sizes, fingerprint(sizes)))
     except OSError as exc:
         log.info("cannot record the sample sizes in %s (%s)", path, exc.strerror)
 
@@ -238,17 +256,8 @@ def recorded_sizes(plan_path: str | Path, expected: str | None) -> np.ndarray | 
         n = int(expected.split(":")[1])
     except (IndexError, ValueError):
         return None
-    data = _read_regular(path, limit=16 * n + 2**20)
-    if data is None:
-        return None
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as found:
-            sizes = np.array(found["sizes"], dtype=np.int64)
-            stamp = str(found["stamp"])
-    except Exception as exc:  # truncated, flipped, not a zip: measured again
-        log.warning("autoloader: the recorded sizes %s are damaged (%s)", path, type(exc).__name__)
-        return None
-    if stamp != expected or sizes.ndim != 1 or fingerprint(sizes) != expected:
+    sizes = _load_stamped(path, expected, n, damaged=f"the recorded sizes {path} are")
+    if sizes is None or fingerprint(sizes) != expected:
         return None
     sizes.setflags(write=False)
     return sizes
@@ -263,9 +272,9 @@ def spot_check(dataset: Any, sizes: np.ndarray, *, count: int = 8) -> str | None
     """
     from autoloader.datasets.reads import read
 
-    n = len(sizes)
-    if _length(dataset) != n:
-        return f"they are for {n} samples; this dataset has {len(dataset)}"
+    n, found_n = len(sizes), _length(dataset)
+    if found_n != n:
+        return f"they are for {n} samples; this dataset has {found_n}"
     rng = np.random.default_rng(n)
     picks = {int(np.argmax(sizes)), *rng.choice(n, size=min(count, n), replace=False).tolist()}
     for i in sorted(picks):

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoloader.host import doubling_grid
-from autoloader.loop_model import NOISE, Evidence, moved
+from autoloader.loop_model import Evidence, moved, noise
 
 log = logging.getLogger("autoloader")
 
@@ -290,7 +290,7 @@ class Adapter:
         workers, loading = self._settled[setting]
         if workers != self.settings.num_workers or workers != m.workers:
             return None
-        ratio = moved(loading, m.loading_seconds, max(NOISE, 2 / math.sqrt(m.batches)))
+        ratio = moved(loading, m.loading_seconds, noise(m.batches))
         if ratio is None:
             return None
         return (f"; loading per batch moved {ratio:.2f}x since the raise in vain "
@@ -298,36 +298,37 @@ class Adapter:
 
     def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
         """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
-        again = self._unsettled("num_workers", m)
-        if again is None:
-            return None
         current, evidence = self.settings.num_workers, self.evidence
         ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
-        if ruled is None or evidence is None:
-            return waited + again
-        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds, m.batches)
-        changed = changed if m.workers == current else None
-        if changed is None:
-            self._decline(m, "num_workers", f"{ruled}, and loading is as the tune measured it")
-            return None
-        return f"{waited}; {ruled}, but {changed}: trying {nxt}"
+        return self._unless_ruled(m, "num_workers", waited, ruled,
+                                  ", and loading is as the tune measured it", f": trying {nxt}")
 
     def _prefetch_raise(self, m: EpochMeasure, waited: str) -> str | None:
         """Why a deeper queue may help (None: the evidence says the workers' speed, not
         their jitter, is the limit, and loading has not moved since the tune)."""
-        again = self._unsettled("prefetch_factor", m)
+        evidence = self.evidence
+        ruled = evidence.queue_cannot_help(self.settings.num_workers) if evidence else None
+        return self._unless_ruled(m, "prefetch_factor", waited, ruled, "", "")
+
+    def _unless_ruled(self, m: EpochMeasure, setting: str, waited: str, ruled: str | None,
+                      declined: str, trying: str) -> str | None:  # fmt: skip
+        """Why ``setting`` may be raised, or None: settled after a raise in vain while
+        loading stays as it was, or ``ruled`` out by the tune's timings while the loop is
+        as the tune measured it (then declined: ``ruled`` and ``declined`` say why)."""
+        again = self._unsettled(setting, m)
         if again is None:
             return None
-        current, evidence = self.settings.num_workers, self.evidence
-        ruled = evidence.queue_cannot_help(current) if evidence else None
-        if ruled is None or evidence is None:
+        if ruled is None or self.evidence is None:
             return waited + again
-        changed = evidence.changed(current, m.loading_seconds, m.compute_seconds, m.batches)
-        changed = changed if m.workers == current else None
+        current = self.settings.num_workers
+        changed = None
+        if m.workers == current:
+            changed = self.evidence.changed(current, m.loading_seconds, m.compute_seconds,
+                                            m.batches)  # fmt: skip
         if changed is None:
-            self._decline(m, "prefetch_factor", ruled)
+            self._decline(m, setting, ruled + declined)
             return None
-        return f"{waited}; {ruled}, but {changed}"
+        return f"{waited}; {ruled}, but {changed}{trying}"
 
     def _raises(self, m: EpochMeasure) -> list[tuple[str, int, str]]:
         """The raise to try, first possible first: (setting, new value, reason)."""

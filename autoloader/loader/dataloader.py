@@ -119,18 +119,7 @@ class DataLoader(tud.DataLoader):
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
-            n = dataset_length(dataset)
-            verify = check_fingerprint and self.plan.fingerprint is not None
-            sizes = known_sizes(self.plan, dataset, world, verify=verify)
-            self._data_identity = self.plan.fingerprint or f"{n} samples"
-            if check_fingerprint:
-                check_data_fingerprint(self.plan, sizes, n)
-            self.grad_accum_steps = accumulation_for(self.plan, world)
-            given = apply_plan(self.plan, given, sizes, rank, world, n)
-            check_ranks_agree(
-                digest(self.plan, given, sizes, self.grad_accum_steps, n),
-                source=self.plan.source,
-            )
+            given, sizes = self._planned(dataset, given, check_fingerprint, rank, world)
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.
@@ -171,6 +160,24 @@ class DataLoader(tud.DataLoader):
             if prefetch_override is not None:
                 fixed.append("device_prefetch")
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
+
+    def _planned(
+        self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        """Torch's arguments from the plan, and the sample sizes, once every check has
+        passed: the data (fingerprint), the world size (accumulation), the other ranks."""
+        plan = self.plan
+        assert plan is not None
+        n = dataset_length(dataset)
+        verify = check_fingerprint and plan.fingerprint is not None
+        sizes = known_sizes(plan, dataset, world, verify=verify)
+        self._data_identity = plan.fingerprint or f"{n} samples"
+        if check_fingerprint:
+            check_data_fingerprint(plan, sizes, n)
+        self.grad_accum_steps = accumulation_for(plan, world)
+        given = apply_plan(plan, given, sizes, rank, world, n)
+        check_ranks_agree(digest(plan, given, sizes, self.grad_accum_steps, n), source=plan.source)
+        return given, sizes
 
     @property
     def adaptations(self) -> list[Adaptation]:
@@ -236,9 +243,7 @@ class DataLoader(tud.DataLoader):
     def _settings(self) -> dict[str, Any]:
         if self._runtime is not None and self._runtime.adapter is not None:
             return dataclasses.asdict(self._runtime.adapter.settings)
-        feed = self.device_prefetch if self._feed_device is not None else None
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
-                "device_prefetch": feed}  # fmt: skip
+        return dataclasses.asdict(_settings_of(self))
 
     @property
     def stats(self) -> LoaderStats:
@@ -392,17 +397,19 @@ def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
     return count
 
 
+def _settings_of(loader: DataLoader) -> Settings:
+    """The ``[loader]`` settings adaptation may move, as the loader runs them now."""
+    feed = loader.device_prefetch if loader._feed_device is not None else None
+    return Settings(loader.num_workers, loader.prefetch_factor, feed)
+
+
 def _runtime(
     loader: DataLoader, fixed: list[str], threshold: float, max_workers: int | None
 ) -> Runtime:
     """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
     plan = loader.plan
     assert plan is not None
-    settings = Settings(
-        loader.num_workers,
-        loader.prefetch_factor,
-        loader.device_prefetch if loader._feed_device is not None else None,
-    )
+    settings = _settings_of(loader)
     limits = default_limits(plan, settings, max_workers)
     adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
                       evidence=Evidence.from_plan(plan.tuning.get("workers")))  # fmt: skip

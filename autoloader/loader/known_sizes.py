@@ -28,7 +28,7 @@ import torch.distributed as dist
 from autoloader.loader.agreement import agreement_timeout
 from autoloader.plan import Plan
 from autoloader.sizes import (
-    nbytes_of,
+    measure_sizes,
     recorded_path,
     recorded_sizes,
     remember_sizes,
@@ -76,15 +76,11 @@ def _measure(dataset: Any, progress: bool) -> np.ndarray:
     """Every sample's size: split over the ranks of an initialised process group."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return sample_sizes(dataset, progress=progress)
-    from tqdm import tqdm
-
-    from autoloader.datasets.reads import read
-
     rank, world, n = dist.get_rank(), dist.get_world_size(), len(dataset)
-    mine = range(rank, n, world)
-    measured = [nbytes_of(read(dataset, i)) for i in tqdm(
-        mine, desc=f"measuring sample sizes (rank {rank}, 1/{world} of them)", unit="sample",
-        disable=not progress, leave=False)]  # fmt: skip
+    measured = measure_sizes(
+        dataset, range(rank, n, world), progress=progress,
+        desc=f"measuring sample sizes (rank {rank}, 1/{world} of them)",
+    ).tolist()  # fmt: skip
     # Gathered over gloo whatever the job's backend: NCCL would need a device per rank.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=agreement_timeout()))
     shares: list[Any] = [None] * world

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
+from autoloader.loader.adapt import SETTINGS  # the settings adaptation moves
 from autoloader.plan import Plan
 
 FORMAT = "autoloader.position/1"
-SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
 
 
 def plan_identity(plan: Plan) -> str:

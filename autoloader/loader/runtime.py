@@ -249,8 +249,8 @@ class EpochIter:
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
         self._worker_memory: int | None = None
-        workers = self._workers = loader.num_workers
-        self._memory_at = workers * (loader.prefetch_factor or 2) + 1 if workers else -1
+        self._workers = loader.num_workers
+        self._memory_at = self._memory_after(0)
         self._done = False
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
@@ -293,6 +293,12 @@ class EpochIter:
             self._judge_window()
         return batch
 
+    def _memory_after(self, count: int) -> int:
+        """The batch after which the workers' memory is read: their first prefetch round
+        past ``count`` (-1, never, without workers)."""
+        workers = self._workers
+        return count + workers * (self._loader.prefetch_factor or 2) + 1 if workers else -1
+
     def _samples(self) -> int:
         if self._runtime.recorder is not None:
             return self._runtime.recorder.stats.samples - self._samples_at_start
@@ -309,9 +315,9 @@ class EpochIter:
         m = replace(m, batch=served, remaining=left or None, restart_seconds=self._first_wait)
         if self._runtime.judge(m) and left:
             self._batches = loader._restart_in_epoch()
-            workers = self._workers = loader.num_workers
+            self._workers = loader.num_workers
             self._worker_memory = None
-            self._memory_at = self._count + workers * (loader.prefetch_factor or 2) + 1
+            self._memory_at = self._memory_after(self._count)
         self._window = Window(self._window_size, self._workers, self._samples())
 
     def _finish(self) -> None:
