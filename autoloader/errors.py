@@ -33,3 +33,16 @@ class PluginError(AutoloaderError):
 
 class JobError(AutoloaderError):
     """A rank of the job vanished during a collective step; the message names it."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The line that says what went wrong: the first line of the message, or, for an error
+    torch re-raised from a worker process (``Caught X in DataLoader worker process N.``
+    followed by the worker's traceback), the worker's own last line."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines[0].startswith("Caught ") and "worker process" in lines[0] and len(lines) > 1:
+        return lines[-1]
+    return lines[0]

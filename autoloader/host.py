@@ -84,10 +84,41 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def available_memory(root: Path = Path("/sys/fs/cgroup")) -> int:
+    """Memory this process's tree may still take: the host's available memory, or less
+    where a cgroup limit (a container's, a Slurm job's) is nearer: the OOM killer acts at
+    the cgroup's limit, whatever the host has free."""
+    available = int(psutil.virtual_memory().available)
+    limit = cgroup_memory_room(root)
+    return min(available, limit) if limit is not None else available
+
+
+def cgroup_memory_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes left under this cgroup's memory limit (v2 ``memory.max`` less
+    ``memory.current``, or v1's ``limit_in_bytes`` less ``usage_in_bytes``); None where
+    there is no limit."""
+    for limit_file, usage_file in (
+        (root / "memory.max", root / "memory.current"),
+        (root / "memory" / "memory.limit_in_bytes", root / "memory" / "memory.usage_in_bytes"),
+    ):
+        try:
+            raw = limit_file.read_text().strip()
+            if raw == "max":
+                return None
+            limit, usage = int(raw), int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit >= 2**60:  # v1 writes "no limit" as a huge number
+            return None
+        return max(0, limit - usage)
+    return None
+
+
 def worker_memory_budget() -> int:
-    """Host memory one rank's loader workers may hold: half the available memory, split
-    over the ranks sharing this node (the tune's search and the run-time adapter alike)."""
-    return int(psutil.virtual_memory().available // 2 // max(1, local_world_size()))
+    """Host memory one rank's loader workers may hold: half the available memory (the
+    cgroup's, where that is less), split over the ranks sharing this node (the tune's
+    search and the run-time adapter alike)."""
+    return int(available_memory() // 2 // max(1, local_world_size()))
 
 
 def doubling_grid(max_workers: int) -> list[int]:

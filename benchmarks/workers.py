@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from autoloader.host import usable_cpus, worker_memory_budget
+from autoloader.host import usable_cpus
+from autoloader.host_budget import HostBudget
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Rule, Timing, choose, measure
-from autoloader.tuning.workers.extent import Extent, shm_free_bytes
+from autoloader.tuning.workers.extent import Extent
 from autoloader.tuning.workers.model import ModelledNode, saturating
 from autoloader.tuning.workers.search import exhaustive, fast, fast_search
 
@@ -102,8 +103,8 @@ def compare_default(name: str, dataset: Dataset, batch: int, iterations: int) ->
     rule = Rule(tolerance=0.05)
     run = partial(measure, dataset, sizes, batch, device=torch.device("cpu"))
     full = exhaustive(lambda w, s: run(w, timing=Timing(iterations, precision=None)), 2 * cpus)
-    extent = Extent(cpus=cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
-                    batch_bytes=int(batch * sizes.max()), hard_cap=Extent.default_cap(cpus))
+    extent = Extent(cpus=cpus, budget=HostBudget.probe(), batch_bytes=int(batch * sizes.max()),
+                    hard_cap=Extent.default_cap(cpus))
     quick, reach = fast_search(
         lambda w, s: run(w, timing=Timing(iterations), slower_than=s), cpus, rule, extent
     )

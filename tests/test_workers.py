@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
 from autoloader.datasets.reads import SampleError
+from autoloader.host_budget import HostBudget
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Candidate, Rule, Timing, choose, doubling_grid, measure
@@ -108,8 +109,8 @@ def test_fast_search_keeps_throughput_with_a_third_of_the_batches(
 
 
 def extent(cpus: int = 2, memory: int = 2**40, shm: int | None = None, batch: int = 1) -> Extent:
-    return Extent(cpus=cpus, memory_bytes=memory, shm_bytes=shm, batch_bytes=batch,
-                  hard_cap=Extent.default_cap(cpus))  # fmt: skip
+    budget = HostBudget(shm, shm, shm // 2 if shm is not None else None, 2 * memory, memory)
+    return Extent(cpus=cpus, budget=budget, batch_bytes=batch, hard_cap=Extent.default_cap(cpus))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -146,8 +147,9 @@ def test_host_memory_and_shared_memory_bound_the_search() -> None:
         "500.0 MiB is the workers' budget")
     trace, reach = fast_search(measure_w, 2, Rule(), extent(shm=64 * 2**20, batch=8 * 2**20))
     assert max(c.workers for c in trace) == 2
-    assert reach == ("stopped at 2 (this rank's CPUs): 4 workers x 2 batches of up to 8.0 MiB in "
-                     "flight would need 64.0 MiB of shared memory; /dev/shm has 64.0 MiB free")
+    assert reach == ("stopped at 2 (this rank's CPUs): 4 worker(s) x 2 batch(es) of up to 8.0 MiB "
+                     "in flight need about 80.0 MiB of shared memory; /dev/shm has 64.0 MiB "
+                     "free (budget 32.0 MiB)")
 
 
 def test_doubling_grid() -> None:

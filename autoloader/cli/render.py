@@ -32,6 +32,7 @@ def sections(plan: Plan) -> list[Section]:
         _workers(plan.tuning.get("workers"), plan.loader.num_workers),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
+        _host(plan.tuning.get("host"), plan.loader.num_workers),
     ]
     return [s for s in found if s is not None]
 
@@ -316,5 +317,36 @@ def _strategies(reports: Any, chosen: str) -> Section | None:
                     "predicted peak"], rows)  # fmt: skip
 
 
+def _host(host: Any, workers: int) -> Section | None:
+    """``[tuning.host]``: what /dev/shm and RAM had when tuned, the budgets, and what the
+    planned loader holds of them."""
+    if not isinstance(host, dict):
+        return None
+    per_worker = host.get("worker_bytes")
+    held = per_worker * workers if isinstance(per_worker, int) and _finite(per_worker) else None
+    rows = [
+        ["shared memory (/dev/shm)",
+         f"{_b(host.get('shm_free_bytes'))} free of {_b(host.get('shm_total_bytes'))}",
+         _b(host.get("shm_budget_bytes")), f"{_b(host.get('shm_need_bytes'))} in flight"],
+        ["host memory", f"{_b(host.get('memory_available_bytes'))} available",
+         _b(host.get("memory_budget_bytes")), f"{_b(held)} in {workers} worker(s)"],
+    ]  # fmt: skip
+    notes = [f"sharing strategy {host.get('sharing_strategy', '?')}; batches of up to "
+             f"{_b(host.get('batch_bytes'))}; at most {host.get('max_workers', '?')} workers "
+             "fit both budgets at the planned prefetch_factor"]  # fmt: skip
+    if isinstance(host.get("limit"), str):
+        notes.append(f"limit: {host['limit']}")
+    return Section(
+        "host budgets (this node when tuned)",
+        ["budget of", "had", "budget", "the plan holds"],
+        rows,
+        notes,
+    )
+
+
+def _finite(n: Any) -> bool:
+    return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n)
+
+
 def _b(n: Any) -> str:
-    return format_bytes(n) if isinstance(n, (int, float)) else "?"
+    return format_bytes(n) if _finite(n) and n >= 0 else "?"

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from autoloader.errors import AutoloaderError, DatasetError
+from autoloader.host_budget import is_shm_failure
 
 
 class SampleError(DatasetError):
@@ -83,8 +84,10 @@ _BATCH: list[int] = []  # the indices of the batch this process fetched last
 
 class NamedCollate:
     """A collate function whose failure names the batch's samples and what is wrong with
-    them: the user's data (a sample that is None, dicts beside tensors), not our bug.
-    Picklable, for worker processes."""
+    them: the user's data (a sample that is None, dicts beside tensors), not our bug. A
+    batch that does not fit the node's shared memory is not the data's fault: that error
+    passes through unchanged (``autoloader.host_budget`` names it). Picklable, for worker
+    processes."""
 
     def __init__(self, collate_fn: Any) -> None:
         self.collate_fn = collate_fn
@@ -95,6 +98,8 @@ class NamedCollate:
         except (AutoloaderError, KeyboardInterrupt):
             raise
         except Exception as exc:
+            if is_shm_failure(str(exc)):
+                raise
             raise SampleError(
                 f"{_shown(_BATCH, len(samples))} could not be collated into one batch: "
                 f"{_whats_wrong(_BATCH, samples) or _describe(exc)}"

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoloader.host import doubling_grid
+from autoloader.host_budget import HostBudget
 from autoloader.loop_model import Evidence, moved, noise
 
 log = logging.getLogger("autoloader")
@@ -150,6 +151,14 @@ class Limits:
     max_workers: int
     memory_budget_bytes: int  # host memory the worker processes may hold
     device_prefetch_max: int = 0  # the deepest device feed the plan's memory budget allows
+    host: HostBudget | None = None  # this node's shared memory, for the batches in flight
+    batch_bytes: int = 0  # the plan's worst batch: what one batch in flight holds
+
+    def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:
+        """Why ``workers`` x ``prefetch`` batches in flight do not fit /dev/shm."""
+        if self.host is None or not self.batch_bytes:
+            return None
+        return self.host.shm_refuses(workers, prefetch, self.batch_bytes)
 
 
 @dataclass(frozen=True)
@@ -293,15 +302,23 @@ class Adapter:
         ratio = moved(loading, m.loading_seconds, noise(m.batches))
         if ratio is None:
             return None
-        return (f"; loading per batch moved {ratio:.2f}x since the raise in vain "
-                f"({loading:.4f} s -> {m.loading_seconds:.4f} s): trying again")
+        return (
+            f"; loading per batch moved {ratio:.2f}x since the raise in vain "
+            f"({loading:.4f} s -> {m.loading_seconds:.4f} s): trying again"
+        )
 
     def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
         """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
         current, evidence = self.settings.num_workers, self.evidence
         ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
-        return self._unless_ruled(m, "num_workers", waited, ruled,
-                                  ", and loading is as the tune measured it", f": trying {nxt}")
+        return self._unless_ruled(
+            m,
+            "num_workers",
+            waited,
+            ruled,
+            ", and loading is as the tune measured it",
+            f": trying {nxt}",
+        )
 
     def _prefetch_raise(self, m: EpochMeasure, waited: str) -> str | None:
         """Why a deeper queue may help (None: the evidence says the workers' speed, not
@@ -340,16 +357,25 @@ class Adapter:
         capped = nxt is None or (
             per_worker is not None and per_worker * nxt > lim.memory_budget_bytes
         )
+        shm = lim.shm_refuses(nxt, s.prefetch_factor) if nxt is not None and not capped else None
+        if shm is not None:
+            capped = True
+            self._decline(m, "num_workers", shm)
         if nxt is not None and not capped:
             why = self._worker_raise(m, nxt, waited)
             if why is not None:
                 out.append(("num_workers", nxt, why))
         depth = s.prefetch_factor or 2
-        if s.num_workers > 0 and depth < MAX_PREFETCH_FACTOR:
+        deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
+        if (
+            s.num_workers > 0
+            and depth < MAX_PREFETCH_FACTOR
+            and (lim.shm_refuses(s.num_workers, deeper) is None)
+        ):
             held = "at their cap" if capped else "not to be raised"
             why = self._prefetch_raise(m, f"{waited}, with workers {held}")
             if why is not None:
-                out.append(("prefetch_factor", min(2 * depth, MAX_PREFETCH_FACTOR), why))
+                out.append(("prefetch_factor", deeper, why))
         if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
             if s.device_prefetch < lim.device_prefetch_max:
                 out.append(("device_prefetch", s.device_prefetch + 1,

@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.files import refuse_inputs
+from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.agreement import check_ranks_agree
 from autoloader.loader.collate import collate
 from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.planned import (
@@ -175,7 +177,9 @@ class DataLoader(tud.DataLoader):
         if check_fingerprint:
             check_data_fingerprint(plan, sizes, n)
         self.grad_accum_steps = accumulation_for(plan, world)
+        explicit = set(given) & {"num_workers", "prefetch_factor"}
         given = apply_plan(plan, given, sizes, rank, world, n)
+        given = fit_to_host(plan, given, explicit, HostBudget.probe())
         check_ranks_agree(digest(plan, given, sizes, self.grad_accum_steps, n), source=plan.source)
         return given, sizes
 

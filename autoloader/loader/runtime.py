@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from autoloader.host import cpus_per_rank, tree_memory_bytes, worker_memory_budget
+from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import (
     SETTINGS,
     Adaptation,
@@ -31,6 +32,7 @@ from autoloader.loader.adapt import (
     Settings,
 )
 from autoloader.loader.drift import Drift, MemoryWatch
+from autoloader.loader.host_fit import worst_batch_bytes
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
@@ -44,15 +46,17 @@ log = logging.getLogger("autoloader")
 def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> Limits:
     """The caps: workers as far as the tune's search went (this rank's CPUs, or past them
     where the tune found the workers waiting on reads; never below the plan's count), half
-    the available RAM split over the node's ranks for the worker processes, and a device
-    feed only as deep as the plan's memory budget allows."""
+    the available RAM split over the node's ranks for the worker processes, the batches in
+    flight within this node's /dev/shm, and a device feed only as deep as the plan's
+    memory budget allows."""
     if max_workers is None:
         table = plan.tuning.get("workers")
         searched = table.get("max_workers") if isinstance(table, dict) else None
         if isinstance(searched, bool) or not isinstance(searched, int):
             searched = 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
-    return Limits(max_workers, worker_memory_budget(), _device_prefetch_max(plan, settings))
+    return Limits(max_workers, worker_memory_budget(), _device_prefetch_max(plan, settings),
+                  HostBudget.probe(), worst_batch_bytes(plan))  # fmt: skip
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:

@@ -36,11 +36,12 @@ def tuning_table(
     candidates: Sequence[Mapping[str, Any]], step_seconds: float | None,
     placement: tuple[str, list[int]] | None, device_prefetch: Mapping[str, Any] | None,
     nodes: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None = None,
-    threads: Mapping[str, Any] | None = None,
+    threads: Mapping[str, Any] | None = None, host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
     (where they apply) the step time, the worker pinning, the device feed, each node, the
-    baseline measured beside the plan, and the intra-op threads choice."""
+    baseline measured beside the plan, the intra-op threads choice, and the host's
+    shared-memory and RAM budgets."""
     out: dict[str, Any] = {
         "workers": dict(workers),
         "strategies": {name: dict(r) for name, r in strategies.items()},
@@ -58,6 +59,8 @@ def tuning_table(
         out["baseline"] = drop_none(dict(baseline))
     if threads is not None:
         out["threads"] = dict(threads)
+    if host is not None:
+        out["host"] = dict(host)
     return out
 
 

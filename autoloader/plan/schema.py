@@ -204,6 +204,7 @@ def validate(data: Mapping[str, Any], source: str) -> None:
     if isinstance(data.get("batching"), Mapping):
         _validate_options(data["batching"], source)
     _validate_evidence(data, source)
+    _validate_scalars(data, source)
     _loader_consistency(data["loader"], source, "loader")
 
 
@@ -284,14 +285,20 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
 )  # fmt: skip
 _KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str")}
+# Evidence tables of plain values that ``show`` and the loader read: (path, key kinds).
+SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("tuning.host", {
+        "shm_free_bytes": ("int",), "shm_total_bytes": ("int",), "shm_budget_bytes": ("int",),
+        "memory_available_bytes": ("int",), "memory_budget_bytes": ("int",),
+        "sharing_strategy": _STR, "batch_bytes": ("int",), "worker_bytes": ("int",),
+        "shm_need_bytes": ("int",), "max_workers": ("int",), "limit": _STR,
+    }),
+)  # fmt: skip
 
 
 def _validate_evidence(data: Mapping[str, Any], source: str) -> None:
     for path, container, fields in EVIDENCE:
-        head, _, rest = path.partition(".")
-        value: Any = data.get(head)
-        for part in rest.split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
+        value = _at(data, path)
         if value is None:
             continue
         ok = isinstance(value, list) if container == "array" else isinstance(value, Mapping)
@@ -310,6 +317,29 @@ def _validate_evidence(data: Mapping[str, Any], source: str) -> None:
                         f"{source}: key '{where}.{key}': expected {_KINDS[kinds[0]].expected()}, "
                         f"found {_show(entry[key])}"
                     )
+
+
+def _at(data: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` (None where any part is missing)."""
+    value: Any = data
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _validate_scalars(data: Mapping[str, Any], source: str) -> None:
+    for path, fields in SCALARS:
+        value = _at(data, path)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise PlanError(f"{source}: key '{path}': expected a table, found {_show(value)}")
+        for key, kinds in fields.items():
+            if key in value and not any(_accepts(k, value[key]) for k in kinds):
+                raise PlanError(
+                    f"{source}: key '{path}.{key}': expected {_KINDS[kinds[0]].expected()}, "
+                    f"found {_show(value[key])}"
+                )
 
 
 def _accepts(kind: str, value: Any) -> bool:

@@ -124,4 +124,5 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         nodes=found.workers.nodes,
         baseline=found.trials.comparison.to_dict() if found.trials.comparison else None,
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
+        host=found.workers.host,
     )  # fmt: skip

@@ -20,7 +20,8 @@ import torch
 
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
-from autoloader.host import cpus_per_rank, worker_memory_budget
+from autoloader.host import cpus_per_rank
+from autoloader.host_budget import HostBudget
 from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.tuning import trial, workers
@@ -30,6 +31,7 @@ from autoloader.tuning.calibrate import Point, calibrate_step
 from autoloader.tuning.collective import Collective, RankBudget, Solo
 from autoloader.tuning.comparison import Comparison, Side, ThreadsChoice, choose_threads, diagnose
 from autoloader.tuning.devices import Headroom, probe_headroom
+from autoloader.tuning.host_limits import host_table, search_batch_bytes
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.tuning.options import TuneOptions
@@ -37,7 +39,6 @@ from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
 from autoloader.tuning.reserve import ReservePart, reserve_parts
 from autoloader.tuning.step import sample_batches, time_step
 from autoloader.tuning.transfer import copy_seconds
-from autoloader.tuning.workers.extent import shm_free_bytes
 from autoloader.tuning.workload import Workload
 from autoloader.units import describe_bytes
 
@@ -209,13 +210,10 @@ def placement(device: torch.device) -> Placement:
     return Placement(min(cpus, len(local)), local) if local else Placement(cpus, None)
 
 
-def _extent(choice: BatchingChoice, where: Placement) -> workers.Extent:
+def _extent(budget: HostBudget, batch_bytes: int, where: Placement) -> workers.Extent:
     """How far past the CPUs the search may go: host memory, /dev/shm, 8 per CPU."""
-    return workers.Extent(
-        cpus=where.cpus, memory_bytes=worker_memory_budget(), shm_bytes=shm_free_bytes(),
-        batch_bytes=int(choice.replays[choice.strategy].worst_batch_bytes),
-        hard_cap=workers.Extent.default_cap(where.cpus),
-    )  # fmt: skip
+    return workers.Extent(cpus=where.cpus, budget=budget, batch_bytes=batch_bytes,
+                          hard_cap=workers.Extent.default_cap(where.cpus))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -226,6 +224,7 @@ class WorkerStage:
     choice: Any  # workers.WorkerChoice
     max_workers: int
     nodes: dict[str, dict[str, Any]]
+    host: dict[str, Any] | None = None  # [tuning.host]: the shared-memory and RAM budgets
 
 
 def worker_search(
@@ -241,7 +240,8 @@ def worker_search(
     """
     local = choice.local_batch_size
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
-    extent = _extent(choice, where) if opts.max_workers is None else None
+    budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
+    extent = _extent(budget, batch_bytes, where) if opts.max_workers is None else None
     rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step)
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
                             precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip
@@ -255,7 +255,7 @@ def worker_search(
             work.dataset, work.sizes, local, max_workers=n_max, timing=timing, rule=rule,
             device=work.device, method=opts.method, seed=opts.seed, progress=opts.progress,
             worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
-            collate_fn=work.collate_fn, extent=extent,
+            collate_fn=work.collate_fn, extent=extent, budget=budget, batch_bytes=batch_bytes,
         )  # fmt: skip
         result = {
             "num_workers": found.num_workers,
@@ -273,8 +273,11 @@ def worker_search(
     assert isinstance(result, dict)
     if found is not None and found.reach:
         log.info("worker search: %s", found.reach)
+    host = host_table(budget, batch_bytes, result, found.trace) if found else None
+    if host is not None and "limit" in host:
+        log.warning("worker search: %s", host["limit"])
     top = max((c.workers for c in found.trace), default=n_max) if found else n_max
-    return WorkerStage(result, found, max(n_max, top), nodes)
+    return WorkerStage(result, found, max(n_max, top), nodes, host)
 
 
 @dataclass(frozen=True)

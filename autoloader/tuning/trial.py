@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
+from autoloader.errors import one_line
 from autoloader.loader.device_feed import DeviceFeed
 from autoloader.tuning.baseline import LoopSettings
 from autoloader.tuning.transfer import transfer
@@ -123,7 +124,7 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
     except Exception as exc:  # the loop's failure is this trial's result, not the tune's
         if not (is_oom(exc) or isinstance(exc, (RuntimeError, OSError))):
             raise
-        status = ("out of memory" if is_oom(exc) else "failed") + f": {_first_line(exc)}"
+        status = ("out of memory" if is_oom(exc) else "failed") + f": {one_line(exc)}"
     finally:
         del batches, loader  # the workers shut down with their iterator
     timed = slice(warm, len(steps))
@@ -173,8 +174,3 @@ def _threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

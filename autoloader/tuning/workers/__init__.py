@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from autoloader.host import doubling_grid
+from autoloader.host_budget import HostBudget
 from autoloader.loader.collate import collate
 from autoloader.tuning.workers import search as _search
-from autoloader.tuning.workers.extent import Extent
+from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
 from autoloader.tuning.workers.search import Rule, choose
 from autoloader.tuning.workers.settings import Setting, persistent_workers, prefetch_factor
@@ -75,9 +76,13 @@ def search(
     worker_init_fn: Callable[[int], None] | None = None,
     collate_fn: Callable[[list[Any]], Any] = collate,
     extent: Extent | None = None,
+    budget: HostBudget | None = None,
+    batch_bytes: int = 0,
 ) -> WorkerChoice:
     """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
-    search goes past ``max_workers`` where ``extent`` allows.
+    search goes past ``max_workers`` where ``extent`` allows. A count whose batches in
+    flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``
+    is not run: it is in the trace as skipped, with why.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
@@ -91,21 +96,13 @@ def search(
         leave=False,
         total=max_workers + 1 if method == "exhaustive" else None,
     )
-    run = partial(
-        measure,
-        dataset,
-        sizes,
-        batch_size,
-        timing=timing,
-        device=device,
-        seed=seed,
-        worker_init_fn=worker_init_fn,
-        collate_fn=collate_fn,
-    )
+    run = partial(measure, dataset, sizes, batch_size, timing=timing, device=device, seed=seed,
+                  worker_init_fn=worker_init_fn, collate_fn=collate_fn)  # fmt: skip
+    within = _Within(run, budget, batch_bytes)
 
     def measured(w: int, slower_than: float | None) -> Candidate:
         bar.set_postfix_str(f"{w} workers")
-        cand = run(w, slower_than=slower_than)
+        cand = within(w, slower_than)
         bar.update()
         return cand
 
@@ -123,6 +120,25 @@ def search(
     chosen = next(c for c in trace if c.workers == chosen_w)
     serial = next((c for c in trace if c.workers == 0), None)
     batches = -(-len(sizes) // batch_size)
-    return WorkerChoice(chosen_w, prefetch_factor(chosen, serial, rule.step_seconds),
-                        persistent_workers(chosen, batches), rule.describe(), method, trace,
-                        reach)  # fmt: skip
+    depth = prefetch_factor(chosen, serial, rule.step_seconds, budget, batch_bytes)
+    return WorkerChoice(chosen_w, depth, persistent_workers(chosen, batches), rule.describe(),
+                        method, trace, reach)  # fmt: skip
+
+
+class _Within:
+    """Measure a count only where the host's budget holds it; one it does not is in the
+    trace as skipped, with why (the workers' memory is known from the counts measured)."""
+
+    def __init__(self, run: Callable[..., Candidate], budget: HostBudget | None,
+                 batch_bytes: int) -> None:  # fmt: skip
+        self.run, self.budget, self.batch_bytes = run, budget, batch_bytes
+        self.done: dict[int, Candidate] = {}
+
+    def __call__(self, w: int, slower_than: float | None) -> Candidate:
+        why = None
+        if self.budget is not None:
+            per_worker = per_worker_bytes(self.done)
+            why = self.budget.refuses(w, PREFETCH_FACTOR, self.batch_bytes, per_worker)
+        cand = Candidate.not_measured(w, f"skipped: {why}") if why else None
+        self.done[w] = cand or self.run(w, slower_than=slower_than)
+        return self.done[w]

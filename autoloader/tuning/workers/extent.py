@@ -7,34 +7,21 @@ N = CPUs plans no workers at all for reads that sleep. So the search goes on pas
 while the counts measured there are mostly waiting (their processes' CPU time over wall
 time), doubling until the loop stops getting faster, and never past what the host can hold:
 the workers' measured memory (PSS) against the host's available memory, the batches in
-flight against free shared memory (``/dev/shm``, where worker batches travel), and a hard
-cap.
+flight against free shared memory (``/dev/shm``, where worker batches travel), both
+``autoloader.host_budget``, and a hard cap.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from autoloader.host_budget import HostBudget
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
-from autoloader.units import format_bytes
 
 WAITING_SHARE = 0.5  # a worker busy less than this share of its time mostly waits
 SPARE_CORES = 0.75  # and all of them together must leave this share of the CPUs idle
-SHM_MARGIN = 0.5  # batches in flight may fill at most this share of free shared memory
 HARD_CAP_PER_CPU = 8
 HARD_CAP = 64
-SHM_PATH = Path("/dev/shm")
-
-
-def shm_free_bytes(path: Path = SHM_PATH) -> int | None:
-    """Free bytes of the shared-memory filesystem (None where there is none)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 @dataclass(frozen=True)
@@ -43,15 +30,13 @@ class Extent:
 
     Args:
         cpus: this rank's CPUs (the in-core search's top).
-        memory_bytes: host memory the workers may hold.
-        shm_bytes: free shared memory, or None where unknown.
-        batch_bytes: the largest batch's bytes (one batch in flight in shared memory).
+        budget: the host's shared memory and RAM for this rank's loader.
+        batch_bytes: the largest batch's bytes (what one batch in flight holds).
         hard_cap: the most workers tried in any case.
     """
 
     cpus: int
-    memory_bytes: int
-    shm_bytes: int | None
+    budget: HostBudget
     batch_bytes: int
     hard_cap: int
 
@@ -76,23 +61,7 @@ class Extent:
         """Why ``workers`` cannot be afforded (None: they can)."""
         if workers > self.hard_cap:
             return f"{workers} workers would pass the cap of {self.hard_cap}"
-        need = per_worker_bytes * workers
-        if need > self.memory_bytes:
-            return (
-                f"{workers} workers would hold about {format_bytes(int(need))} of host "
-                f"memory ({format_bytes(int(per_worker_bytes))} each, measured); "
-                f"{format_bytes(self.memory_bytes)} is the workers' budget"
-            )
-        if self.shm_bytes is not None:
-            flight = workers * PREFETCH_FACTOR * self.batch_bytes
-            if flight > self.shm_bytes * SHM_MARGIN:
-                return (
-                    f"{workers} workers x {PREFETCH_FACTOR} batches of up to "
-                    f"{format_bytes(self.batch_bytes)} in flight would need "
-                    f"{format_bytes(flight)} of shared memory; /dev/shm has "
-                    f"{format_bytes(self.shm_bytes)} free"
-                )
-        return None
+        return self.budget.refuses(workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes)
 
 
 def per_worker_bytes(seen: dict[int, Candidate]) -> float:

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
+from autoloader.errors import one_line
 from autoloader.host import cpu_seconds, tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.samplers import RandomBatchSampler
@@ -66,6 +67,11 @@ class Candidate:
             memory,
             stderr_seconds=stderr,
         )
+
+    @classmethod
+    def not_measured(cls, workers: int, status: str) -> Candidate:
+        """A count that failed, or was not run (``status`` says which, and why)."""
+        return cls(workers, 0, math.inf, math.inf, math.inf, math.inf, 0, status)
 
     @property
     def ok(self) -> bool:
@@ -202,8 +208,7 @@ def _measure(
             block=max(1, workers),
         )
     except (RuntimeError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Candidate(workers, 0, math.inf, math.inf, math.inf, math.inf, 0, f"failed: {reason}")
+        return Candidate.not_measured(workers, f"failed: {one_line(exc)}")
     finally:
         batches.close()
         del loader

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autoloader.host_budget import HostBudget
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 MAX_PREFETCH = 8
@@ -18,14 +19,29 @@ class Setting:
 
 
 def prefetch_factor(
-    chosen: Candidate, serial: Candidate | None, step_seconds: float | None
-) -> Setting:
-    """Deep enough that the slowest batch does not starve the loop.
+    chosen: Candidate, serial: Candidate | None, step_seconds: float | None,
+    budget: HostBudget | None = None, batch_bytes: float = 0,
+) -> Setting:  # fmt: skip
+    """Deep enough that the slowest batch does not starve the loop, and no deeper than the
+    host's shared memory holds (``budget``, batches of ``batch_bytes`` at most).
 
     With in-order delivery, while one worker spends ``T`` on the slowest batch the loop can
     only consume what is already queued: ``workers x prefetch`` batches, one consumed every
     ``s`` seconds (the step, or the loading time itself). So ``workers x prefetch >= T/s + 1``.
     """
+    setting = _queue_depth(chosen, serial, step_seconds)
+    if budget is None or not isinstance(setting.value, int):
+        return setting
+    fits = budget.prefetch_within(chosen.workers, setting.value, batch_bytes)
+    if fits is None or fits >= setting.value:
+        return setting
+    why = budget.shm_refuses(chosen.workers, setting.value, batch_bytes)
+    return Setting(fits, f"{setting.why}; lowered to {fits}: {why}")
+
+
+def _queue_depth(
+    chosen: Candidate, serial: Candidate | None, step_seconds: float | None
+) -> Setting:
     w = chosen.workers
     if w == 0:
         return Setting(None, "no worker processes: nothing to prefetch")

@@ -1,0 +1,73 @@
+"""The plan's workers fitted to the host the job runs on.
+
+A plan is often tuned on one machine (a login node, an interactive session) and trained in
+another (a container with Docker's 64 MiB /dev/shm). Before the loader starts its workers,
+the planned ``num_workers x prefetch_factor`` batches in flight are checked against this
+node's free shared memory (``autoloader.host_budget``), and lowered, prefetch first, then
+workers, with one WARNING naming the limit and the fix, rather than dying on the first
+batch that does not fit. Settings the caller gave explicitly are kept (and warned about).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from autoloader.host_budget import HostBudget
+from autoloader.plan import Plan
+
+log = logging.getLogger("autoloader")
+
+
+def worst_batch_bytes(plan: Plan) -> int:
+    """The largest batch the plan's loader may hand over: ``[tuning.host] batch_bytes``,
+    else its strategy's worst replayed batch (0: unknown)."""
+    host = plan.tuning.get("host")
+    value = host.get("batch_bytes") if isinstance(host, dict) else None
+    if not _count(value):
+        strategy = plan.tuning.get("strategies", {})
+        replay = strategy.get(plan.batching.strategy) if isinstance(strategy, dict) else None
+        value = replay.get("worst_batch_bytes") if isinstance(replay, dict) else None
+    return int(value) if isinstance(value, (int, float)) and _count(value) else 0
+
+
+def fit_to_host(
+    plan: Plan, given: dict[str, Any], explicit: set[str], budget: HostBudget
+) -> dict[str, Any]:
+    """``given`` (torch's arguments from the plan) with workers and prefetch lowered to fit
+    ``budget``'s shared memory; the user's explicit ``num_workers``/``prefetch_factor``
+    are kept, with a WARNING where they do not fit."""
+    batch = worst_batch_bytes(plan)
+    workers = int(given.get("num_workers") or 0)
+    prefetch = given.get("prefetch_factor")
+    why = budget.shm_refuses(workers, prefetch, batch) if batch else None
+    if why is None:
+        return given
+    if explicit & {"num_workers", "prefetch_factor"}:
+        log.warning("autoloader: the num_workers/prefetch_factor given may not fit this node: "
+                    "%s; %s", why, budget.shm_limit(budget.shm_need(workers, prefetch, batch),
+                                                    say_need=False))  # fmt: skip
+        return given
+    out = dict(given)
+    depth = budget.prefetch_within(workers, int(prefetch or 2), batch)
+    if depth is None:
+        fewer = budget.most_workers(1, batch, 0.0, workers)
+        depth = budget.prefetch_within(fewer, 1, batch) if fewer else None
+        out["num_workers"] = fewer
+        if fewer == 0:
+            out.pop("prefetch_factor", None)
+            out["persistent_workers"] = False
+    if out["num_workers"]:
+        out["prefetch_factor"] = depth
+    log.warning(
+        "autoloader: running %d worker(s)%s instead of the plan's %d x prefetch_factor %s: "
+        "%s; %s", out["num_workers"], f" x prefetch_factor {depth}" if out["num_workers"]
+        else "", workers, prefetch or 2, why,
+        budget.shm_limit(budget.shm_need(workers, prefetch, batch), say_need=False),
+    )  # fmt: skip
+    return out
+
+
+def _count(value: Any) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and 0 < value < 2**63
