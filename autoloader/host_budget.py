@@ -199,3 +199,32 @@ class HostBudget:
         needs = f"the batches in flight need about {format_bytes(need)}; " if need else ""
         needs = needs if say_need else ""
         return f"the node's shared memory is the limit: {needs}{have}; {shm_fix(need)}"
+
+
+def loader_shm_bytes(pids: list[int]) -> int:
+    """Bytes of shared memory these processes (a loader's training process and workers)
+    hold mapped: the batches in flight. Each /dev/shm file counted once, however many of
+    them map it; files torch already unlinked (its ``file_descriptor`` strategy) still
+    count while mapped."""
+    seen: dict[tuple[str, str], int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    _shm_mapping(line, seen)
+        except OSError:
+            continue
+    return sum(seen.values())
+
+
+def _shm_mapping(line: str, seen: dict[tuple[str, str], int]) -> None:
+    parts = line.split(maxsplit=5)
+    if len(parts) < 6 or not parts[5].startswith(("/dev/shm/", "/torch_")):
+        return
+    start, _, end = parts[0].partition("-")
+    key = (parts[3], parts[4])  # device and inode: one file, whoever maps it
+    try:
+        size = int(end, 16) - int(start, 16)
+    except ValueError:
+        return
+    seen[key] = max(seen.get(key, 0), size)

@@ -12,8 +12,10 @@ from typing import Any
 HELP = """\
 Reads the loader metrics the node's training processes write to PROMETHEUS_MULTIPROC_DIR
 (or --metrics-dir) and prints, per rank: the last complete epoch's data-wait share and
-samples/s, the workers now and since when, the adaptations made, the device memory peak
-against the plan's prediction and budget, out-of-memory errors, and a verdict:
+samples/s, the workers now and since when, the adaptations made, the workers restarted
+(one died, or they passed their memory budget), the shared memory their batches hold, the
+device memory peak against the plan's prediction and budget, out-of-memory errors, and a
+verdict:
 data-bound, fed, memory (OOMs or drift), or starting. The agent serves the same JSON at
 /status. Exit status 0 whatever the verdict; 2 when there is no metrics directory.
 """
@@ -63,12 +65,7 @@ def render(status: dict[str, Any], directory: Path) -> str:
             facts.append(f"last epoch waited {r['wait_fraction']:.0%}, "
                          f"{r.get('samples_per_second', 0):.1f} samples/s")  # fmt: skip
         if r.get("num_workers") is not None:
-            since = r.get("workers_since")
-            when = (
-                _dt.datetime.fromtimestamp(since).strftime(" since %Y-%m-%d %H:%M:%S")
-                if since
-                else ""
-            )
+            when = _since(r.get("workers_since"))
             cap = f" (cap {r['max_workers']})" if r.get("max_workers") is not None else ""
             facts.append(f"{r['num_workers']} workers{when}{cap}")
         if r["adaptations"]:
@@ -87,9 +84,25 @@ def render(status: dict[str, Any], directory: Path) -> str:
             )
         if r.get("oom_total"):
             facts.append(f"{r['oom_total']} OOMs")
+        restarts = r.get("worker_restarts") or {}
+        if restarts:
+            facts.append("workers restarted: " + ", ".join(
+                f"{k} x{v}" for k, v in sorted(restarts.items())))  # fmt: skip
+        if r.get("shm_used_bytes"):
+            facts.append(f"shared memory in flight {_mib(r['shm_used_bytes'])}")
         for fact in facts:
             lines.append(f"    {fact}")
     return "\n".join(lines) + "\n"
+
+
+def _since(stamp: Any) -> str:
+    """`` since DATE`` for a Unix time, or nothing where it is none, or not a date."""
+    if not stamp:
+        return ""
+    try:
+        return _dt.datetime.fromtimestamp(stamp).strftime(" since %Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return ""
 
 
 def _mib(n: int) -> str:

@@ -399,6 +399,17 @@ class Adapter:
         self.history.append(change)
         return [change]
 
+    def hold_down(self, workers: int, epoch: int, batch: int | None, reason: str) -> Adaptation:
+        """Workers died (memory pressure): run ``workers`` from now on, and never raise
+        past them again. The change is in ``history`` like any other."""
+        change = Adaptation(epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0,
+                            reason, batch)  # fmt: skip
+        self.settings = replace(self.settings, num_workers=workers)
+        self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, workers))
+        self._trial = None
+        self.history.append(change)
+        return change
+
     def at_cap(self) -> bool:
         """No further raise is possible: every setting is at its cap or settled."""
         probe = EpochMeasure(0, MIN_BATCHES, 1, 1.0, 1.0, workers=self.settings.num_workers)

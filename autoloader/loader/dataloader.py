@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.files import refuse_inputs
+from autoloader.host import worker_memory_budget
 from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.agreement import check_ranks_agree
@@ -41,6 +42,7 @@ from autoloader.loader.planned import (
 from autoloader.loader.position import Position, Served, check_state, saved_settings
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.survival import Survival
 from autoloader.loader.trainers import (
     PlannedIndices,
     accelerate_epoch,
@@ -156,6 +158,7 @@ class DataLoader(tud.DataLoader):
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
         self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank, self._world = rank, world
+        self._survival = _survival(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
             fixed: list[str] = [k for k in ("num_workers", "prefetch_factor") if k in kwargs]
@@ -423,6 +426,21 @@ def _runtime(
         feed = loader._feed_device
         watch = MemoryWatch(predicted, plan.memory.get("budget_bytes"), PeakOf(feed))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
+
+
+def _survival(loader: DataLoader, rank: int) -> Survival | None:
+    """A planned loader survives its workers (``autoloader.loader.survival``): with its
+    position (the plan's batch sampler) and its own iterators (metrics on)."""
+    if loader.plan is None or loader._recorder is None:
+        return None
+    if not isinstance(loader.batch_sampler, SizeBatchSampler):
+        return None
+    loader._recorder.survival_started()
+    host = HostBudget.from_dict(loader.plan.tuning.get("host"))
+    budget = worker_memory_budget()
+    if host is not None:
+        budget = min(budget, host.memory_budget_bytes)
+    return Survival(rank, loader._recorder, budget)
 
 
 def _device_prefetch(plan: Plan | None, override: Any) -> int:

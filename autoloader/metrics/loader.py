@@ -136,6 +136,18 @@ class LoaderMetrics:
             "The last epoch's device memory peak over the plan's predicted peak (CUDA).",
             **gauge,
         )
+        self.worker_restarts = Counter(
+            "autoloader_worker_restarts",
+            "Worker restarts of a planned loader at its position: a worker died, or the "
+            "workers' memory passed their budget.",
+            labelnames=["rank", "reason"],
+            registry=registry,
+        )
+        self.shm_used = Gauge(
+            "autoloader_shm_used_bytes",
+            "Shared memory (/dev/shm) the loader's processes hold mapped: batches in flight.",
+            **gauge,
+        )
         self.plan_stale = Gauge(
             "autoloader_plan_stale",
             "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
@@ -168,6 +180,7 @@ class LoaderStats:
     worst_batch_bytes: int = 0
     wait_seconds: float = 0.0
     epochs: int = 0  # complete epochs
+    worker_restarts: int = 0  # workers restarted at the position (died, or past their memory)
     plan_stale: str | None = None  # why the plan should be re-tuned, once something says so
 
 
@@ -282,6 +295,18 @@ class BatchRecorder:
         for setting in settings:
             for direction in ("up", "down"):
                 m.adaptations.labels(rank=rank, setting=setting, direction=direction)
+
+    def survival_started(self) -> None:
+        """A loader that survives its workers: its restart counters, exported at 0."""
+        for reason in ("died", "memory"):
+            self.metrics.worker_restarts.labels(rank=self.rank, reason=reason)
+
+    def worker_restarted(self, reason: str) -> None:
+        self.stats.worker_restarts += 1
+        self.metrics.worker_restarts.labels(rank=self.rank, reason=reason).inc()
+
+    def shm_used(self, nbytes: int) -> None:
+        self.metrics.shm_used.labels(rank=self.rank).set(nbytes)
 
     def workers_changed(self, num_workers: int) -> None:
         self.metrics.num_workers.labels(rank=self.rank).set(num_workers)

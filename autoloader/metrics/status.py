@@ -33,9 +33,10 @@ _FIELDS = {
     "autoloader_memory_drift_ratio": "memory_drift_ratio",
     "autoloader_oom_total": "oom_total",
     "autoloader_plan_stale": "plan_stale",
+    "autoloader_shm_used_bytes": "shm_used_bytes",
 }
 _INTS = {"batches", "epochs", "num_workers", "max_workers", "oom_total", "memory_peak_bytes",
-         "predicted_peak_bytes", "memory_budget_bytes"}  # fmt: skip
+         "predicted_peak_bytes", "memory_budget_bytes", "shm_used_bytes"}  # fmt: skip
 
 
 def read_status(registry: CollectorRegistry) -> dict[str, Any]:
@@ -51,6 +52,10 @@ def read_status(registry: CollectorRegistry) -> dict[str, Any]:
                 adaptations = ranks[rank]["adaptations"]
                 if sample.value > 0:  # a counter declared but never moved is no adaptation
                     adaptations[key] = int(sample.value)
+            elif sample.name == "autoloader_worker_restarts_total":
+                restarts = ranks[rank].setdefault("worker_restarts", {})
+                if sample.value > 0:
+                    restarts[str(sample.labels.get("reason"))] = int(sample.value)
             elif sample.name in _FIELDS:
                 field = _FIELDS[sample.name]
                 ranks[rank][field] = int(sample.value) if field in _INTS else sample.value

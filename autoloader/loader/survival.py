@@ -1,0 +1,197 @@
+"""A planned loader survives its worker processes: death, poison samples, leaks.
+
+torch ends the epoch, and with it the job, when one worker process dies (the kernel's OOM
+killer, a segfault in a C extension, a SIGKILL from a neighbour's cleanup): ``DataLoader
+worker (pid N) is killed by signal: Killed.``. A planned loader knows its position in the
+epoch, so it can do better (``autoloader.loader.iterators`` restarts its workers in place):
+
+- a worker that dies is named in one WARNING (its id, pid, signal or exit status, the
+  batch it was loading), and the workers restart at the batch the loop is waiting for:
+  the epoch goes on with exactly the batches an undisturbed run yields;
+- a batch that kills a worker twice is read again one sample at a time, each in a fresh
+  worker process, until the sample that kills its reader is found: a ``SampleError``
+  names it (``poison``), within seconds;
+- deaths with no single culprit (memory pressure) step the workers down, as the adapter
+  would, and say so;
+- workers whose memory passes the host budget (a leak in ``__getitem__``) are restarted
+  at the position before the OOM killer picks a victim, which may be the training process;
+- every restart counts in ``autoloader_worker_restarts_total``.
+
+torch's own SIGCHLD handler raises from wherever the main thread happens to be (inside
+the training step too); the planned loader's workers are taken off it, and a death is
+seen where it can be handled: in ``next()``, within ``POLL_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoloader.datasets.reads import SampleError
+from autoloader.host import tree_memory_bytes
+from autoloader.host_budget import loader_shm_bytes
+from autoloader.loader.poison import find_poison
+from autoloader.units import format_bytes
+
+log = logging.getLogger("autoloader")
+
+POLL_SECONDS = 1.0  # how often a waiting next() checks that the workers live
+CHECK_SECONDS = 1.0  # how often the workers' memory and shared memory are read
+MAX_DEATHS = 8  # per epoch: past this the loader gives up with the deaths listed
+GROWTH = 1.5  # workers grown this much past what they first held, and past budget: a leak
+STEP_DOWN_AFTER = 2  # deaths in an epoch, of different batches, before fewer workers
+
+
+def exit_text(code: int | None) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    if code is None:
+        return "stopped"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with status {code}"
+
+
+@dataclass(frozen=True)
+class Death:
+    """One worker process gone: which, how, and the batches it held (sent to it, not yet
+    received: the first is the one it was loading, or a later one if its result was
+    still in the queue)."""
+
+    worker: int
+    pid: int | None
+    exitcode: int | None
+    epoch: int
+    batches: list[int]  # the epoch's batch numbers
+    indices: list[int]  # their samples
+
+    @property
+    def how(self) -> str:
+        return exit_text(self.exitcode)
+
+    def describe(self) -> str:
+        held = (f"holding batch{'es' if len(self.batches) > 1 else ''} "
+                f"{', '.join(map(str, self.batches))} of epoch {self.epoch}"
+                if self.batches else f"holding no batch (epoch {self.epoch})")  # fmt: skip
+        return f"DataLoader worker {self.worker} (pid {self.pid}) {self.how}, {held}"
+
+
+@dataclass
+class Survival:
+    """What one planned loader has survived, and what it does next.
+
+    Args:
+        rank: this rank, for the log.
+        recorder: the loader's metrics (restarts, shared memory), if any.
+        memory_budget: bytes the worker processes may hold (None: not watched).
+    """
+
+    rank: int
+    recorder: Any = None
+    memory_budget: int | None = None
+    deaths: list[Death] = field(default_factory=list)
+    restarts: int = 0
+    _checked_at: float = 0.0
+    _first_held: int | None = None
+
+    def died(self, deaths: list[Death], loader: Any, at: int) -> None:
+        """Workers died: log each, count the restart, and decide. Returns to restart the
+        workers (perhaps fewer) at batch ``at``, the first not yet handed out. Samples a
+        dead worker held that an earlier death this epoch held too are suspects: each is
+        read alone in a fresh worker, and the one that kills it raises ``SampleError``.
+        Raises ``RuntimeError`` past ``MAX_DEATHS`` deaths in one epoch."""
+        epoch = deaths[0].epoch
+        before = [d for d in self.deaths if d.epoch == epoch]
+        self.deaths.extend(deaths)
+        count = len(before) + len(deaths)
+        if count > MAX_DEATHS:
+            raise RuntimeError(f"autoloader: {count} DataLoader workers died in epoch {epoch}; "
+                               f"the last: {deaths[-1].describe()}; giving up")  # fmt: skip
+        seen = {i for d in before for i in d.indices}
+        suspects = list(dict.fromkeys(i for d in deaths for i in d.indices if i in seen))
+        for death in deaths:
+            log.warning("autoloader: rank %d: %s; %s", self.rank, death.describe(),
+                        f"reading the {len(suspects)} sample(s) an earlier death held too one at "
+                        "a time in a fresh worker" if suspects else
+                        f"restarting the workers at batch {at}")  # fmt: skip
+        if suspects:
+            self._poison(loader, suspects, deaths[0])
+            self._step_down(loader, f"{count} workers died in epoch {epoch}, and no sample "
+                            "they held kills a worker read alone (memory pressure?)")  # fmt: skip
+        elif count >= STEP_DOWN_AFTER:
+            self._step_down(loader, f"{count} workers died in epoch {epoch}, holding different "
+                            "batches (memory pressure?)")  # fmt: skip
+        self._restarted("died")
+
+    def _poison(self, loader: Any, suspects: list[int], death: Death) -> None:
+        found = find_poison(loader, suspects)
+        if found is None:
+            return
+        culprit, code = found
+        raise SampleError(
+            f"sample {culprit} kills the DataLoader worker that reads it: workers holding it "
+            f"died twice in epoch {death.epoch} ({death.how}), and a fresh worker reading "
+            f"sample {culprit} alone {exit_text(code)}"
+        )
+
+    def check(self, pids: list[int], batch: int) -> str | None:
+        """At most every ``CHECK_SECONDS``: export the loader's shared memory, and say why
+        the workers (``pids``) must be recycled (their memory past the budget), else None."""
+        now = time.monotonic()
+        if now - self._checked_at < CHECK_SECONDS:
+            return None
+        self._checked_at = now
+        if self.recorder is not None:
+            self.recorder.shm_used(loader_shm_bytes([os.getpid(), *pids]))
+        if self.memory_budget is None or not pids:
+            return None
+        held = sum(tree_memory_bytes(pid) for pid in pids)
+        if self._first_held is None:
+            self._first_held = held  # what these workers held when first read
+        # Past the budget and grown since they started: a leak, which a restart clears.
+        # Workers that start that large are not recycled (a restart would not help).
+        if held <= self.memory_budget or held < GROWTH * self._first_held:
+            return None
+        grown = held / max(1, self._first_held)
+        why = (f"the {len(pids)} DataLoader workers hold {format_bytes(held)}, past their "
+               f"budget of {format_bytes(self.memory_budget)} and {grown:.1f}x what they "
+               "held at start (a leak in the dataset or the collate function?)")  # fmt: skip
+        log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why,
+                    batch)  # fmt: skip
+        self._restarted("memory")
+        return why
+
+    def _step_down(self, loader: Any, why: str) -> None:
+        workers = loader.num_workers
+        fewer = max(1, workers // 2)
+        if fewer == workers:
+            return
+        runtime = getattr(loader, "_runtime", None)
+        adapter = getattr(runtime, "adapter", None)
+        position = loader._position
+        if runtime is not None and adapter is not None:
+            change = adapter.hold_down(fewer, position.epoch, position.batches, why)
+            runtime._record(change)
+        else:
+            log.warning("autoloader: rank %d: num_workers %d -> %d (%s)", self.rank, workers,
+                        fewer, why)  # fmt: skip
+        loader.num_workers = fewer
+        if self.recorder is not None:
+            self.recorder.workers_changed(fewer)
+
+    def fresh_workers(self) -> None:
+        """New worker processes started: what they hold is read again."""
+        self._first_held = None
+        self._checked_at = 0.0
+
+    def _restarted(self, reason: str) -> None:
+        self.restarts += 1
+        if self.recorder is not None:
+            self.recorder.worker_restarted(reason)

@@ -1,0 +1,148 @@
+"""A planned loader survives its worker processes (real processes, real signals): a worker
+SIGKILLed mid-epoch, a sample that kills every worker reading it, deaths with no single
+culprit, and workers that leak memory each batch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset, get_worker_info
+
+from autoloader import DataLoader, Plan
+from autoloader.datasets.reads import SampleError
+from autoloader.host_budget import loader_shm_bytes
+from autoloader.metrics.status import read_status
+
+
+class Numbers(Dataset):
+    """Sample i is ``tensor([i])``, after ``delay`` seconds. In a worker process, reading a
+    sample of ``kills`` kills the worker (SIGKILL), every time, or with ``once`` (a file
+    per sample in that directory) the first time only; ``leak`` bytes are kept per read."""
+
+    def __init__(self, n: int = 64, *, delay: float = 0.005, kills: tuple[int, ...] = (),
+                 once: Path | None = None, leak: int = 0) -> None:  # fmt: skip
+        self.n, self.delay, self.kills, self.once, self.leak = n, delay, kills, once, leak
+        self.kept: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if get_worker_info() is not None:
+            if i in self.kills and not self._spent(i):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.leak:
+                self.kept.append(np.ones(self.leak // 4, dtype=np.float32))  # touched pages
+        time.sleep(self.delay)
+        return torch.tensor([i])
+
+    def _spent(self, i: int) -> bool:
+        if self.once is None:
+            return False
+        marker = self.once / str(i)
+        if marker.exists():
+            return True
+        marker.touch()
+        return False
+
+
+def plan(workers: int = 2, **tuning: Any) -> Plan:
+    return Plan.from_dict({
+        "schema": 1, "loader": {"num_workers": workers, "prefetch_factor": 2},
+        "batching": {"strategy": "random", "local_batch_size": 4}, "tuning": tuning,
+    }, source="plan.toml")  # fmt: skip
+
+
+def reference(p: Plan, n: int = 64) -> list[list[int]]:
+    """The epoch an undisturbed run yields."""
+    return [b.flatten().tolist() for b in DataLoader(Numbers(n), plan=p, adapt=False)]
+
+
+def restarts(registry: CollectorRegistry, reason: str) -> float:
+    value = registry.get_sample_value("autoloader_worker_restarts_total",
+                                      {"rank": "0", "reason": reason})  # fmt: skip
+    return value or 0.0
+
+
+def test_a_worker_killed_mid_epoch_is_survived(caplog: pytest.LogCaptureFixture,
+                                               registry: CollectorRegistry) -> None:  # fmt: skip
+    p = plan()
+    loader = DataLoader(Numbers(), plan=p, registry=registry)
+    got = []
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        for n, batch in enumerate(loader):
+            got.append(batch.flatten().tolist())
+            if n == 5:
+                victim = psutil.Process().children()[0]
+                os.kill(victim.pid, signal.SIGKILL)
+    assert got == reference(p)  # every batch, in the reference order, none twice
+    deaths = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert len(deaths) == 1
+    assert f"(pid {victim.pid}) was killed by signal 9 (SIGKILL), holding batch" in deaths[0]
+    assert "restarting the workers at batch" in deaths[0]
+    assert loader.stats.worker_restarts == 1
+    assert restarts(registry, "died") == 1
+    status = read_status(registry)["ranks"][0]
+    assert status["worker_restarts"] == {"died": 1}
+    # the next epoch runs as usual on the restarted workers
+    assert len(list(loader)) == len(loader)
+
+
+def test_a_poison_sample_is_named_within_seconds() -> None:
+    loader = DataLoader(Numbers(kills=(13,)), plan=plan())
+    start = time.monotonic()
+    with pytest.raises(SampleError, match=r"^sample 13 kills the DataLoader worker that reads "
+                       r"it: workers holding it died twice in epoch 0 \(was killed by "
+                       r"signal 9 \(SIGKILL\)\), and a fresh worker reading sample 13 alone "
+                       r"was killed by signal 9"):  # fmt: skip
+        for _ in loader:
+            pass
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_deaths_without_a_culprit_step_the_workers_down(tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    p = plan(workers=4)
+    # two samples in different batches each kill their worker once: no single culprit
+    order = reference(p)
+    first, later = order[1][0], order[13][0]  # batch 13 is sent long after batch 1
+    loader = DataLoader(Numbers(kills=(first, later), once=tmp_path), plan=p)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        got = [b.flatten().tolist() for b in loader]
+    assert got == order
+    assert loader.num_workers == 2
+    (change,) = [a for a in loader.adaptations if a.setting == "num_workers"]
+    assert (change.before, change.after, change.direction) == (4, 2, "down")
+    assert "2 workers died in epoch 0, holding different batches (memory pressure?)" in change.reason
+    assert loader.stats.worker_restarts == 2
+
+
+def test_workers_that_leak_are_recycled_at_the_position(caplog: pytest.LogCaptureFixture,
+                                                        registry: CollectorRegistry) -> None:  # fmt: skip
+    budget = 300 * 2**20
+    p = plan(host={"memory_budget_bytes": budget})
+    leaky = Numbers(256, delay=0.02, leak=4 * 2**20)  # 4 MiB more per sample read
+    loader = DataLoader(leaky, plan=p, registry=registry, adapt=False)
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        got = [b.flatten().tolist() for b in loader]
+    assert got == reference(p, 256)
+    assert restarts(registry, "memory") >= 1
+    assert "past their budget of 300.0 MiB" in caplog.text
+    assert "a leak in the dataset or the collate function?" in caplog.text
+
+
+def test_shared_memory_held_is_counted_once() -> None:
+    tensor = torch.zeros(2 * 2**20 // 4)
+    tensor.share_memory_()
+    assert loader_shm_bytes([os.getpid(), os.getpid()]) >= 2 * 2**20
