@@ -208,11 +208,13 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
             used.add(name)
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for topic in ("waiting for data", "throughput", "batch bytes", "budget", "out-of-memory",
-                  "adaptations", "drift"):  # fmt: skip
+                  "adaptations", "drift", "worker restarts", "shared memory"):  # fmt: skip
         assert topic in titles
     assert {
         "autoloader_batch_wait_seconds_sum",
         "autoloader_oom_total",
         "autoloader_memory_budget_bytes",
         "autoloader_device_memory_used_bytes",
+        "autoloader_worker_restarts_total",
+        "autoloader_shm_used_bytes",
     } <= used

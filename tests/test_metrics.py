@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -297,11 +298,33 @@ def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
         generate_latest(registry)
     assert 'autoloader_batches_total{rank="0"} 8.0' in first.splitlines()
     assert "autoloader_metric_files_skipped 2.0" in first.splitlines()
-    notes = [r.getMessage() for r in caplog.records if "unreadable metric file" in r.getMessage()]
+    notes = [r.getMessage() for r in caplog.records if "skipping metric file" in r.getMessage()]
     assert len(notes) == 2  # once a file, not once a scrape
     assert "counter_123.db" in notes[0] and "histogram_456.db" in notes[1]
     once = run_cli("agent", "--once", "--metrics-dir", str(tmp_path))
     assert once.returncode == 0 and 'autoloader_batches_total{rank="0"} 8.0' in once.stdout
+
+
+def test_a_fifo_or_a_huge_metric_file_never_blocks_a_scrape(tmp_path: Path) -> None:
+    """A FIFO named like a metric file would block its reader forever (and every scrape
+    behind it); a huge one would be read whole. Neither is opened."""
+    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    os.mkfifo(tmp_path / "counter_222.db")
+    with open(tmp_path / "counter_333.db", "wb") as huge:  # sparse: claims 2 GiB, holds none
+        huge.write(struct.pack("i", 2**31 - 1))
+        huge.truncate(768 * 2**20)
+    start = time.monotonic()
+    status = run_cli("status", "--json", "--metrics-dir", str(tmp_path), timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["ranks"][0]["batches"] == 8
+    once = run_cli("agent", "--once", "--metrics-dir", str(tmp_path), timeout=60)
+    assert once.returncode == 0
+    assert "autoloader_metric_files_skipped 2.0" in once.stdout.splitlines()
+    assert "not a regular file" in once.stderr and "over the 67,108,864" in once.stderr
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize("problem", ["missing", "read-only"])

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -283,3 +286,93 @@ def test_a_baseline_table_without_measurements_hides_no_other_table() -> None:
     })  # fmt: skip
     text = render(plan)
     assert "strategies (3 epochs" in text and "verdict" not in text
+
+
+def _edited(plan: Path, tmp_path: Path, name: str, edit: Any) -> Path:
+    import tomli_w
+    import tomllib
+
+    data = tomllib.loads(plan.read_text())
+    edit(data)
+    out = tmp_path / name
+    out.write_text(tomli_w.dumps(data))
+    return out
+
+
+def _set(path: str, value: Any) -> Any:
+    def edit(data: dict[str, Any]) -> None:
+        *head, last = path.split(".")
+        for key in head:
+            data = data.setdefault(key, {})
+        data[last] = value
+    return edit
+
+
+def _strip_trace_workers(data: dict[str, Any]) -> None:
+    del data["tuning"]["workers"]["trace"][0]["workers"]
+
+
+def _inf_worst(data: dict[str, Any]) -> None:
+    data["tuning"]["strategies"][data["batching"]["strategy"]]["worst_batch_bytes"] = math.inf
+
+
+def _string_quantiles(data: dict[str, Any]) -> None:
+    for report in data["tuning"]["strategies"].values():
+        report["quantiles"] = ["a", "b"]
+
+
+def _inf_quantiles(data: dict[str, Any]) -> None:
+    for report in data["tuning"]["strategies"].values():
+        report["quantiles"] = [1.0, math.inf, math.inf]
+
+
+HAND_EDITS = {
+    "slope-nan": _set("memory.model.slope", math.nan),
+    "slope-string": _set("memory.model.slope", "steep"),
+    "points-not-pairs": _set("memory.model.points", [1, 2, 3]),
+    "worst-inf": _inf_worst,
+    "quantiles-strings": _string_quantiles,
+    "quantiles-inf": _inf_quantiles,
+    "trace-without-workers": _strip_trace_workers,
+    "workers-a-list": _set("tuning.workers", [1, 2]),
+    "baseline-a-string": _set("tuning.baseline", "fast"),
+    "settings-a-string": _set("tuning.baseline.measured.baseline.settings", "fast"),
+    "wait-a-string": _set("tuning.runtime.last_epoch.wait_fraction", "high"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND_EDITS))
+def test_a_hand_edited_plan_renders_or_is_refused_in_one_line(
+    shown_plan: Path, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every way of showing a plan either renders it (exit 0) or refuses it with one
+    `autoloader: error:` line (exit 2): never a traceback, never a matplotlib warning."""
+    plan = _edited(shown_plan, tmp_path, f"{case}.toml", HAND_EDITS[case])
+    for extra in ([], ["--html", str(tmp_path / "r.html")], ["--plot", str(tmp_path / "r.png")]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning with source lines is a failure too
+            status = main(["show", str(plan), *extra])
+        err = capsys.readouterr().err
+        assert status in (0, 2), (case, extra, err)
+        if status == 2:
+            assert err.startswith("autoloader: error: ") and err.count("\n") == 1, err
+
+
+def test_a_plan_path_that_is_not_utf8_reports(shown_plan: Path, tmp_path: Path) -> None:
+    odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/plan\xff.toml"))
+    odd.write_bytes(shown_plan.read_bytes())
+    page = tmp_path / "r.html"
+    assert main(["show", str(odd), "--html", str(page)]) == 0
+    assert "plan\\xff.toml" in page.read_text() or "plan\ufffd.toml" in page.read_text()
+
+
+def test_show_prints_control_characters_escaped(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    plan = tmp_path / "plan.toml"
+    plan.write_text('schema = 1\n[meta]\ncommand = "tune \\u001b]0;owned\\u0007 \\u001b[2J"\n'
+                    '[dataset]\nspec = "events\\u001b[31m.h5"\n[loader]\nnum_workers = 0\n'
+                    '[batching]\nstrategy = "random"\nlocal_batch_size = 4\n')  # fmt: skip
+    assert main(["show", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "events\\x1b[31m.h5" in out

@@ -160,3 +160,27 @@ def test_adaptation_counters_that_never_moved_are_not_listed() -> None:
     Gauge("autoloader_num_workers", "workers", ["rank"], registry=registry).labels(rank="0").set(2)
     (rank,) = read_status(registry)["ranks"]
     assert rank["adaptations"] == {"prefetch_factor up": 1}
+
+
+def test_an_ended_rank_odd_labels_and_far_timestamps_render() -> None:
+    """A rank whose process ended (its live gauges cleaned by the agent) is not called
+    "starting"; a rank label that is not ASCII and a timestamp past any calendar render."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from autoloader.cli.status import render
+    from autoloader.metrics.status import read_status
+
+    registry = CollectorRegistry()
+    Counter("autoloader_epochs", "epochs", ["rank"], registry=registry).labels(rank="0").inc(2)
+    Counter("autoloader_batches", "batches", ["rank"], registry=registry).labels(rank="0").inc(40)
+    workers = Gauge("autoloader_num_workers", "workers", ["rank"], registry=registry)
+    workers.labels(rank="²").set(2)
+    since = Gauge("autoloader_num_workers_since_timestamp_seconds", "since", ["rank"],
+                  registry=registry)  # fmt: skip
+    since.labels(rank="²").set(1e300)
+    status = read_status(registry)
+    ended = next(r for r in status["ranks"] if r["rank"] == 0)
+    assert ended["verdict"] == ("ended: rank 0 delivered 2 epoch(s), 40 batches; its process "
+                                "has exited")  # fmt: skip
+    text = render(status, Path("/metrics"))
+    assert "rank ²: starting" in text and "    2 workers\n" in text

@@ -297,9 +297,11 @@ class BatchRecorder:
                 m.adaptations.labels(rank=rank, setting=setting, direction=direction)
 
     def survival_started(self) -> None:
-        """A loader that survives its workers: its restart counters, exported at 0."""
+        """A loader that survives its workers: its restart counters and its shared memory,
+        exported at 0."""
         for reason in ("died", "memory"):
             self.metrics.worker_restarts.labels(rank=self.rank, reason=reason)
+        self.shm_used(0)
 
     def worker_restarted(self, reason: str) -> None:
         self.stats.worker_restarts += 1

@@ -17,6 +17,7 @@ import glob
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,21 +46,28 @@ def merged_registry(directory: str | os.PathLike[str]) -> CollectorRegistry:
     return registry
 
 
+MAX_FILE_BYTES = 64 * 2**20  # a process's metric file starts at 1 MiB and doubles as it grows
+
+
 class TolerantCollector(MultiProcessCollector):
     """``MultiProcessCollector`` that skips a file it cannot read (0 bytes, truncated,
     garbage) instead of failing the whole scrape, GPU metrics included: each bad file is
-    logged once and counted in ``autoloader_metric_files_skipped``."""
+    logged once and counted in ``autoloader_metric_files_skipped``. Only regular files of
+    at most ``MAX_FILE_BYTES`` are opened: a FIFO or a device named ``*.db`` would block
+    the reader (and every later scrape behind it), a huge file would be read whole."""
 
     def __init__(self, registry: CollectorRegistry | None, path: str) -> None:
         super().__init__(registry, path=path)
         self._warned: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
-        files = sorted(glob.glob(os.path.join(self._path, "*.db")))
+        found = sorted(glob.glob(os.path.join(self._path, "*.db")))
+        files = [path for path in found if self._plain(path)]
+        refused = [path for path in found if path not in files and os.path.lexists(path)]
         try:  # every file read once, as the stock collector does
-            merged, bad = list(self.merge(files, accumulate=True)), []
+            merged, bad = list(self.merge(files, accumulate=True)), refused
         except Exception:  # a file's content failed: find it, then merge the others
-            bad = [path for path in files if not self._readable(path)]
+            bad = refused + [path for path in files if not self._readable(path)]
             merged = list(self.merge([p for p in files if p not in bad], accumulate=True))
         yield from merged
         skipped = GaugeMetricFamily(
@@ -69,15 +77,32 @@ class TolerantCollector(MultiProcessCollector):
         skipped.add_metric([], len(bad))
         yield skipped
 
+    def _plain(self, path: str) -> bool:
+        """A regular file small enough to read (stat only: nothing is opened)."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False  # gone since the glob (a finished process's live gauge)
+        except OSError as exc:
+            return self._skip(path, f"{type(exc).__name__}: {exc}")
+        if not stat.S_ISREG(st.st_mode):
+            return self._skip(path, "not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            return self._skip(path, f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a "
+                              "metric file may hold")  # fmt: skip
+        return True
+
+    def _skip(self, path: str, why: str) -> bool:
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("autoloader: skipping metric file %s (%s)", path, why)
+        return False
+
     def _readable(self, path: str) -> bool:
         try:
             self._read_metrics([path])
         except Exception as exc:  # the file's content is what failed, not us
-            if path not in self._warned:
-                self._warned.add(path)
-                log.warning("autoloader: skipping unreadable metric file %s (%s: %s)",
-                            path, type(exc).__name__, exc)  # fmt: skip
-            return False
+            return self._skip(path, f"unreadable: {type(exc).__name__}: {exc}")
         return True
 
 

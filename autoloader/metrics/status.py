@@ -60,12 +60,17 @@ def read_status(registry: CollectorRegistry) -> dict[str, Any]:
                 field = _FIELDS[sample.name]
                 ranks[rank][field] = int(sample.value) if field in _INTS else sample.value
     out = []
-    for rank in sorted(ranks, key=lambda r: (not r.isdigit(), int(r) if r.isdigit() else 0, r)):
-        entry = {"rank": int(rank) if rank.isdigit() else rank, **ranks[rank]}
+    for rank in sorted(ranks, key=lambda r: (not _number(r), int(r) if _number(r) else 0, r)):
+        entry = {"rank": int(rank) if _number(rank) else rank, **ranks[rank]}
         entry["plan_stale"] = bool(entry.get("plan_stale"))
         entry["severity"], entry["verdict"] = rank_verdict(entry)
         out.append(entry)
     return {"ranks": out, "verdict": node_verdict(out)}
+
+
+def _number(label: str) -> bool:
+    """A rank label that is a plain number (``isdigit`` alone takes "²")."""
+    return label.isascii() and label.isdigit()
 
 
 def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
@@ -79,6 +84,10 @@ def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
             f"memory drift: {who} peaks at {drift:.2f}x the plan's predicted peak; re-run tune"
         )
     wait = r.get("wait_fraction")
+    if wait is None and r.get("epochs"):
+        # its counters stay, its live gauges went with its process (agent start-up cleans)
+        return 0, (f"ended: {who} delivered {r['epochs']} epoch(s), {r.get('batches', 0)} "
+                   "batches; its process has exited")  # fmt: skip
     if wait is None or not r.get("epochs"):
         return 1, f"starting: {who} has not finished an epoch ({r.get('batches', 0)} batches)"
     workers, cap = r.get("num_workers"), r.get("max_workers")
@@ -98,5 +107,7 @@ def node_verdict(ranks: list[dict[str, Any]]) -> str:
         return "no loader metrics yet: no training process has written any"
     worst = max(ranks, key=lambda r: (r["severity"], r.get("wait_fraction") or 0.0))
     if worst["severity"] == 0:
+        if worst.get("wait_fraction") is None:
+            return str(worst["verdict"])
         return f"fed: every rank waits at most {worst['wait_fraction']:.0%} of its loop"
     return str(worst["verdict"])

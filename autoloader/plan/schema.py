@@ -254,7 +254,7 @@ def _validate_options(batching: Mapping[str, Any], source: str) -> None:
 # The evidence that ``show`` reads from the open tables: (path, container, entry keys).
 # Entry keys name the numbers (or strings) each table of the container must hold, if
 # present; anything else there is free.
-_NUM, _STR = ("int", "number"), ("str",)
+_NUM, _STR, _FIN = ("int", "number"), ("str",), ("finite",)
 EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("tuning.workers.trace", "array", {
         "workers": ("int",), "seconds_per_batch": _NUM, "startup_seconds": _NUM,
@@ -265,8 +265,9 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "worst_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "verdict": _STR,
     }),
     ("tuning.strategies", "table", {
-        "local_batch_size": ("int",), "worst_batch_bytes": _NUM, "mean_batch_bytes": _NUM,
-        "std_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "epochs": ("int",),
+        "local_batch_size": ("int",), "worst_batch_bytes": _FIN, "mean_batch_bytes": _FIN,
+        "std_batch_bytes": _FIN, "predicted_peak_bytes": _FIN, "epochs": ("int",),
+        "quantiles": ("finites",),
     }),
     ("tuning.nodes", "table", {}),
     # the changes a loader made while training (DataLoader.save_plan)
@@ -279,14 +280,28 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "samples_per_second": _NUM, "wait_share": _NUM, "startup_seconds": _NUM,
         "step_p50_seconds": _NUM, "step_p90_seconds": _NUM, "worst_batch_bytes": _NUM,
         "predicted_peak_bytes": _NUM, "batches": ("int",), "status": _STR,
+        "settings": ("table",),
     }),
     ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
     ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
     ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
 )  # fmt: skip
-_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str")}
+_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str"), "table": Key("table")}
+_EXPECTED = {"finite": "a finite number", "finites": "an array of finite numbers",
+             "pairs": "an array of [x, y] pairs of finite numbers"}  # fmt: skip
+# Keys each entry of an evidence container must hold.
+REQUIRED = {"tuning.workers.trace": ("workers",)}
 # Evidence tables of plain values that ``show`` and the loader read: (path, key kinds).
 SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("memory.model", {"slope": _FIN, "intercept": _FIN, "pcc": _FIN, "points": ("pairs",),
+                      "description": _STR, "source": _STR}),
+    ("tuning.workers", {"max_workers": ("int",), "reach": _STR, "rule": _STR, "method": _STR,
+                        "trace": ("array",), "prefetch_factor_why": _STR,
+                        "persistent_workers_why": _STR}),
+    ("tuning.baseline", {"verdict": _STR, "diagnosis": _STR, "measured": ("table",)}),
+    ("tuning.runtime", {"adaptations": ("array",), "declined": ("array",), "stale": _STR,
+                        "last_epoch": ("table",)}),
+    ("tuning.runtime.last_epoch", {"wait_fraction": _FIN, "samples_per_second": _FIN}),
     ("tuning.host", {
         "shm_free_bytes": ("int",), "shm_total_bytes": ("int",), "shm_budget_bytes": ("int",),
         "memory_available_bytes": ("int",), "memory_budget_bytes": ("int",),
@@ -314,9 +329,12 @@ def _validate_evidence(data: Mapping[str, Any], source: str) -> None:
             for key, kinds in fields.items():
                 if key in entry and not any(_accepts(k, entry[key]) for k in kinds):
                     raise PlanError(
-                        f"{source}: key '{where}.{key}': expected {_KINDS[kinds[0]].expected()}, "
+                        f"{source}: key '{where}.{key}': expected {_expected(kinds[0])}, "
                         f"found {_show(entry[key])}"
                     )
+            for key in REQUIRED.get(path, ()):
+                if key not in entry:
+                    raise PlanError(f"{source}: missing key '{where}.{key}'")
 
 
 def _at(data: Mapping[str, Any], path: str) -> Any:
@@ -337,7 +355,7 @@ def _validate_scalars(data: Mapping[str, Any], source: str) -> None:
         for key, kinds in fields.items():
             if key in value and not any(_accepts(k, value[key]) for k in kinds):
                 raise PlanError(
-                    f"{source}: key '{path}.{key}': expected {_KINDS[kinds[0]].expected()}, "
+                    f"{source}: key '{path}.{key}': expected {_expected(kinds[0])}, "
                     f"found {_show(value[key])}"
                 )
 
@@ -345,7 +363,24 @@ def _validate_scalars(data: Mapping[str, Any], source: str) -> None:
 def _accepts(kind: str, value: Any) -> bool:
     if kind == "number":  # evidence may hold inf: a failed count's time
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "finite":
+        return _KINDS["number"].accepts(value)
+    if kind == "finites":
+        return isinstance(value, list) and all(_KINDS["number"].accepts(v) for v in value)
+    if kind == "pairs":
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(_KINDS["number"].accepts(v) for v in p)
+            for p in value
+        )
+    if kind == "array":
+        return isinstance(value, list)
     return _KINDS[kind].accepts(value)
+
+
+def _expected(kind: str) -> str:
+    if kind in _EXPECTED:
+        return _EXPECTED[kind]
+    return "an array" if kind == "array" else _KINDS[kind].expected()
 
 
 def _validate_table(
