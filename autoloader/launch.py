@@ -94,8 +94,8 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | N
     env = os.environ if environ is None else environ
     if env.get("WORLD_SIZE") and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         if _int_of(env, "WORLD_SIZE") > 1:
-            return {k: env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-                    if k in env}  # fmt: skip
+            return _in_world({k: env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                  "MASTER_PORT") if k in env}, "RANK")  # fmt: skip
         return None
     if _int_of(env, "SLURM_NTASKS", 1) < 2 or "SLURM_PROCID" not in env:
         return None
@@ -111,6 +111,16 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | N
     per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
     if _ascii_int(per_node):
         out["LOCAL_WORLD_SIZE"] = per_node
+    return _in_world(out, "SLURM_PROCID")
+
+
+def _in_world(out: dict[str, str], name: str) -> dict[str, str]:
+    """``out`` if its rank is one of its world's, else a UsageError at once (not after a
+    rendezvous that can never complete)."""
+    rank, world = _int_of(out, "RANK", 0), _int_of(out, "WORLD_SIZE", 1)
+    if not 0 <= rank < world:
+        raise UsageError(f"environment: {name}={out.get('RANK')} is not a rank of a world of "
+                         f"{world} (expected 0..{world - 1})")  # fmt: skip
     return out
 
 

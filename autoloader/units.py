@@ -68,11 +68,14 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+MAX_WAIT_SECONDS = 2**31 // 1000  # the longest wait torch's stores take (int32 ms): 24 days
+
+
 def seconds_from_env(name: str, default: float) -> float:
     """Seconds from the environment variable ``name``, or ``default`` where it is unset.
 
     Raises:
-        UsageError: the variable is set to anything but a number of seconds > 0.
+        UsageError: the variable is set to anything but seconds in (0, MAX_WAIT_SECONDS].
     """
     import os
 
@@ -83,6 +86,7 @@ def seconds_from_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"environment variable {name}: expected seconds > 0, found {raw!r}")
+    if not 0 < value <= MAX_WAIT_SECONDS:
+        raise UsageError(f"environment variable {name}: expected seconds in (0, "
+                         f"{MAX_WAIT_SECONDS}], found {raw!r}")  # fmt: skip
     return value

@@ -44,3 +44,17 @@ def test_tune_names_the_variable_and_exits_2(tmp_path: Path) -> None:
         "autoloader: error: environment variable LOCAL_WORLD_SIZE: expected an integer >= 1, "
         "found '²'"
     ]
+
+
+def test_a_rank_outside_the_world_is_refused_at_once(tmp_path: Path) -> None:
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "5"}
+    with pytest.raises(UsageError, match=r"RANK=5 is not a rank of a world of 2 \(expected 0..1\)"):
+        launcher_env(env)
+    with pytest.raises(UsageError, match="SLURM_PROCID=3 is not a rank of a world of 2"):
+        launcher_env({"SLURM_NTASKS": "2", "SLURM_PROCID": "3"})
+    run = prepend_pythonpath(Path(__file__).parent) | env | {"AUTOLOADER_JOIN_TIMEOUT": "300"}
+    done = run_reaped([sys.executable, "-m", "autoloader", "tune", "conftest:DATASET", "-o",
+                       str(tmp_path / "p.toml"), "--global-batch-size", "4", "--quiet"],
+                      timeout=60, env=run)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "RANK=5 is not a rank of a world of 2" in done.stderr

@@ -131,15 +131,25 @@ def test_deaths_without_a_culprit_step_the_workers_down(tmp_path: Path,
     assert loader.stats.worker_restarts == 2
 
 
-def test_workers_that_leak_are_recycled_at_the_position(caplog: pytest.LogCaptureFixture,
-                                                        registry: CollectorRegistry) -> None:  # fmt: skip
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_that_leak_are_recycled_at_the_position(
+    caplog: pytest.LogCaptureFixture, registry: CollectorRegistry, persistent: bool
+) -> None:
     budget = 300 * 2**20
     p = plan(host={"memory_budget_bytes": budget})
-    leaky = Numbers(256, delay=0.02, leak=4 * 2**20)  # 4 MiB more per sample read
+    if persistent:  # a leak across epochs: persistent workers keep what they leaked
+        p = Plan.from_dict({**p.to_dict(), "loader": {**p.to_dict()["loader"],
+                                                      "persistent_workers": True}})  # fmt: skip
+    epochs = 3 if persistent else 1
+    n = 256 // epochs
+    leaky = Numbers(n, delay=0.02, leak=4 * 2**20)  # 4 MiB more per sample read
     loader = DataLoader(leaky, plan=p, registry=registry, adapt=False)
     with caplog.at_level(logging.WARNING, logger="autoloader"):
-        got = [b.flatten().tolist() for b in loader]
-    assert got == reference(p, 256)
+        got = []
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            got.append([b.flatten().tolist() for b in loader])
+    assert got[0] == reference(p, n)
     assert restarts(registry, "memory") >= 1
     assert "past their budget of 300.0 MiB" in caplog.text
     assert "a leak in the dataset or the collate function?" in caplog.text
