@@ -412,3 +412,26 @@ def test_devices_says_one_thing_about_free_memory_without_nvml() -> None:
         pytest.skip("NVML is available here")
     assert "tune asks torch for free memory" not in done.stdout + done.stderr
     assert "from torch on a CUDA device, from the host on the CPU" in done.stdout
+
+
+def test_a_dataset_error_raised_in_a_worker_is_one_line(tmp_path: Path) -> None:
+    """A plugin's DatasetError raised in a worker process reaches the user as the plugin's
+    own line, not torch's worker traceback around it."""
+    (tmp_path / "worker_fails.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import Dataset, get_worker_info\n"
+        "from autoloader.errors import DatasetError\n"
+        "class D(Dataset):\n"
+        "    def __len__(self): return 64\n"
+        "    def __getitem__(self, i):\n"
+        "        if get_worker_info() is not None and i == 7:\n"
+        "            raise DatasetError('events.h5: event 7: field hit_x has 3 rows, expected 5')\n"
+        "        return torch.zeros(4)\n"
+    )  # fmt: skip
+    done = run_cli("tune", "worker_fails:D", "--global-batch-size", "4", "--max-workers", "1",
+                   "--iterations", "40", "--quiet", "-o", str(tmp_path / "p.toml"),
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "autoloader: error: events.h5: event 7: field hit_x has 3 rows, expected 5"
+    ]

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import logging
+import re
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from typing import Any, NoReturn
 
 from autoloader._version import __version__
 from autoloader.cli import interrupts
-from autoloader.errors import AutoloaderError, UsageError
+from autoloader.errors import AutoloaderError, UsageError, one_line
 
 INTERRUPTED = 130
 
@@ -145,7 +146,11 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         root = _root_cause(exc)
         if verbose and root is not exc:  # the user's own traceback, where it came from code
             traceback.print_exception(type(root), root, root.__traceback__)
-        message = " ".join(str(exc).split("\n"))
+        # one line: an error torch re-raised from a worker carries the worker's traceback
+        text = str(exc)
+        if text.startswith("Caught "):
+            text = re.sub(r"^[\w.]+: ", "", one_line(exc))  # the worker's "module.Class: "
+        message = " ".join(text.split("\n"))
         print(f"autoloader: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
