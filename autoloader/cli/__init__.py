@@ -10,8 +10,8 @@ import argparse
 import contextlib
 import difflib
 import logging
-import re
 import os
+import re
 import signal
 import sys
 import traceback
