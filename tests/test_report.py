@@ -376,3 +376,19 @@ def test_show_prints_control_characters_escaped(tmp_path: Path,
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "events\\x1b[31m.h5" in out
+
+
+@pytest.mark.parametrize(("batch", "ranks"), [(120, 4), (121, 1), (31, 4)])
+def test_a_baseline_batch_past_the_dataset_is_refused_alike(tmp_path: Path, batch: int,
+                                                             ranks: int) -> None:  # fmt: skip
+    """A baseline whose batches over all ranks pass the dataset cannot be timed: refused
+    in one line, whatever the ranks (a whole dataset's batch x 4 ranks was a silent "could
+    not be timed", one sample more an error)."""
+    done = run_cli("tune", "pyg:FakeDataset?num_graphs=120", "--global-batch-size", "8",
+                   "--world-size", str(ranks), "--baseline", f"batch_size={batch}",
+                   "--max-workers", "1",
+                   "--iterations", "8", "--quiet", "-o", str(tmp_path / "p.toml"))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--baseline batch_size={batch}" in done.stderr
+    assert "is larger than the dataset (120 samples)" in done.stderr
+    assert done.stderr.count("\n") == 1

@@ -296,14 +296,17 @@ def trials(
     """The training loop timed with the plan's settings and the baseline's (by rank 0).
 
     Raises:
-        UsageError: the baseline's batch is larger than the dataset.
+        UsageError: the baseline's batch over all ranks is larger than the dataset.
     """
     base = opts.baseline
     if base is None and work.step is None:
         return Trials(None, None)
-    if base is not None and (base.batch_size or 0) > len(work.sizes):
-        raise UsageError(f"--baseline batch_size={base.batch_size} is larger than the dataset "
-                         f"({len(work.sizes)} samples)")  # fmt: skip
+    ranks = opts.world_size
+    if base is not None and (base.batch_size or 0) * ranks > len(work.sizes):
+        over = f" x {ranks} ranks" if ranks > 1 else ""
+        raise UsageError(f"--baseline batch_size={base.batch_size}{over} is larger than the "
+                         f"dataset ({len(work.sizes)} samples): each rank's batch is "
+                         "batch_size")  # fmt: skip
     lp = stage.loader
     planned = LoopSettings(
         num_workers=lp["num_workers"], pin_memory=lp["pin_memory"],
