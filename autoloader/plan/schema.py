@@ -324,14 +324,7 @@ def _validate_evidence(data: Mapping[str, Any], source: str) -> None:
         entries = value if container == "array" else list(value.values())
         for i, entry in enumerate(entries):
             where = f"{path}[{i}]" if container == "array" else f"{path}.{list(value)[i]}"
-            if not isinstance(entry, Mapping):
-                raise PlanError(f"{source}: key '{where}': expected a table, found {_show(entry)}")
-            for key, kinds in fields.items():
-                if key in entry and not any(_accepts(k, entry[key]) for k in kinds):
-                    raise PlanError(
-                        f"{source}: key '{where}.{key}': expected {_expected(kinds[0])}, "
-                        f"found {_show(entry[key])}"
-                    )
+            _check_fields(entry, where, fields, source)
             for key in REQUIRED.get(path, ()):
                 if key not in entry:
                     raise PlanError(f"{source}: missing key '{where}.{key}'")
@@ -348,16 +341,20 @@ def _at(data: Mapping[str, Any], path: str) -> Any:
 def _validate_scalars(data: Mapping[str, Any], source: str) -> None:
     for path, fields in SCALARS:
         value = _at(data, path)
-        if value is None:
-            continue
-        if not isinstance(value, Mapping):
-            raise PlanError(f"{source}: key '{path}': expected a table, found {_show(value)}")
-        for key, kinds in fields.items():
-            if key in value and not any(_accepts(k, value[key]) for k in kinds):
-                raise PlanError(
-                    f"{source}: key '{path}.{key}': expected {_expected(kinds[0])}, "
-                    f"found {_show(value[key])}"
-                )
+        if value is not None:
+            _check_fields(value, path, fields, source)
+
+
+def _check_fields(table: Any, where: str, fields: dict[str, tuple[str, ...]], source: str) -> None:
+    """``table`` is a table whose listed keys, where present, are of their kinds."""
+    if not isinstance(table, Mapping):
+        raise PlanError(f"{source}: key '{where}': expected a table, found {_show(table)}")
+    for key, kinds in fields.items():
+        if key in table and not any(_accepts(k, table[key]) for k in kinds):
+            raise PlanError(
+                f"{source}: key '{where}.{key}': expected {_expected(kinds[0])}, "
+                f"found {_show(table[key])}"
+            )
 
 
 def _accepts(kind: str, value: Any) -> bool:
