@@ -114,11 +114,13 @@ def cgroup_memory_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return None
 
 
-def worker_memory_budget() -> int:
+def worker_memory_budget(available: int | None = None) -> int:
     """Host memory one rank's loader workers may hold: half the available memory (the
-    cgroup's, where that is less), split over the ranks sharing this node (the tune's
-    search and the run-time adapter alike)."""
-    return int(available_memory() // 2 // max(1, local_world_size()))
+    cgroup's, where that is less; ``available`` where already read), split over the ranks
+    sharing this node (the tune's search and the run-time adapter alike)."""
+    if available is None:
+        available = available_memory()
+    return int(available // 2 // max(1, local_world_size()))
 
 
 def doubling_grid(max_workers: int) -> list[int]:

@@ -103,7 +103,8 @@ class HostBudget:
         ranks = max(1, local_world_size())
         free, total = space if space is not None else (None, None)
         budget = int(free * SHM_MARGIN // ranks) if free is not None else None
-        return cls(free, total, budget, available_memory(), worker_memory_budget(),
+        available = available_memory()
+        return cls(free, total, budget, available, worker_memory_budget(available),
                    sharing_strategy())  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:

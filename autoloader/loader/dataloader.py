@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.files import refuse_inputs
-from autoloader.host import worker_memory_budget
 from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.agreement import check_ranks_agree
@@ -120,6 +119,8 @@ class DataLoader(tud.DataLoader):
         self._inner_position: Position | None = None
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data_identity = ""
+        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
+        self._host = HostBudget.probe() if plan is not None else None
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
@@ -182,7 +183,8 @@ class DataLoader(tud.DataLoader):
         self.grad_accum_steps = accumulation_for(plan, world)
         explicit = set(given) & {"num_workers", "prefetch_factor"}
         given = apply_plan(plan, given, sizes, rank, world, n)
-        given = fit_to_host(plan, given, explicit, HostBudget.probe())
+        assert self._host is not None
+        given = fit_to_host(plan, given, explicit, self._host)
         check_ranks_agree(digest(plan, given, sizes, self.grad_accum_steps, n), source=plan.source)
         return given, sizes
 
@@ -417,7 +419,8 @@ def _runtime(
     plan = loader.plan
     assert plan is not None
     settings = _settings_of(loader)
-    limits = default_limits(plan, settings, max_workers)
+    assert loader._host is not None
+    limits = default_limits(plan, settings, max_workers, loader._host)
     adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
                       evidence=Evidence.from_plan(plan.tuning.get("workers")))  # fmt: skip
     predicted = plan.memory.get("predicted_peak_bytes")
@@ -431,15 +434,15 @@ def _runtime(
 def _survival(loader: DataLoader, rank: int) -> Survival | None:
     """A planned loader survives its workers (``autoloader.loader.survival``): with its
     position (the plan's batch sampler) and its own iterators (metrics on)."""
-    if loader.plan is None or loader._recorder is None:
+    if loader.plan is None or loader._recorder is None or loader._host is None:
         return None
     if not isinstance(loader.batch_sampler, SizeBatchSampler):
         return None
     loader._recorder.survival_started()
-    host = HostBudget.from_dict(loader.plan.tuning.get("host"))
-    budget = worker_memory_budget()
-    if host is not None:
-        budget = min(budget, host.memory_budget_bytes)
+    planned = HostBudget.from_dict(loader.plan.tuning.get("host"))
+    budget = loader._host.memory_budget_bytes
+    if planned is not None:
+        budget = min(budget, planned.memory_budget_bytes)
     return Survival(rank, loader._recorder, budget)
 
 

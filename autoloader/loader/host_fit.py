@@ -35,18 +35,19 @@ def fit_to_host(
     plan: Plan, given: dict[str, Any], explicit: set[str], budget: HostBudget
 ) -> dict[str, Any]:
     """``given`` (torch's arguments from the plan) with workers and prefetch lowered to fit
-    ``budget``'s shared memory; the user's explicit ``num_workers``/``prefetch_factor``
-    are kept, with a WARNING where they do not fit."""
+    ``budget``'s shared memory; where the caller gave ``num_workers`` or
+    ``prefetch_factor`` explicitly (``explicit``, those keys), they are kept, with a
+    WARNING where they do not fit."""
     batch = worst_batch_bytes(plan)
     workers = int(given.get("num_workers") or 0)
     prefetch = given.get("prefetch_factor")
     why = budget.shm_refuses(workers, prefetch, batch) if batch else None
     if why is None:
         return given
-    if explicit & {"num_workers", "prefetch_factor"}:
+    fix = budget.shm_limit(budget.shm_need(workers, prefetch, batch), say_need=False)
+    if explicit:
         log.warning("autoloader: the num_workers/prefetch_factor given may not fit this node: "
-                    "%s; %s", why, budget.shm_limit(budget.shm_need(workers, prefetch, batch),
-                                                    say_need=False))  # fmt: skip
+                    "%s; %s", why, fix)  # fmt: skip
         return given
     out = dict(given)
     depth = budget.prefetch_within(workers, int(prefetch or 2), batch)
@@ -62,8 +63,7 @@ def fit_to_host(
     log.warning(
         "autoloader: running %d worker(s)%s instead of the plan's %d x prefetch_factor %s: "
         "%s; %s", out["num_workers"], f" x prefetch_factor {depth}" if out["num_workers"]
-        else "", workers, prefetch or 2, why,
-        budget.shm_limit(budget.shm_need(workers, prefetch, batch), say_need=False),
+        else "", workers, prefetch or 2, why, fix,
     )  # fmt: skip
     return out
 

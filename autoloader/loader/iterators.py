@@ -97,7 +97,7 @@ class RecordingMultiProcessingIter(_Recording, _MultiProcessingDataLoaderIter):
         self._yielded = 0
         super()._reset(loader, first_iter)
 
-    def _try_get_data(self, timeout: float = POLL_SECONDS) -> Any:
+    def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> Any:
         # torch polls its workers' liveness every 5 s; a planned loader checks each second
         if self._survival is not None and timeout == _utils.MP_STATUS_CHECK_INTERVAL:
             timeout = POLL_SECONDS

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from autoloader.host import cpus_per_rank, tree_memory_bytes, worker_memory_budget
+from autoloader.host import cpus_per_rank, tree_memory_bytes
 from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import (
     SETTINGS,
@@ -43,7 +43,9 @@ from autoloader.units import describe_bytes
 log = logging.getLogger("autoloader")
 
 
-def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> Limits:
+def default_limits(
+    plan: Plan, settings: Settings, max_workers: int | None, host: HostBudget
+) -> Limits:
     """The caps: workers as far as the tune's search went (this rank's CPUs, or past them
     where the tune found the workers waiting on reads; never below the plan's count), half
     the available RAM split over the node's ranks for the worker processes, the batches in
@@ -55,8 +57,8 @@ def default_limits(plan: Plan, settings: Settings, max_workers: int | None) -> L
         if isinstance(searched, bool) or not isinstance(searched, int):
             searched = 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
-    return Limits(max_workers, worker_memory_budget(), _device_prefetch_max(plan, settings),
-                  HostBudget.probe(), worst_batch_bytes(plan))  # fmt: skip
+    return Limits(max_workers, host.memory_budget_bytes, _device_prefetch_max(plan, settings),
+                  host, worst_batch_bytes(plan))  # fmt: skip
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
