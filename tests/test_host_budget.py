@@ -141,7 +141,9 @@ def test_docker_default_shm_torch_dies_and_the_planned_loader_serves(tmp_path: P
     py = sys.executable
     torch_run = _in_small_shm(f"{py} shm_data.py torch")
     assert torch_run.returncode != 0
-    assert "unable to allocate shared memory" in torch_run.stderr
+    # torch 2.13 raises "unable to allocate shared memory"; 2.8's worker dies of SIGBUS
+    # ("insufficient shared memory (shm)"): either way the job is dead
+    assert is_shm_failure(torch_run.stderr), torch_run.stderr[-2000:]
     plan = tmp_path / "plan.toml"
     tune = _in_small_shm(f"{py} -m autoloader tune shm_data:make --device cpu "
                          f"--global-batch-size 4 --iterations 20 --baseline none -o {plan}")  # fmt: skip
