@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +219,12 @@ def test_ranks_given_different_options_all_stop_with_one_line(
 
 
 def srun_ranks(
-    tmp_path: Path, world: int, *args: str, env_extra: dict[str, str], started: int = 0
-) -> list[Any]:
+    tmp_path: Path, world: int, *args: str, env_extra: dict[str, str],
+    started: Sequence[int] | None = None,
+) -> list[Any]:  # fmt: skip
     """Ranks of ``autoloader tune`` in a job of ``world`` started as srun starts them (no
-    torchrun agent), each with its own stderr file: the first ``started`` (default all)."""
+    torchrun agent), each with its own stderr file ``rankR.log``: the ranks ``started``
+    (default all)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -233,7 +236,7 @@ def srun_ranks(
                **env_extra)  # fmt: skip
     cmd = [sys.executable, "-m", "autoloader", "-v", "tune", *args]
     procs = []
-    for r in range(started or world):
+    for r in range(world) if started is None else started:
         env_r = {**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}
         log = (tmp_path / f"rank{r}.log").open("w")
         procs.append(spawn([*cmd, "-o", str(tmp_path / f"plan{r}.toml")], env=env_r, stderr=log))
@@ -271,7 +274,7 @@ def test_a_rank_killed_mid_tune_is_named_and_the_others_stop(tmp_path: Path, vic
 @pytest.mark.slow
 def test_a_rank_that_never_joins_is_named_after_the_join_timeout(tmp_path: Path) -> None:
     procs = srun_ranks(tmp_path, 3, "conftest:DATASET", "--global-batch-size", "6", "--quiet",
-                       env_extra={"AUTOLOADER_JOIN_TIMEOUT": "4"}, started=2)  # fmt: skip
+                       env_extra={"AUTOLOADER_JOIN_TIMEOUT": "4"}, started=[0, 1])  # fmt: skip
     with reaped(*procs):
         codes = [p.wait(timeout=120) for p in procs]
     for r in range(2):
@@ -282,6 +285,35 @@ def test_a_rank_that_never_joins_is_named_after_the_join_timeout(tmp_path: Path)
         if r == 0:  # rank 1 names the same rank, or rank 0's store gone as rank 0 gave up
             assert "rank(s) 2 did not join the collective tune" in err and "within 4 s" in err
         assert "2 did not join" in lines[0] or "had not joined" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("alone", "waits_for"), [(1, "rank 0 to open"), (0, "rank(s) 1 to")])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_waiting_at_the_rendezvous_is_prompt(
+    tmp_path: Path, alone: int, waits_for: str, sig: signal.Signals
+) -> None:
+    """A rank whose peers never come waits up to the join timeout (300 s): Ctrl-C or the
+    scheduler's SIGTERM must end it at once, not when torch's store client gives up."""
+    (proc,) = srun_ranks(tmp_path, 2, "conftest:DATASET", "--global-batch-size", "4",
+                         env_extra={}, started=[alone])  # fmt: skip
+    log = tmp_path / f"rank{alone}.log"
+    with reaped(proc):
+        deadline = time.monotonic() + 60
+        while f"waiting for {waits_for}" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the wait, past the line
+        proc.send_signal(sig)
+        sent = time.monotonic()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    err = log.read_text()
+    assert code == 130, err[-2000:]
+    assert took < 3, took
+    assert "interrupted; nothing was written" in err
+    assert "TCPStore" not in err and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / f"plan{alone}.toml").exists()
 
 
 def test_the_job_timeouts_from_the_environment_are_checked(

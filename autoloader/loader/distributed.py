@@ -5,7 +5,9 @@ environment."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +24,8 @@ from autoloader.launch import (
 )
 from autoloader.loader.liveness import Liveness, first_beat
 from autoloader.units import seconds_from_env
+
+log = logging.getLogger("autoloader")
 
 __all__ = [
     "first_host",
@@ -106,6 +110,9 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
     # As torch's env:// does: under torchrun the agent may hold the store (every rank a
     # client); else rank 0 holds it, shareable with a later group in this process.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    deadline = time.monotonic() + timeout
+    if rank != 0 or agent:
+        _await_store(addr, port, rank, world, deadline, timeout)
     try:
         server = dist.TCPStore(addr, port, is_master=rank == 0 and not agent,
                               wait_for_workers=False, timeout=timedelta(seconds=timeout),
@@ -118,8 +125,7 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
     store = dist.PrefixStore(prefix, server)
     first_beat(store, rank)
     store.set(f"joined/{rank}", "1")
-    deadline = time.monotonic() + timeout
-    missing = list(range(world))
+    missing, told = list(range(world)), False
     while True:
         try:
             missing = [r for r in missing if not store.check([f"joined/{r}"])]
@@ -131,6 +137,10 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
             ) from None
         if not missing:
             return store
+        if not told:
+            log.info("rank %d of %d: waiting for rank(s) %s to join (up to %.0f s, %s)", rank,
+                     world, ", ".join(map(str, missing)), timeout, JOIN_TIMEOUT_ENV)  # fmt: skip
+            told = True
         if time.monotonic() > deadline:
             raise JobError(
                 f"rank {rank} of {world}: rank(s) {', '.join(map(str, missing))} did not join "
@@ -138,6 +148,43 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
                 f"({JOIN_TIMEOUT_ENV}); no plan is written: rerun the job"
             )
         time.sleep(0.1)
+
+
+def _await_store(addr: str, port: int, rank: int, world: int, deadline: float,
+                 timeout: float) -> None:  # fmt: skip
+    """Wait, in Python, until something accepts connections at the store's address.
+
+    torch's store client retries its connection inside C++, where neither Ctrl-C nor
+    SIGTERM is seen until its whole timeout has passed (300 s by default) and each retry
+    prints a C++ stack; polling here keeps a stop prompt and the terminal quiet.
+
+    Raises:
+        UsageError: the address does not resolve (bad input, at once).
+        JobError: nothing accepted connections before ``deadline`` (rank 0 never came).
+    """
+    told = False
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=1.0).close()
+            return
+        except socket.gaierror as exc:
+            raise UsageError(
+                f"cannot join the job's ranks at {addr}:{port} (rank {rank} of {world}): "
+                f"MASTER_ADDR {addr!r} does not resolve: {exc.strerror or exc}"
+            ) from None
+        except OSError:  # refused, unreachable, slow: rank 0 has not opened its store yet
+            if time.monotonic() > deadline:
+                raise JobError(
+                    f"rank {rank} of {world}: the job's store at {addr}:{port}, which rank 0 "
+                    f"holds, did not open within {timeout:.0f} s ({JOIN_TIMEOUT_ENV}); "
+                    f"no plan is written: rerun the job"
+                ) from None
+            if not told:
+                log.info("rank %d of %d: waiting for rank 0 to open the job's store at %s:%d "
+                         "(up to %.0f s, %s)", rank, world, addr, port, timeout,
+                         JOIN_TIMEOUT_ENV)  # fmt: skip
+                told = True
+            time.sleep(0.2)
 
 
 def _next_round() -> str:
