@@ -99,6 +99,11 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
     assert diagnose(oom, fed, budget, plan_batching="x").kind == "memory-bound"
     assert diagnose(side(100.0, None), side(150.0, None), budget,
                     plan_batching="x").kind == "loading-only"  # fmt: skip
+    # loading alone (no --step), the same loader both sides: noise, said so
+    alone = diagnose(side(100.0, None), side(94.0, None), budget, plan_batching="x")
+    assert alone.kind == "loading-only"
+    assert "0.94x samples/s: the plan's loader is the baseline's, so that is measurement " \
+        "noise" in alone.text  # fmt: skip
 
 
 def test_threads_are_set_only_where_measured_faster() -> None:

@@ -82,6 +82,8 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
         f"{p.samples_per_second / b.samples_per_second:.2f}x samples/s"
         if b.ok and p.ok and b.samples_per_second > 0 else "speed not compared"
     )  # fmt: skip
+    if b.ok and p.ok and _same_loader(baseline.settings, plan.settings):
+        speed += ": the plan's loader is the baseline's, so that is measurement noise"
     if baseline.predicted_peak_bytes > budget_bytes or b.status.startswith("out of memory"):
         cause = (
             "ran out of memory" if b.status.startswith("out of memory") else
@@ -96,12 +98,10 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
         return Diagnosis("unknown", f"the baseline could not be timed: {b.status}")
     if b.wait_share is None:
         return Diagnosis("loading-only", (
-            f"loading only (no --step): {speed} loading alone; give --step to tell "
+            f"loading only (no --step), {speed}; give --step to tell "
             "input-bound from compute-bound"))  # fmt: skip
     workers = plan.settings.get("num_workers", 0)
     after = f"{p.wait_share:.0%}" if p.ok and p.wait_share is not None else "?"
-    if _same_loader(baseline.settings, plan.settings):
-        speed += ": the plan's loader is the baseline's, so that is measurement noise"
     if b.wait_share > WAIT_LIMIT:
         cut = p.ok and p.wait_share is not None and p.wait_share < b.wait_share - CUT
         what = (
