@@ -100,23 +100,67 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
         return Diagnosis("loading-only", (
             f"loading only (no --step), {speed}; give --step to tell "
             "input-bound from compute-bound"))  # fmt: skip
+    kind = "input-bound" if b.wait_share > WAIT_LIMIT else "compute-bound"
+    held = (f"input-bound: the baseline loop waited for data {b.wait_share:.0%} of its time"
+            if kind == "input-bound" else "compute-bound: the baseline loop waited for data "
+            f"only {b.wait_share:.0%} of its time")  # fmt: skip
+    if not p.ok or p.wait_share is None or min(b.samples_per_second, p.samples_per_second) <= 0:
+        return Diagnosis(kind, f"{held}; the plan's loop could not be timed: {p.status}")
+    if _same_loader(baseline.settings, plan.settings):
+        return Diagnosis(kind, f"{held}; {speed}")
+    return Diagnosis(kind, f"{held}; the plan ({speed}) {_changes(baseline, plan)}; "
+                           f"{_limit(p.wait_share)}")  # fmt: skip
+
+
+def _per_sample(loop: LoopResult) -> tuple[float, float]:
+    """(seconds waiting for data, seconds in the rest of the loop: the step) per sample:
+    per sample, so that loops of different batch sizes compare."""
+    total = 1.0 / loop.samples_per_second
+    wait = total * (loop.wait_share or 0.0)
+    return wait, total - wait
+
+
+def _changes(baseline: Side, plan: Side) -> str:
+    """Where the plan's loop gained or lost time against the baseline's, per sample: the
+    wait for data and the step, each named where it moved by ``CUT`` of the baseline's
+    loop. The step is named with its cause where one differs: threads, or workers beside
+    it on the same cores."""
+    (bw, bs), (pw, ps) = _per_sample(baseline.loop), _per_sample(plan.loop)
+    total = bw + bs
     workers = plan.settings.get("num_workers", 0)
-    after = f"{p.wait_share:.0%}" if p.ok and p.wait_share is not None else "?"
-    if b.wait_share > WAIT_LIMIT:
-        cut = p.ok and p.wait_share is not None and p.wait_share < b.wait_share - CUT
-        what = (
-            f"the plan's {workers} worker(s) cut that to {after} ({speed})" if cut else
-            f"the plan's {workers} worker(s) could not cut it ({after}, {speed}): loading is "
-            "the limit; for reads that wait on storage try --max-workers above the CPU "
-            "count, else faster storage or cheaper samples"
-        )  # fmt: skip
-        return Diagnosis("input-bound", (
-            f"input-bound: the baseline loop waited for data {b.wait_share:.0%} of its time; "
-            f"{what}"))  # fmt: skip
-    return Diagnosis("compute-bound", (
-        f"compute-bound: the baseline loop waited for data only {b.wait_share:.0%} of its "
-        f"time, so a faster loader buys little ({speed}); the plan keeps the step fed "
-        f"({after} waiting) with {workers} worker(s)"))  # fmt: skip
+    parts = []
+    if abs(bw - pw) >= CUT * total:
+        verb = "cut" if pw < bw else "raised"
+        parts.append(f"{verb} the wait for data from {_ms(bw)} to {_ms(pw)} per sample "
+                     f"with {workers} worker(s)")  # fmt: skip
+    if abs(bs - ps) >= CUT * total:
+        faster = ps < bs
+        ratio = bs / ps if faster else ps / bs
+        bt, pt = baseline.loop.num_threads, plan.loop.num_threads
+        if bt != pt:
+            why = f" on {pt} intra-op thread(s) against the baseline's {bt}"
+        elif not faster and workers > baseline.settings.get("num_workers", 0):
+            why = f" beside its {workers} worker(s) on the same cores"
+        else:
+            why = ""
+        parts.append(f"ran the step {ratio:.2f}x {'faster' if faster else 'slower'} per "
+                     f"sample{why}")  # fmt: skip
+    if not parts:
+        return f"moved neither the wait nor the step by {CUT:.0%} of the baseline's loop"
+    return " and ".join(parts)
+
+
+def _limit(wait_share: float) -> str:
+    """What bounds the plan's own loop."""
+    if wait_share > WAIT_LIMIT:
+        return (f"its loop still waits for data {wait_share:.0%} of its time: loading is the "
+                "limit; for reads that wait on storage try --max-workers above the CPU "
+                "count, else faster storage or cheaper samples")  # fmt: skip
+    return f"its loop waits for data {wait_share:.0%} of its time: the step is the limit"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
 
 
 def _same_loader(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -242,7 +242,8 @@ def worker_search(
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
     budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
     extent = _extent(budget, batch_bytes, where) if opts.max_workers is None else None
-    rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step)
+    rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step,
+                        step_threads=torch.get_num_threads())  # fmt: skip
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
                             precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip
     log.info("worker search (%s): 0..%d workers%s, up to %d batches each", opts.method, n_max,
@@ -336,7 +337,8 @@ def trials(
             loop = threads.chosen_loop
         if base is None:
             return Trials(threads, None)
-        plan_side = Side(planned.to_dict(), loop, choice.replays[choice.strategy].worst_batch_bytes,
+        ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
+        plan_side = Side(ran.to_dict(), loop, choice.replays[choice.strategy].worst_batch_bytes,
                          choice.predicted_peak_bytes)  # fmt: skip
         compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
         return Trials(threads, compared)

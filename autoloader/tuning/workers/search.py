@@ -41,13 +41,17 @@ class Rule:
     alpha: float | None = None  # the paper's absolute seconds, over the timed batches
     step_seconds: float | None = None  # a training step's time: keep it fed, no more
     margin: float = MARGIN  # loading must be this much faster than the step
+    step_threads: int | None = None  # the intra-op threads the step was timed with
 
     def describe(self) -> str:
         if self.alpha is not None:
             return f"alpha={self.alpha:g} s (paper rule)"
         text = f"tolerance={self.tolerance:g}"
         if self.step_seconds is not None:
-            text += f", or keep a {self.step_seconds:.4f} s step fed with {self.margin:.0%} margin"
+            timed = (f" (timed alone on {self.step_threads} thread(s))"
+                     if self.step_threads is not None else "")  # fmt: skip
+            text += (f", or keep a {self.step_seconds:.4f} s step{timed} fed with "
+                     f"{self.margin:.0%} margin")  # fmt: skip
         return text
 
     def threshold(self, fastest: float) -> float:
