@@ -344,15 +344,20 @@ def test_save_plan_round_trips_through_show_and_a_new_loader(
     path = tmp_path / "adapted.toml"
     loader.save_plan(path)
     saved = Plan.load(path)
-    workers = 0  # the settings decided for the next epoch: every change, replayed
-    for change in loader.adaptations:
-        workers = change.after if change.setting == "num_workers" else workers
-    assert saved.loader.num_workers == workers > 0
     runtime = saved.tuning["runtime"]
+    # the settings measured to pay: every change replayed, less a raise still on trial
+    judged = loader.adaptations[:-1] if "on_trial" in runtime else loader.adaptations
+    workers = 0
+    for change in judged:
+        workers = change.after if change.setting == "num_workers" else workers
+    assert saved.loader.num_workers == workers
     assert runtime["epochs"] == 2 and runtime["adaptations"][0]["from"] == 0
+    assert runtime.get("tuned") == ({"num_workers": 0} if workers else None)
     assert main(["show", str(path)]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "runtime saved" in text and "0 num_workers 0 -> 1" in text
+    if workers:  # the worker search's notes explain 0 workers: show says which is which
+        assert f"set while training: num_workers {workers} (tuned 0)" in text
     assert main(["show", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tuning"]["runtime"]["epochs"] == 2
     again = make(Slow(), path, adapt=False)
@@ -360,6 +365,57 @@ def test_save_plan_round_trips_through_show_and_a_new_loader(
     assert run(again, 1) == run(make(Slow(), planned(0), adapt=False), 1)
     with pytest.raises(Exception, match="save_plan: this DataLoader was built without a plan"):
         DataLoader(Slow(), registry=CollectorRegistry()).save_plan(tmp_path / "x.toml")
+
+
+@pytest.mark.parametrize(("workers", "trying"), [(0, "num_workers 0 -> 1"),
+                                              (1, "prefetch_factor 2 -> 4")])  # fmt: skip
+def test_save_plan_never_saves_a_raise_still_on_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: int, trying: str
+) -> None:
+    """A raise is judged on the epoch after it: saved before that, the next job would
+    start from a setting never shown to pay."""
+    loader = make(Slow(), planned(workers), adapt_max_workers=1)
+    run(loader, 1)  # starved: a raise for the next epoch
+    assert [f"{a.setting} {a.before} -> {a.after}" for a in loader.adaptations] == [trying]
+    path = tmp_path / "adapted.toml"
+    loader.save_plan(path)
+    saved = Plan.load(path)
+    assert (saved.loader.num_workers, saved.loader.prefetch_factor) == \
+        ((0, None) if workers == 0 else (1, 2))  # fmt: skip
+    runtime = saved.tuning["runtime"]
+    before = trying.split()[1]
+    assert runtime["on_trial"] == (f"{trying} since epoch 0, not yet judged: the saved "
+                                   f"[loader] keeps {before}")  # fmt: skip
+    assert "tuned" not in runtime  # nothing the tune chose was changed
+    assert main(["show", str(path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"on trial when saved: {trying} since epoch 0" in text
+    assert "set while training" not in text
+
+
+def test_show_says_which_loader_values_a_run_set() -> None:
+    from autoloader.cli.render import render
+
+    plan = planned(2)
+    plan.loader = replace(plan.loader, prefetch_factor=8)
+    plan.tuning = {
+        "workers": {"prefetch_factor_why": "2 workers x 2 keep 4 batches queued",
+                    "trace": [{"workers": 0, "seconds_per_batch": 0.02},
+                              {"workers": 2, "seconds_per_batch": 0.01}]},
+        "runtime": {"epochs": 3, "tuned": {"prefetch_factor": 2}, "adaptations": []},
+    }  # fmt: skip
+    text = render(Plan.from_dict(plan.to_dict()))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("loader    "))
+    assert "prefetch_factor=8" in lines[at]
+    assert lines[at + 1] == ("          set while training: prefetch_factor 8 (tuned 2); the "
+                             "worker search below explains the tuned values, runtime the "
+                             "change")  # fmt: skip
+    assert "  2 *" in text  # the search's choice is still the one marked
+    bad = plan.to_dict()
+    bad["tuning"]["runtime"]["tuned"] = {"prefetch_factor": "two"}
+    with pytest.raises(Exception, match=r"tuning.runtime.tuned.prefetch_factor': expected an "):
+        Plan.from_dict(bad)
 
 
 class FakePeak:

@@ -29,7 +29,9 @@ def sections(plan: Plan) -> list[Section]:
     baseline's comparison, ``baseline_section``, comes apart: last in text, first in the
     report)."""
     found = [
-        _workers(plan.tuning.get("workers"), plan.loader.num_workers),
+        _workers(
+            plan.tuning.get("workers"), _tuned(plan).get("num_workers", plan.loader.num_workers)
+        ),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
         _host(plan.tuning.get("host"), plan.loader.num_workers),
@@ -102,6 +104,7 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         + (f" device_prefetch={lp.device_prefetch}" if lp.device_prefetch is not None else "")
         + (f" num_threads={lp.num_threads}" if lp.num_threads is not None else "")
     )
+    out.extend(_set_while_training(plan))
     threads = plan.tuning.get("threads")
     if isinstance(threads, dict) and isinstance(threads.get("why"), str):
         out.append(f"          num_threads: {threads['why']}")
@@ -123,6 +126,30 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         out.extend(compared.lines())
         out.append(f"verdict   {verdict(plan) or '?'}")
     return "\n".join(out)
+
+
+def _tuned(plan: Plan) -> dict[str, Any]:
+    """The tune's values of the ``[loader]`` settings a run changed (``save_plan``)."""
+    runtime = plan.tuning.get("runtime")
+    tuned = runtime.get("tuned") if isinstance(runtime, dict) else None
+    return tuned if isinstance(tuned, dict) else {}
+
+
+def _set_while_training(plan: Plan) -> list[str]:
+    """Under the loader line: which of its values a run set, and what the tune had; the
+    worker search's notes below explain the tune's."""
+    tuned = _tuned(plan)
+    if not tuned:
+        return []
+    changed = ", ".join(
+        f"{k} {_value(getattr(plan.loader, k, None))} (tuned {_value(v)})" for k, v in tuned.items()
+    )
+    return [f"          set while training: {changed}; the worker search below explains the "
+            "tuned values, runtime the change"]  # fmt: skip
+
+
+def _value(v: Any) -> str:
+    return "-" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def verdict(plan: Plan) -> str | None:
@@ -208,6 +235,8 @@ def _runtime(runtime: Any) -> list[str]:
         )
     if isinstance(runtime.get("stale"), str):
         lines.append(f"          stale: {runtime['stale']}")
+    if isinstance(runtime.get("on_trial"), str):
+        lines.append(f"          on trial when saved: {runtime['on_trial']}")
     changes = runtime.get("adaptations")
     if isinstance(changes, list) and changes:
         rows = [

@@ -255,6 +255,18 @@ class Adapter:
             return self._change(m, setting, after, why)
         return []
 
+    @property
+    def confirmed(self) -> Settings:
+        """The settings in force less a raise still on trial: what has been measured to
+        pay (a raise is judged on the epoch after it)."""
+        t = self._trial
+        return self.settings if t is None else replace(self.settings, **{t.setting: t.before})
+
+    @property
+    def on_trial(self) -> Adaptation | None:
+        """The raise not yet judged, if one is."""
+        return self.history[-1] if self._trial is not None and self.history else None
+
     def _repays(self, m: EpochMeasure, wait: float) -> bool:
         """Inside an epoch a change restarts the iterator (and an undo again): worth it
         only if removing all the wait over the batches left could repay two restarts."""

@@ -189,7 +189,8 @@ class Runtime:
     def adapted_plan(self, loader_plan: LoaderPlan) -> Plan:
         """The plan with this rank's adapted ``[loader]`` and a ``[tuning.runtime]`` table."""
         plan = self.plan
-        s = self.adapter.settings if self.adapter is not None else None
+        # a raise still on trial is not saved: the next job starts from what was measured
+        s = self.adapter.confirmed if self.adapter is not None else None
         adapted = loader_plan
         if s is not None:
             adapted = replace(
@@ -211,6 +212,15 @@ class Runtime:
         }
         if self.adapter is not None and self.adapter.declined:
             runtime["declined"] = [d.to_dict() for d in self.adapter.declined]
+        trying = self.adapter.on_trial if self.adapter is not None else None
+        if trying is not None:
+            runtime["on_trial"] = (
+                f"{trying.setting} {trying.before} -> {trying.after} since epoch {trying.epoch}, "
+                f"not yet judged: the saved [loader] keeps {trying.before}"
+            )
+        tuned = _tuned(plan, loader_plan, adapted)
+        if tuned:
+            runtime["tuned"] = tuned
         if self.last is not None:
             runtime["last_epoch"] = {
                 "wait_fraction": round(self.last.wait_fraction, 4),
@@ -230,6 +240,18 @@ class Runtime:
             # This node's loader table is the one a DataLoader here reads: keep it in step.
             tuning["nodes"] = {**nodes, socket.gethostname(): _loader_table(adapted)}
         return replace(plan, loader=adapted, tuning=tuning)
+
+
+def _tuned(plan: Plan, started: LoaderPlan, saved: LoaderPlan) -> dict[str, Any]:
+    """The tune's values of the settings run time changed: the plan's ``[tuning.workers]``
+    notes explain these, not the saved ones. Kept from an earlier save of the plan."""
+    earlier = plan.tuning.get("runtime")
+    tuned = dict(earlier.get("tuned", {})) if isinstance(earlier, dict) else {}
+    for key in ("num_workers", "prefetch_factor", "persistent_workers", "device_prefetch"):
+        was, now = getattr(started, key), getattr(saved, key)
+        if was != now and was is not None:
+            tuned.setdefault(key, was)
+    return {k: v for k, v in tuned.items() if getattr(saved, k, None) != v}
 
 
 def _loader_table(lp: LoaderPlan) -> dict[str, Any]:

@@ -286,7 +286,8 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
     ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
 )  # fmt: skip
-_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str"), "table": Key("table")}
+_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str"), "table": Key("table"),
+          "bool": Key("bool")}  # fmt: skip
 _EXPECTED = {"finite": "a finite number", "finites": "an array of finite numbers",
              "pairs": "an array of [x, y] pairs of finite numbers"}  # fmt: skip
 # Keys each entry of an evidence container must hold.
@@ -300,7 +301,9 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
                         "persistent_workers_why": _STR}),
     ("tuning.baseline", {"verdict": _STR, "diagnosis": _STR, "measured": ("table",)}),
     ("tuning.runtime", {"adaptations": ("array",), "declined": ("array",), "stale": _STR,
-                        "last_epoch": ("table",)}),
+                        "last_epoch": ("table",), "tuned": ("table",), "on_trial": _STR}),
+    ("tuning.runtime.tuned", {"num_workers": ("int",), "prefetch_factor": ("int",),
+                              "persistent_workers": ("bool",), "device_prefetch": ("int",)}),
     ("tuning.runtime.last_epoch", {"wait_fraction": _FIN, "samples_per_second": _FIN}),
     ("tuning.host", {
         "shm_free_bytes": ("int",), "shm_total_bytes": ("int",), "shm_budget_bytes": ("int",),
