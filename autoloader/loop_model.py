@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MARGIN = 0.1  # loading must be this much faster than the step to keep it fed
@@ -70,6 +70,9 @@ class Evidence:
 
     counts: dict[int, Timed]
     step_seconds: float | None
+    # the loop's seconds per batch measured with the step (the tune's trials), by count:
+    # where they exist they are the judgement, not the model over loading alone
+    loops: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_plan(cls, workers_table: Any) -> Evidence | None:
@@ -88,10 +91,20 @@ class Evidence:
             counts[w] = Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0)
         if not counts:
             return None
-        return cls(counts, _number(workers_table.get("step_seconds")))
+        loops: dict[int, float] = {}
+        measured = workers_table.get("loops")
+        for entry in measured if isinstance(measured, list) else []:
+            w = entry.get("workers") if isinstance(entry, Mapping) else None
+            spb = _number(entry.get("seconds_per_batch")) if isinstance(entry, Mapping) else None
+            if isinstance(w, int) and not isinstance(w, bool) and spb:
+                loops.setdefault(w, spb)
+        return cls(counts, _number(workers_table.get("step_seconds")), loops)
 
     def loop(self, workers: int) -> float | None:
-        """The loop's predicted seconds per batch at a measured count."""
+        """The loop's seconds per batch at a measured count: as timed with the step where
+        the tune did, else predicted from loading alone."""
+        if workers in self.loops:
+            return self.loops[workers]
         t = self.counts.get(workers)
         return None if t is None else loop_seconds(workers, t.seconds_per_batch, self.step_seconds)
 

@@ -33,3 +33,11 @@ def busy_step(batch: Any) -> None:
     end = time.perf_counter() + 0.010
     while time.perf_counter() < end:
         pass
+
+
+def crowded_step(batch: Any) -> None:
+    """A 1 ms step that takes 30 ms while this process has worker processes: what a step
+    whose threads need the cores busy workers hold does, made deterministic."""
+    import psutil
+
+    time.sleep(0.030 if psutil.Process().children() else 0.001)

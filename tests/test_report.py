@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 import autoloader
 from autoloader import Plan, PlanError, UsageError
 from autoloader.cli import main
+from autoloader.loop_model import Evidence
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
 from autoloader.tuning.comparison import Side, choose_threads, diagnose
 from autoloader.tuning.trial import LoopResult
@@ -192,6 +193,34 @@ def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path
 
 def times_step(plan: Path) -> str:
     return f"{Plan.load(plan).tuning['workers']['step_seconds']:.4f}"
+
+
+def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
+    tmp_path: Path,
+) -> None:
+    """The worker search times loading alone; a step its workers slow down shows only in
+    the loop with the step. The plan never ships a loader measured slower than the
+    user's own in the same run, and the adapter reads the loops as evidence."""
+    out = tmp_path / "plan.toml"
+    done = run_cli("tune", "loop_steps:slow", "--step", "loop_steps:crowded_step",
+                   "--global-batch-size", "8", "--max-workers", "2", "--iterations", "20",
+                   "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = Plan.load(out)
+    found = plan.tuning["baseline"]
+    searched = found["measured"]["plan"]["settings"]["num_workers"]
+    assert searched >= 1 and plan.loader.num_workers == 0  # torch's defaults: 0 workers
+    assert found["adopted"].startswith("the baseline's loader ran the loop with the step ")
+    assert found["verdict"].endswith("so the plan runs the baseline's loader")
+    loops = {e["workers"]: e["seconds_per_batch"] for e in plan.tuning["workers"]["loops"]}
+    assert set(loops) == {0, searched} and loops[searched] > loops[0]
+    evidence = Evidence.from_plan(plan.tuning["workers"])
+    assert evidence is not None and evidence.loop(searched) == loops[searched]
+    assert evidence.rules_out(0, searched, 0.05) is not None  # the adapter will not retry it
+    shown = run_cli("show", str(out), timeout=60).stdout
+    assert "          from the baseline: the baseline's loader ran the loop" in shown
+    assert f"\n  {searched} *" in shown  # the search's own choice stays marked
+    assert "the plan column is the worker search's pick" in shown
 
 
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:

@@ -29,9 +29,7 @@ def sections(plan: Plan) -> list[Section]:
     baseline's comparison, ``baseline_section``, comes apart: last in text, first in the
     report)."""
     found = [
-        _workers(
-            plan.tuning.get("workers"), _tuned(plan).get("num_workers", plan.loader.num_workers)
-        ),
+        _workers(plan.tuning.get("workers"), _searched(plan)),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
         _host(plan.tuning.get("host"), plan.loader.num_workers),
@@ -105,9 +103,14 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         + (f" num_threads={lp.num_threads}" if lp.num_threads is not None else "")
     )
     out.extend(_set_while_training(plan))
+    found = plan.tuning.get("baseline")
+    adopted = found.get("adopted") if isinstance(found, dict) else None
+    if isinstance(adopted, str):
+        out.append(f"          from the baseline: {adopted}")
     threads = plan.tuning.get("threads")
     if isinstance(threads, dict) and isinstance(threads.get("why"), str):
-        out.append(f"          num_threads: {threads['why']}")
+        whose = ", for the search's pick" if isinstance(adopted, str) else ""
+        out.append(f"          num_threads{whose}: {threads['why']}")
     why = plan.tuning.get("device_prefetch")
     if isinstance(why, dict) and isinstance(why.get("why"), str):
         out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
@@ -133,6 +136,18 @@ def _tuned(plan: Plan) -> dict[str, Any]:
     runtime = plan.tuning.get("runtime")
     tuned = runtime.get("tuned") if isinstance(runtime, dict) else None
     return tuned if isinstance(tuned, dict) else {}
+
+
+def _searched(plan: Plan) -> Any:
+    """The worker count the search chose: the plan's, unless a run changed it or the plan
+    took the baseline's loader."""
+    found = plan.tuning.get("baseline")
+    if isinstance(found, dict) and isinstance(found.get("adopted"), str):
+        measured = found.get("measured", {}).get("plan", {})
+        settings = measured.get("settings", {}) if isinstance(measured, dict) else {}
+        if isinstance(settings, dict) and "num_workers" in settings:
+            return settings["num_workers"]
+    return _tuned(plan).get("num_workers", plan.loader.num_workers)
 
 
 def _set_while_training(plan: Plan) -> list[str]:
@@ -168,9 +183,13 @@ def baseline_section(found: Any) -> Section | None:
         return None
     rows = [[label, fmt(base), fmt(plan), _ratio(base, plan, key)]
             for label, fmt, key in BASELINE_ROWS]  # fmt: skip
+    notes = []
+    if isinstance(found.get("adopted"), str):
+        notes.append("the plan column is the worker search's pick; the plan runs the "
+                     "baseline's loader (see the loader line)")  # fmt: skip
     return Section(
         f"baseline ({found.get('given', '?')}) against the plan, timed in the same run",
-        ["", "baseline", "plan", "plan/baseline"], rows,
+        ["", "baseline", "plan", "plan/baseline"], rows, notes,
     )  # fmt: skip
 
 

@@ -260,6 +260,9 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "workers": ("int",), "seconds_per_batch": _NUM, "startup_seconds": _NUM,
         "memory_bytes": _NUM, "batches": ("int",), "status": _STR, "cpu_share": _NUM,
     }),
+    ("tuning.workers.loops", "array", {
+        "workers": ("int",), "seconds_per_batch": _FIN, "num_threads": ("int",),
+    }),
     ("tuning.batching.candidates", "array", {
         "local_batch_size": ("int",), "grad_accum_steps": ("int",), "strategy": _STR,
         "worst_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "verdict": _STR,
@@ -291,15 +294,17 @@ _KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str"), "table"
 _EXPECTED = {"finite": "a finite number", "finites": "an array of finite numbers",
              "pairs": "an array of [x, y] pairs of finite numbers"}  # fmt: skip
 # Keys each entry of an evidence container must hold.
-REQUIRED = {"tuning.workers.trace": ("workers",)}
+REQUIRED = {"tuning.workers.trace": ("workers",),
+            "tuning.workers.loops": ("workers", "seconds_per_batch")}  # fmt: skip
 # Evidence tables of plain values that ``show`` and the loader read: (path, key kinds).
 SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ("memory.model", {"slope": _FIN, "intercept": _FIN, "pcc": _FIN, "points": ("pairs",),
                       "description": _STR, "source": _STR}),
     ("tuning.workers", {"max_workers": ("int",), "reach": _STR, "rule": _STR, "method": _STR,
                         "trace": ("array",), "prefetch_factor_why": _STR,
-                        "persistent_workers_why": _STR}),
-    ("tuning.baseline", {"verdict": _STR, "diagnosis": _STR, "measured": ("table",)}),
+                        "persistent_workers_why": _STR, "loops": ("array",)}),
+    ("tuning.baseline", {"verdict": _STR, "diagnosis": _STR, "measured": ("table",),
+                         "adopted": _STR}),
     ("tuning.runtime", {"adaptations": ("array",), "declined": ("array",), "stale": _STR,
                         "last_epoch": ("table",), "tuned": ("table",), "on_trial": _STR}),
     ("tuning.runtime.tuned", {"num_workers": ("int",), "prefetch_factor": ("int",),

@@ -16,6 +16,7 @@ from autoloader.units import format_bytes as describe_bytes
 WAIT_LIMIT = 0.10  # a loop waiting for data more than this share of its time is input-bound
 CUT = 0.05  # a data-wait share must fall by this much to count as cut
 THREADS_GAIN = 0.03  # fewer threads must be this much faster to be worth setting
+ADOPT_GAIN = 0.05  # the baseline's loop must be this much faster for the plan to take it
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,27 @@ def _limit(wait_share: float) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
+
+
+def baseline_wins(c: Comparison, local_batch_size: int) -> str | None:
+    """Why the plan should run the baseline's loader rather than the search's pick (None:
+    it should not). The worker search times loading alone; the loop with the step can
+    show what it cannot, such as workers taking the cores the step needs. Only a
+    comparable baseline counts: timed with the step, at the plan's batch size, predicted
+    within the budget, and ``ADOPT_GAIN`` faster in the same run."""
+    b, p = c.baseline.loop, c.plan.loop
+    if not (b.ok and p.ok) or b.wait_share is None or p.samples_per_second <= 0:
+        return None
+    if c.baseline.settings.get("batch_size") != local_batch_size:
+        return None
+    if c.baseline.predicted_peak_bytes > c.budget_bytes:
+        return None
+    ratio = b.samples_per_second / p.samples_per_second
+    if ratio < 1 + ADOPT_GAIN:
+        return None
+    return (f"the baseline's loader ran the loop with the step {ratio:.2f}x faster than the "
+            f"worker search's pick ({c.plan.settings.get('num_workers', 0)} worker(s)) in the "
+            "same run: the plan takes the baseline's")  # fmt: skip
 
 
 def _same_loader(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -57,7 +57,7 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             **size_stats(found.sizes),
         },
         hardware=_hardware(found),
-        loader=LoaderPlan(**found.workers.loader, num_threads=_threads(found)),
+        loader=_loader(found),
         batching=BatchingPlan(
             strategy=b.strategy,
             local_batch_size=b.local_batch_size,
@@ -74,9 +74,31 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
     )
 
 
-def _threads(found: Findings) -> int | None:
+def _loader(found: Findings) -> LoaderPlan:
+    """The worker search's loader with the threads chosen, or the baseline's where its
+    loop with the step measured faster (``Trials.adopted``)."""
     threads = found.trials.threads
-    return threads.chosen if threads is not None else None
+    chosen = threads.chosen if threads is not None else None
+    base = found.trials.adopted
+    if base is None:
+        return LoaderPlan(**found.workers.loader, num_threads=chosen)
+    workers = base.num_workers
+    return LoaderPlan(**{
+        **found.workers.loader, "num_workers": workers, "pin_memory": base.pin_memory,
+        "prefetch_factor": (base.prefetch_factor or 2) if workers else None,
+        "persistent_workers": base.persistent_workers and workers > 0,
+        "num_threads": base.num_threads,
+    })  # fmt: skip
+
+
+def _baseline(trials: Trials) -> dict[str, Any] | None:
+    if trials.comparison is None:
+        return None
+    table = trials.comparison.to_dict()
+    if trials.adopted_why is not None:
+        table["adopted"] = trials.adopted_why
+        table["verdict"] += "; so the plan runs the baseline's loader"
+    return table
 
 
 def _hardware(found: Findings) -> dict[str, Any]:
@@ -115,14 +137,15 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
     pinned = found.placement.pinned
     return tuning_table(
         workers={"iterations": opts.iterations, "max_workers": found.workers.max_workers,
-                 **found.workers.choice.to_dict()},
+                 **found.workers.choice.to_dict(),
+                 **({"loops": found.trials.loops} if found.trials.loops else {})},
         strategies=strategies,
         candidates=[c.to_dict() for c in found.batching.candidates],
         step_seconds=found.times.step,
         placement=(str(device), pinned) if pinned else None,
         device_prefetch=found.prefetch.to_dict() if found.prefetch is not None else None,
         nodes=found.workers.nodes,
-        baseline=found.trials.comparison.to_dict() if found.trials.comparison else None,
+        baseline=_baseline(found.trials),
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
         host=found.workers.host,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,14 @@ from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings
 from autoloader.tuning.batching import BatchingChoice, choose_batching, replay
 from autoloader.tuning.calibrate import Point, calibrate_step
 from autoloader.tuning.collective import Collective, RankBudget, Solo
-from autoloader.tuning.comparison import Comparison, Side, ThreadsChoice, choose_threads, diagnose
+from autoloader.tuning.comparison import (
+    Comparison,
+    Side,
+    ThreadsChoice,
+    baseline_wins,
+    choose_threads,
+    diagnose,
+)
 from autoloader.tuning.devices import Headroom, probe_headroom
 from autoloader.tuning.host_limits import host_table, search_batch_bytes
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
@@ -288,6 +295,11 @@ class Trials:
 
     threads: ThreadsChoice | None
     comparison: Comparison | None
+    adopted: LoopSettings | None = None  # the baseline's loader, measured faster
+    adopted_why: str | None = None
+    # the loop's seconds per batch with the step, by worker count, at the threads the
+    # plan runs with: the run-time adapter's evidence where loading alone misleads
+    loops: list[dict[str, Any]] = field(default_factory=list)
 
 
 def trials(
@@ -335,16 +347,45 @@ def trials(
             busy = _busy_cores(stage, planned.num_workers)
             threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
+        loops = [_loop_entry(planned.num_workers, choice.local_batch_size, loop)
+                 ] if step and loop.ok and loop.samples_per_second > 0 else []  # fmt: skip
         if base is None:
-            return Trials(threads, None)
+            return Trials(threads, None, loops=loops)
         ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
         plan_side = Side(ran.to_dict(), loop, choice.replays[choice.strategy].worst_batch_bytes,
                          choice.predicted_peak_bytes)  # fmt: skip
         compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
-        return Trials(threads, compared)
+        return _judged(threads, compared, loops, loop, choice.local_batch_size,
+                       stepped=step is not None, one_node=len(stage.nodes) <= 1)  # fmt: skip
 
     result: Trials = team.once(measured)
     return result
+
+
+def _judged(threads: ThreadsChoice | None, compared: Comparison, loops: list[dict[str, Any]],
+            plan_loop: trial.LoopResult, batch: int, *, stepped: bool,
+            one_node: bool) -> Trials:  # fmt: skip
+    """What the comparison decides: the baseline's loader where its loop measured faster
+    (on one node: rank 0's loop says nothing of other nodes' loaders), and the loops timed
+    with the step, by worker count, at the threads the plan runs with, as evidence."""
+    b = compared.baseline
+    why = baseline_wins(compared, batch) if one_node else None
+    if stepped and b.settings.get("batch_size") == batch and b.loop.ok \
+            and b.loop.samples_per_second > 0:  # fmt: skip
+        entry = _loop_entry(b.settings.get("num_workers", 0), batch, b.loop)
+        loops = [entry, *loops] if why else [*loops, entry]
+    ran = b.loop.num_threads if why else plan_loop.num_threads
+    kept: dict[int, dict[str, Any]] = {}
+    for e in loops:
+        if e["num_threads"] == ran:
+            kept.setdefault(e["workers"], e)
+    adopted = LoopSettings(**{**b.settings, "batch_size": None}) if why else None
+    return Trials(threads, compared, adopted, why, list(kept.values()))
+
+
+def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> dict[str, Any]:
+    return {"workers": workers, "seconds_per_batch": batch / loop.samples_per_second,
+            "num_threads": loop.num_threads}  # fmt: skip
 
 
 def _busy_cores(stage: WorkerStage, count: int) -> int:
