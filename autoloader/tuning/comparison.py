@@ -14,7 +14,7 @@ from autoloader.tuning.trial import LoopResult
 from autoloader.units import format_bytes as describe_bytes
 
 WAIT_LIMIT = 0.10  # a loop waiting for data more than this share of its time is input-bound
-CUT = 0.05  # a data-wait share must fall by this much to count as cut
+CUT = 0.05  # the wait or the step (per sample) is named where it moved this share of the loop
 THREADS_GAIN = 0.03  # fewer threads must be this much faster to be worth setting
 ADOPT_GAIN = 0.05  # the baseline's loop must be this much faster for the plan to take it
 
