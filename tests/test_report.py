@@ -221,6 +221,7 @@ def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
     assert "          from the baseline: the baseline's loader ran the loop" in shown
     assert f"\n  {searched} *" in shown  # the search's own choice stays marked
     assert "the plan column is the worker search's pick" in shown
+    assert "0 B in flight" in shown  # what the plan's loader holds: no workers, no shm
 
 
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:

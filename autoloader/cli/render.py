@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoloader.host_budget import HostBudget
 from autoloader.plan import Plan
 from autoloader.units import format_bytes
 
@@ -32,7 +33,7 @@ def sections(plan: Plan) -> list[Section]:
         _workers(plan.tuning.get("workers"), _searched(plan)),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
-        _host(plan.tuning.get("host"), plan.loader.num_workers),
+        _host(plan.tuning.get("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
     ]
     return [s for s in found if s is not None]
 
@@ -365,17 +366,21 @@ def _strategies(reports: Any, chosen: str) -> Section | None:
                     "predicted peak"], rows)  # fmt: skip
 
 
-def _host(host: Any, workers: int) -> Section | None:
+def _host(host: Any, workers: int, prefetch: int | None) -> Section | None:
     """``[tuning.host]``: what /dev/shm and RAM had when tuned, the budgets, and what the
-    planned loader holds of them."""
+    planned loader holds of them (at the plan's settings: a run or the baseline may have
+    changed the search's)."""
     if not isinstance(host, dict):
         return None
     per_worker = host.get("worker_bytes")
     held = per_worker * workers if isinstance(per_worker, int) and _finite(per_worker) else None
+    batch = host.get("batch_bytes")
+    in_flight = (HostBudget.shm_need(workers, prefetch, batch)
+                 if isinstance(batch, (int, float)) and _finite(batch) else None)  # fmt: skip
     rows = [
         ["shared memory (/dev/shm)",
          f"{_b(host.get('shm_free_bytes'))} free of {_b(host.get('shm_total_bytes'))}",
-         _b(host.get("shm_budget_bytes")), f"{_b(host.get('shm_need_bytes'))} in flight"],
+         _b(host.get("shm_budget_bytes")), f"{_b(in_flight)} in flight"],
         ["host memory", f"{_b(host.get('memory_available_bytes'))} available",
          _b(host.get("memory_budget_bytes")), f"{_b(held)} in {workers} worker(s)"],
     ]  # fmt: skip
