@@ -140,6 +140,18 @@ def test_the_verdict_names_where_the_plans_time_went() -> None:
     assert "cut the wait for data from 1.24 ms to 0.772 ms per sample with 0 worker(s)" in text
 
 
+def test_the_comparison_names_the_threads_each_loop_ran_with() -> None:
+    from autoloader.cli.render import baseline_section
+
+    one = {"settings": {"num_workers": 2, "num_threads": 1}, "samples_per_second": 2.0}
+    two = {"settings": {"num_workers": 0, "num_threads": 2}, "samples_per_second": 1.0}
+    section = baseline_section({"given": "x", "measured": {"baseline": two, "plan": one}})
+    assert section is not None
+    loader = next(line for line in section.lines() if line.strip().startswith("loader"))
+    assert "0 workers, pin false, 2 threads" in loader
+    assert "2 workers, pin false, 1 thread " in loader + " "
+
+
 def test_threads_are_set_only_where_measured_faster() -> None:
     default = loop(100.0)
     faster = choose_threads(2, 1, default, loop(130.0), cpus=2, workers=1)

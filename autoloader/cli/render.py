@@ -205,7 +205,8 @@ def _get(key: str, fmt: str) -> Any:
 def _loader(side: dict[str, Any]) -> str:
     s = side.get("settings", {})
     text = f"{s.get('num_workers', 0)} workers, pin {str(s.get('pin_memory', False)).lower()}"
-    return text + (f", {s['num_threads']} threads" if "num_threads" in s else "")
+    n = s.get("num_threads")
+    return text + (f", {n} thread{'' if n == 1 else 's'}" if n is not None else "")
 
 
 def _ratio(base: dict[str, Any], plan: dict[str, Any], key: str | None) -> str:
