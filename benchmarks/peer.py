@@ -196,7 +196,8 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     fast, slow = startup(name, data, plan_path) if name != "demo" else (None, None)
     plan = autoloader.Plan.load(plan_path)
     lp = plan.loader
-    mine = f"{lp.num_workers} workers" + (f", {lp.num_threads} threads" if lp.num_threads else "")
+    n = lp.num_threads
+    mine = f"{lp.num_workers} workers" + (f", {n} thread{'' if n == 1 else 's'}" if n else "")
     print(f"\n{name}: samples/s " + ", ".join(
         f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in got.items()))  # fmt: skip
     print(f"  autoloader: {mine}; {plan.tuning['workers'].get('reach', '')}")

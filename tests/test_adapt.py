@@ -393,6 +393,31 @@ def test_save_plan_never_saves_a_raise_still_on_trial(
     assert "set while training" not in text
 
 
+def test_a_raise_on_trial_stays_on_trial_across_a_resume(tmp_path: Path) -> None:
+    """Checkpointed right after a raise, the resumed job judges it as the uninterrupted
+    one would: it is not taken as measured to pay, nor forgotten."""
+    loader = make(Slow(), planned(0), adapt_max_workers=1)
+    run(loader, 1)  # starved: 0 -> 1 worker, on trial
+    state = loader.state_dict()
+    assert state["settings"]["num_workers"] == 1
+    assert {k: state["trial"][k] for k in ("setting", "before", "after", "epoch")} == \
+        {"setting": "num_workers", "before": 0, "after": 1, "epoch": 0}  # fmt: skip
+    assert len(json.dumps(state)) < 1024
+    resumed = make(Slow(), planned(0), adapt_max_workers=1)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["trial"] == state["trial"]
+    resumed.save_plan(tmp_path / "resumed.toml")
+    runtime = Plan.load(tmp_path / "resumed.toml").tuning["runtime"]
+    assert Plan.load(tmp_path / "resumed.toml").loader.num_workers == 0
+    assert runtime["on_trial"].startswith("num_workers 0 -> 1 since epoch 0, not yet judged")
+    # a malformed trial is dropped, the settings kept; one no longer in force is dropped
+    for bad in ({**state["trial"], "before": -1}, {**state["trial"], "after": 2}, "x"):
+        other = make(Slow(), planned(0), adapt_max_workers=1)
+        other.load_state_dict({**state, "trial": bad})
+        assert "trial" not in other.state_dict()
+        assert other.state_dict()["settings"]["num_workers"] == 1
+
+
 def test_show_says_which_loader_values_a_run_set() -> None:
     from autoloader.cli.render import render
 

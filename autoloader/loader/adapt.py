@@ -174,13 +174,37 @@ class Declined:
 
 
 @dataclass(frozen=True)
-class _Trial:
+class Trial:
+    """A raise on trial: judged on the epoch after it against the samples/s before it."""
+
     setting: str
     before: int
     after: int
     baseline_samples_per_second: float
     loading_seconds: float
     workers: int
+    epoch: int = 0  # the epoch after which it was raised
+
+    def describe(self) -> str:
+        return f"{self.setting} {self.before} -> {self.after} since epoch {self.epoch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, found: Any) -> Trial | None:
+        """A trial saved by ``to_dict`` (None where ``found`` is not one)."""
+        try:
+            trial = cls(**found)
+        except TypeError:
+            return None
+        ints = (trial.before, trial.after, trial.workers, trial.epoch)
+        numbers = (trial.baseline_samples_per_second, trial.loading_seconds)
+        ok = (trial.setting in SETTINGS
+              and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and math.isfinite(v) and v >= 0 for v in numbers))  # fmt: skip
+        return trial if ok else None
 
 
 class Adapter:
@@ -212,7 +236,7 @@ class Adapter:
         self.history: list[Adaptation] = []
         self.declined: list[Declined] = []
         self.evidence = evidence
-        self._trial: _Trial | None = None
+        self._trial: Trial | None = None
         self._fixed = set(fixed)
         # settings raised once in vain: not raised again while loading stays as it was
         # then (the loading seconds per batch and the worker count it was measured at)
@@ -249,9 +273,9 @@ class Adapter:
         if m.remaining is not None and not self._repays(m, wait):
             return []
         for setting, after, why in self._raises(m):
-            self._trial = _Trial(setting, self._value(setting), after,
-                                 m.steady_samples_per_second,
-                                 m.loading_seconds, self.settings.num_workers)  # fmt: skip
+            self._trial = Trial(setting, self._value(setting), after,
+                                m.steady_samples_per_second, m.loading_seconds,
+                                self.settings.num_workers, m.epoch)  # fmt: skip
             return self._change(m, setting, after, why)
         return []
 
@@ -263,9 +287,9 @@ class Adapter:
         return self.settings if t is None else replace(self.settings, **{t.setting: t.before})
 
     @property
-    def on_trial(self) -> Adaptation | None:
+    def on_trial(self) -> Trial | None:
         """The raise not yet judged, if one is."""
-        return self.history[-1] if self._trial is not None and self.history else None
+        return self._trial
 
     def _repays(self, m: EpochMeasure, wait: float) -> bool:
         """Inside an epoch a change restarts the iterator (and an undo again): worth it
@@ -281,16 +305,18 @@ class Adapter:
         self._decline(m, "all", why, key="a change inside the epoch")
         return False
 
-    def restore(self, saved: dict[str, int]) -> None:
+    def restore(self, saved: dict[str, int], trial: Trial | None = None) -> None:
         """Resume at settings an earlier run reached (a loader's saved state); the ones
-        the user fixed stay as given."""
+        the user fixed stay as given. A raise that was on trial stays on trial (judged
+        on the next epoch, as without the interruption) where it is still in force."""
         keep = {k: v for k, v in saved.items() if k not in self._fixed}
         if self.settings.device_prefetch is None:
             keep.pop("device_prefetch", None)
         if keep.get("num_workers", self.settings.num_workers) == 0:
             keep["prefetch_factor"] = self.settings.prefetch_factor  # type: ignore[assignment]
         self.settings = replace(self.settings, **keep)
-        self._trial = None
+        in_force = trial is not None and self._value(trial.setting) == trial.after
+        self._trial = trial if in_force else None
 
     def _decline(self, m: EpochMeasure, setting: str, reason: str, key: str = "") -> None:
         """Keep (and log, once per reason, or per ``key``) a raise not tried."""

@@ -38,7 +38,13 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
 )
-from autoloader.loader.position import Position, Served, check_state, saved_settings
+from autoloader.loader.position import (
+    Position,
+    Served,
+    check_state,
+    saved_settings,
+    saved_trial,
+)
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
 from autoloader.loader.survival import Survival
@@ -217,8 +223,9 @@ class DataLoader(tud.DataLoader):
         and the data. Plain data, well under 1 KiB ({} for a loader without a plan)."""
         if self.plan is None:
             return {}
+        adapter = self._runtime.adapter if self._runtime is not None else None
         return position_state(self._position, self.plan, self._data_identity, self._world,
-                              self._settings())  # fmt: skip
+                              self._settings(), adapter.on_trial if adapter else None)  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position: the next ``iter()`` yields exactly the batches an
@@ -247,7 +254,7 @@ class DataLoader(tud.DataLoader):
         sampler.resume_at(where.batches)
         self._position = where
         if self._runtime is not None and self._runtime.adapter is not None:
-            self._runtime.adapter.restore(saved_settings(state_dict))
+            self._runtime.adapter.restore(saved_settings(state_dict), saved_trial(state_dict))
 
     def _settings(self) -> dict[str, Any]:
         if self._runtime is not None and self._runtime.adapter is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
-from autoloader.loader.adapt import SETTINGS  # the settings adaptation moves
+from autoloader.loader.adapt import SETTINGS, Trial  # the settings adaptation moves
 from autoloader.plan import Plan
 
 FORMAT = "autoloader.position/1"
@@ -59,10 +59,13 @@ class Served:
 
 
 def state(
-    position: Position, plan: Plan, data: str, world: int, settings: dict[str, Any]
-) -> dict[str, Any]:
-    """The plain-data state: ints and strings, under 1 KiB whatever the epoch's size."""
-    return {
+    position: Position, plan: Plan, data: str, world: int, settings: dict[str, Any],
+    trial: Trial | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The plain-data state: numbers and strings, under 1 KiB whatever the epoch's size.
+    ``trial``: a raise in force but not yet judged, judged after resuming as it would
+    have been."""
+    out = {
         "format": FORMAT,
         "epoch": position.epoch,
         "batches": position.batches,
@@ -71,6 +74,9 @@ def state(
         "data": data,
         "world_size": world,
     }
+    if trial is not None:
+        out["trial"] = trial.to_dict()
+    return out
 
 
 def check_state(found: Any, plan: Plan, data: str, world: int, batches_in_epoch: int) -> Position:
@@ -115,6 +121,12 @@ def check_state(found: Any, plan: Plan, data: str, world: int, batches_in_epoch:
             f"{batches_in_epoch} batches of an epoch, found {found['batches']}"
         )
     return Position(found["epoch"], found["batches"])
+
+
+def saved_trial(found: Mapping[str, Any]) -> Trial | None:
+    """The raise on trial a state holds (None: none, or not well-formed)."""
+    table = found.get("trial")
+    return Trial.from_dict(dict(table)) if isinstance(table, Mapping) else None
 
 
 def saved_settings(found: Mapping[str, Any]) -> dict[str, int]:

@@ -215,8 +215,7 @@ class Runtime:
         trying = self.adapter.on_trial if self.adapter is not None else None
         if trying is not None:
             runtime["on_trial"] = (
-                f"{trying.setting} {trying.before} -> {trying.after} since epoch {trying.epoch}, "
-                f"not yet judged: the saved [loader] keeps {trying.before}"
+                f"{trying.describe()}, not yet judged: the saved [loader] keeps {trying.before}"
             )
         tuned = _tuned(plan, loader_plan, adapted)
         if tuned:
