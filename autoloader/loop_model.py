@@ -64,6 +64,19 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value >= 0 else None
 
 
+def _timed_counts(entries: Any) -> list[tuple[int, float, Mapping[str, Any]]]:
+    """(workers, seconds per batch, the entry) of each well-formed entry of a plan's list
+    of timed worker counts (``[tuning.workers] trace`` or ``loops``)."""
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        w, spb = entry.get("workers"), _number(entry.get("seconds_per_batch"))
+        if isinstance(w, int) and not isinstance(w, bool) and spb is not None:
+            out.append((w, spb, entry))
+    return out
+
+
 @dataclass(frozen=True)
 class Evidence:
     """The tune's worker search, as a plan records it in ``[tuning.workers]``."""
@@ -80,23 +93,16 @@ class Evidence:
         a hand-written plan, or one whose trace cannot be read)."""
         if not isinstance(workers_table, Mapping):
             return None
-        trace = workers_table.get("trace")
-        counts: dict[int, Timed] = {}
-        for entry in trace if isinstance(trace, list) else []:
-            if not isinstance(entry, Mapping) or entry.get("status", "ok") != "ok":
-                continue
-            w, spb = entry.get("workers"), _number(entry.get("seconds_per_batch"))
-            if isinstance(w, bool) or not isinstance(w, int) or spb is None:
-                continue
-            counts[w] = Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0)
+        counts = {
+            w: Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0)
+            for w, spb, entry in _timed_counts(workers_table.get("trace"))
+            if entry.get("status", "ok") == "ok"
+        }
         if not counts:
             return None
         loops: dict[int, float] = {}
-        measured = workers_table.get("loops")
-        for entry in measured if isinstance(measured, list) else []:
-            w = entry.get("workers") if isinstance(entry, Mapping) else None
-            spb = _number(entry.get("seconds_per_batch")) if isinstance(entry, Mapping) else None
-            if isinstance(w, int) and not isinstance(w, bool) and spb:
+        for w, spb, _ in _timed_counts(workers_table.get("loops")):
+            if spb > 0:
                 loops.setdefault(w, spb)
         return cls(counts, _number(workers_table.get("step_seconds")), loops)
 

@@ -50,7 +50,7 @@ def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[
 
 def render(plan: Plan, *, path: str | None = None) -> str:
     """The plan as a few readable lines and tables."""
-    lp, bp = plan.loader, plan.batching
+    bp = plan.batching
     out = []
     if path:
         out.append(f"plan      {path}")
@@ -96,25 +96,7 @@ def render(plan: Plan, *, path: str | None = None) -> str:
                 if isinstance(g, dict)
             )
         )
-    out.append(
-        f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
-        f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
-        f"persistent_workers={str(lp.persistent_workers).lower()}"
-        + (f" device_prefetch={lp.device_prefetch}" if lp.device_prefetch is not None else "")
-        + (f" num_threads={lp.num_threads}" if lp.num_threads is not None else "")
-    )
-    out.extend(_set_while_training(plan))
-    found = plan.tuning.get("baseline")
-    adopted = found.get("adopted") if isinstance(found, dict) else None
-    if isinstance(adopted, str):
-        out.append(f"          from the baseline: {adopted}")
-    threads = plan.tuning.get("threads")
-    if isinstance(threads, dict) and isinstance(threads.get("why"), str):
-        whose = ", for the search's pick" if isinstance(adopted, str) else ""
-        out.append(f"          num_threads{whose}: {threads['why']}")
-    why = plan.tuning.get("device_prefetch")
-    if isinstance(why, dict) and isinstance(why.get("why"), str):
-        out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
+    out.extend(_loader_lines(plan))
     opts = ", ".join(f"{k}={v}" for k, v in bp.options.items())
     out.append(
         f"batching  {bp.strategy}{f' ({opts})' if opts else ''}: local batch "
@@ -132,6 +114,38 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     return "\n".join(out)
 
 
+def _loader_lines(plan: Plan) -> list[str]:
+    """``[loader]`` and, under it, where its values came from: a run, the baseline, the
+    threads' and the device feed's measurements."""
+    lp = plan.loader
+    out = [
+        f"loader    num_workers={lp.num_workers} pin_memory={str(lp.pin_memory).lower()} "
+        f"prefetch_factor={lp.prefetch_factor if lp.prefetch_factor is not None else '-'} "
+        f"persistent_workers={str(lp.persistent_workers).lower()}"
+        + (f" device_prefetch={lp.device_prefetch}" if lp.device_prefetch is not None else "")
+        + (f" num_threads={lp.num_threads}" if lp.num_threads is not None else ""),
+        *_set_while_training(plan),
+    ]
+    adopted = _adopted(plan)
+    if adopted is not None:
+        out.append(f"          from the baseline: {adopted}")
+    threads = plan.tuning.get("threads")
+    if isinstance(threads, dict) and isinstance(threads.get("why"), str):
+        whose = ", for the search's pick" if adopted is not None else ""
+        out.append(f"          num_threads{whose}: {threads['why']}")
+    why = plan.tuning.get("device_prefetch")
+    if isinstance(why, dict) and isinstance(why.get("why"), str):
+        out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
+    return out
+
+
+def _adopted(plan: Plan) -> str | None:
+    """Why the plan runs the baseline's loader (``[tuning.baseline] adopted``), if it does."""
+    found = plan.tuning.get("baseline")
+    adopted = found.get("adopted") if isinstance(found, dict) else None
+    return adopted if isinstance(adopted, str) else None
+
+
 def _tuned(plan: Plan) -> dict[str, Any]:
     """The tune's values of the ``[loader]`` settings a run changed (``save_plan``)."""
     runtime = plan.tuning.get("runtime")
@@ -143,7 +157,7 @@ def _searched(plan: Plan) -> Any:
     """The worker count the search chose: the plan's, unless a run changed it or the plan
     took the baseline's loader."""
     found = plan.tuning.get("baseline")
-    if isinstance(found, dict) and isinstance(found.get("adopted"), str):
+    if isinstance(found, dict) and _adopted(plan) is not None:
         measured = found.get("measured", {}).get("plan", {})
         settings = measured.get("settings", {}) if isinstance(measured, dict) else {}
         if isinstance(settings, dict) and "num_workers" in settings:

@@ -347,8 +347,7 @@ def trials(
             busy = _busy_cores(stage, planned.num_workers)
             threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
-        loops = [_loop_entry(planned.num_workers, choice.local_batch_size, loop)
-                 ] if step and loop.ok and loop.samples_per_second > 0 else []  # fmt: skip
+        loops = _loop_entry(planned.num_workers, choice.local_batch_size, loop) if step else []
         if base is None:
             return Trials(threads, None, loops=loops)
         ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
@@ -370,10 +369,9 @@ def _judged(threads: ThreadsChoice | None, compared: Comparison, loops: list[dic
     with the step, by worker count, at the threads the plan runs with, as evidence."""
     b = compared.baseline
     why = baseline_wins(compared, batch) if one_node else None
-    if stepped and b.settings.get("batch_size") == batch and b.loop.ok \
-            and b.loop.samples_per_second > 0:  # fmt: skip
+    if stepped and b.settings.get("batch_size") == batch:
         entry = _loop_entry(b.settings.get("num_workers", 0), batch, b.loop)
-        loops = [entry, *loops] if why else [*loops, entry]
+        loops = [*entry, *loops] if why else [*loops, *entry]
     ran = b.loop.num_threads if why else plan_loop.num_threads
     kept: dict[int, dict[str, Any]] = {}
     for e in loops:
@@ -383,9 +381,13 @@ def _judged(threads: ThreadsChoice | None, compared: Comparison, loops: list[dic
     return Trials(threads, compared, adopted, why, list(kept.values()))
 
 
-def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> dict[str, Any]:
-    return {"workers": workers, "seconds_per_batch": batch / loop.samples_per_second,
-            "num_threads": loop.num_threads}  # fmt: skip
+def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[str, Any]]:
+    """A loop timed with the step as ``[tuning.workers] loops`` records it (none where it
+    could not be timed)."""
+    if not loop.ok or loop.samples_per_second <= 0:
+        return []
+    return [{"workers": workers, "seconds_per_batch": batch / loop.samples_per_second,
+             "num_threads": loop.num_threads}]  # fmt: skip
 
 
 def _busy_cores(stage: WorkerStage, count: int) -> int:
