@@ -33,9 +33,14 @@ over several epochs, searches the DataLoader worker count by timing pinned trans
 and writes a TOML plan atomically (a failed or interrupted run never leaves a partial
 plan nor touches an existing one).
 
-DATASET is one of: a NuGraph/pynuml .h5 file (its train split; FILE.h5#SPLIT for
-another), an .h5/.hdf5 file of graph events (one group per event), a directory of .pt
-files, pyg:CLASS[?key=value&...], or MODULE:ATTR naming a Dataset or a factory.
+DATASET is one of: a jagged event table (per-item columns plus per-event extents):
+FILE.h5[#GROUP] (km3pipe _indices, offsets or counts), FILE.root[#TREE] (uproot),
+FILE.parquet, or a directory or glob of such files, each with ?fields=a,b*  (per-item
+fields, in x's column order) and &event_fields=... (per-event scalars); a NuGraph/pynuml
+.h5 file (its train split; FILE.h5#SPLIT for another); an .h5/.hdf5 file of graph events
+(one group per event); a directory of .pt files; pyg:CLASS[?key=value&...]; or
+MODULE:ATTR naming a Dataset or a factory. --transform MODULE:FN applies FN to each
+sample in the workers (e.g. to build a kNN graph).
 
 Run it the way training runs, one rank per GPU (torchrun, or srun), and it tunes once
 for the job: every rank probes its own GPU, the tightest sets the batching all ranks
@@ -93,6 +98,12 @@ def register(sub: Any) -> None:
         "--step",
         metavar="MODULE:CALLABLE",
         help="a training step step(batch) (or a zero-argument factory of one)",
+    )
+    p.add_argument(
+        "--transform",
+        metavar="MODULE:FN",
+        help="a picklable function applied to each sample in the workers (sizes stay the "
+        "stored samples')",
     )
     p.add_argument(
         "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
@@ -196,7 +207,8 @@ def _run(
     from autoloader.tuning.tuner import run as tune_run
 
     step = _load_step(args.step) if args.step else None
-    dataset = open_dataset(args.dataset)
+    transform = _load_callable(args.transform, "--transform") if args.transform else None
+    dataset = open_dataset(args.dataset, transform=transform)
     if not to_stdout:
         _refuse_inputs(out, args, dataset)
     from autoloader.loader.distributed import launcher_env
@@ -258,7 +270,8 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
     if spec_path.exists():
         inputs.append((spec_path, "the dataset"))
     inputs += dataset_files(dataset)
-    for spec, what in ((args.dataset, "the dataset's module"), (args.step, "the --step module")):
+    for spec, what in ((args.dataset, "the dataset's module"), (args.step, "the --step module"),
+                       (args.transform, "the --transform module")):  # fmt: skip
         module = sys.modules.get(spec.split(":", 1)[0]) if spec and ":" in spec else None
         path = getattr(module, "__file__", None)
         if path:
@@ -281,12 +294,19 @@ def _names(text: str) -> list[str]:
 
 
 def _load_step(spec: str) -> Any:
+    return _load_callable(spec, "--step")  # tune() checks that it is callable
+
+
+def _load_callable(spec: str, option: str) -> Any:
     from autoloader.datasets.imports import import_object
     from autoloader.errors import DatasetError
 
     if ":" not in spec:
-        raise UsageError(f"--step: expected MODULE:CALLABLE, but got {spec!r}")
+        raise UsageError(f"{option}: expected MODULE:CALLABLE, but got {spec!r}")
     try:
-        return import_object(spec, what="--step")  # tune() checks that it is callable
+        found = import_object(spec, what=option)
     except DatasetError as exc:
         raise UsageError(str(exc)) from None
+    if option != "--step" and not callable(found):
+        raise UsageError(f"{option} {spec!r}: expected a function, found {type(found).__name__}")
+    return found

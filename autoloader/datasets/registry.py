@@ -12,6 +12,7 @@ stat), and ``open(spec) -> Dataset`` (raises ``DatasetError`` for bad input).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -79,8 +80,11 @@ def load_plugins() -> tuple[DatasetPlugin, ...]:
     return tuple(sorted(loaded, key=lambda p: (p.priority, p.name)))
 
 
-def open_dataset(spec: str) -> Any:
+def open_dataset(spec: str, transform: Callable[[Any], Any] | None = None) -> Any:
     """Open the dataset named by ``spec`` with the first plugin that claims it.
+
+    ``transform``: a picklable function applied to each sample where it is read (in the
+    workers), e.g. to build a kNN graph; sizes stay those of the stored samples.
 
     Raises:
         DatasetError: no plugin claims ``spec``, or the claiming plugin cannot open it.
@@ -89,7 +93,12 @@ def open_dataset(spec: str) -> Any:
     plugins = load_plugins()
     for plugin in plugins:
         if plugin.claims(spec):
-            return plugin.open(spec)
+            dataset = plugin.open(spec)
+            if transform is None:
+                return dataset
+            from autoloader.datasets.transform import Transformed
+
+            return Transformed(dataset, transform)
     if ":" not in spec and not Path(spec).exists():
         raise DatasetError(f"DATASET {spec!r}: no such file or directory")
     forms = "; ".join(f"{p.description} ({p.name})" for p in plugins)

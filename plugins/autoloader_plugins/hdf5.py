@@ -2,6 +2,8 @@
 
 NuGraph/pynuml files (a ``dataset`` group of compound-dtype events, ``samples/<split>``
 name lists) are read by ``autoloader_plugins.nugraph``; ``FILE.h5#SPLIT`` picks a split.
+Files holding jagged tables (per-item columns with ``_indices``, ``offsets`` or
+``counts``; ``FILE.h5#GROUP?fields=...``) are read by ``autoloader_plugins.jagged``.
 Otherwise the file holds one group per event, one dataset per tensor::
 
     /event_000000/x            float32 [num_nodes, F]
@@ -27,6 +29,9 @@ from torch_geometric.data import Data
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.h5file import LazyFile
+from autoloader_plugins.jagged.h5 import find_tables
+from autoloader_plugins.jagged.plugin import open_h5
+from autoloader_plugins.jagged.spec import parse
 from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -119,7 +124,8 @@ class _Plugin:
     name = "hdf5"
     priority = 10
     description = (
-        "an .h5/.hdf5 file of graph events: NuGraph/pynuml (FILE.h5[#SPLIT]) or one group per event"
+        "an .h5/.hdf5 file: NuGraph/pynuml (FILE.h5[#SPLIT]), a jagged table "
+        "(FILE.h5[#GROUP][?fields=...]) or one group per event"
     )
 
     def claims(self, spec: str) -> bool:
@@ -133,24 +139,29 @@ class _Plugin:
             try:
                 with h5py.File(p, "r") as f:
                     nugraph = is_nugraph(f)
+                    tables = not nugraph and bool(find_tables(f))
             except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
                 raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
             if nugraph:
                 return NuGraphEvents(p, split)
+            if tables:
+                return open_h5(spec)
         if split is not None:
             raise DatasetError(
                 f"DATASET '{spec}': '#{split}' selects a split of a NuGraph/pynuml file "
-                "(groups 'dataset' and 'samples'), but this file has one group per event"
+                "(groups 'dataset' and 'samples') or a jagged table's group (per-item columns "
+                "with _indices, offsets or counts), but this file has one group per event"
             )
         return GraphEventsH5(path)
 
 
 def _split_spec(spec: str) -> tuple[str, str | None]:
-    """``FILE.h5#SPLIT`` -> (``FILE.h5``, ``SPLIT``); a path that exists is taken whole."""
-    if "#" not in spec or Path(spec).exists():
-        return spec, None
-    path, _, split = spec.rpartition("#")
-    return path, split
+    """``FILE.h5#SPLIT`` -> (``FILE.h5``, ``SPLIT``); a path that exists is taken whole.
+    A jagged table's ``FILE.h5#GROUP?fields=...`` splits the same way (query and all)."""
+    parsed = parse(spec)
+    if parsed.has_query:
+        return parsed.path, parsed.name or ""
+    return parsed.path, parsed.name
 
 
 PLUGIN = _Plugin()

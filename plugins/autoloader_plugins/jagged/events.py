@@ -1,0 +1,147 @@
+"""A jagged table, in one file or many, as a map-style dataset of PyG ``Data`` events.
+
+Each event is ``Data(x=[n_items, F] float32, num_nodes=n_items, **event_fields)``: ``x``
+holds the chosen per-item fields in the order given, the per-event fields ride along as
+0-d tensors of their own dtype. Sizes are arithmetic on the extents (no payload is read),
+and a batch is read with ``__getitems__`` (which torch's fetcher calls with a batch's
+indices): its events are sorted and each file reads them together, one contiguous read per
+run of neighbouring events and column, never one read per event per column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torch_geometric.data import Data
+
+from autoloader.datasets.source import DataSource
+from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.reader import BlockCache, Reader
+
+_NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
+
+
+class JaggedEvents(Dataset):
+    """Events of one or more files of one jagged layout, with one global index.
+
+    Args:
+        spec: the spec the readers were opened from (for messages and the size cache).
+        readers: one per file, in order; all with the same fields.
+    """
+
+    def __init__(self, spec: str, readers: Sequence[Reader]) -> None:
+        first = readers[0]
+        for r in readers[1:]:
+            if r.fields != first.fields or r.event_fields != first.event_fields:
+                raise DatasetError(
+                    f"DATASET '{spec}': {r.path} has fields "
+                    f"{', '.join(f.name for f in r.fields)}; {first.path} has "
+                    f"{', '.join(f.name for f in first.fields)}: expected the same in every file"
+                )
+        self.spec = spec
+        self.readers = list(readers)
+        self.starts = np.cumsum([0] + [len(r) for r in readers]).astype(np.int64)
+        if self.starts[-1] == 0:
+            raise DatasetError(f"DATASET '{spec}': empty: the table has no events")
+        self.counts = np.concatenate([np.diff(r.offsets) for r in readers]).astype(np.int64)
+        self.width = first.width
+        self.attrs = _attribute_names(spec, first.event_fields)
+        values = [r.event_values() for r in readers]
+        self.event_values = {
+            name: np.concatenate([v[name] for v in values]) for name in first.event_fields
+        }
+        self.cache = BlockCache()
+
+    @property
+    def fields(self) -> list[str]:
+        return [f.name for f in self.readers[0].fields]
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        bad = (wanted < -n) | (wanted >= n)
+        if bad.any():
+            raise IndexError(f"index {int(wanted[bad][0])} is out of range for {n} events")
+        wanted = np.where(wanted < 0, wanted + n, wanted)
+        unique, inverse = np.unique(wanted, return_inverse=True)
+        events = [self._events(unique, k, rows) for k, rows in self._read(unique)]
+        made = [e for part in events for e in part]
+        return [made[j] for j in inverse.reshape(-1)]
+
+    def _read(self, unique: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Per file touched: (file number, the rows of its events in ``unique``)."""
+        file_of = np.searchsorted(self.starts, unique, side="right") - 1
+        out = []
+        for k in np.unique(file_of):
+            local = unique[file_of == k] - self.starts[k]
+            out.append((int(k), self.readers[k].read(local, self.cache)))
+        return out
+
+    def _events(self, unique: np.ndarray, k: int, rows: np.ndarray) -> list[Any]:
+        mine = unique[(unique >= self.starts[k]) & (unique < self.starts[k + 1])]
+        counts = self.counts[mine]
+        if int(counts.sum()) != len(rows):  # a reader's own check should have said
+            raise DatasetError(
+                f"DATASET '{self.spec}': {self.readers[k].path}: read {len(rows)} items for "
+                f"events {int(mine[0])}..{int(mine[-1])}, expected {int(counts.sum())}"
+            )
+        out = []
+        for i, x in zip(mine.tolist(), np.split(rows, np.cumsum(counts)[:-1]), strict=True):
+            data = Data(x=torch.from_numpy(np.ascontiguousarray(x).copy()), num_nodes=len(x))
+            for attr, name in zip(self.attrs, self.event_values, strict=True):
+                data[attr] = torch.as_tensor(self.event_values[name][i])
+            out.append(data)
+        return out
+
+    def autoloader_sizes(self) -> np.ndarray:
+        """Bytes per event from the extents alone: items x fields x 4, plus the per-event
+        fields and the node count; no payload is read."""
+        fixed = _NUM_NODES_BYTES + sum(v.dtype.itemsize for v in self.event_values.values())
+        return self.counts * (self.width * 4) + fixed
+
+    def autoloader_blocks(self) -> np.ndarray:
+        """Global event indices where storage blocks begin, then ``len(self)``."""
+        parts = [r.blocks()[:-1] + s for r, s in zip(self.readers, self.starts, strict=False)]
+        return np.append(np.concatenate(parts), len(self)).astype(np.int64)
+
+    def autoloader_source(self) -> DataSource:
+        paths = [r.path for r in self.readers]
+        key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
+        part = "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+        if len(paths) == 1:
+            source = DataSource.for_file(paths[0])
+        else:
+            source = DataSource.for_files(Path(os.path.commonpath(paths)), paths)
+        return DataSource(source.path, source.stamp, part)
+
+    def __repr__(self) -> str:
+        return (
+            f"JaggedEvents('{self.spec}', events={len(self)}, files={len(self.readers)}, "
+            f"fields={self.fields})"
+        )
+
+
+def _attribute_names(spec: str, names: Sequence[str]) -> list[str]:
+    """Each per-event field's attribute on the event: its last name component."""
+    attrs = [re.split(r"[./]", n)[-1] for n in names]
+    for attr, name in zip(attrs, names, strict=True):
+        if attr in ("x", "num_nodes", "edge_index", "batch", "ptr") or attrs.count(attr) > 1:
+            raise DatasetError(
+                f"DATASET '{spec}': event field {name!r} would become attribute {attr!r}, "
+                "which another field or PyG itself uses: name fewer event fields"
+            )
+    return attrs

@@ -1,0 +1,297 @@
+"""Jagged tables in HDF5: a group of per-item columns of one length plus per-event extents.
+
+The extents are km3pipe's ``_indices`` (a compound table of ``index`` and ``n_items``, as
+PyTables writes it), an ``offsets`` dataset (events + 1, ascending) or a ``counts``
+dataset (events)::
+
+    /hits/channel_id  uint8   [items]        /hits/_indices  {index, n_items} [events]
+    /hits/pos         float64 [items, 3]     /event_info     {run_id, ...}    [events]
+
+A batch reads each column once: the events' item ranges, merged where they touch, form
+one HDF5 selection, so the library decompresses each chunk once per batch. The file is
+opened with a chunk cache large enough that a read order following the chunks (see
+``blocks``) decompresses each chunk once per pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.reader import BlockCache, Field, Reader, runs
+from autoloader_plugins.jagged.spec import select
+
+log = logging.getLogger(__name__)
+
+EXTENTS = ("_indices", "offsets", "counts")
+CHUNK_CACHE_BYTES = 64 * 2**20  # per open dataset; holds a window of chunks
+_UNCHUNKED_BLOCK_BYTES = 2**20  # the block of a contiguous column
+_MAX_GROUPS_SEARCHED = 256  # a file of one group per event is not searched through
+
+
+def find_tables(f: h5py.File) -> dict[str, int]:
+    """Each jagged table's group path and its event count (groups two levels deep)."""
+    found: dict[str, int] = {}
+    seen = 0
+    queue: list[tuple[str, h5py.Group, int]] = [("", f, 0)]
+    while queue and seen < _MAX_GROUPS_SEARCHED:
+        prefix, group, depth = queue.pop(0)
+        for name in group:
+            link = group.get(name, getlink=True)
+            if not isinstance(link, h5py.HardLink):
+                continue
+            child = group.get(name)
+            if not isinstance(child, h5py.Group):
+                continue
+            seen += 1
+            path = f"{prefix}{name}"
+            events = _extent_events(child)
+            if events is not None:
+                found[path] = events
+            elif depth < 2:
+                queue.append((path + "/", child, depth + 1))
+    return found
+
+
+def _extent_events(group: h5py.Group) -> int | None:
+    for name in EXTENTS:
+        d = group.get(name)
+        if isinstance(d, h5py.Dataset) and d.ndim == 1 and len(group) > 1:
+            return len(d) - 1 if name == "offsets" else len(d)
+    return None
+
+
+class H5Table(Reader):
+    """One HDF5 file's jagged table ``group``; ``fields``/``event_fields``: patterns."""
+
+    def __init__(
+        self,
+        path: Path,
+        group: str,
+        fields: tuple[str, ...] | None = None,
+        event_fields: tuple[str, ...] = (),
+    ) -> None:
+        self.path, self.name = path, group
+        self._h: h5py.File | None = None
+        self._hpid: int | None = None
+        try:
+            with h5py.File(path, "r") as f:
+                g = f.get(group)
+                if not isinstance(g, h5py.Group):
+                    tables = find_tables(f)
+                    raise DatasetError(
+                        f"DATASET '{path}': no group '{group}'; its jagged tables: "
+                        + (_listed(tables) or "none")
+                    )
+                self._read_extents(g)
+                self.fields, self._columns = self._choose(g, fields)
+                self.event_fields = tuple(self._choose_events(f, g, event_fields))
+                self._values = {n: self._event_column(f, g, n) for n in self.event_fields}
+                self._chunk = _chunk_items(g[self._columns[0][0]])
+        except OSError as exc:
+            raise DatasetError(f"DATASET '{path}': cannot read as HDF5: {exc}") from None
+
+    # -- opening -------------------------------------------------------------------------
+    def _read_extents(self, g: h5py.Group) -> None:
+        if "_indices" in g:
+            table = g["_indices"]
+            names = table.dtype.names or ()
+            if not {"index", "n_items"} <= set(names):
+                raise DatasetError(
+                    f"{self.where}: _indices: expected a table of (index, n_items), found "
+                    f"fields {', '.join(names) or 'none'}"
+                )
+            rows = table[()]
+            self._starts = rows["index"].astype(np.int64)
+            counts = rows["n_items"].astype(np.int64)
+            what = "_indices"
+        elif "offsets" in g:
+            offsets = _integers(g["offsets"], self.where, "offsets")
+            if len(offsets) == 0:
+                raise DatasetError(f"{self.where}: offsets is empty: expected events + 1 values")
+            self.offsets = offsets
+            self._check_offsets("offsets")
+            self._starts, counts, what = offsets[:-1], np.diff(offsets), "offsets"
+        else:
+            counts, what = _integers(g["counts"], self.where, "counts"), "counts"
+            self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        negative = np.flatnonzero(counts < 0)
+        if len(negative):
+            e = int(negative[0])
+            raise DatasetError(f"{self.where}: {what}: event {e} has a negative count {counts[e]}")
+        if len(self._starts) and int(self._starts.min()) < 0:
+            e = int(np.argmin(self._starts))
+            raise DatasetError(f"{self.where}: {what}: event {e} starts at {self._starts[e]}")
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._stops = self._starts + counts
+        self._what = what
+
+    def _choose(
+        self, g: h5py.Group, patterns: tuple[str, ...] | None
+    ) -> tuple[tuple[Field, ...], list[tuple[str, int]]]:
+        columns = {n: d for n, d in g.items() if isinstance(d, h5py.Dataset) and n not in EXTENTS}
+        usable = {n: d for n, d in columns.items() if _numeric(d)}
+        if patterns is None:
+            for n in sorted(set(columns) - set(usable)):
+                log.info("%s: column %r skipped: not a numeric array", self.where, n)
+            names = list(usable)
+        else:
+            names = select(patterns, columns, where=self.where)
+            for n in names:
+                if n not in usable:
+                    d = columns[n]
+                    raise DatasetError(
+                        f"{self.where}: field {n!r} is not a numeric column of one row per "
+                        f"item (found {d.dtype} with shape {d.shape})"
+                    )
+        if not names:
+            raise DatasetError(f"{self.where}: no numeric per-item column to read")
+        length = usable[names[0]].shape[0]
+        for n in names:
+            if usable[n].shape[0] != length:
+                raise DatasetError(
+                    f"{self.where}: columns of unequal lengths: {names[0]!r} has "
+                    f"{length} rows, {n!r} has {usable[n].shape[0]}"
+                )
+        past = np.flatnonzero(self._stops > length)
+        if len(past):
+            e = int(past[0])
+            raise DatasetError(
+                f"{self.where}: {self._what}: event {e} ends at item {int(self._stops[e])}, "
+                f"past the columns' end ({length} rows)"
+            )
+        widths = [int(np.prod(usable[n].shape[1:], dtype=np.int64)) for n in names]
+        return (
+            tuple(Field(n, w) for n, w in zip(names, widths, strict=True)),
+            list(zip(names, widths, strict=True)),
+        )
+
+    def _choose_events(self, f: h5py.File, g: h5py.Group, patterns: tuple[str, ...]) -> list[str]:
+        if not patterns:
+            return []
+        return select(patterns, _per_event(f, g, len(self)), where=self.where, what="event field")
+
+    def _event_column(self, f: h5py.File, g: h5py.Group, name: str) -> np.ndarray:
+        table, _, field = name.rpartition("/")
+        for base in (g, f):
+            d = base.get(table) if table else None
+            if isinstance(d, h5py.Dataset) and d.dtype.names and field in d.dtype.names:
+                return np.asarray(d.fields(field)[()])
+        return np.asarray(f[name][()])
+
+    # -- reading ------------------------------------------------------------------------
+    def _handle(self) -> h5py.File:
+        if self._h is None or self._hpid != os.getpid():
+            self._h = h5py.File(self.path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+            self._hpid = os.getpid()
+        return self._h
+
+    def event_values(self) -> dict[str, np.ndarray]:
+        return self._values
+
+    def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
+        starts, stops = runs(self._starts[events], self._stops[events])
+        total = int((stops - starts).sum())
+        out = np.empty((total, self.width), dtype=np.float32)
+        if total == 0:
+            return out
+        g = self._handle()[self.name]
+        col = 0
+        for name, width in self._columns:
+            out[:, col : col + width] = self._read_column(g[name], starts, stops)
+            col += width
+        return out
+
+    def _read_column(self, d: h5py.Dataset, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Rows ``starts[k]:stops[k]`` of one column, one HDF5 read for all of them."""
+        inner = d.shape[1:]
+        space = d.id.get_space()
+        space.select_none()
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+            space.select_hyperslab((a,) + (0,) * len(inner), (b - a, *inner), op=h5py.h5s.SELECT_OR)
+        total = int((stops - starts).sum())
+        buffer = np.empty((total, *inner), dtype=d.dtype)
+        try:
+            d.id.read(h5py.h5s.create_simple(buffer.shape), space, buffer)
+        except (OSError, RuntimeError) as exc:
+            raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {exc}") from None
+        return buffer.reshape(total, -1)
+
+    def blocks(self) -> np.ndarray:
+        chunk_of = self._starts // self._chunk
+        heads = np.flatnonzero(np.diff(chunk_of) != 0) + 1
+        return np.concatenate([[0], heads, [len(self)]]).astype(np.int64)
+
+    def __repr__(self) -> str:
+        return f"H5Table('{self.path}#{self.name}', events={len(self)})"
+
+
+def _integers(d: Any, where: str, name: str) -> np.ndarray:
+    if not isinstance(d, h5py.Dataset) or d.ndim != 1 or d.dtype.kind not in "iu":
+        raise DatasetError(f"{where}: {name}: expected a 1-D integer dataset")
+    return np.asarray(d[()], dtype=np.int64)
+
+
+def _numeric(d: h5py.Dataset) -> bool:
+    return d.dtype.kind in "biuf" and d.ndim in (1, 2) and d.dtype.names is None
+
+
+def _chunk_items(d: h5py.Dataset) -> int:
+    if d.chunks:
+        return max(1, int(d.chunks[0]))
+    row = max(1, d.dtype.itemsize * int(np.prod(d.shape[1:], dtype=np.int64)))
+    return max(1, _UNCHUNKED_BLOCK_BYTES // row)
+
+
+def _per_event(f: h5py.File, g: h5py.Group, events: int) -> list[str]:
+    """Names of per-event values with ``events`` rows: the scalar fields of compound tables
+    (``table/field``) in the table's group or at the top of the file, and 1-D numeric
+    datasets at the top of the file."""
+    names: list[str] = []
+    for base in (g, f):
+        for n, d in base.items():
+            if not isinstance(d, h5py.Dataset) or n in EXTENTS or d.ndim != 1 or len(d) != events:
+                continue
+            if d.dtype.names:
+                names += [
+                    f"{n}/{k}"
+                    for k in d.dtype.names
+                    if d.dtype[k].kind in "biuf" and d.dtype[k].shape == ()
+                ]
+            elif base is f and d.dtype.kind in "biuf":
+                names.append(n)
+    return list(dict.fromkeys(names))
+
+
+def _listed(tables: dict[str, int]) -> str:
+    return ", ".join(f"'{t}' ({n} events)" for t, n in tables.items())
+
+
+def open_table(path: Path, spec: Any) -> H5Table:
+    """The table ``group`` of ``path``, or its only table.
+
+    Raises:
+        DatasetError: no table, or several and none chosen (each listed with its events).
+    """
+    group = spec.name
+    if group is None:
+        with h5py.File(path, "r") as f:
+            tables = find_tables(f)
+        if len(tables) != 1:
+            raise DatasetError(
+                f"DATASET '{path}': "
+                + (
+                    f"holds {len(tables)} jagged tables: {_listed(tables)}; choose one with "
+                    f"'{path}#GROUP'"
+                    if tables
+                    else "holds no jagged table"
+                )
+            )
+        group = next(iter(tables))
+    return H5Table(path, group, spec.fields, spec.event_fields)

@@ -1,0 +1,237 @@
+"""Jagged events in Parquet, read through pyarrow (the ``parquet`` extra).
+
+The layouts awkward's ``to_parquet`` writes: a list column per field (``t: list<float>``)
+or a list of records (``hits: list<struct<t, q>>``, fields named ``hits.t``); a
+fixed-size list per item widens ``x``. Fields belong together when their offsets are
+equal (a record's fields always are; separate list columns are compared over the first
+row group, and every read checks). Top-level numeric columns are the per-event fields.
+Blocks are row groups: the smallest unit Parquet decodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.reader import BlockReader, Field
+from autoloader_plugins.jagged.spec import select
+
+log = logging.getLogger(__name__)
+
+
+def _pq() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(
+            "reading Parquet files needs pyarrow: pip install 'torch-autoloader[parquet]'"
+        ) from None
+    return pq
+
+
+def _line(exc: BaseException) -> str:
+    text = [t for t in str(exc).strip().splitlines() if t.strip()]
+    return f"{type(exc).__name__}: {text[0].strip()}" if text else type(exc).__name__
+
+
+def _leaf(arrow_type: Any) -> tuple[bool, int]:
+    """Whether a per-item value type is numeric, and its width (fixed-size lists)."""
+    import pyarrow as pa
+
+    width = 1
+    while pa.types.is_fixed_size_list(arrow_type):
+        width *= arrow_type.list_size
+        arrow_type = arrow_type.value_type
+    numeric = (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or (pa.types.is_boolean(arrow_type))
+    )
+    return numeric, width
+
+
+class ParquetTable(BlockReader):
+    """One Parquet file's jagged fields."""
+
+    def __init__(
+        self,
+        path: Path,
+        fields: tuple[str, ...] | None = None,
+        event_fields: tuple[str, ...] = (),
+    ) -> None:
+        self.path, self.name = path, ""
+        self._h: Any = None
+        self._hpid: int | None = None
+        schema = self._file().schema_arrow
+        items, scalars, skipped = self._catalogue(schema)
+        if fields is None:
+            for n, why in skipped.items():
+                log.info("%s: column %r skipped (%s)", self.where, n, why)
+            names = list(items)
+        else:
+            names = select(fields, [*items, *skipped], where=self.where)
+            for n in names:
+                if n in skipped:
+                    raise DatasetError(f"{self.where}: field {n!r} cannot be read: {skipped[n]}")
+        if not names:
+            raise DatasetError(f"{self.where}: no list column of numbers to read")
+        self._columns = {n: items[n][0] for n in names}  # name -> (top, child or None)
+        self.fields = tuple(Field(n, items[n][1]) for n in names)
+        self.event_fields = tuple(
+            select(event_fields, scalars, where=self.where, what="event field")
+            if event_fields
+            else ()
+        )
+        self._one_collection(names)
+        try:
+            counts = [np.diff(self._offsets(g, names[0])) for g in range(self._groups())]
+            values = (
+                self._file().read(columns=list(self.event_fields)) if self.event_fields else None
+            )
+        except DatasetError:
+            raise
+        except Exception as exc:
+            raise DatasetError(f"{self.where}: cannot read: {_line(exc)}") from None
+        self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+        self._values = (
+            {n: values.column(n).to_numpy() for n in self.event_fields}
+            if values is not None
+            else {}
+        )
+
+    def _file(self) -> Any:
+        if self._h is None or self._hpid != os.getpid():
+            try:
+                self._h = _pq().ParquetFile(self.path)
+            except DatasetError:
+                raise
+            except Exception as exc:
+                raise DatasetError(
+                    f"DATASET '{self.path}': cannot open as Parquet: {_line(exc)}"
+                ) from None
+            self._hpid = os.getpid()
+        return self._h
+
+    def _groups(self) -> int:
+        return int(self._file().metadata.num_row_groups)
+
+    @staticmethod
+    def _catalogue(schema: Any) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+        """Per-item fields (name -> ((column, child), width)), per-event numeric columns,
+        and the columns that are neither (name -> why)."""
+        import pyarrow as pa
+
+        items: dict[str, Any] = {}
+        scalars: list[str] = []
+        skipped: dict[str, str] = {}
+        for field in schema:
+            kind = field.type
+            if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                value = kind.value_type
+                if pa.types.is_struct(value):
+                    for child in value:
+                        numeric, width = _leaf(child.type)
+                        name = f"{field.name}.{child.name}"
+                        if numeric:
+                            items[name] = ((field.name, child.name), width)
+                        else:
+                            skipped[name] = f"{child.type}: not numbers"
+                    continue
+                numeric, width = _leaf(value)
+                if numeric:
+                    items[field.name] = ((field.name, None), width)
+                    continue
+                skipped[field.name] = f"list of {value}: not numbers"
+            elif _leaf(kind) == (True, 1):
+                scalars.append(field.name)
+            else:
+                skipped[field.name] = f"{kind}: not a list per event"
+        return items, scalars, skipped
+
+    def _column(self, table: Any, name: str) -> Any:
+        top, _ = self._columns[name]
+        column = table.column(top)
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+    def _offsets(self, group: int, name: str) -> np.ndarray:
+        top, _ = self._columns[name]
+        array = self._column(self._file().read_row_group(group, columns=[top]), name)
+        return np.asarray(array.offsets, dtype=np.int64) - int(array.offsets[0].as_py())
+
+    def _one_collection(self, names: list[str]) -> None:
+        if self._groups() == 0:
+            return
+        tops = list(dict.fromkeys(self._columns[n][0] for n in names))
+        if len(tops) < 2:
+            return
+        first = {
+            t: self._offsets(0, next(n for n in names if self._columns[n][0] == t)) for t in tops
+        }
+        groups: dict[bytes, list[str]] = {}
+        for t, offsets in first.items():
+            groups.setdefault(offsets.tobytes(), []).append(t)
+        if len(groups) > 1:
+            listed = "; ".join(", ".join(g) for g in groups.values())
+            raise DatasetError(
+                f"{self.where}: the fields belong to different collections (their offsets "
+                f"differ in the first row group): {listed}; choose fields of one with "
+                "'?fields=PATTERNS'"
+            )
+
+    # -- reading ------------------------------------------------------------------------
+    def event_values(self) -> dict[str, np.ndarray]:
+        return self._values
+
+    def _block_bounds(self) -> np.ndarray:
+        meta = self._file().metadata
+        rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+    def _read_block(self, start: int, stop: int) -> np.ndarray:
+        import pyarrow as pa
+
+        group = int(np.searchsorted(self.blocks(), start))
+        tops = list(dict.fromkeys(self._columns[f.name][0] for f in self.fields))
+        try:
+            table = self._file().read_row_group(group, columns=tops)
+        except Exception as exc:
+            raise DatasetError(
+                f"{self.where}: cannot read row group {group}: {_line(exc)}"
+            ) from None
+        expected = np.diff(self.offsets[start : stop + 1])
+        out = np.empty((int(expected.sum()), self.width), dtype=np.float32)
+        col = 0
+        for field in self.fields:
+            array = self._column(table, field.name)
+            counts = np.diff(np.asarray(array.offsets, dtype=np.int64))
+            differs = np.flatnonzero(counts != expected)
+            if len(differs):
+                e = start + int(differs[0])
+                raise DatasetError(
+                    f"{self.where}: event {e}: field {field.name!r} has {counts[differs[0]]} "
+                    f"items, {self.fields[0].name!r} has {expected[differs[0]]}: expected one "
+                    "collection"
+                )
+            values = array.flatten()
+            child = self._columns[field.name][1]
+            if child is not None:
+                values = values.field(child)
+            while pa.types.is_fixed_size_list(values.type):
+                values = values.flatten()
+            if values.null_count:
+                raise DatasetError(
+                    f"{self.where}: field {field.name!r} has missing values in events "
+                    f"{start}..{stop - 1}: expected numbers"
+                )
+            flat = values.to_numpy(zero_copy_only=False)
+            out[:, col : col + field.width] = flat.reshape(len(out), field.width)
+            col += field.width
+        return out
+
+    def __repr__(self) -> str:
+        return f"ParquetTable('{self.path}', events={len(self)})"

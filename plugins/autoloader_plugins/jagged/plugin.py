@@ -1,0 +1,97 @@
+"""``FILE.root#TREE?fields=...``, ``FILE.parquet``, and several files of one layout (a
+directory or a glob) as one dataset: the ``jagged`` dataset plugin.
+
+A single HDF5 file is the ``hdf5`` plugin's (it tells the layouts apart by content and
+hands jagged tables to ``open_h5``); directories and globs of ``.h5`` files come here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.events import JaggedEvents
+from autoloader_plugins.jagged.reader import Reader
+from autoloader_plugins.jagged.spec import JaggedSpec, parse
+
+ROOT = (".root",)
+PARQUET = (".parquet", ".parq", ".pq")
+HDF5 = (".h5", ".hdf5", ".he5")
+SUFFIXES = ROOT + PARQUET + HDF5
+
+
+def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
+    """The suffixes of the layout a spec names by its path, or None."""
+    p = Path(spec.path)
+    if p.is_dir():
+        try:
+            kinds = {f.suffix.lower() for f in p.iterdir()}
+        except OSError:
+            return None
+        if ".pt" in kinds:
+            return None
+        for suffixes in (ROOT, PARQUET, HDF5):
+            if kinds & set(suffixes):
+                return suffixes
+        return None
+    for suffixes in (ROOT, PARQUET, HDF5):
+        if p.suffix.lower() in suffixes:
+            return suffixes if suffixes is not HDF5 or not p.exists() else None
+    return None
+
+
+def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
+    """Every file the spec names, each opened by its layout's reader, as one dataset."""
+    readers: list[Reader] = []
+    for path in spec.files(suffixes):
+        readers.append(open_one(path, spec, suffixes))
+    return JaggedEvents(spec.text, readers)
+
+
+def open_one(path: Path, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
+    if suffixes is ROOT:
+        from autoloader_plugins.jagged.root import RootTree
+
+        return RootTree(path, spec.name, spec.fields, spec.event_fields)
+    if suffixes is PARQUET:
+        if spec.name:
+            raise DatasetError(
+                f"DATASET '{spec.text}': '#{spec.name}' names a table, but a Parquet file "
+                "holds one: drop it"
+            )
+        from autoloader_plugins.jagged.parquet import ParquetTable
+
+        return ParquetTable(path, spec.fields, spec.event_fields)
+    from autoloader_plugins.jagged.h5 import open_table
+
+    return open_table(path, spec)
+
+
+def open_h5(spec: str) -> JaggedEvents:
+    """One HDF5 file's jagged table (the ``hdf5`` plugin's hand-over)."""
+    parsed = parse(spec)
+    return JaggedEvents(spec, [open_one(Path(parsed.path), parsed, HDF5)])
+
+
+class _Plugin:
+    name = "jagged"
+    priority = 5
+    description = (
+        "a jagged event table: FILE.root[#TREE], FILE.parquet, or a directory or glob of "
+        ".root/.parquet/.h5 files, with [?fields=a,b*&event_fields=...]"
+    )
+
+    def claims(self, spec: str) -> bool:
+        try:
+            return _layout(parse(spec)) is not None
+        except DatasetError:
+            return False
+
+    def open(self, spec: str) -> JaggedEvents:
+        parsed = parse(spec)
+        suffixes = _layout(parsed)
+        assert suffixes is not None  # claims() said so
+        return open_files(parsed, suffixes)
+
+
+PLUGIN = _Plugin()

@@ -1,0 +1,192 @@
+"""One file's jagged table, as every layout presents it to ``JaggedEvents``.
+
+A table is per-item columns plus per-event extents (awkward's ``ListOffsetArray``, Arrow's
+list offsets, km3pipe's ``_indices``): an event's items are rows ``offsets[e]`` to
+``offsets[e + 1]`` of every column. A reader knows its file's counts from the extents
+alone, reads the rows of a sorted set of events with as few reads per column as storage
+allows, and says where its storage blocks (HDF5 chunks, ROOT clusters, Parquet row
+groups) begin, so a read order can follow them.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoloader.errors import DatasetError
+
+BLOCK_CACHE_BYTES = 256 * 2**20  # decoded blocks one process keeps (ROOT, Parquet)
+
+
+@dataclass(frozen=True)
+class Field:
+    """A per-item field: its name as the user selects it, and the columns it adds to ``x``
+    (a fixed-size array per item, ``double[][4]``, adds 4)."""
+
+    name: str
+    width: int = 1
+
+
+class Reader(ABC):
+    """One file's table. Subclasses set ``fields`` and ``event_fields`` and fill
+    ``offsets`` (int64, events + 1) when opened; handles open lazily in each process."""
+
+    path: Path
+    name: str  # the group or tree
+    fields: tuple[Field, ...]
+    event_fields: tuple[str, ...]
+    offsets: np.ndarray
+
+    @property
+    def where(self) -> str:
+        return f"DATASET '{self.path}#{self.name}'" if self.name else f"DATASET '{self.path}'"
+
+    @property
+    def width(self) -> int:
+        return sum(f.width for f in self.fields)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @abstractmethod
+    def event_values(self) -> dict[str, np.ndarray]:
+        """Each ``event_fields`` entry's value per event, read whole (one row per event)."""
+
+    @abstractmethod
+    def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
+        """The rows of ``events`` (sorted, unique, local) as one ``[items, width]``
+        float32 array, events in order."""
+
+    @abstractmethod
+    def blocks(self) -> np.ndarray:
+        """Event indices where storage blocks begin, then ``len(self)``: ``[0, ..., n]``."""
+
+    def _check_offsets(self, what: str) -> None:
+        """Offsets start at 0 or more and never descend (one line naming the event)."""
+        o = self.offsets
+        if len(o) and o[0] < 0:
+            raise DatasetError(f"{self.where}: {what}: negative start {int(o[0])} for event 0")
+        down = np.flatnonzero(np.diff(o) < 0)
+        if len(down):
+            e = int(down[0])
+            raise DatasetError(
+                f"{self.where}: {what}: event {e} has a negative item count "
+                f"({int(o[e + 1] - o[e])}); expected ascending offsets"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in [k for k in state if k.startswith("_h")]:
+            state[key] = None  # library handles: each process opens its own
+        return state
+
+
+class BlockReader(Reader):
+    """A table read a storage block at a time (a ROOT cluster, a Parquet row group):
+    decoded blocks are kept in the process's ``BlockCache``, so events of one block read
+    in neighbouring batches decode it once."""
+
+    _bounds: np.ndarray | None = None
+
+    def blocks(self) -> np.ndarray:
+        if self._bounds is None:
+            self._bounds = self._block_bounds()
+        return self._bounds
+
+    @abstractmethod
+    def _block_bounds(self) -> np.ndarray: ...
+
+    @abstractmethod
+    def _read_block(self, start: int, stop: int) -> np.ndarray:
+        """Rows of events ``start:stop`` as ``[items, width]`` float32."""
+
+    def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
+        bounds = self.blocks()
+        counts = self.offsets[events + 1] - self.offsets[events]
+        out = np.empty((int(counts.sum()), self.width), dtype=np.float32)
+        block_of = np.searchsorted(bounds, events, side="right") - 1
+        row = 0
+        for b in np.unique(block_of):
+            start, stop = int(bounds[b]), int(bounds[b + 1])
+            rows = cache.get((self.path, self.name, start), self._read_block, start, stop)
+            mine = events[block_of == b]
+            base = self.offsets[start]
+            index = ranges_index(self.offsets[mine] - base, self.offsets[mine + 1] - base)
+            out[row : row + len(index)] = rows[index]
+            row += len(index)
+        return out
+
+
+class BlockCache:
+    """Decoded blocks this process keeps, least recently used first out, within a byte
+    budget; empty after pickling (each worker keeps its own)."""
+
+    def __init__(self, budget: int = BLOCK_CACHE_BYTES) -> None:
+        self.budget = budget
+        self._blocks: OrderedDict[Any, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._pid = os.getpid()
+
+    def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+        """The block ``key``, decoded by ``load(*args)`` where this process has none."""
+        if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
+            self.__init__(self.budget)  # type: ignore[misc]
+        found = self._blocks.get(key)
+        if found is not None:
+            self._blocks.move_to_end(key)
+            return found
+        found = load(*args)
+        self._blocks[key] = found
+        self._bytes += found.nbytes
+        while self._bytes > self.budget and len(self._blocks) > 1:
+            _, old = self._blocks.popitem(last=False)
+            self._bytes -= old.nbytes
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"budget": self.budget}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["budget"])  # type: ignore[misc]
+
+
+def ranges_index(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(start, stop)`` for each pair, without a Python loop."""
+    lengths = (stops - starts).astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    keep = lengths > 0
+    starts, lengths = starts[keep].astype(np.int64), lengths[keep]
+    steps = np.ones(total, dtype=np.int64)
+    heads = np.cumsum(lengths)[:-1]
+    steps[0] = starts[0]
+    steps[heads] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+    return np.cumsum(steps)
+
+
+def runs(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Item ranges merged where one ends where the next begins: the fewest reads."""
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    if not len(starts):
+        return starts, stops
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] != stops[:-1]
+    heads = np.flatnonzero(new)
+    tails = np.append(heads[1:], len(starts)) - 1
+    return starts[heads], stops[tails]
+
+
+def as_columns(array: np.ndarray, where: str, name: str) -> np.ndarray:
+    """A numeric column as ``[items, width]`` (a 1-D column is one wide)."""
+    if array.dtype.kind not in "biuf":
+        raise DatasetError(f"{where}: field {name!r} is not numeric (found {array.dtype})")
+    return array.reshape(len(array), -1)

@@ -1,0 +1,119 @@
+"""``PATH[#NAME][?fields=PATTERNS&event_fields=PATTERNS]``: what a jagged-table spec names.
+
+``PATH`` is a file, a directory of files of one layout, or a glob (``run_*.root``); ``NAME``
+is the HDF5 group or the ROOT tree (``Dir/Sub/Tree``); the query picks per-item fields and
+per-event fields by glob patterns (uproot's ``filter_name`` semantics). A path that exists
+is taken whole, so a file named with ``#`` or ``?`` still opens.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from autoloader.errors import DatasetError
+
+_QUERY = re.compile(r"\?(?=(?:fields|event_fields)=)")
+_KEYS = ("fields", "event_fields")
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class JaggedSpec:
+    """A parsed spec: the text as given, its path part, table name and field patterns."""
+
+    text: str
+    path: str
+    name: str | None = None
+    fields: tuple[str, ...] | None = None  # None: every numeric field of one collection
+    event_fields: tuple[str, ...] = ()
+
+    @property
+    def has_query(self) -> bool:
+        return self.fields is not None or bool(self.event_fields)
+
+    def files(self, suffixes: Sequence[str]) -> list[Path]:
+        """The files this spec reads, sorted: one file, a directory's files with one of
+        ``suffixes``, or the files a glob matches.
+
+        Raises:
+            DatasetError: nothing there, or nothing of the layout.
+        """
+        p = Path(self.path)
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+            if not found:
+                raise DatasetError(
+                    f"DATASET '{self.text}': the directory has no {'/'.join(suffixes)} files"
+                )
+            return found
+        if p.exists():
+            return [p]
+        if _GLOB.search(self.path):
+            found = sorted(Path(f) for f in glob.glob(self.path) if Path(f).is_file())
+            if not found:
+                raise DatasetError(f"DATASET '{self.text}': the pattern matches no files")
+            return found
+        raise DatasetError(f"DATASET '{self.text}': no such file or directory: '{self.path}'")
+
+
+def parse(spec: str) -> JaggedSpec:
+    """Split a spec into path, ``#NAME`` and query.
+
+    Raises:
+        DatasetError: a query key other than ``fields`` and ``event_fields``, or an empty
+            pattern list.
+    """
+    if Path(spec).exists():
+        return JaggedSpec(spec, spec)
+    head, query = spec, ""
+    found = _QUERY.search(spec)
+    if found:
+        head, query = spec[: found.start()], spec[found.end() :]
+    path, name = head, None
+    if "#" in head and not Path(head).exists():
+        path, _, name = head.rpartition("#")
+        name = name.strip("/") or None
+    values: dict[str, tuple[str, ...]] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in _KEYS:
+            raise DatasetError(
+                f"DATASET '{spec}': unknown query key {key!r}: expected fields= or event_fields="
+            )
+        patterns = tuple(p.strip() for p in value.split(",") if p.strip())
+        if not patterns:
+            raise DatasetError(f"DATASET '{spec}': {key}= names no field")
+        values[key] = values.get(key, ()) + patterns
+    return JaggedSpec(spec, path, name, values.get("fields"), values.get("event_fields", ()))
+
+
+def split_path(spec: str) -> str:
+    """The path part of a spec, for a plugin's cheap ``claims``."""
+    return parse(spec).path if "#" in spec or "?" in spec else spec
+
+
+def select(
+    patterns: Sequence[str], names: Iterable[str], *, where: str, what: str = "field"
+) -> list[str]:
+    """``names`` matched by ``patterns`` (globs, as uproot's ``filter_name``), in the order
+    of the patterns, each name once.
+
+    Raises:
+        DatasetError: a pattern matches nothing; the message lists what exists.
+    """
+    names = list(names)
+    chosen: list[str] = []
+    for pattern in patterns:
+        matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            raise DatasetError(
+                f"{where}: {what} pattern {pattern!r} matches nothing; "
+                f"found {', '.join(names) if names else 'none'}"
+            )
+        chosen.extend(n for n in matched if n not in chosen)
+    return chosen

@@ -1,0 +1,317 @@
+"""Jagged event tables (HDF5 km3pipe/offsets/counts, ROOT through uproot, Parquet through
+pyarrow), written by the real libraries and read through the public API and the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import autoloader
+from autoloader.batches import nbytes
+from autoloader.demo.jagged_files import (
+    Events,
+    make_events,
+    write_km3pipe_h5,
+    write_offsets_h5,
+    write_parquet,
+    write_root,
+)
+from autoloader.errors import DatasetError
+from tests.conftest import run_cli
+
+N = 1200
+H5_FIELDS = "?fields=time,tot,channel_id,pos"
+ROOT_FIELDS = "?fields=hits_time,hits_tot,hits_channel_id,hits_pos*"
+PQ_FIELDS = "?fields=hits.time,hits.tot,hits.channel_id,hits.pos"
+
+
+@pytest.fixture(scope="module")
+def ev() -> Events:
+    return make_events(N, seed=5)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory, ev: Events) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("jagged")
+    return {
+        "km3": write_km3pipe_h5(d / "km3.h5", ev, chunk_items=2048),
+        "offsets": write_offsets_h5(d / "offsets.h5", ev),
+        "counts": write_offsets_h5(d / "counts.h5", ev, counts=True),
+        "root": write_root(d / "events.root", ev, events_per_basket=300),
+        "parquet": write_parquet(d / "events.parquet", ev, row_group_size=300),
+    }
+
+
+def _specs(files: dict[str, Path]) -> dict[str, str]:
+    return {
+        "km3": f"{files['km3']}#hits{H5_FIELDS}",
+        "offsets": f"{files['offsets']}{H5_FIELDS}",
+        "counts": f"{files['counts']}{H5_FIELDS}",
+        "root": f"{files['root']}#Events{ROOT_FIELDS}",
+        "parquet": f"{files['parquet']}{PQ_FIELDS}",
+    }
+
+
+@pytest.mark.parametrize("layout", ["km3", "offsets", "counts", "root", "parquet"])
+def test_each_layout_reads_the_stored_events_and_sizes_them_from_the_extents(
+    files: dict[str, Path], ev: Events, layout: str
+) -> None:
+    ds = autoloader.open_dataset(_specs(files)[layout])
+    assert len(ds) == N
+    sizes = autoloader.sizes.sample_sizes(ds)
+    np.testing.assert_array_equal(sizes, ev.counts * 6 * 4 + 8)
+    picks = [0, 7, int(np.argmax(ev.counts)), N - 1, 7]
+    batch = ds.__getitems__(picks)
+    for i, data in zip(picks, batch, strict=True):
+        np.testing.assert_array_equal(data.x.numpy(), ev.x(i))
+        assert data.x.dtype == torch.float32 and data.num_nodes == ev.counts[i]
+        assert nbytes(data) == sizes[i]
+        np.testing.assert_array_equal(ds[i].x.numpy(), ev.x(i))  # one event alone too
+
+
+def test_a_batch_reads_each_column_once_per_run_of_neighbouring_events(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoloader_plugins.jagged.h5 import H5Table
+
+    ds = autoloader.open_dataset(_specs(files)["km3"])
+    reads: list[int] = []
+    real = H5Table._read_column
+    monkeypatch.setattr(H5Table, "_read_column",
+                        lambda self, d, a, b: reads.append(len(a)) or real(self, d, a, b))
+    ds.__getitems__([900, 3, 4, 5, 700, 6])
+    assert reads == [3, 3, 3, 3]  # per column one read of three runs, not six events x four
+
+
+def test_event_fields_ride_along_as_attributes(files: dict[str, Path], ev: Events) -> None:
+    specs = {
+        "km3": f"{files['km3']}#hits{H5_FIELDS}&event_fields=event_info/*",
+        "root": f"{files['root']}{ROOT_FIELDS}&event_fields=run_id,energy",
+        "parquet": f"{files['parquet']}{PQ_FIELDS}&event_fields=run_id,energy",
+    }
+    for spec in specs.values():
+        ds = autoloader.open_dataset(spec)
+        data = ds[1100]
+        assert int(data.run_id) == ev.run_id[1100] and float(data.energy) == ev.energy[1100]
+        assert nbytes(data) == autoloader.sizes.sample_sizes(ds)[1100]
+
+
+def test_without_fields_a_file_with_one_collection_takes_every_numeric_field(
+    files: dict[str, Path],
+) -> None:
+    assert autoloader.open_dataset(str(files["km3"])).fields == [
+        "channel_id", "pos", "time", "tot"
+    ]
+    assert len(autoloader.open_dataset(str(files["root"])).fields) == 6
+    assert autoloader.open_dataset(str(files["parquet"])).fields == [
+        "hits.time", "hits.tot", "hits.channel_id", "hits.pos"
+    ]
+
+
+def test_a_directory_or_a_glob_is_one_dataset_with_one_index(
+    tmp_path: Path, ev: Events
+) -> None:
+    first, second = make_events(50, seed=1), make_events(70, seed=2)
+    (tmp_path / "pq").mkdir()
+    for k, part in enumerate((first, second)):
+        write_root(tmp_path / f"run_{k}.root", part)
+        write_parquet(tmp_path / "pq" / f"part_{k}.parquet", part)
+    for spec in (f"{tmp_path}/run_*.root#Events{ROOT_FIELDS}", f"{tmp_path / 'pq'}{PQ_FIELDS}"):
+        ds = autoloader.open_dataset(spec)
+        assert len(ds) == 120
+        np.testing.assert_array_equal(ds[49].x.numpy(), first.x(49))
+        np.testing.assert_array_equal(ds[50].x.numpy(), second.x(0))
+        got = ds.__getitems__([119, 0, 51])
+        np.testing.assert_array_equal(got[0].x.numpy(), second.x(69))
+        assert list(ds.autoloader_blocks()[[0, -1]]) == [0, 120]
+
+
+def _knn(data):  # module level: picklable for worker processes
+    data.edge_index = torch.zeros(2, data.num_nodes, dtype=torch.long)
+    return data
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_transform_runs_in_the_workers_and_sizes_stay_the_stored_ones(
+    files: dict[str, Path], num_workers: int
+) -> None:
+    from torch_geometric.loader import DataLoader as PygLoader
+
+    spec = _specs(files)["km3"]
+    plain = autoloader.open_dataset(spec)
+    ds = autoloader.open_dataset(spec, transform=_knn)
+    np.testing.assert_array_equal(
+        autoloader.sizes.sample_sizes(ds), autoloader.sizes.sample_sizes(plain)
+    )
+    batch = next(iter(PygLoader(ds, batch_size=8, num_workers=num_workers)))
+    assert batch.edge_index.shape == (2, batch.num_nodes)
+
+
+def test_tune_on_a_km3pipe_file_opens_its_table(files: dict[str, Path], tmp_path: Path) -> None:
+    """The report that opened this: the file's groups were taken for events."""
+    plan = tmp_path / "plan.toml"
+    done = run_cli("tune", str(files["km3"]), "--global-batch-size", "64", "--max-workers",
+                   "1", "--iterations", "4", "--quiet", "-o", str(plan))
+    assert done.returncode == 0, done.stderr
+    loaded = autoloader.Plan.load(plan)
+    assert loaded.to_dict()["dataset"]["num_samples"] == N
+
+
+@pytest.mark.parametrize("layout", ["root", "parquet"])
+def test_tune_and_a_planned_loader_on_root_and_parquet(
+    files: dict[str, Path], ev: Events, tmp_path: Path, layout: str
+) -> None:
+    spec = _specs(files)[layout]
+    plan = tmp_path / "plan.toml"
+    done = run_cli("tune", spec, "--global-batch-size", "32", "--max-workers", "1",
+                   "--iterations", "4", "--quiet", "-o", str(plan))
+    assert done.returncode == 0, done.stderr
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    seen = sum(int(b.num_graphs) for b in loader)
+    assert seen == N
+
+
+# -- bad input: one line, exit 2, naming the file and what was found -------------------------
+def _h5(path: Path, build) -> str:
+    with h5py.File(path, "w") as f:
+        build(f)
+    return str(path)
+
+
+def _table(f, **extents) -> None:
+    g = f.create_group("hits")
+    g["t"] = np.arange(10, dtype=np.float32)
+    g["q"] = np.arange(10, dtype=np.float32)
+    for k, v in extents.items():
+        g[k] = v
+
+
+BAD_H5 = {
+    "offsets descend": (lambda f: _table(f, offsets=np.array([0, 5, 3, 10])),
+                        "offsets: event 1 has a negative item count"),
+    "offsets past the end": (lambda f: _table(f, offsets=np.array([0, 5, 12])),
+                             "event 1 ends at item 12, past the columns' end (10 rows)"),
+    "negative count": (lambda f: _table(f, counts=np.array([4, -1, 7])),
+                       "counts: event 1 has a negative count -1"),
+    "unequal columns": (lambda f: (_table(f, counts=np.array([5, 5])),
+                                   f["hits"].create_dataset("e", data=np.zeros(9))),
+                        "columns of unequal lengths: 'e' has 9 rows, 'q' has 10"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_H5))
+def test_a_broken_hdf5_table_is_one_line_naming_file_and_group(tmp_path: Path, case: str) -> None:
+    build, expected = BAD_H5[case]
+    spec = _h5(tmp_path / "bad.h5", build)
+    done = run_cli("tune", spec, "--global-batch-size", "2", "-o", str(tmp_path / "p.toml"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"autoloader: error: DATASET '{spec}#hits': ") and expected in line
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_a_field_that_is_not_numeric_or_matches_nothing_is_named(
+    tmp_path: Path, files: dict[str, Path]
+) -> None:
+    def strings(f):
+        _table(f, counts=np.array([5, 5]))
+        f["hits"]["label"] = np.array([b"a"] * 10)
+
+    spec = _h5(tmp_path / "s.h5", strings)
+    assert autoloader.open_dataset(spec).fields == ["q", "t"]  # skipped when not named
+    with pytest.raises(DatasetError, match=r"field 'label' is not a numeric column"):
+        autoloader.open_dataset(spec + "?fields=t,label")
+    with pytest.raises(DatasetError, match=r"field pattern 'nope\*' matches nothing; found "
+                                           r"hits_time, hits_tot"):
+        autoloader.open_dataset(f"{files['root']}?fields=nope*")
+    with pytest.raises(DatasetError, match=r"field pattern 'x' matches nothing; found hits.time"):
+        autoloader.open_dataset(f"{files['parquet']}?fields=x")
+
+
+def test_several_tables_or_trees_without_a_choice_are_listed(tmp_path: Path, ev: Events) -> None:
+    def two(f):
+        _table(f, counts=np.array([5, 5]))
+        g = f.create_group("mc_hits")
+        g["e"] = np.zeros(3)
+        g["counts"] = np.array([1, 1, 1])
+
+    spec = _h5(tmp_path / "two.h5", two)
+    with pytest.raises(DatasetError, match=r"holds 2 jagged tables: 'hits' \(2 events\), "
+                                           r"'mc_hits' \(3 events\); choose one with"):
+        autoloader.open_dataset(spec)
+    assert len(autoloader.open_dataset(spec + "#mc_hits")) == 3
+    with pytest.raises(DatasetError, match=r"no group 'nope'; its jagged tables: 'hits'"):
+        autoloader.open_dataset(spec + "#nope")
+    with pytest.raises(DatasetError, match=r"no tree 'Nope'; its trees: 'Events'"):
+        autoloader.open_dataset(str(write_root(tmp_path / "e.root", ev)) + "#Nope")
+
+
+def test_fields_of_different_collections_are_refused_naming_both(tmp_path: Path) -> None:
+    import awkward as ak
+    import uproot
+
+    with uproot.recreate(tmp_path / "two.root") as f:
+        f.mktree("T", {"a": ak.Array([[1.0]]).type, "b": ak.Array([[1.0]]).type})
+        f["T"].extend({"a": ak.Array([[1.0, 2.0], [3.0]]), "b": ak.Array([[1.0], [2.0, 3.0]])})
+    with pytest.raises(DatasetError, match=r"the tree has 2 jagged collections: a \[counted by na "
+                                           r"\(3 items in the first 2 events\)\]; b \[counted by nb"):
+        autoloader.open_dataset(str(tmp_path / "two.root"))
+    with pytest.raises(DatasetError, match="the fields belong to different collections"):
+        autoloader.open_dataset(f"{tmp_path / 'two.root'}?fields=a*,b*")
+
+
+@pytest.mark.parametrize("layout", ["km3", "root", "parquet"])
+def test_a_truncated_file_is_one_line(files: dict[str, Path], tmp_path: Path, layout: str) -> None:
+    src = files[layout]
+    cut = tmp_path / src.name
+    cut.write_bytes(src.read_bytes()[: src.stat().st_size // 3])
+    done = run_cli("tune", str(cut), "--global-batch-size", "2", "-o", str(tmp_path / "p.toml"))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("autoloader: error: DATASET ") and str(cut) in line
+
+
+def test_an_empty_table_is_refused(tmp_path: Path) -> None:
+    spec = _h5(tmp_path / "e.h5", lambda f: _table(f, counts=np.zeros(0, dtype=np.int64)))
+    with pytest.raises(DatasetError, match="empty: the table has no events"):
+        autoloader.open_dataset(spec)
+
+
+@pytest.mark.parametrize(("module", "extra", "layout"),
+                         [("uproot", "root", "root"), ("pyarrow", "parquet", "parquet")])
+def test_a_missing_optional_library_names_the_extra(
+    files: dict[str, Path], module: str, extra: str, layout: str
+) -> None:
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "from autoloader.cli import main\n"
+            f"raise SystemExit(main(['tune', {str(files[layout])!r}, '--global-batch-size', '2',"
+            " '-o', '-']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert f"pip install 'torch-autoloader[{extra}]'" in done.stderr.strip().splitlines()[-1]
+
+
+def test_workers_read_through_their_own_handles(files: dict[str, Path]) -> None:
+    ds = autoloader.open_dataset(_specs(files)["root"])
+    ds[0]  # the parent opened its file first
+    loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2,
+                                         collate_fn=lambda b: [d.num_nodes for d in b])
+    assert sum(sum(b) for b in loader) == int(autoloader.sizes.sample_sizes(ds).sum() - 8 * N) // 24
+
+
+def test_a_copy_of_the_file_elsewhere_has_the_same_fingerprint(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy.h5"
+    shutil.copy(files["km3"], copy)
+    a = autoloader.sizes.sample_sizes(autoloader.open_dataset(str(files["km3"])))
+    b = autoloader.sizes.sample_sizes(autoloader.open_dataset(str(copy)))
+    assert autoloader.sizes.fingerprint(a) == autoloader.sizes.fingerprint(b)
