@@ -16,6 +16,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from autoloader.samplers.checks import check_bool, check_int, check_sizes
+from autoloader.samplers.order import Windows
 
 
 class SizeBatchSampler(Sampler[list[int]]):
@@ -29,6 +30,9 @@ class SizeBatchSampler(Sampler[list[int]]):
         drop_last: drop the last, incomplete global batch instead of padding it.
         num_replicas: the number of ranks sharing the epoch.
         rank: this rank, in ``[0, num_replicas - 1]``.
+        read_order: None for a global shuffle, or ``Windows(block, window)``: the epoch's
+            batches come from shuffled windows of storage-contiguous blocks (see
+            ``autoloader.samplers.order``); every invariant holds in either order.
         sampler: ignored. Lightning passes its own (distributed) sampler when it
             re-creates a batch sampler; these are rank-aware already.
     """
@@ -45,6 +49,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         num_replicas: int = 1,
         rank: int = 0,
+        read_order: Windows | None = None,
         sampler: Any = None,
     ) -> None:
         self.sizes = check_sizes(sizes)
@@ -59,6 +64,11 @@ class SizeBatchSampler(Sampler[list[int]]):
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, minimum=0)
+        if read_order is not None and not isinstance(read_order, Windows):
+            raise TypeError(
+                f"read_order should be None or a Windows, but got {type(read_order).__name__}"
+            )
+        self.read_order = read_order
         self.epoch = 0
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
 
@@ -107,16 +117,37 @@ class SizeBatchSampler(Sampler[list[int]]):
         """The epoch's full global batches ``(k, batch_size x num_replicas)`` and the
         short last one (empty when the count divides, or with ``drop_last``)."""
         n, g = len(self.sizes), self.global_batch_size
-        k = n // g
         rng = np.random.default_rng([self.seed, self.epoch if self.shuffle else 0])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        pool, tail = order[: k * g], order[k * g :]
-        full = self._arrange(pool, k, rng) if k else np.empty((0, g), dtype=np.int64)
-        if self.shuffle and k > 1:
-            full = full[rng.permutation(k)]
+        if self.shuffle and self.read_order is not None:
+            full, tail = self._windowed(self.read_order.split(n, rng), rng)
+        else:
+            k = n // g
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
+            pool, tail = order[: k * g], order[k * g :]
+            full = self._shuffled(self._arrange(pool, k, rng) if k else pool.reshape(0, g), rng)
         if self.drop_last:
             tail = tail[:0]
         return full, tail
+
+    def _windowed(
+        self, windows: list[np.ndarray], rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each window's samples arranged into whole global batches, in window order; what
+        does not fill a batch joins the next window (the last one's rest is the tail)."""
+        g = self.global_batch_size
+        parts, carry = [], np.empty(0, dtype=np.int64)
+        for window in windows:
+            pool = np.concatenate([carry, window])
+            k = len(pool) // g
+            if k:
+                parts.append(self._shuffled(self._arrange(pool[: k * g], k, rng), rng))
+            carry = pool[k * g :]
+        full = np.concatenate(parts) if parts else np.empty((0, g), dtype=np.int64)
+        return full, carry
+
+    def _shuffled(self, batches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        k = len(batches)
+        return batches[rng.permutation(k)] if self.shuffle and k > 1 else batches
 
     def _arrange(self, pool: np.ndarray, num_batches: int, rng: np.random.Generator) -> np.ndarray:
         """Arrange ``pool`` (``num_batches x global batch`` indices, in random order when
