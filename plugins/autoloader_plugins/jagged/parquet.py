@@ -55,6 +55,17 @@ def _leaf(arrow_type: Any) -> tuple[bool, int]:
     return numeric, width
 
 
+def _byte_width(schema: Any, top: str, child: str | None) -> int:
+    """Bytes of one value of a field: the narrowest column decodes fastest."""
+    kind = schema.field(top).type.value_type
+    if child is not None:
+        kind = kind.field(child).type
+    try:
+        return max(1, int(kind.bit_width) // 8)
+    except ValueError:  # a fixed-size list: wider than any number
+        return 64
+
+
 class ParquetTable(BlockReader):
     """One Parquet file's jagged fields."""
 
@@ -81,6 +92,7 @@ class ParquetTable(BlockReader):
         if not names:
             raise DatasetError(f"{self.where}: no list column of numbers to read")
         self._columns = {n: items[n][0] for n in names}  # name -> (top, child or None)
+        self._bytes = {n: _byte_width(schema, *items[n][0]) for n in names}
         self.fields = tuple(Field(n, items[n][1]) for n in names)
         self.event_fields = tuple(
             select(event_fields, scalars, where=self.where, what="event field")
@@ -89,7 +101,8 @@ class ParquetTable(BlockReader):
         )
         self._one_collection(names)
         try:
-            counts = [np.diff(self._offsets(g, names[0])) for g in range(self._groups())]
+            narrow = min(names, key=lambda n: self._bytes.get(n, 8))  # offsets come with any
+            counts = [np.diff(self._offsets(g, narrow)) for g in range(self._groups())]
             values = (
                 self._file().read(columns=list(self.event_fields)) if self.event_fields else None
             )
@@ -158,9 +171,18 @@ class ParquetTable(BlockReader):
         column = table.column(top)
         return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
 
+    def _path(self, name: str) -> str:
+        """The column path that reads one field alone (a record's other fields are not
+        decoded): ``hits.list.item.t`` for ``hits.t``."""
+        top, child = self._columns[name]
+        if child is None:
+            return top
+        element = self._file().schema_arrow.field(top).type.value_field.name
+        return f"{top}.list.{element}.{child}"
+
     def _offsets(self, group: int, name: str) -> np.ndarray:
-        top, _ = self._columns[name]
-        array = self._column(self._file().read_row_group(group, columns=[top]), name)
+        table = self._file().read_row_group(group, columns=[self._path(name)])
+        array = self._column(table, name)
         return np.asarray(array.offsets, dtype=np.int64) - int(array.offsets[0].as_py())
 
     def _one_collection(self, names: list[str]) -> None:
@@ -196,9 +218,10 @@ class ParquetTable(BlockReader):
         import pyarrow as pa
 
         group = int(np.searchsorted(self.blocks(), start))
-        tops = list(dict.fromkeys(self._columns[f.name][0] for f in self.fields))
         try:
-            table = self._file().read_row_group(group, columns=tops)
+            table = self._file().read_row_group(
+                group, columns=[self._path(f.name) for f in self.fields]
+            )
         except Exception as exc:
             raise DatasetError(
                 f"{self.where}: cannot read row group {group}: {_line(exc)}"
