@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -319,3 +320,40 @@ def test_a_state_round_trips_through_torch_load_with_its_meaning() -> None:
     resumed = loader_of(planned(4, "balance"), drop_last=True)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == [b.tolist() for b in loader][2:]
+
+
+def test_settings_from_a_larger_node_are_clipped_to_this_hosts_caps_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = loader_of(planned(4))
+    state = {**first.state_dict(), "settings": {"num_workers": 32, "prefetch_factor": 4096}}
+    resumed = loader_of(planned(4), adapt_max_workers=2)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        resumed.load_state_dict(state)
+    assert resumed.state_dict()["settings"] == {"num_workers": 2, "prefetch_factor": 16}
+    said = [r.getMessage() for r in caplog.records if "caps" in r.getMessage()]
+    assert said == [
+        "autoloader: the resumed state's settings pass this host's caps: num_workers 32 -> 2 "
+        "(the most workers adaptation starts here); prefetch_factor 4096 -> 16 (the deepest "
+        "prefetch it sets)"
+    ]
+    assert len([b for b in resumed]) == 10 and resumed.num_workers == 2
+    caplog.clear()
+    within = loader_of(planned(4), adapt_max_workers=2)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        within.load_state_dict({**state, "settings": {"num_workers": 1, "prefetch_factor": 4}})
+    assert within.state_dict()["settings"] == {"num_workers": 1, "prefetch_factor": 4}
+    assert not [r for r in caplog.records if "caps" in r.getMessage()]
+
+
+def test_settings_from_a_state_keep_the_batches_in_flight_within_shared_memory() -> None:
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here: no shared-memory budget to keep")
+    table = planned(4).to_dict()
+    table["tuning"] = {"host": {"batch_bytes": 2**50, "memory_budget_bytes": 2**30}}
+    plan = Plan.from_dict(table)  # batches of 1 PiB: no worker's batches fit
+    first = loader_of(plan)
+    state = {**first.state_dict(), "settings": {"num_workers": 2, "prefetch_factor": 2}}
+    resumed = loader_of(plan, adapt_max_workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["settings"] == {"num_workers": 0}

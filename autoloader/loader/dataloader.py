@@ -239,7 +239,8 @@ class DataLoader(tud.DataLoader):
         uninterrupted run yields after it (the served ones skipped at the batch sampler,
         never read), then later epochs as usual; ``set_epoch`` with another epoch starts
         that epoch at its beginning. Under a process group every rank must resume the
-        same epoch.
+        same epoch. Settings adaptation reached on a larger node are lowered to this
+        host's caps (the adapter's own), with one WARNING.
 
         Raises:
             PlanError: not a state, or one whose batches differ from this loader's (another
