@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import prepend_pythonpath, run_reaped
@@ -15,6 +17,7 @@ from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
 from autoloader.errors import PlanError
+from autoloader.sizes import fingerprint
 
 TESTS = Path(__file__).parent
 LOOP = TESTS / "resume_loop.py"
@@ -108,8 +111,8 @@ def test_set_epoch_keeps_the_saved_epoch_and_restarts_another() -> None:
     ("change", "message"),
     [
         ({"plan": "sha256:0"}, "the state was saved by a loader of another plan"),
-        ({"data": "sha256:40:x"}, r"the state was saved over other data \(sha256:40:x"),
-        ({"world_size": 2}, "the state was saved on 2 rank"),
+        ({"data": "sha256:40:x"}, "key 'data': expected a table of the data the state was"),
+        ({"world_size": 2}, "key 'world_size': .* world_size=2; this one has world_size=1"),
         ({"batches": 11}, "expected at most the 10 batches of an epoch, found 11"),
         ({"epoch": -1}, "key 'epoch': expected an integer >= 0, found -1"),
         ({"format": "x"}, r"expected a state from autoloader.DataLoader.state_dict\(\)"),
@@ -128,6 +131,15 @@ def test_a_loader_without_a_plan_keeps_no_position() -> None:
     assert loader.state_dict() == {}
     loader.load_state_dict({})
     with pytest.raises(Exception, match="built without a plan and keeps no position"):
+        loader.load_state_dict({"epoch": 1})
+
+
+def test_a_planned_loader_with_the_callers_batch_sampler_keeps_no_position() -> None:
+    own = torch.utils.data.BatchSampler(range(8), batch_size=2, drop_last=False)
+    loader = DataLoader(Plain(8), plan=planned(), check_fingerprint=False, batch_sampler=own)
+    assert loader.state_dict() == {}
+    loader.load_state_dict({})  # what it saved loads, as a checkpointing trainer does
+    with pytest.raises(Exception, match="the batch sampler is the caller's own"):
         loader.load_state_dict({"epoch": 1})
 
 
@@ -174,3 +186,174 @@ def test_a_job_killed_mid_epoch_resumes_on_every_rank_under_torchrun(tmp_path: P
                 for mode in ("whole", "killed", "resume")}  # fmt: skip
         assert len(runs["whole"]) == 24 and runs["killed"] == runs["whole"][:5]
         assert runs["resume"] == runs["whole"][5:]
+
+
+def loader_of(plan: Plan, n: int = 40, **kw: object) -> DataLoader:
+    return DataLoader(Plain(n), plan=plan, check_fingerprint=False, **kw)
+
+
+def served(loader: DataLoader, count: int) -> list[list[int]]:
+    it = iter(loader)
+    return [next(it).tolist() for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("saver", "resumer", "key", "values"),
+    [
+        ((planned(4), {}), (planned(4), {"batch_size": 8}), "batch_size", (4, 8)),
+        ((planned(4), {}), (planned(4), {"shuffle": False}), "shuffle", (True, False)),
+        ((planned(4), {"drop_last": True}), (planned(4), {}), "drop_last", (True, False)),
+        ((planned(8, "kk"), {}), (planned(16, "kk"), {}), "batch_size", (8, 16)),
+        ((planned(4, "kk"), {}), (planned(4, "random"), {}), "strategy", ("'kk'", "'random'")),
+        ((planned(4, seed=1), {}), (planned(4, seed=2), {}), "seed", (1, 2)),
+    ],
+)
+def test_a_state_of_other_batches_is_refused_naming_the_key_and_both_values(
+    saver: tuple[Plan, dict[str, object]], resumer: tuple[Plan, dict[str, object]], key: str,
+    values: tuple[object, object],
+) -> None:  # fmt: skip
+    first = loader_of(saver[0], **saver[1])
+    served(first, 3)
+    state = first.state_dict()
+    resumed = loader_of(resumer[0], **resumer[1])
+    saved, this = values
+    with pytest.raises(PlanError, match=f"key '{key}': the state was saved by a loader with "
+                                        f"{key}={saved}; this one has {key}={this}: "):  # fmt: skip
+        resumed.load_state_dict(state)
+
+
+def test_a_state_of_other_strategy_options_is_refused() -> None:
+    def balance(fraction: float) -> Plan:
+        return Plan.from_dict({"schema": 1, "loader": {"num_workers": 0}, "batching": {
+            "strategy": "balance", "options": {"fraction": fraction}, "local_batch_size": 4,
+            "world_size": 1}})  # fmt: skip
+
+    first = loader_of(balance(0.1))
+    with pytest.raises(PlanError, match=r"key 'options': the state was saved by a loader with "
+                                        r"options=\{'fraction': 0.1\}; this one has "
+                                        r"options=\{'fraction': 0.2\}"):  # fmt: skip
+        loader_of(balance(0.2)).load_state_dict(first.state_dict())
+
+
+class SizedAs(Plain):
+    """Samples of ``size`` bytes each, known without reading."""
+
+    def __init__(self, n: int, size: int = 8) -> None:
+        super().__init__(n)
+        self.size = size
+
+    def autoloader_sizes(self) -> np.ndarray:
+        return np.full(self.n, self.size, dtype=np.int64)
+
+
+def tuned_for(data: SizedAs) -> Plan:
+    """A plan tuned for ``data``: it records their fingerprint."""
+    table = planned(4).to_dict()
+    table["dataset"] = {"fingerprint": fingerprint(data.autoloader_sizes())}
+    return Plan.from_dict(table)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_state_of_other_data_is_refused_whatever_check_fingerprint_says(check: bool) -> None:
+    plan = tuned_for(SizedAs(200))
+    first = DataLoader(SizedAs(200), plan=plan)
+    served(first, 3)
+    state = first.state_dict()
+    assert state["data"] == {"samples": 200, "fingerprint": plan.fingerprint}
+    more = DataLoader(SizedAs(300), plan=plan, check_fingerprint=False)
+    with pytest.raises(PlanError, match=r"key 'data\.samples': the state was saved over 200 "
+                                        r"samples; this dataset has 300: "):  # fmt: skip
+        more.load_state_dict(state)
+    other = DataLoader(SizedAs(200, size=16), plan=plan, check_fingerprint=False)
+    with pytest.raises(PlanError, match=rf"key 'data\.fingerprint': the state was saved over "
+                                        f"data of fingerprint {plan.fingerprint}; this "
+                                        "dataset has sha256:200:"):  # fmt: skip
+        other.load_state_dict(state)
+    if check:  # the same data resumes, the check on or off
+        same = DataLoader(SizedAs(200), plan=plan)
+    else:
+        same = DataLoader(SizedAs(200), plan=plan, check_fingerprint=False)
+    same.load_state_dict(state)
+    assert same.state_dict()["batches"] == 3
+
+
+def earlier_state(loader: DataLoader, batches: int, data: str) -> dict[str, object]:
+    """A state as autoloader wrote it before states carried their batches and data."""
+    now = loader.state_dict()
+    return {"format": "autoloader.position/1", "epoch": 0, "batches": batches,
+            "settings": now["settings"], "plan": now["plan"], "data": data,
+            "world_size": 1}  # fmt: skip
+
+
+def test_a_state_of_an_earlier_autoloader_resumes_where_it_can_be_checked() -> None:
+    whole = [b.tolist() for b in loader_of(planned(4))]
+    resumed = loader_of(planned(4))
+    resumed.load_state_dict(earlier_state(resumed, 3, "40 samples"))
+    assert [b.tolist() for b in resumed] == whole[3:]
+    overridden = loader_of(planned(4), batch_size=8)
+    with pytest.raises(PlanError, match="key 'batch_size': the state was saved by a loader with "
+                                        r"batch_size=4 \(a state of an earlier autoloader, "
+                                        "which did not record it: the plan's\\); this one has "
+                                        "batch_size=8"):  # fmt: skip
+        overridden.load_state_dict(earlier_state(overridden, 3, "40 samples"))
+    plan = tuned_for(SizedAs(200))
+    more = DataLoader(SizedAs(300), plan=plan, check_fingerprint=False)
+    with pytest.raises(PlanError, match="the state was saved over other data"):
+        more.load_state_dict(earlier_state(more, 3, str(plan.fingerprint)))
+    same = DataLoader(SizedAs(200), plan=plan)
+    same.load_state_dict(earlier_state(same, 3, str(plan.fingerprint)))
+    assert same.state_dict()["batches"] == 3
+
+
+def test_a_state_round_trips_through_torch_load_with_its_meaning() -> None:
+    loader = loader_of(planned(4, "balance"), drop_last=True)
+    served(loader, 2)
+    buffer = io.BytesIO()
+    torch.save(loader.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    keys = ("strategy", "options", "batch_size", "shuffle", "seed", "drop_last", "world_size")
+    assert {k: state[k] for k in keys} == {
+        "strategy": "balance", "options": {"fraction": 0.1}, "batch_size": 4, "shuffle": True,
+        "seed": 0, "drop_last": True, "world_size": 1,
+    }  # fmt: skip
+    resumed = loader_of(planned(4, "balance"), drop_last=True)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in loader][2:]
+
+
+def test_settings_from_a_larger_node_are_clipped_to_this_hosts_caps_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = loader_of(planned(4))
+    state = {**first.state_dict(), "settings": {"num_workers": 32, "prefetch_factor": 4096}}
+    resumed = loader_of(planned(4), adapt_max_workers=2)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        resumed.load_state_dict(state)
+    assert resumed.state_dict()["settings"] == {"num_workers": 2, "prefetch_factor": 16}
+    said = [r.getMessage() for r in caplog.records if "caps" in r.getMessage()]
+    assert said == [
+        "autoloader: the resumed state's settings pass this host's caps: num_workers 32 -> 2 "
+        "(the most workers adaptation starts here); prefetch_factor 4096 -> 16 (the deepest "
+        "prefetch it sets)"
+    ]
+    assert len([b for b in resumed]) == 10 and resumed.num_workers == 2
+    caplog.clear()
+    within = loader_of(planned(4), adapt_max_workers=2)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        within.load_state_dict({**state, "settings": {"num_workers": 1, "prefetch_factor": 4}})
+    assert within.state_dict()["settings"] == {"num_workers": 1, "prefetch_factor": 4}
+    assert not [r for r in caplog.records if "caps" in r.getMessage()]
+
+
+def test_settings_from_a_state_keep_the_batches_in_flight_within_shared_memory() -> None:
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here: no shared-memory budget to keep")
+    table = planned(4).to_dict()
+    table["tuning"] = {"host": {"batch_bytes": 2**50, "memory_budget_bytes": 2**30}}
+    plan = Plan.from_dict(table)  # batches of 1 PiB: no worker's batches fit
+    first = loader_of(plan)
+    state = {**first.state_dict(), "settings": {"num_workers": 2, "prefetch_factor": 2}}
+    resumed = loader_of(plan, adapt_max_workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["settings"] == {"num_workers": 0}

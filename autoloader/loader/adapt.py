@@ -36,12 +36,12 @@ from typing import Any
 
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
+from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
 
 log = logging.getLogger("autoloader")
 
 MIN_BATCHES = 4
-MAX_PREFETCH_FACTOR = 16
 SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
 
 
@@ -307,13 +307,19 @@ class Adapter:
 
     def restore(self, saved: dict[str, int], trial: Trial | None = None) -> None:
         """Resume at settings an earlier run reached (a loader's saved state); the ones
-        the user fixed stay as given. A raise that was on trial stays on trial (judged
-        on the next epoch, as without the interruption) where it is still in force."""
-        keep = {k: v for k, v in saved.items() if k not in self._fixed}
+        the user fixed stay as given. Settings past this host's caps (reached on a larger
+        node) are lowered to them, as a raise here would be, and a WARNING says so. A raise
+        that was on trial stays on trial (judged on the next epoch, as without the
+        interruption) where it is still in force."""
+        keep: dict[str, Any] = {k: v for k, v in saved.items() if k not in self._fixed}
         if self.settings.device_prefetch is None:
             keep.pop("device_prefetch", None)
+        keep, why = within_caps(keep, self.settings, self.limits)
+        if why:
+            log.warning("autoloader: the resumed state's settings pass this host's caps: %s",
+                        "; ".join(why))  # fmt: skip
         if keep.get("num_workers", self.settings.num_workers) == 0:
-            keep["prefetch_factor"] = self.settings.prefetch_factor  # type: ignore[assignment]
+            keep["prefetch_factor"] = self.settings.prefetch_factor
         self.settings = replace(self.settings, **keep)
         in_force = trial is not None and self._value(trial.setting) == trial.after
         self._trial = trial if in_force else None

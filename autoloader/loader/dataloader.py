@@ -39,9 +39,11 @@ from autoloader.loader.planned import (
     node_loader,
 )
 from autoloader.loader.position import (
+    Data,
     Position,
     Served,
     check_state,
+    meaning,
     saved_settings,
     saved_trial,
 )
@@ -60,7 +62,7 @@ from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH
 from autoloader.samplers import SizeBatchSampler
-from autoloader.sizes import dataset_length
+from autoloader.sizes import dataset_length, fingerprint
 
 log = logging.getLogger("autoloader")
 
@@ -124,7 +126,7 @@ class DataLoader(tud.DataLoader):
         self._position = Position()
         self._inner_position: Position | None = None
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
-        self._data_identity = ""
+        self._data = Data(0)  # what a planned loader serves: a position's data
         # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
         self._host = HostBudget.probe() if plan is not None else None
         if plan is not None:
@@ -164,7 +166,7 @@ class DataLoader(tud.DataLoader):
                 )
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
         self.num_threads = _apply_threads(self.plan, num_threads)
-        self._rank, self._world = rank, world
+        self._rank = rank
         self._survival = _survival(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
@@ -183,15 +185,16 @@ class DataLoader(tud.DataLoader):
         n = dataset_length(dataset)
         verify = check_fingerprint and plan.fingerprint is not None
         sizes = known_sizes(plan, dataset, world, verify=verify)
-        self._data_identity = plan.fingerprint or f"{n} samples"
+        self._data = Data(n, fingerprint(sizes) if sizes is not None else None)
         if check_fingerprint:
-            check_data_fingerprint(plan, sizes, n)
+            check_data_fingerprint(plan, self._data.fingerprint, n)
         self.grad_accum_steps = accumulation_for(plan, world)
         explicit = set(given) & {"num_workers", "prefetch_factor"}
         given = apply_plan(plan, given, sizes, rank, world, n)
         assert self._host is not None
         given = fit_to_host(plan, given, explicit, self._host)
-        check_ranks_agree(digest(plan, given, sizes, self.grad_accum_steps, n), source=plan.source)
+        data = self._data.fingerprint or f"{n} samples"
+        check_ranks_agree(digest(plan, given, data, self.grad_accum_steps), source=plan.source)
         return given, sizes
 
     @property
@@ -219,12 +222,16 @@ class DataLoader(tud.DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch, the batches of it handed out so far (prefetched
-        ones not counted), the settings adaptation reached, and what identifies the plan
-        and the data. Plain data, well under 1 KiB ({} for a loader without a plan)."""
-        if self.plan is None:
+        ones not counted), what those batches depend on (the batch sampler's strategy,
+        options, batch size, shuffle, seed, drop_last, world size), the data they were
+        cut from (its length and sizes' fingerprint), the plan's batching, and the
+        settings adaptation reached. Plain data, well under 1 KiB ({} for a loader without
+        a plan or with the caller's own batch sampler: it has no position to keep)."""
+        sampler = self.batch_sampler
+        if self.plan is None or not isinstance(sampler, SizeBatchSampler):
             return {}
         adapter = self._runtime.adapter if self._runtime is not None else None
-        return position_state(self._position, self.plan, self._data_identity, self._world,
+        return position_state(self._position, self.plan, self._data, meaning(sampler),
                               self._settings(), adapter.on_trial if adapter else None)  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -232,11 +239,16 @@ class DataLoader(tud.DataLoader):
         uninterrupted run yields after it (the served ones skipped at the batch sampler,
         never read), then later epochs as usual; ``set_epoch`` with another epoch starts
         that epoch at its beginning. Under a process group every rank must resume the
-        same epoch.
+        same epoch. Settings adaptation reached on a larger node are lowered to this
+        host's caps (the adapter's own), with one WARNING.
 
         Raises:
-            PlanError: a state of another plan, dataset or world size, or not a state.
-            UsageError: the loader has no plan, or the user's own batch sampler.
+            PlanError: not a state, or one whose batches differ from this loader's (another
+                strategy, options, batch size, shuffle, seed, drop_last or world size: the
+                key and both values are named), or of other data (length or sizes'
+                fingerprint, whatever ``check_fingerprint`` said), or of another plan.
+            UsageError: a state given to a loader without a plan, or with the user's own
+                batch sampler (neither keeps a position: their ``state_dict()`` is {}).
         """
         if self.plan is None:
             if state_dict:
@@ -245,10 +257,13 @@ class DataLoader(tud.DataLoader):
             return
         sampler = self.batch_sampler
         if not isinstance(sampler, SizeBatchSampler):
-            raise UsageError("load_state_dict: the batch sampler is the caller's own, not the "
-                             "plan's: its position is not the loader's to restore")  # fmt: skip
-        where = check_state(state_dict, self.plan, self._data_identity, self._world,
-                            len(sampler))  # fmt: skip
+            if state_dict:  # its state_dict() is {}: that loads, as without a plan
+                raise UsageError(
+                    "load_state_dict: the batch sampler is the caller's own, not the plan's: "
+                    "its position is not the loader's to restore"
+                )
+            return
+        where = check_state(state_dict, self.plan, self._data, meaning(sampler), len(sampler))
         check_ranks_agree({"resumed epoch": where.epoch}, source=self.plan.source)
         sampler.set_epoch(where.epoch)
         sampler.resume_at(where.batches)

@@ -50,22 +50,31 @@ def fit_to_host(
                     "%s; %s", why, fix)  # fmt: skip
         return given
     out = dict(given)
-    depth = budget.prefetch_within(workers, int(prefetch or 2), batch)
-    if depth is None:
-        fewer = budget.most_workers(1, batch, 0.0, workers)
-        depth = budget.prefetch_within(fewer, 1, batch) if fewer else None
-        out["num_workers"] = fewer
-        if fewer == 0:
-            out.pop("prefetch_factor", None)
-            out["persistent_workers"] = False
+    out["num_workers"], depth = within_shm(budget, workers, prefetch, batch)
     if out["num_workers"]:
         out["prefetch_factor"] = depth
+    else:
+        out.pop("prefetch_factor", None)
+        out["persistent_workers"] = False
     log.warning(
         "autoloader: running %d worker(s)%s instead of the plan's %d x prefetch_factor %s: "
         "%s; %s", out["num_workers"], f" x prefetch_factor {depth}" if out["num_workers"]
         else "", workers, prefetch or 2, why, fix,
     )  # fmt: skip
     return out
+
+
+def within_shm(
+    budget: HostBudget, workers: int, prefetch: int | None, batch: int
+) -> tuple[int, int | None]:
+    """``workers`` x ``prefetch`` batches of ``batch`` bytes lowered until they fit
+    ``budget``'s shared memory: prefetch first, then workers (at prefetch 1). The workers
+    and prefetch that fit (prefetch None with no workers)."""
+    depth = budget.prefetch_within(workers, int(prefetch or 2), batch)
+    if depth is not None:
+        return workers, depth
+    fewer = budget.most_workers(1, batch, 0.0, workers)
+    return fewer, budget.prefetch_within(fewer, 1, batch) if fewer else None
 
 
 def _count(value: Any) -> bool:

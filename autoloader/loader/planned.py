@@ -18,7 +18,6 @@ from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.plan.schema import validate_loader
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
-from autoloader.sizes import fingerprint
 
 log = logging.getLogger("autoloader")
 
@@ -141,10 +140,9 @@ def accumulation_for(plan: Plan, world: int) -> int:
     return steps
 
 
-def digest(
-    plan: Plan, given: dict[str, Any], sizes: np.ndarray | None, accum: int, n: int
-) -> dict[str, Any]:
-    """What must be equal on every rank: the batching as applied, and the data."""
+def digest(plan: Plan, given: dict[str, Any], data: str, accum: int) -> dict[str, Any]:
+    """What must be equal on every rank: the batching as applied, and the data (its
+    sizes' fingerprint, or its length where the sizes are not known)."""
     batching = plan.to_dict()["batching"]
     sampler = given.get("batch_sampler")
     if isinstance(sampler, SizeBatchSampler):
@@ -153,17 +151,16 @@ def digest(
     elif sampler is not None or given.get("sampler") is not None:
         batching["sampler"] = type(sampler or given.get("sampler")).__name__
     batching["grad_accum_steps"] = accum
-    data = fingerprint(sizes) if sizes is not None else f"{n} samples"
     return {**batching, "dataset fingerprint": data}
 
 
-def check_data_fingerprint(plan: Plan, sizes: np.ndarray | None, n: int) -> None:
-    """Refuse a plan tuned for other data: by fingerprint, or by sample count where no
-    sizes were needed."""
+def check_data_fingerprint(plan: Plan, found: str | None, n: int) -> None:
+    """Refuse a plan tuned for other data: by the sizes' fingerprint ``found``, or by
+    sample count ``n`` where no sizes were needed (``found`` None)."""
     expected = plan.fingerprint
     if expected is None:
         return
-    if sizes is None:
+    if found is None:
         recorded = plan.dataset.get("num_samples")
         if isinstance(recorded, int) and recorded != n:
             raise PlanError(
@@ -172,12 +169,11 @@ def check_data_fingerprint(plan: Plan, sizes: np.ndarray | None, n: int) -> None
                 "check_fingerprint=False"
             )
         return
-    found = fingerprint(sizes)
     if found != expected:
         recorded = plan.dataset.get("num_samples", "?")
         raise PlanError(
             f"{plan.source}: the plan was tuned for other data (fingerprint {expected}, "
-            f"{recorded} samples); this dataset has fingerprint {found}, {len(sizes)} "
+            f"{recorded} samples); this dataset has fingerprint {found}, {n} "
             "samples. Re-run `autoloader tune`, or pass check_fingerprint=False"
         )
 

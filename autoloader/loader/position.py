@@ -5,8 +5,12 @@ The planned batch samplers are a pure function of (sizes, options, seed, epoch),
 position is two numbers, the epoch and the batches handed out in it, and resuming is
 arithmetic: the batch sampler skips the served batches (``resume_at``), and no sample of
 them is read. Batches that workers had prefetched but the loop had not received are not
-served. The state also holds the settings run-time adaptation reached, and what
-identifies the plan and the data, so that a state of another plan or dataset is refused.
+served. Two numbers mean something only for the batches they count, so the state also
+carries what fixes those batches (the batch sampler's strategy, options, batch size,
+shuffle, seed, drop_last and world size: ``MEANING``) and the data they were cut from
+(its length, and its sizes' fingerprint where known); a loader that differs in any of them
+refuses the state, naming the key and both values. It also holds the settings run-time
+adaptation reached, and the plan's batching, so that a state of another plan is refused.
 Same method names as torchdata's ``StatefulDataLoader``: Lightning checkpoints it.
 """
 
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +27,51 @@ from typing import Any
 from autoloader.errors import PlanError
 from autoloader.loader.adapt import SETTINGS, Trial  # the settings adaptation moves
 from autoloader.plan import Plan
+from autoloader.samplers import SizeBatchSampler
 
-FORMAT = "autoloader.position/1"
+log = logging.getLogger("autoloader")
+
+FORMAT = "autoloader.position/2"
+# Written before a state carried its meaning and its data: still resumed (a job that
+# upgrades keeps its checkpoint), checked for all it holds; what it does not hold is taken
+# as the plan's (``_as_planned``), so a loader that overrides the plan refuses it.
+EARLIER = "autoloader.position/1"
+# What fixes the batches a position counts, besides the sizes and the epoch.
+MEANING = ("strategy", "options", "batch_size", "shuffle", "seed", "drop_last", "world_size")
 
 
 def plan_identity(plan: Plan) -> str:
     """The plan's batching, as a short digest: the batches depend on nothing else."""
     table = json.dumps(plan.to_dict()["batching"], sort_keys=True)
     return "sha256:" + hashlib.sha256(table.encode()).hexdigest()[:16]
+
+
+def meaning(sampler: SizeBatchSampler) -> dict[str, Any]:
+    """What a position of ``sampler`` counts: the arguments its batches depend on."""
+    return {
+        "strategy": sampler.name,
+        "options": sampler.options(),
+        "batch_size": sampler.batch_size,
+        "shuffle": sampler.shuffle,
+        "seed": sampler.seed,
+        "drop_last": sampler.drop_last,
+        "world_size": sampler.num_replicas,
+    }
+
+
+@dataclass(frozen=True)
+class Data:
+    """The data a position was taken on: its length, and its sizes' fingerprint
+    (``autoloader.sizes.fingerprint``) where the loader knows the sizes."""
+
+    samples: int
+    fingerprint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"samples": self.samples}
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        return out
 
 
 @dataclass
@@ -59,35 +102,39 @@ class Served:
 
 
 def state(
-    position: Position, plan: Plan, data: str, world: int, settings: dict[str, Any],
-    trial: Trial | None = None,
+    position: Position, plan: Plan, data: Data, means: Mapping[str, Any],
+    settings: dict[str, Any], trial: Trial | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The plain-data state: numbers and strings, under 1 KiB whatever the epoch's size.
-    ``trial``: a raise in force but not yet judged, judged after resuming as it would
-    have been."""
+    ``means``: ``meaning(sampler)``. ``trial``: a raise in force but not yet judged,
+    judged after resuming as it would have been."""
     out = {
         "format": FORMAT,
         "epoch": position.epoch,
         "batches": position.batches,
-        "settings": {k: v for k, v in settings.items() if k in SETTINGS and v is not None},
+        **means,
+        "data": data.to_dict(),
         "plan": plan_identity(plan),
-        "data": data,
-        "world_size": world,
+        "settings": {k: v for k, v in settings.items() if k in SETTINGS and v is not None},
     }
     if trial is not None:
         out["trial"] = trial.to_dict()
     return out
 
 
-def check_state(found: Any, plan: Plan, data: str, world: int, batches_in_epoch: int) -> Position:
-    """The position in ``found``, checked against this loader.
+def check_state(
+    found: Any, plan: Plan, data: Data, means: Mapping[str, Any], batches_in_epoch: int
+) -> Position:
+    """The position in ``found``, checked against this loader (``means``: its
+    ``meaning``; ``data``: what it serves).
 
     Raises:
-        PlanError: not a loader state, or one of another plan, dataset or world size.
+        PlanError: not a loader state, or one whose batches (``MEANING``), data or plan
+            differ from this loader's.
     """
     source = plan.source
-    if not isinstance(found, Mapping) or found.get("format") != FORMAT:
-        what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
+    what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
+    if what not in (FORMAT, EARLIER):
         raise PlanError(
             f"{source}: load_state_dict: expected a state from "
             f"autoloader.DataLoader.state_dict() ({FORMAT}), found {what!r}"
@@ -98,29 +145,76 @@ def check_state(found: Any, plan: Plan, data: str, world: int, batches_in_epoch:
             raise PlanError(
                 f"{source}: load_state_dict: key {key!r}: expected an integer >= 0, found {value!r}"
             )
+    earlier = what == EARLIER
+    saved = _as_planned(found, plan, means) if earlier else found
+    for key in MEANING:
+        if saved.get(key) != means[key]:
+            note = ""
+            if earlier and key != "world_size":
+                note = " (a state of an earlier autoloader, which did not record it: the plan's)"
+            raise PlanError(
+                f"{source}: load_state_dict: key {key!r}: the state was saved by a loader "
+                f"with {key}={saved.get(key)!r}{note}; this one has {key}={means[key]!r}: "
+                "its position counts other batches"
+            )
+    _check_data(found, plan, data, earlier)
     if found.get("plan") != plan_identity(plan):
         raise PlanError(
             f"{source}: load_state_dict: the state was saved by a loader of "
             f"another plan (batching {found.get('plan')}, this one "
             f"{plan_identity(plan)}): its position means nothing here"
         )
-    if found.get("data") != data:
-        raise PlanError(
-            f"{source}: load_state_dict: the state was saved over other data "
-            f"({found.get('data')}; this dataset: {data})"
-        )
-    if found["world_size"] != world:
-        raise PlanError(
-            f"{source}: load_state_dict: the state was saved on "
-            f"{found['world_size']} rank(s); this job has {world}: each rank's "
-            "batches differ, so its position cannot be kept"
-        )
     if found["batches"] > batches_in_epoch:
         raise PlanError(
             f"{source}: load_state_dict: key 'batches': expected at most the "
             f"{batches_in_epoch} batches of an epoch, found {found['batches']}"
         )
+    if earlier:
+        log.info("autoloader: resuming a state of an earlier autoloader (%s): its batching "
+                 "is taken as the plan's, its data checked by sample count", EARLIER)  # fmt: skip
     return Position(found["epoch"], found["batches"])
+
+
+def _as_planned(found: Mapping[str, Any], plan: Plan, means: Mapping[str, Any]) -> dict[str, Any]:
+    """An earlier state's meaning: the plan's batching without keyword overrides (what
+    only overrides change, batch_size, shuffle and drop_last, from the plan; the rest
+    always is the plan's), and its recorded world size."""
+    bp = plan.batching
+    return {**means, "batch_size": bp.local_batch_size, "shuffle": True,
+            "drop_last": bp.drop_last, "world_size": found["world_size"]}  # fmt: skip
+
+
+def _check_data(found: Mapping[str, Any], plan: Plan, data: Data, earlier: bool) -> None:
+    """Refuse a state taken on other data, whatever ``check_fingerprint`` said of the plan."""
+    source = plan.source
+    table = found.get("data")
+    if earlier:
+        # an earlier state's data was the plan's fingerprint ("sha256:N:...") or "N samples"
+        legacy = plan.fingerprint or f"{data.samples} samples"
+        count = re.fullmatch(r"sha256:(\d+):\w+|(\d+) samples", str(table))
+        samples = int(count.group(1) or count.group(2)) if count else None
+        if table != legacy or samples != data.samples:
+            raise PlanError(
+                f"{source}: load_state_dict: the state was saved over other data "
+                f"({table}; this dataset: {data.samples} samples, plan {legacy})"
+            )
+        return
+    if not isinstance(table, Mapping):
+        raise PlanError(f"{source}: load_state_dict: key 'data': expected a table of the "
+                        f"data the state was taken on, found {table!r}")  # fmt: skip
+    if table.get("samples") != data.samples:
+        raise PlanError(
+            f"{source}: load_state_dict: key 'data.samples': the state was saved over "
+            f"{table.get('samples')!r} samples; this dataset has {data.samples}: its "
+            "position counts batches of other data"
+        )
+    saved = table.get("fingerprint")
+    if saved is not None and data.fingerprint is not None and saved != data.fingerprint:
+        raise PlanError(
+            f"{source}: load_state_dict: key 'data.fingerprint': the state was saved over "
+            f"data of fingerprint {saved}; this dataset has {data.fingerprint}: its "
+            "position counts batches of other data"
+        )
 
 
 def saved_trial(found: Mapping[str, Any]) -> Trial | None:
