@@ -3,13 +3,15 @@ autoloader/cli/tune.py): nothing a user types destroys a file."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_PLAN
+from conftest import GOOD_PLAN, prepend_pythonpath, run_cli, run_reaped
 
 from autoloader import Plan, PlanError
 from autoloader.cli import main
@@ -180,3 +182,112 @@ def test_save_plan_never_replaces_the_data_it_reads(tmp_path: Path, events_copy:
     assert events_copy.read_bytes() == before
     loader.save_plan(tmp_path / "adapted.toml")
     assert Plan.load(tmp_path / "adapted.toml").batching.local_batch_size == 4
+
+
+def _deep(root: Path, length: int, name_bytes: int) -> Path:
+    """A path of exactly ``length`` bytes under ``root`` whose file name is ``name_bytes``
+    long, through directories of at most 200-byte names (created)."""
+    directory, left = root, length - len(os.fsencode(root)) - 1 - name_bytes
+    while left > 0:  # each directory takes a slash and 1 to 200 bytes of name
+        size = min(200, left - 1) - (left - min(200, left - 1) - 1 == 1)
+        directory, left = directory / ("d" * size), left - size - 1
+    assert left == 0
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / ("n" * name_bytes)
+    assert len(os.fsencode(path)) == length
+    return path
+
+
+@pytest.mark.parametrize(("length", "name_bytes"), [(None, 240), (None, 255), (4082, 40),
+                                                    (4095, 60)])  # fmt: skip
+def test_plan_save_writes_every_path_the_os_accepts(
+    tmp_path: Path, length: int | None, name_bytes: int
+) -> None:
+    """The temporary file of the atomic write is never named longer than the target."""
+    path = tmp_path / ("n" * name_bytes) if length is None else _deep(tmp_path, length, name_bytes)
+    plan = Plan.from_dict(tomllib.loads(GOOD_PLAN))
+    plan.save(path)
+    assert Plan.load(path) == plan
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_tune_writes_a_long_name_at_the_end_of_a_long_path(tmp_path: Path) -> None:
+    out = _deep(tmp_path, 4082, 240)
+    out.write_text(GOOD_PLAN)
+    done = run_cli("tune", "hostile_data:GOOD", "-o", str(out), *FAST)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert Plan.load(out).batching.global_batch_size == 4
+
+
+def test_a_path_the_os_refuses_is_one_line(tmp_path: Path) -> None:
+    too_long = tmp_path / ("n" * 256)
+    done = run_cli("show", str(too_long))
+    expected = f"autoloader: error: {too_long}: cannot read the plan: File name too long\n"
+    assert (done.returncode, done.stderr) == (2, expected)
+    with pytest.raises(PlanError, match="File name too long"):
+        Plan.from_dict(tomllib.loads(GOOD_PLAN)).save(too_long)
+
+
+# A name in bytes that are not UTF-8 (a Latin-1 file system): Python holds it as text with
+# lone surrogates, which no TOML or JSON can; the plan keeps the bytes in spec_hex.
+ODD = b"ev\xff\xfe.h5"
+
+
+@pytest.fixture
+def odd_h5(tmp_path: Path, events_h5: Path) -> Path:
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/" + ODD))
+    odd.write_bytes(events_h5.read_bytes())
+    return odd
+
+
+@pytest.mark.parametrize(
+    "locale",
+    [{"LC_ALL": "C"}, {"LC_ALL": "C", "PYTHONUTF8": "0"},
+     {"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict"}],  # as en_US.UTF-8 prints
+)  # fmt: skip
+def test_a_dataset_name_that_is_not_utf8_is_tuned_and_kept_exactly(
+    tmp_path: Path, odd_h5: Path, locale: dict[str, str]
+) -> None:
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xff.toml"))
+    env = prepend_pythonpath(TESTS, env={**os.environ, **locale})
+    loud = [a for a in FAST if a != "--quiet"]  # the summary prints the name
+    cmd = [sys.executable, "-m", "autoloader", "tune", os.fsencode(odd_h5), "-o", os.fsencode(out),
+           *loud]  # fmt: skip
+    done = run_reaped(cmd, timeout=300, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert f"dataset   {tmp_path}/ev\\xff\\xfe.h5: 300 samples" in done.stdout
+    plan = Plan.load(out)
+    assert plan.dataset["spec"] == str(odd_h5)
+    assert f'spec_hex = "{os.fsencode(odd_h5).hex()}"' in out.read_text()
+    assert "$'" + str(tmp_path) + "/ev\\xff\\xfe.h5'" in plan.meta["command"]
+    shown = run_reaped([sys.executable, "-m", "autoloader", "show", "--json", os.fsencode(out)],
+                       timeout=120, env=env)  # fmt: skip
+    assert shown.returncode == 0 and json.loads(shown.stdout)["dataset"]["spec_hex"]
+
+
+def test_a_dataset_name_that_is_not_utf8_through_the_python_api(
+    tmp_path: Path, odd_h5: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    import autoloader
+
+    data = autoloader.open_dataset(str(odd_h5))
+    plan = autoloader.tune(data, global_batch_size=4, max_workers=1, iterations=5, device="cpu",
+                           spec=str(odd_h5), progress=False)  # fmt: skip
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xfe.toml"))
+    plan.save(out)
+    again = Plan.load(out)
+    assert again == plan and again.dataset["spec"] == str(odd_h5)
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    loader = autoloader.DataLoader(autoloader.open_dataset(again.dataset["spec"]), plan=out,
+                                   registry=CollectorRegistry())  # fmt: skip
+    assert sum(len(batch) for batch in loader) > 0
+
+
+def test_a_spec_hex_that_is_not_hex_is_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN + '[dataset]\nspec = "x"\nspec_hex = "zz"\n')
+    with pytest.raises(PlanError, match=r"key 'dataset.spec_hex': expected the spec's bytes as "
+                                        r"hex digits, found 'zz'"):  # fmt: skip
+        Plan.load(plan)
