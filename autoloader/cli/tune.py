@@ -100,12 +100,8 @@ def register(sub: Any) -> None:
         metavar="MODULE:CALLABLE",
         help="a training step step(batch) (or a zero-argument factory of one)",
     )
-    p.add_argument(
-        "--transform",
-        metavar="MODULE:FN",
-        help="a picklable function applied to each sample in the workers (sizes stay the "
-        "stored samples')",
-    )
+    p.add_argument("--transform", metavar="MODULE:FN", help="a picklable function applied to "
+                   "each sample in the workers (sizes stay the stored samples')")  # fmt: skip
     p.add_argument(
         "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
     )

@@ -9,20 +9,18 @@ to the same caps, as a raise here would be, rather than started as they are.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autoloader.loader.host_fit import within_shm
-
-if TYPE_CHECKING:
-    from autoloader.loader.adapt import Limits, Settings
 
 MAX_PREFETCH_FACTOR = 16  # the deepest prefetch adaptation sets
 
 
 def within_caps(
-    saved: dict[str, Any], current: Settings, limits: Limits
+    saved: dict[str, Any], current: Any, limits: Any
 ) -> tuple[dict[str, Any], list[str]]:
-    """``saved`` settings lowered to ``limits`` (``current``: the settings in force, for
+    """``saved`` settings lowered to ``limits`` (an ``adapt.Limits``; typed loosely, as
+    ``adapt`` imports this module) (``current``: the ``adapt.Settings`` in force, for
     those ``saved`` lacks); and each change, said."""
     out, why = dict(saved), []
 
