@@ -26,23 +26,31 @@ def _is_dataclass(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
-def leaves(obj: Any) -> Iterator[Any]:
-    """Every value that is not a container: tensors, arrays, numbers, other objects."""
+# What PyG's ``Batch`` adds to its graphs' own tensors: the graph of each node, and where
+# each graph starts. Samples have neither, so their sizes do not count them.
+COLLATION_KEYS = frozenset({"batch", "ptr"})
+
+
+def leaves(obj: Any, *, samples_only: bool = False) -> Iterator[Any]:
+    """Every value that is not a container: tensors, arrays, numbers, other objects.
+    ``samples_only``: without what collation added (``COLLATION_KEYS`` of a PyG batch)."""
     if isinstance(obj, (torch.Tensor, np.ndarray, str, bytes)) or obj is None:
         yield obj
     elif _is_pyg(obj):
+        skip = COLLATION_KEYS if samples_only and hasattr(obj, "_slice_dict") else ()
         for store in obj.stores:
-            for value in store.values():
-                yield from leaves(value)
+            for key, value in store.items():
+                if key not in skip:
+                    yield from leaves(value, samples_only=samples_only)
     elif isinstance(obj, Mapping):
         for value in obj.values():
-            yield from leaves(value)
+            yield from leaves(value, samples_only=samples_only)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from leaves(value)
+            yield from leaves(value, samples_only=samples_only)
     elif _is_dataclass(obj):
         for field in dataclasses.fields(obj):
-            yield from leaves(getattr(obj, field.name))
+            yield from leaves(getattr(obj, field.name), samples_only=samples_only)
     else:
         yield obj
 
@@ -52,11 +60,13 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
     return (leaf for leaf in leaves(obj) if isinstance(leaf, torch.Tensor))
 
 
-def nbytes(obj: Any) -> int:
+def nbytes(obj: Any, *, samples_only: bool = False) -> int:
     """Bytes of the tensors and arrays inside a sample or a batch. Python numbers count
-    as 8 bytes, the size they take once collated into a tensor."""
+    as 8 bytes, the size they take once collated into a tensor. ``samples_only``: a
+    batch's samples alone (without PyG's ``batch`` and ``ptr`` vectors), so that a batch
+    measures as the sum of its samples' sizes."""
     total = 0
-    for leaf in leaves(obj):
+    for leaf in leaves(obj, samples_only=samples_only):
         if isinstance(leaf, torch.Tensor):
             total += leaf.element_size() * leaf.numel()
         elif isinstance(leaf, np.ndarray):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -416,7 +417,9 @@ def test_devices_says_one_thing_about_free_memory_without_nvml() -> None:
 
 def test_a_dataset_error_raised_in_a_worker_is_one_line(tmp_path: Path) -> None:
     """A plugin's DatasetError raised in a worker process reaches the user as the plugin's
-    own line, not torch's worker traceback around it."""
+    own line, not torch's worker traceback around it. Every sample fails in a worker (and
+    none in the main process, which measures the sizes): the search's first count, 1
+    worker, reads some sample there, whichever the timing lets it reach."""
     (tmp_path / "worker_fails.py").write_text(
         "import torch\n"
         "from torch.utils.data import Dataset, get_worker_info\n"
@@ -424,14 +427,16 @@ def test_a_dataset_error_raised_in_a_worker_is_one_line(tmp_path: Path) -> None:
         "class D(Dataset):\n"
         "    def __len__(self): return 64\n"
         "    def __getitem__(self, i):\n"
-        "        if get_worker_info() is not None and i == 7:\n"
-        "            raise DatasetError('events.h5: event 7: field hit_x has 3 rows, expected 5')\n"
+        "        if get_worker_info() is not None:\n"
+        "            raise DatasetError(f'events.h5: event {i}: field hit_x has 3 rows, expected 5')\n"
         "        return torch.zeros(4)\n"
     )  # fmt: skip
     done = run_cli("tune", "worker_fails:D", "--global-batch-size", "4", "--max-workers", "1",
                    "--iterations", "40", "--quiet", "-o", str(tmp_path / "p.toml"),
                    cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "autoloader: error: events.h5: event 7: field hit_x has 3 rows, expected 5"
-    ]
+    (line,) = done.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"autoloader: error: events\.h5: event \d+: field hit_x has 3 rows, expected 5", line
+    )
+    assert not (tmp_path / "p.toml").exists()

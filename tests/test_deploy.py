@@ -185,6 +185,8 @@ def exported_names(monkeypatch: pytest.MonkeyPatch) -> set[str]:
             "loader": {"num_workers": 0},
             "batching": {"strategy": "random", "local_batch_size": 4},
             "memory": {"budget_bytes": 10, "predicted_peak_bytes": 5},
+            # a replayed worst batch below the data's: the outgrown batch is exported too
+            "tuning": {"strategies": {"random": {"worst_batch_bytes": 1}}},
         }
     )
     loader = DataLoader(VariableTensors(8), plan=plan, collate_fn=list, registry=registry)
@@ -217,4 +219,6 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
         "autoloader_device_memory_used_bytes",
         "autoloader_worker_restarts_total",
         "autoloader_shm_used_bytes",
+        "autoloader_predicted_worst_batch_bytes",
+        "autoloader_outgrown_batch_bytes",
     } <= used

@@ -265,7 +265,8 @@ def test_a_rank_killed_mid_tune_is_named_and_the_others_stop(tmp_path: Path, vic
     err = (tmp_path / f"rank{survivor}.log").read_text()
     lines = [line for line in err.splitlines() if line.startswith("autoloader: error:")]
     assert code == 2, err[-3000:]
-    assert took < 3 + 10, took  # the peer timeout and a few beats, not gloo's hour
+    # the peer timeout and a few beats, not gloo's hour (room for a loaded machine's exit)
+    assert took < 3 + 40, took
     assert len(lines) == 1 and "Traceback" not in err and "a bug" not in err, err[-3000:]
     assert f"rank {victim} stopped" in lines[0] and "no plan is written" in lines[0]
     assert not (tmp_path / f"plan{survivor}.toml").exists()
@@ -310,7 +311,7 @@ def test_a_stop_while_waiting_at_the_rendezvous_is_prompt(
         took = time.monotonic() - sent
     err = log.read_text()
     assert code == 130, err[-2000:]
-    assert took < 3, took
+    assert took < 30, took  # not the 300 s join timeout (room for a loaded machine's exit)
     assert "interrupted; nothing was written" in err
     assert "TCPStore" not in err and "Traceback" not in err, err[-2000:]
     assert not (tmp_path / f"plan{alone}.toml").exists()

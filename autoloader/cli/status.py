@@ -14,10 +14,11 @@ Reads the loader metrics the node's training processes write to PROMETHEUS_MULTI
 (or --metrics-dir) and prints, per rank: the last complete epoch's data-wait share and
 samples/s, the workers now and since when, the adaptations made, the workers restarted
 (one died, or they passed their memory budget), the shared memory their batches hold, the
-device memory peak against the plan's prediction and budget, out-of-memory errors, and a
-verdict:
-data-bound, fed, memory (OOMs or drift), or starting. The agent serves the same JSON at
-/status. Exit status 0 whatever the verdict; 2 when there is no metrics directory.
+device memory peak against the plan's prediction and budget, out-of-memory errors, a
+batch whose measured bytes passed the plan's predicted worst (the data changed since the
+tune), and a verdict: data-bound, fed, memory (OOMs or drift), data changed, or starting.
+The agent serves the same JSON at /status. Exit status 0 whatever the verdict; 2 when there
+is no metrics directory.
 """
 
 
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def render(status: dict[str, Any], directory: Path) -> str:
+    from autoloader.units import format_bytes
+
     lines = [f"autoloader status: {directory}", f"  verdict: {status['verdict']}"]
     for r in status["ranks"]:
         lines.append(f"  rank {r['rank']}: {r['verdict']}")
@@ -84,6 +87,11 @@ def render(status: dict[str, Any], directory: Path) -> str:
             )
         if r.get("oom_total"):
             facts.append(f"{r['oom_total']} OOMs")
+        if r.get("outgrown_batch_bytes"):
+            pred = r.get("predicted_worst_batch_bytes")
+            facts.append(f"a batch of {format_bytes(r['outgrown_batch_bytes'])}"
+                         + (f" against a predicted worst of {format_bytes(pred)}" if pred else "")
+                         + f" (samples {r.get('outgrown_samples', '?')})")  # fmt: skip
         restarts = r.get("worker_restarts") or {}
         if restarts:
             facts.append("workers restarted: " + ", ".join(

@@ -31,6 +31,7 @@ from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
+from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
     accumulation_for,
     apply_plan,
@@ -174,6 +175,10 @@ class DataLoader(tud.DataLoader):
             if prefetch_override is not None:
                 fixed.append("device_prefetch")
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
+        if self.plan is not None and self._recorder is not None:
+            runtime, recorder = self._runtime, self._recorder
+            stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
+            watch_growth(self.plan, self.batch_sampler, recorder, rank, stale)
 
     def _planned(
         self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int
@@ -278,8 +283,10 @@ class DataLoader(tud.DataLoader):
 
     @property
     def stats(self) -> LoaderStats:
-        """Batches, samples and bytes delivered so far, the worst batch, the time waited
-        (all zero with ``metrics=False``)."""
+        """Batches, samples and bytes delivered so far (by the samples' recorded sizes, and
+        as measured), the worst batch, the time waited (all zero with ``metrics=False``).
+        A batch measured at 1.5x the plan's predicted worst is warned about once and marks
+        the plan stale (``plan_stale``)."""
         if self._recorder is None:
             return LoaderStats()
         ooms = self._recorder.oom_count()

@@ -11,7 +11,7 @@ batch that does not fit. Settings the caller gave explicitly are kept (and warne
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeGuard
 
 from autoloader.host_budget import HostBudget
 from autoloader.plan import Plan
@@ -24,11 +24,16 @@ def worst_batch_bytes(plan: Plan) -> int:
     else its strategy's worst replayed batch (0: unknown)."""
     host = plan.tuning.get("host")
     value = host.get("batch_bytes") if isinstance(host, dict) else None
-    if not _count(value):
-        strategy = plan.tuning.get("strategies", {})
-        replay = strategy.get(plan.batching.strategy) if isinstance(strategy, dict) else None
-        value = replay.get("worst_batch_bytes") if isinstance(replay, dict) else None
-    return int(value) if isinstance(value, (int, float)) and _count(value) else 0
+    return int(value) if _count(value) else predicted_worst_batch_bytes(plan)
+
+
+def predicted_worst_batch_bytes(plan: Plan) -> int:
+    """The worst batch the tune replayed for the plan's strategy, in sample-size bytes:
+    what its predicted memory peak was computed from (0: unknown)."""
+    strategies = plan.tuning.get("strategies")
+    replay = strategies.get(plan.batching.strategy) if isinstance(strategies, dict) else None
+    value = replay.get("worst_batch_bytes") if isinstance(replay, dict) else None
+    return int(value) if _count(value) else 0
 
 
 def fit_to_host(
@@ -77,6 +82,6 @@ def within_shm(
     return fewer, budget.prefetch_within(fewer, 1, batch) if fewer else None
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int | float]:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return ok and 0 < value < 2**63

@@ -32,7 +32,7 @@ from autoloader.loader.adapt import (
     Settings,
 )
 from autoloader.loader.drift import Drift, MemoryWatch
-from autoloader.loader.host_fit import worst_batch_bytes
+from autoloader.loader.host_fit import predicted_worst_batch_bytes, worst_batch_bytes
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
@@ -65,10 +65,10 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
     """One more batch on the device costs a worst batch: only where the budget has it."""
     if settings.device_prefetch is None:
         return 0
-    memory, strategies = plan.memory, plan.tuning.get("strategies", {})
-    worst = strategies.get(plan.batching.strategy, {}).get("worst_batch_bytes")
-    budget, peak = memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
-    numbers = [v for v in (worst, budget, peak) if isinstance(v, (int, float)) and v > 0]
+    memory = plan.memory
+    found = (predicted_worst_batch_bytes(plan), memory.get("budget_bytes"),
+             memory.get("predicted_peak_bytes"))  # fmt: skip
+    numbers = [v for v in found if isinstance(v, (int, float)) and v > 0]
     if len(numbers) < 3:
         return settings.device_prefetch  # no evidence: never deeper than planned
     worst, budget, peak = numbers

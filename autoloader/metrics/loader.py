@@ -1,14 +1,17 @@
 """Loader metrics, labelled by rank, recorded in the training process only.
 
 Nothing here runs in worker processes: wait time is measured around ``next()`` in the
-main process and batch bytes come from the cached sample sizes.
+main process and batch bytes come from the cached sample sizes (the unit the plan's
+predictions are in); each batch's samples are measured too, in the same unit
+(``LoaderStats.measured_*``), and the first batch past a ceiling the loader sets
+(``watch_batches``) is handed to it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +89,19 @@ class LoaderMetrics:
             **gauge,
         )
         self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
+        self.predicted_worst_batch = Gauge(
+            "autoloader_predicted_worst_batch_bytes",
+            "The plan's predicted worst batch on this rank (the tune's replay).",
+            **gauge,
+        )
+        self.outgrown_batch = Gauge(
+            "autoloader_outgrown_batch_bytes",
+            "The first batch whose measured bytes passed the plan's predicted worst by the "
+            "margin (the data changed since the tune), labelled with its samples.",
+            labelnames=["rank", "samples"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
         self._runtime_metrics(registry)
         self.h2d = Histogram(
             "autoloader_h2d_seconds",
@@ -172,12 +188,19 @@ def loader_metrics(registry: CollectorRegistry | None = None) -> LoaderMetrics:
 
 @dataclass
 class LoaderStats:
-    """What one loader delivered so far (also exported as metrics)."""
+    """What one loader delivered so far (also exported as metrics). ``bytes`` and
+    ``worst_batch_bytes`` count the samples' recorded sizes (the unit of the plan's
+    predictions); ``measured_bytes`` and ``worst_measured_batch_bytes`` are the batches'
+    samples as they arrived, measured in the same unit (their tensors, without what
+    collation adds: PyG's ``batch`` and ``ptr``), so they differ from the recorded ones
+    only where samples changed since their sizes were taken."""
 
     batches: int = 0
     samples: int = 0
     bytes: int = 0
     worst_batch_bytes: int = 0
+    measured_bytes: int = 0
+    worst_measured_batch_bytes: int = 0
     wait_seconds: float = 0.0
     epochs: int = 0  # complete epochs
     worker_restarts: int = 0  # workers restarted at the position (died, or past their memory)
@@ -212,6 +235,7 @@ class BatchRecorder:
         self._pending_bytes: list[int] = []
         self._pending_samples = 0
         self._flushed_at = time.perf_counter()
+        self._ceiling: tuple[int, Callable[[int, Any], None]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What survives a pickle (``copy.deepcopy``, a worker, another process): the rank,
@@ -260,12 +284,19 @@ class BatchRecorder:
         else:
             count = 1
             nbytes = sizes[index] if sizes is not None and index is not None else nbytes_of(batch)
+        measured = nbytes_of(batch, samples_only=True)  # in the sizes' unit: comparable
         st = self.stats
         st.batches += 1
         st.samples += count
         st.bytes += nbytes
         if nbytes > st.worst_batch_bytes:
             st.worst_batch_bytes = nbytes
+        st.measured_bytes += measured
+        if measured > st.worst_measured_batch_bytes:
+            st.worst_measured_batch_bytes = measured
+        if self._ceiling is not None and measured > self._ceiling[0]:
+            over, self._ceiling = self._ceiling[1], None  # once
+            over(measured, index)
         if wait_seconds is not None:
             st.wait_seconds += wait_seconds
             self._pending_waits.append(wait_seconds)
@@ -273,6 +304,19 @@ class BatchRecorder:
         self._pending_samples += count
         if now - self._flushed_at >= self.FLUSH_SECONDS:
             self.flush(now)
+
+    def watch_batches(self, ceiling: int, over: Callable[[int, Any], None]) -> None:
+        """Call ``over(measured_bytes, index)`` for the first batch whose measured bytes
+        pass ``ceiling``, once."""
+        self._ceiling = (ceiling, over)
+
+    def predicted_worst(self, nbytes: int) -> None:
+        """Export the plan's predicted worst batch, beside which batches are measured."""
+        self.metrics.predicted_worst_batch.labels(rank=self.rank).set(nbytes)
+
+    def outgrown(self, nbytes: int, samples: str) -> None:
+        """A batch of ``nbytes`` (its ``samples``) passed the plan's predicted worst."""
+        self.metrics.outgrown_batch.labels(rank=self.rank, samples=samples).set(nbytes)
 
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` for a batch ready on the device (a device feed)."""

@@ -3,7 +3,8 @@
 ``autoloader status`` and the agent's ``/status`` read the same merged registry that
 ``/metrics`` serves (the node's ``PROMETHEUS_MULTIPROC_DIR``) and say, per rank: the
 last complete epoch's data-wait share and samples/s, the workers now and since when,
-the adaptations made, the memory peak against the plan, the OOMs, and one verdict.
+the adaptations made, the memory peak against the plan, the OOMs, a batch that outgrew
+the plan's predicted worst, and one verdict.
 Imports no torch: it answers at once.
 """
 
@@ -14,6 +15,8 @@ from collections import defaultdict
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+
+from autoloader.units import format_bytes
 
 WAIT_THRESHOLD = 0.05  # the loader's default adapt_threshold
 DRIFT_LIMIT = 0.10  # autoloader.loader.drift.DRIFT_LIMIT
@@ -34,9 +37,11 @@ _FIELDS = {
     "autoloader_oom_total": "oom_total",
     "autoloader_plan_stale": "plan_stale",
     "autoloader_shm_used_bytes": "shm_used_bytes",
+    "autoloader_predicted_worst_batch_bytes": "predicted_worst_batch_bytes",
 }
 _INTS = {"batches", "epochs", "num_workers", "max_workers", "oom_total", "memory_peak_bytes",
-         "predicted_peak_bytes", "memory_budget_bytes", "shm_used_bytes"}  # fmt: skip
+         "predicted_peak_bytes", "memory_budget_bytes", "shm_used_bytes",
+         "predicted_worst_batch_bytes"}  # fmt: skip
 
 
 def read_status(registry: CollectorRegistry) -> dict[str, Any]:
@@ -56,6 +61,9 @@ def read_status(registry: CollectorRegistry) -> dict[str, Any]:
                 restarts = ranks[rank].setdefault("worker_restarts", {})
                 if sample.value > 0:
                     restarts[str(sample.labels.get("reason"))] = int(sample.value)
+            elif sample.name == "autoloader_outgrown_batch_bytes" and sample.value > 0:
+                ranks[rank]["outgrown_batch_bytes"] = int(sample.value)
+                ranks[rank]["outgrown_samples"] = str(sample.labels.get("samples", ""))
             elif sample.name in _FIELDS:
                 field = _FIELDS[sample.name]
                 ranks[rank][field] = int(sample.value) if field in _INTS else sample.value
@@ -74,7 +82,8 @@ def _number(label: str) -> bool:
 
 
 def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
-    """(severity, one line): 3 memory, 2 data-bound, 1 no complete epoch yet, 0 fed."""
+    """(severity, one line): 3 memory (OOMs, drift, or a batch past the plan's worst),
+    2 data-bound, 1 no complete epoch yet, 0 fed."""
     who = f"rank {r['rank']}"
     if r.get("oom_total"):
         return 3, f"memory: {who} caught {r['oom_total']} out-of-memory error(s); re-run tune"
@@ -82,6 +91,14 @@ def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
     if drift is not None and drift > 1 + DRIFT_LIMIT:
         return 3, (
             f"memory drift: {who} peaks at {drift:.2f}x the plan's predicted peak; re-run tune"
+        )
+    grown, predicted = r.get("outgrown_batch_bytes"), r.get("predicted_worst_batch_bytes")
+    if grown:
+        times = f"{grown / predicted:.2f}x " if predicted else "past "
+        return 3, (
+            f"data changed: {who} got a batch of {format_bytes(grown)} (samples "
+            f"{r.get('outgrown_samples', '?')}), {times}the plan's predicted worst batch; "
+            "re-run tune"
         )
     wait = r.get("wait_fraction")
     if wait is None and r.get("epochs"):
