@@ -17,6 +17,9 @@ from torch.utils.data import Dataset
 class Transformed(Dataset):
     """``dataset`` with ``transform`` applied to every sample it yields."""
 
+    # Its samples are not the sizes it reports: the loader does not warn of growth.
+    autoloader_transformed = True
+
     def __init__(self, dataset: Any, transform: Callable[[Any], Any]) -> None:
         if not callable(transform):
             from autoloader.errors import UsageError

@@ -178,7 +178,7 @@ class DataLoader(tud.DataLoader):
         if self.plan is not None and self._recorder is not None:
             runtime, recorder = self._runtime, self._recorder
             stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
-            watch_growth(self.plan, self.batch_sampler, recorder, rank, stale)
+            watch_growth(self.plan, self.batch_sampler, recorder, rank, stale, self.dataset)
 
     def _planned(
         self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int

@@ -67,12 +67,21 @@ class Outgrown:
 
 
 def watch_growth(
-    plan: Plan, sampler: Any, recorder: BatchRecorder, rank: int, stale: Callable[[str], None]
+    plan: Plan,
+    sampler: Any,
+    recorder: BatchRecorder,
+    rank: int,
+    stale: Callable[[str], None],
+    dataset: Any = None,
 ) -> Outgrown | None:
     """Measure ``recorder``'s batches against the plan's predicted worst batch, where the
     plan predicted these batches: its own strategy and batch size (a keyword override
-    makes batches it never replayed), and a replay it recorded."""
+    makes batches it never replayed), and a replay it recorded. A dataset whose samples
+    are transformed after they were sized (``autoloader_transformed``, e.g. a kNN graph
+    built in the workers) is not measured against sizes it does not yield."""
     bp = plan.batching
+    if getattr(dataset, "autoloader_transformed", False):
+        return None
     if not isinstance(sampler, SizeBatchSampler):
         return None
     if sampler.name != bp.strategy or sampler.batch_size != bp.local_batch_size:
