@@ -13,6 +13,7 @@ import torch
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.collate import collate
+from autoloader.process_limits import ProcessLimits
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
@@ -81,8 +82,11 @@ def search(
 ) -> WorkerChoice:
     """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
     search goes past ``max_workers`` where ``extent`` allows. A count whose batches in
-    flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``
-    is not run: it is in the trace as skipped, with why.
+    flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``,
+    or whose workers this process's limits (open files, processes and threads, address
+    space: ``ProcessLimits``, read before each count) cannot hold, is not run: it is in
+    the trace as skipped, with why. A count whose workers fail to start anyway is in it
+    as failed, and the search goes on.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
@@ -126,8 +130,10 @@ def search(
 
 
 class _Within:
-    """Measure a count only where the host's budget holds it; one it does not is in the
-    trace as skipped, with why (the workers' memory is known from the counts measured)."""
+    """Measure a count only where the host's budget and this process's limits hold it;
+    one they do not is in the trace as skipped, with why (the workers' memory is known
+    from the counts measured; the limits' use is read afresh, the last count's workers
+    gone)."""
 
     def __init__(self, run: Callable[..., Candidate], budget: HostBudget | None,
                  batch_bytes: int) -> None:  # fmt: skip
@@ -139,6 +145,7 @@ class _Within:
         if self.budget is not None:
             per_worker = per_worker_bytes(self.done)
             why = self.budget.refuses(w, PREFETCH_FACTOR, self.batch_bytes, per_worker)
+        why = why or ProcessLimits.probe().refuses(w, PREFETCH_FACTOR)
         cand = Candidate.not_measured(w, f"skipped: {why}") if why else None
         self.done[w] = cand or self.run(w, slower_than=slower_than)
         return self.done[w]

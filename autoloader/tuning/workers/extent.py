@@ -8,7 +8,8 @@ while the counts measured there are mostly waiting (their processes' CPU time ov
 time), doubling until the loop stops getting faster, and never past what the host can hold:
 the workers' measured memory (PSS) against the host's available memory, the batches in
 flight against free shared memory (``/dev/shm``, where worker batches travel), both
-``autoloader.host_budget``, and a hard cap.
+``autoloader.host_budget``, this process's limits (``autoloader.process_limits``), and a
+hard cap.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoloader.host_budget import HostBudget
+from autoloader.process_limits import ProcessLimits
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 WAITING_SHARE = 0.5  # a worker busy less than this share of its time mostly waits
@@ -61,7 +63,9 @@ class Extent:
         """Why ``workers`` cannot be afforded (None: they can)."""
         if workers > self.hard_cap:
             return f"{workers} workers would pass the cap of {self.hard_cap}"
-        return self.budget.refuses(workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes)
+        return self.budget.refuses(
+            workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes
+        ) or ProcessLimits.probe().refuses(workers, PREFETCH_FACTOR)
 
 
 def per_worker_bytes(seen: dict[int, Candidate]) -> float:
