@@ -129,3 +129,91 @@ def test_the_search_under_a_process_limit_ends_and_records_why(tmp_path: Path) -
     counts = trace(out)
     assert "RLIMIT_NPROC (`ulimit -u`)" in counts[8]["status"], counts[8]
     assert counts[0]["status"] == "ok"
+
+
+# the loader's adapter ----------------------------------------------------------------------
+
+LOADER = """\
+import logging, os, resource, sys, time
+import torch
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
+from autoloader import DataLoader, Plan
+
+class Slow(Dataset):  # starved without a step: the adapter wants more workers
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return torch.tensor([i])
+
+def open_files():
+    return len(os.listdir("/proc/self/fd")) - 1
+
+def epoch(loader, n):
+    loader.set_epoch(n)
+    served = sorted(i for batch in loader for i in batch.flatten().tolist())
+    assert served == list(range(64)), served
+
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+workers = int(sys.argv[1])
+loader_table = {"num_workers": workers}
+if workers:
+    loader_table.update(prefetch_factor=2, persistent_workers=False)
+plan = Plan.from_dict({"schema": 1, "loader": loader_table,
+                       "batching": {"strategy": "random", "local_batch_size": 4}})
+"""
+
+
+def run_loader(body: str, workers: int) -> subprocess.CompletedProcess[str]:
+    return run_reaped([sys.executable, "-c", LOADER + body, str(workers)], timeout=240,
+                      env=prepend_pythonpath(TESTS), cwd=TESTS)  # fmt: skip
+
+
+def test_the_adapter_raises_no_further_than_the_open_files_limit_holds() -> None:
+    """Under ``ulimit -n`` a starved loop raised its 4 workers to 8 and the epoch died of
+    'Too many open files'; the raise the limit cannot hold is declined, with why."""
+    done = run_loader("""
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_files() + 36, hard))
+loader = DataLoader(Slow(), plan=plan, check_fingerprint=False, registry=CollectorRegistry(),
+                    adapt_max_workers=16)
+for n in range(4):
+    epoch(loader, n)
+print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
+""", 4)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CHANGES []" in done.stdout, done.stdout
+    assert "after epoch 0, not raising num_workers: 8 worker(s) would need about" in done.stderr
+    assert "RLIMIT_NOFILE (`ulimit -n`) is" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_raise_whose_workers_cannot_start_falls_back_and_the_epoch_goes_on() -> None:
+    """The files the loop opened after the loader was built leave no room for the worker
+    a raise adds: back to the count before it, in the same epoch, never raised again."""
+    done = run_loader("""
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_files() + 64, hard))
+loader = DataLoader(Slow(), plan=plan, check_fingerprint=False, registry=CollectorRegistry(),
+                    adapt_max_workers=2)
+epoch(loader, 0)  # starved: 1 worker from the next epoch
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    for fd in held[-3:]:
+        os.close(fd)
+epoch(loader, 1)
+epoch(loader, 2)
+for fd in held[:-3]:
+    os.close(fd)
+print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
+print("WHY", loader.adaptations[-1].reason)
+""", 0)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CHANGES [('num_workers', 0, 1), ('num_workers', 1, 0)]" in done.stdout, done.stdout
+    assert ("WHY 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too many "
+            "open files; back to 0, never raised past it again") in done.stdout  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
