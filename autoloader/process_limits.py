@@ -11,8 +11,8 @@ sends may never arrive; past ``RLIMIT_AS`` this process cannot start the threads
 
 ``ProcessLimits`` holds the limits and what was in use when probed, and answers the
 question ``HostBudget`` answers for shared memory and RAM: do this many workers fit? The
-costs are upper bounds measured on torch 2.8-2.13 (a count refused here would have come
-close to the limit); what gets past them anyway is caught where the workers start
+costs were measured on torch 2.13 and glibc (a count refused here would have come close
+to the limit); what gets past them anyway is caught where the workers start
 (``autoloader.loader.iterators``). Neutral ground: imports nothing of the tuner or the
 loader.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoloader.units import format_bytes
@@ -31,8 +31,11 @@ FILES_PER_WORKER = 4  # its index queue's pipe and its sentinel pipe, both ends 
 FILES_MARGIN = 8  # Python and the dataset open a few more while it runs
 TASKS_PER_WORKER = 4  # the process, its feeder and resource-sharer threads, our feeder
 TASKS_MARGIN = 4  # the pin-memory thread, a progress bar's monitor thread
-SPACE_PER_WORKER = 72 << 20  # our feeder thread's stack (8 MiB) and malloc arena (64 MiB)
-SPACE_MARGIN = 256 << 20
+# our feeder thread's stack (8 MiB) and part of a malloc arena (glibc reserves 64 MiB for
+# each new thread's while the address space has room, and falls back to a shared one):
+# 8 workers started under `ulimit -v` 300 MiB above the tune's own size, 16 did not at 500
+SPACE_PER_WORKER = 40 << 20
+SPACE_MARGIN = 64 << 20
 CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24
 
 
@@ -110,6 +113,23 @@ class ProcessLimits:
             room = self.address_space - self.address_space_in_use - SPACE_MARGIN
             most = min(most, math.floor(room / SPACE_PER_WORKER))
         return max(0, most)
+
+
+class LimitsProbe:
+    """``ProcessLimits`` read afresh at each call (the last workers' files and tasks are
+    gone), but with the smallest address space seen: what the last workers' threads left
+    mapped (malloc arenas) is reused by the next ones, not taken again."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None
+
+    def __call__(self) -> ProcessLimits:
+        now = ProcessLimits.probe()
+        if now.address_space is None:
+            return now
+        if self.base is None or now.address_space_in_use < self.base:
+            self.base = now.address_space_in_use
+        return replace(now, address_space_in_use=self.base)
 
 
 def _soft(which: int) -> int | None:

@@ -117,6 +117,24 @@ def test_workers_that_cannot_start_are_a_failed_count_not_a_traceback(tmp_path: 
                       "[Errno 24] Too many open files"), status  # fmt: skip
 
 
+def test_the_search_stays_within_the_address_space_limit(tmp_path: Path) -> None:
+    """Under ``ulimit -v`` each worker's threads (a stack, a malloc arena) take address
+    space in this process: 16 workers could not start their threads 400 MiB above the
+    size torch loaded at, and their count is not run."""
+    out = tmp_path / "plan.toml"
+    tight = ["-c", "import resource, sys, torch\n"
+             "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))\n"
+             "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))"]  # fmt: skip
+    done = run_limited(["tune", "hostile_data:GOOD", "--max-workers", "16",
+                        "--global-batch-size", "8", "-o", str(out)], lambda: None,
+                       python=tight)  # fmt: skip
+    assert_quiet(done)
+    counts = trace(out)
+    assert "RLIMIT_AS (`ulimit -v`) is" in counts[16]["status"], counts[16]
+    assert counts[0]["status"] == "ok"
+
+
 def test_the_search_under_a_process_limit_ends_and_records_why(tmp_path: Path) -> None:
     """Under RLIMIT_NPROC a worker that could not start its threads left the search
     waiting for ever; the counts the limit cannot hold are not started."""

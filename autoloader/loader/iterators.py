@@ -107,14 +107,15 @@ def _abandon(it: Any) -> None:
 
 
 def _close_queue(q: Any) -> None:
-    """Close a multiprocessing queue's pipe now: ``close()`` leaves it to the garbage
-    collector where no feeder thread started (a failed start holds it in a cycle)."""
+    """Close a multiprocessing queue's pipe now: where no feeder thread started,
+    ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
+    where one did, that thread closes both ends."""
     q.cancel_join_thread()
-    fed = q._thread is not None  # its feeder closes the writing end, after what it holds
+    fed = q._thread is not None
     q.close()
-    ends = (q._reader,) if fed else (q._reader, q._writer)
-    for end in ends:
-        end.close()
+    if not fed:
+        q._reader.close()
+        q._writer.close()
 
 
 class StartSafeIter(_StartSafe, _MultiProcessingDataLoaderIter):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.collate import collate
-from autoloader.process_limits import ProcessLimits
+from autoloader.process_limits import LimitsProbe
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
@@ -103,6 +103,8 @@ def search(
     run = partial(measure, dataset, sizes, batch_size, timing=timing, device=device, seed=seed,
                   worker_init_fn=worker_init_fn, collate_fn=collate_fn)  # fmt: skip
     within = _Within(run, budget, batch_bytes)
+    if extent is not None:
+        extent = replace(extent, limits=within.limits)
 
     def measured(w: int, slower_than: float | None) -> Candidate:
         bar.set_postfix_str(f"{w} workers")
@@ -139,13 +141,14 @@ class _Within:
                  batch_bytes: int) -> None:  # fmt: skip
         self.run, self.budget, self.batch_bytes = run, budget, batch_bytes
         self.done: dict[int, Candidate] = {}
+        self.limits = LimitsProbe()
 
     def __call__(self, w: int, slower_than: float | None) -> Candidate:
         why = None
         if self.budget is not None:
             per_worker = per_worker_bytes(self.done)
             why = self.budget.refuses(w, PREFETCH_FACTOR, self.batch_bytes, per_worker)
-        why = why or ProcessLimits.probe().refuses(w, PREFETCH_FACTOR)
+        why = why or self.limits().refuses(w, PREFETCH_FACTOR)
         cand = Candidate.not_measured(w, f"skipped: {why}") if why else None
         self.done[w] = cand or self.run(w, slower_than=slower_than)
         return self.done[w]

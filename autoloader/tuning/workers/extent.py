@@ -14,6 +14,7 @@ hard cap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoloader.host_budget import HostBudget
@@ -35,12 +36,14 @@ class Extent:
         budget: the host's shared memory and RAM for this rank's loader.
         batch_bytes: the largest batch's bytes (what one batch in flight holds).
         hard_cap: the most workers tried in any case.
+        limits: reads this process's limits (open files, processes, address space).
     """
 
     cpus: int
     budget: HostBudget
     batch_bytes: int
     hard_cap: int
+    limits: Callable[[], ProcessLimits] = ProcessLimits.probe
 
     @classmethod
     def default_cap(cls, cpus: int) -> int:
@@ -65,7 +68,7 @@ class Extent:
             return f"{workers} workers would pass the cap of {self.hard_cap}"
         return self.budget.refuses(
             workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes
-        ) or ProcessLimits.probe().refuses(workers, PREFETCH_FACTOR)
+        ) or self.limits().refuses(workers, PREFETCH_FACTOR)
 
 
 def per_worker_bytes(seen: dict[int, Candidate]) -> float:
