@@ -156,6 +156,11 @@ class StartThreads:
             self.inner(worker_id)
 
 
+def _raised_in_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` is the dataset's own error that torch re-raised from a worker."""
+    return str(exc).startswith("Caught ") and "worker process" in str(exc).split("\n")[0]
+
+
 def failure_text(exc: BaseException) -> str:
     """One line for a loader's failure: torch's own, or, for a worker that exited with
     ``NO_THREAD_EXIT``, what it could not do."""
@@ -261,8 +266,13 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
         while True:
             try:
                 batch = super().__next__()
-            except RuntimeError:
-                deaths = self._deaths()
+            except (RuntimeError, OSError, EOFError) as exc:
+                # torch's "exited unexpectedly", or, for a worker that exited while a batch
+                # it sent was in flight, the failure to fetch that batch's shared memory
+                # from it (FileNotFoundError, ConnectionRefusedError): a death either way,
+                # though the worker may still be on its way out when the fetch fails
+                fetch = not isinstance(exc, RuntimeError) and not _raised_in_worker(exc)
+                deaths = self._deaths(patience=_utils.MP_STATUS_CHECK_INTERVAL if fetch else 0)
                 if not deaths:
                     raise
                 assert self._survival is not None
@@ -277,15 +287,26 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
     def _loader(self) -> Any:
         return self._loader_ref()
 
-    def _deaths(self) -> list[Death]:
+    def _deaths(self, patience: float = 0.0) -> list[Death]:
+        """The workers that died (waiting up to ``patience`` seconds for one to be seen)."""
+        deadline = time.monotonic() + patience
+        while True:
+            found = self._dead()
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.05)
+
+    def _dead(self) -> list[Death]:
         """The workers that died, each with the batches it held (none: none died, or this
-        loader does not survive them: no plan, or ``in_order=False``)."""
+        loader does not survive them: no plan, or ``in_order=False``). A worker of a
+        map-style epoch that exited with status 0 (``sys.exit()`` in ``__getitem__``) died
+        too: torch's own SIGCHLD handler does not see it."""
         if self._survival is None or self._in_order is False:
             return []
         epoch = getattr(self._loader().batch_sampler, "epoch", 0)
         out = []
         for worker_id, w in enumerate(self._workers):
-            if w.is_alive() or w.exitcode == 0:
+            if w.is_alive():
                 continue
             tasks = sorted(i for i, info in self._task_info.items()
                            if len(info) == 1 and info[0] == worker_id)  # fmt: skip

@@ -6,7 +6,9 @@ worker (pid N) is killed by signal: Killed.``. A planned loader knows its positi
 epoch, so it can do better (``autoloader.loader.iterators`` restarts its workers in place):
 
 - a worker that dies is named in one WARNING (its id, pid, signal or exit status, the
-  batch it was loading), and the workers restart at the batch the loop is waiting for:
+  batch it was loading and its samples), and the workers restart at the batch the loop
+  is waiting for (a worker that exits with status 0 mid-epoch, ``sys.exit()`` in
+  ``__getitem__``, has died as surely as a SIGKILLed one):
   the epoch goes on with exactly the batches an undisturbed run yields;
 - a batch that kills a worker twice is read again one sample at a time, each in a fresh
   worker process, until the sample that kills its reader is found: a ``SampleError``
@@ -80,6 +82,10 @@ class Death:
         held = (f"holding batch{'es' if len(self.batches) > 1 else ''} "
                 f"{', '.join(map(str, self.batches))} of epoch {self.epoch}"
                 if self.batches else f"holding no batch (epoch {self.epoch})")  # fmt: skip
+        if self.indices:
+            shown = ", ".join(map(str, self.indices[:8]))
+            more = f", ... ({len(self.indices)} in all)" if len(self.indices) > 8 else ""
+            held += f" (sample{'s' if len(self.indices) > 1 else ''} {shown}{more})"
         return f"DataLoader worker {self.worker} (pid {self.pid}) {self.how}, {held}"
 
 
