@@ -70,6 +70,7 @@ _MP_STATE = {
                  "_pin_memory_thread", "_pin_memory_thread_done_event", "_worker_pids_set",
                  "_shutdown", "_in_order"),
     "_reset": ("_task_info", "_rcvd_idx"),
+    "_get_data": ("_timeout",),
 }  # fmt: skip
 
 
@@ -84,8 +85,8 @@ def _missing_worker_state(dataloader: object) -> list[str]:
         seen = set(code.co_names) if code is not None else set()
         out += [f"_MultiProcessingDataLoaderIter.{n}" for n in names if n not in seen]
     signals = getattr(utils, "signal_handling", None)
-    if not hasattr(utils, "MP_STATUS_CHECK_INTERVAL"):
-        out.append("_utils.MP_STATUS_CHECK_INTERVAL")
+    out += [f"_utils.{n}" for n in ("MP_STATUS_CHECK_INTERVAL", "python_exit_status")
+            if not hasattr(utils, n)]  # fmt: skip
     if not hasattr(signals, "_remove_worker_pids"):
         out.append("_utils.signal_handling._remove_worker_pids")
     if not hasattr(getattr(dataloader, "DataLoader", None), "_get_iterator"):

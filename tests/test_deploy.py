@@ -216,5 +216,6 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
         "autoloader_memory_budget_bytes",
         "autoloader_device_memory_used_bytes",
         "autoloader_worker_restarts_total",
+        "autoloader_worker_stalls_total",
         "autoloader_shm_used_bytes",
     } <= used

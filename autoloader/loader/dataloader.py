@@ -51,6 +51,7 @@ from autoloader.loader.position import (
 )
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.loader.survival import Survival
 from autoloader.loader.trainers import (
     PlannedIndices,
@@ -463,7 +464,8 @@ def _survival(loader: DataLoader, rank: int) -> Survival | None:
     budget = loader._host.memory_budget_bytes
     if planned is not None:
         budget = min(budget, planned.memory_budget_bytes)
-    return Survival(rank, loader._recorder, budget)
+    stalls = StallWatch(stall_after(loader.plan), rank, loader._recorder)
+    return Survival(rank, loader._recorder, budget, stalls)
 
 
 def _device_prefetch(plan: Plan | None, override: Any) -> int:

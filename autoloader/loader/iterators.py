@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
+import threading
 import time
 import weakref
 from collections import deque
@@ -36,6 +38,7 @@ from torch.utils.data.dataloader import (  # noqa: E402
 )
 
 from autoloader.errors import one_line  # noqa: E402
+from autoloader.loader.stalls import Stall, process_state  # noqa: E402
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival  # noqa: E402
 from autoloader.metrics.loader import BatchRecorder  # noqa: E402
 
@@ -231,14 +234,21 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
     """``_MultiProcessingDataLoaderIter`` that records each batch; for a planned loader
     (``loader._survival``) it also survives its workers (``autoloader.loader.survival``):
     a dead worker, or workers past their memory budget, and it restarts them in place at
-    the batch the loop waits for: the same object goes on, whoever holds it."""
+    the batch the loop waits for: the same object goes on, whoever holds it. It names a
+    worker that holds the awaited batch too long (``autoloader.loader.stalls``), and with
+    ``timeout=`` ends the wait ``timeout`` seconds after the loop asked, naming it."""
 
     def __init__(self, loader: Any) -> None:
         self._survival: Survival | None = getattr(loader, "_survival", None)
         self._loader_ref = weakref.ref(loader)
         self._start = self._yielded = 0
+        self._wait_began, self._waiting = time.monotonic(), False
+        self._stall_warned = False
+        self._expired: Stall | None = None  # the wait the watchdog ended (timeout=)
         super().__init__(loader)
         self._started()
+        if self._survival is not None and self._survival.stalls is not None:
+            _Watchdog(self).start()
 
     def _started(self) -> None:
         """Fresh workers: take them off torch's SIGCHLD handler, which raises from
@@ -254,19 +264,87 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
         self._yielded = 0
+        self._wait_began = time.monotonic()
         super()._reset(loader, first_iter)
 
     def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> Any:
+        if self._survival is None:
+            return super()._try_get_data(timeout)
+        if self._timeout > 0:
+            # torch waits ``timeout`` afresh after each batch another worker hands in
+            # while the awaited one is late; the wait is from when the loop asked
+            left = self._wait_began + self._timeout - time.monotonic()
+            return super()._try_get_data(left) if left > 0 else (False, None)
         # torch polls its workers' liveness every 5 s; a planned loader checks each second
-        if self._survival is not None and timeout == _utils.MP_STATUS_CHECK_INTERVAL:
-            timeout = POLL_SECONDS
-        return super()._try_get_data(timeout)
+        return super()._try_get_data(POLL_SECONDS)
+
+    def _watch_wait(self) -> None:
+        """From the watchdog thread, each ``POLL_SECONDS``: the loop's wait for one batch,
+        wherever it is blocked (receiving a batch a stopped worker sent earlier blocks in
+        fetching its shared memory from that worker, where no timeout applies). Past what
+        the plan's batches take: the worker named, once per wait. With ``timeout=``, past
+        it and a grace: the workers ended (the epoch ends with the error in any case),
+        which unblocks the fetch, and ``next()`` raises the timeout."""
+        assert self._survival is not None and self._survival.stalls is not None
+        if not self._waiting or self._shutdown:
+            return
+        waited = time.monotonic() - self._wait_began
+        if self._timeout > 0:
+            if self._expired is None and waited > self._timeout + POLL_SECONDS:
+                self._expired = self._awaited(waited)
+                for w in self._workers:
+                    if w.is_alive():
+                        w.kill()
+            return
+        if not self._stall_warned and waited >= self._survival.stalls.after:
+            self._stall_warned = True
+            self._survival.stalls.stalled(self._awaited(waited))
+
+    def _awaited(self, waited: float) -> Stall:
+        """The batch the loop waits for: its number, samples, and the worker holding it
+        (read while the loop is blocked, or from the watchdog: a snapshot)."""
+        try:
+            info = self._task_info.get(self._rcvd_idx)
+            worker = info[0] if info else None
+            pid = self._workers[worker].pid if worker is not None else None
+            indices = [int(i) for i in self._pending[0]] if self._pending else []
+        except (IndexError, RuntimeError):  # moved on meanwhile
+            worker, pid, indices = None, None, []
+        sampler = getattr(self._loader(), "batch_sampler", None)
+        return Stall(worker, pid, getattr(sampler, "epoch", 0), self._start + self._yielded,
+                     indices, waited, process_state(pid))  # fmt: skip
+
+    def _shutdown_workers(self) -> None:
+        """torch's shutdown, which a stopped worker (SIGSTOP) survives: it hears neither
+        the done event nor SIGTERM, and the interpreter's exit then waits for it for ever.
+        A planned loader's are resumed first (SIGCONT), and killed where they still live
+        after (without a plan, torch's own shutdown, exactly)."""
+        ending = (getattr(self, "_survival", None) is not None
+                  and not getattr(self, "_shutdown", True)
+                  and _utils.python_exit_status is False)  # fmt: skip
+        workers = list(getattr(self, "_workers", []))
+        for w in workers if ending else []:
+            if w.pid is not None and w.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(w.pid, signal.SIGCONT)
+        super()._shutdown_workers()
+        for w in workers if ending else []:
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
 
     def __next__(self) -> Any:
         while True:
+            self._wait_began, self._stall_warned = time.monotonic(), False
+            self._waiting = True
             try:
                 batch = super().__next__()
             except (RuntimeError, OSError, EOFError) as exc:
+                self._waiting = False
+                if self._expired is not None or (
+                    self._survival is not None and str(exc).startswith("DataLoader timed out")
+                ):
+                    self._timed_out()
                 # torch's "exited unexpectedly", or, for a worker that exited while a batch
                 # it sent was in flight, the failure to fetch that batch's shared memory
                 # from it (FileNotFoundError, ConnectionRefusedError): a death either way,
@@ -279,10 +357,23 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
                 self._survival.died(deaths, self._loader(), self._start + self._yielded)
                 self._restart()
                 continue
+            finally:
+                self._waiting = False
             self._yielded += 1
             if self._survival is not None:
                 self._watch()
             return batch
+
+    def _timed_out(self) -> None:
+        """torch's timeout, raised naming the batch, its samples and its worker; the
+        workers are shut down first (the epoch ends here), so the program can exit."""
+        stall = self._expired or self._awaited(time.monotonic() - self._wait_began)
+        for w in self._workers:  # at once: a stopped or hung one would hold the shutdown
+            if w.is_alive():
+                w.kill()
+        self._shutdown_workers()
+        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds waiting for "
+                           f"{stall.describe()}") from None  # fmt: skip
 
     def _loader(self) -> Any:
         return self._loader_ref()
@@ -303,7 +394,7 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
         too: torch's own SIGCHLD handler does not see it."""
         if self._survival is None or self._in_order is False:
             return []
-        epoch = getattr(self._loader().batch_sampler, "epoch", 0)
+        epoch = getattr(getattr(self._loader(), "batch_sampler", None), "epoch", 0)
         out = []
         for worker_id, w in enumerate(self._workers):
             if w.is_alive():
@@ -337,3 +428,24 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
         loader.batch_sampler.resume_at(at)
         self._start_workers(loader)
         self._started()
+
+
+class _Watchdog(threading.Thread):
+    """Watches one planned iterator's waits from beside the loop (``_watch_wait``), until
+    the iterator is gone; holds it only while looking."""
+
+    def __init__(self, it: RecordingMultiProcessingIter) -> None:
+        super().__init__(name="autoloader-stall-watch", daemon=True)
+        self._ref = weakref.ref(it)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(POLL_SECONDS)
+            it = self._ref()
+            if it is None:
+                return
+            try:
+                it._watch_wait()
+            except Exception:  # torch's state read mid-change: look again
+                pass
+            del it

@@ -37,6 +37,7 @@ from autoloader.datasets.reads import SampleError
 from autoloader.host import tree_memory_bytes
 from autoloader.host_budget import loader_shm_bytes
 from autoloader.loader.poison import find_poison
+from autoloader.loader.stalls import StallWatch
 from autoloader.units import format_bytes
 
 log = logging.getLogger("autoloader")
@@ -97,11 +98,13 @@ class Survival:
         rank: this rank, for the log.
         recorder: the loader's metrics (restarts, shared memory), if any.
         memory_budget: bytes the worker processes may hold (None: not watched).
+        stalls: names a worker that holds the awaited batch too long (None: not watched).
     """
 
     rank: int
     recorder: Any = None
     memory_budget: int | None = None
+    stalls: StallWatch | None = None  # the wait for one batch past what it should take
     deaths: list[Death] = field(default_factory=list)
     restarts: int = 0
     _checked_at: float = 0.0
