@@ -64,7 +64,10 @@ def cannot_start(exc: BaseException) -> bool:
 
 
 class _StartSafe:
-    """torch's multi-process iterator, started so that a failed start leaves nothing."""
+    """torch's multi-process iterator, started so that a failed start leaves nothing; the
+    failure is ``WorkersNotStarted`` where ``_named_failure`` (else torch's own error)."""
+
+    _named_failure = True
 
     def __init__(self, loader: Any) -> None:
         self._start_workers(loader)
@@ -74,7 +77,7 @@ class _StartSafe:
             _MultiProcessingDataLoaderIter.__init__(self, loader)  # type: ignore[arg-type]
         except BaseException as exc:
             _abandon(self)
-            if cannot_start(exc):
+            if self._named_failure and cannot_start(exc):
                 raise WorkersNotStarted(loader.num_workers, exc) from exc
             raise
 
@@ -240,6 +243,8 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
 
     def __init__(self, loader: Any) -> None:
         self._survival: Survival | None = getattr(loader, "_survival", None)
+        # without a plan, torch's error where workers cannot start (nothing left of them)
+        self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
         self._start = self._yielded = 0
         self._wait_began, self._waiting = time.monotonic(), False
