@@ -1,9 +1,11 @@
 """The torch versions autoloader supports, and a check of the internals it relies on.
 
 The DataLoader records batches by subclassing torch's own iterators (their ``_reset``
-and ``_next_index``), and collation extends ``torch.utils.data._utils.collate``. These
-are private: a torch that renamed them must fail at import with one line naming the
-supported range, not with an AttributeError deep inside an epoch.
+and ``_next_index``), survives and starts their workers through the multi-process
+iterator's state (its workers, queues, tasks and shutdown flag), and collation extends
+``torch.utils.data._utils.collate``. These are private: a torch that renamed them must
+fail at import with one line naming the supported range, not with an AttributeError deep
+inside an epoch.
 """
 
 from __future__ import annotations
@@ -52,11 +54,44 @@ def check_torch_internals() -> None:
         base = getattr(dataloader, "_BaseDataLoaderIter", None)
         missing += [f"_BaseDataLoaderIter.{n}" for n in ("_reset", "_next_index")
                     if base is not None and not hasattr(base, n)]  # fmt: skip
+        missing += _missing_worker_state(dataloader)
     if missing:
         raise UnsupportedTorchError(
             f"torch {torch.__version__} is not supported: it lacks {', '.join(missing)}; "
             f"autoloader supports torch {SUPPORTED_TORCH}"
         )
+
+
+# What autoloader.loader.iterators reads and sets of the multi-process iterator: methods,
+# and the attributes its __init__ and _reset set (names in their code objects).
+_MP_METHODS = ("_try_get_data", "_shutdown_workers", "_process_data")
+_MP_STATE = {
+    "__init__": ("_workers", "_index_queues", "_worker_result_queue", "_workers_done_event",
+                 "_pin_memory_thread", "_pin_memory_thread_done_event", "_worker_pids_set",
+                 "_shutdown", "_in_order"),
+    "_reset": ("_task_info", "_rcvd_idx"),
+    "_get_data": ("_timeout",),
+}  # fmt: skip
+
+
+def _missing_worker_state(dataloader: object) -> list[str]:
+    mp = getattr(dataloader, "_MultiProcessingDataLoaderIter", None)
+    utils = getattr(dataloader, "_utils", None)
+    if mp is None:
+        return []
+    out = [f"_MultiProcessingDataLoaderIter.{n}" for n in _MP_METHODS if not hasattr(mp, n)]
+    for method, names in _MP_STATE.items():
+        code = getattr(getattr(mp, method, None), "__code__", None)
+        seen = set(code.co_names) if code is not None else set()
+        out += [f"_MultiProcessingDataLoaderIter.{n}" for n in names if n not in seen]
+    signals = getattr(utils, "signal_handling", None)
+    out += [f"_utils.{n}" for n in ("MP_STATUS_CHECK_INTERVAL", "python_exit_status")
+            if not hasattr(utils, n)]  # fmt: skip
+    if not hasattr(signals, "_remove_worker_pids"):
+        out.append("_utils.signal_handling._remove_worker_pids")
+    if not hasattr(getattr(dataloader, "DataLoader", None), "_get_iterator"):
+        out.append("DataLoader._get_iterator")
+    return out
 
 
 def torch_release(version: str) -> tuple[int, int]:

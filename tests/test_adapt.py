@@ -321,6 +321,27 @@ def test_workers_are_capped_by_host_memory(monkeypatch: pytest.MonkeyPatch) -> N
     assert [a.setting for a in loader.adaptations][:1] == ["prefetch_factor"]
 
 
+def test_a_count_the_tune_saw_fail_is_never_raised_to(caplog: pytest.LogCaptureFixture) -> None:
+    """A plan tuned under ``ulimit -n 64`` had its 1-worker count fail: run under the same
+    limit, a starved loop must not raise to it (the epoch died of 'Too many open files')."""
+    failed = ("failed: 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too "
+              "many open files")  # fmt: skip
+    plan = Plan.from_dict({
+        "schema": 1, "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 4},
+        "tuning": {"workers": {"trace": [
+            {"workers": 0, "seconds_per_batch": 0.016, "batches": 10, "status": "ok"},
+            {"workers": 1, "batches": 0, "status": failed},
+        ]}},
+    })  # fmt: skip
+    loader = make(Slow(), plan, adapt_max_workers=2)
+    with caplog.at_level(logging.INFO, logger="autoloader"):
+        run(loader, 3)
+    assert loader.adaptations == [] and loader.num_workers == 0
+    assert (f"after epoch 0, not raising num_workers: the tune's worker search failed at 1 "
+            f"workers ({failed})") in caplog.text  # fmt: skip
+
+
 def test_adapt_false_is_the_plain_planned_loader() -> None:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 

@@ -218,6 +218,7 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
         "autoloader_memory_budget_bytes",
         "autoloader_device_memory_used_bytes",
         "autoloader_worker_restarts_total",
+        "autoloader_worker_stalls_total",
         "autoloader_shm_used_bytes",
         "autoloader_predicted_worst_batch_bytes",
         "autoloader_outgrown_batch_bytes",

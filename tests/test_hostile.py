@@ -432,3 +432,22 @@ def test_a_torch_without_our_internals_fails_at_import_with_one_line(
     assert isinstance(refused.value, ImportError)
     text = (TESTS.parent / "pyproject.toml").read_text()
     assert f'"torch{SUPPORTED_TORCH}"' in text  # one range, declared where pip reads it
+
+
+def test_the_worker_state_we_read_is_checked_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iterators start, survive and end workers through the multi-process iterator's
+    own state: a torch whose ``__init__`` no longer sets it is refused at import too."""
+    from torch.utils.data import dataloader
+
+    from autoloader.compat import UnsupportedTorchError, check_torch_internals
+
+    def renamed(self: object, loader: object) -> None:
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", renamed)
+    monkeypatch.delattr(dataloader._MultiProcessingDataLoaderIter, "_try_get_data")
+    with pytest.raises(UnsupportedTorchError) as refused:
+        check_torch_internals()
+    assert ("lacks _MultiProcessingDataLoaderIter._try_get_data, "
+            "_MultiProcessingDataLoaderIter._workers, "
+            "_MultiProcessingDataLoaderIter._index_queues,") in str(refused.value)  # fmt: skip

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,15 @@ from autoloader.metrics.status import read_status
 class Numbers(Dataset):
     """Sample i is ``tensor([i])``, after ``delay`` seconds. In a worker process, reading a
     sample of ``kills`` kills the worker (SIGKILL), every time, or with ``once`` (a file
-    per sample in that directory) the first time only; ``leak`` bytes are kept per read."""
+    per sample in that directory) the first time only; reading one of ``exits`` ends it
+    with ``sys.exit()`` (status 0), its process lingering ``linger`` seconds after its
+    exit handlers ran; ``leak`` bytes are kept per read."""
 
     def __init__(self, n: int = 64, *, delay: float = 0.005, kills: tuple[int, ...] = (),
-                 once: Path | None = None, leak: int = 0) -> None:  # fmt: skip
+                 once: Path | None = None, leak: int = 0, exits: tuple[int, ...] = (),
+                 linger: float = 0.0) -> None:  # fmt: skip
         self.n, self.delay, self.kills, self.once, self.leak = n, delay, kills, once, leak
+        self.exits, self.linger = exits, linger
         self.kept: list[np.ndarray] = []
 
     def __len__(self) -> int:
@@ -41,6 +48,10 @@ class Numbers(Dataset):
         if get_worker_info() is not None:
             if i in self.kills and not self._spent(i):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if i in self.exits and not self._spent(i):
+                if self.linger:  # a thread the interpreter waits for at its exit
+                    threading.Thread(target=time.sleep, args=(self.linger,)).start()
+                sys.exit()
             if self.leak:
                 self.kept.append(np.ones(self.leak // 4, dtype=np.float32))  # touched pages
         time.sleep(self.delay)
@@ -111,6 +122,42 @@ def test_a_poison_sample_is_named_within_seconds() -> None:
         for _ in loader:
             pass
     assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("linger", [0.0, 2.0])
+def test_a_worker_that_exits_with_status_0_mid_epoch_is_a_dead_worker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, registry: CollectorRegistry, linger: float
+) -> None:
+    """``sys.exit()`` in ``__getitem__`` ended the epoch with torch's 'exited unexpectedly'
+    or, where a batch the worker had sent was still in flight, with 'FileNotFoundError:
+    No such file or directory' (its socket for sharing the batch was gone: ``linger``
+    keeps the process there after it, so the loop sees that first). It is survived as a
+    SIGKILLed worker is, and named with its pid, exit status and samples."""
+    p = plan()
+    order = reference(p)
+    culprit = order[3][0]  # worker 1's second batch: its first, batch 1, is then in flight
+    loader = DataLoader(Numbers(exits=(culprit,), once=tmp_path, linger=linger), plan=p,
+                        registry=registry)  # fmt: skip
+    got = []
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        for batch in loader:
+            got.append(batch.flatten().tolist())
+            time.sleep(0.05)  # the loop is slower than the workers: their batches wait
+    assert got == order
+    (death,) = [r.getMessage() for r in caplog.records if "exited with status 0" in r.getMessage()]
+    assert re.search(r"DataLoader worker 1 \(pid \d+\) exited with status 0, holding batch"
+                     r"(es)? [\d, ]*3 of epoch 0 \(samples [\d, ]*\b" + str(culprit) + r"\b",
+                     death), death  # fmt: skip
+    assert restarts(registry, "died") == 1
+
+
+def test_a_sample_that_always_exits_its_worker_is_named() -> None:
+    loader = DataLoader(Numbers(exits=(13,)), plan=plan())
+    with pytest.raises(SampleError, match=r"^sample 13 kills the DataLoader worker that reads "
+                       r"it: workers holding it died twice in epoch 0 \(exited with status 0\), "
+                       r"and a fresh worker reading sample 13 alone exited with status 0$"):  # fmt: skip
+        for _ in loader:
+            pass
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")

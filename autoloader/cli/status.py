@@ -96,6 +96,8 @@ def render(status: dict[str, Any], directory: Path) -> str:
         if restarts:
             facts.append("workers restarted: " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(restarts.items())))  # fmt: skip
+        if r.get("worker_stalls"):
+            facts.append(f"stalled waits for a worker: {r['worker_stalls']} (named in the log)")
         if r.get("shm_used_bytes"):
             facts.append(f"shared memory in flight {_mib(r['shm_used_bytes'])}")
         for fact in facts:

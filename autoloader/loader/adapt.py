@@ -8,7 +8,10 @@ The policy is a hill climb with one step back:
 
 - an epoch whose loop waited for data more than ``threshold`` of its time raises one
   setting by one step: workers to the next count of the worker search's own grid (within
-  the CPU cap and the host-memory budget), else, with workers at their cap, a deeper
+  the CPU cap, the host-memory budget, this process's limits on open files, processes and
+  address space, and below any count the tune's search failed at; a raise whose workers
+  cannot start anyway is undone at once, ``hold_down``), else, with workers at their cap,
+  a deeper
   ``prefetch_factor``, else (a device feed, where the plan's memory budget allows) a
   deeper ``device_prefetch``;
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
@@ -38,6 +41,7 @@ from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
+from autoloader.process_limits import ProcessLimits
 
 log = logging.getLogger("autoloader")
 
@@ -153,12 +157,25 @@ class Limits:
     device_prefetch_max: int = 0  # the deepest device feed the plan's memory budget allows
     host: HostBudget | None = None  # this node's shared memory, for the batches in flight
     batch_bytes: int = 0  # the plan's worst batch: what one batch in flight holds
+    process: ProcessLimits | None = None  # open files, processes, address space
+    failed_at: tuple[int, str] | None = None  # the fewest workers the tune saw fail, and how
 
     def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:
         """Why ``workers`` x ``prefetch`` batches in flight do not fit /dev/shm."""
         if self.host is None or not self.batch_bytes:
             return None
         return self.host.shm_refuses(workers, prefetch, self.batch_bytes)
+
+    def start_refuses(self, workers: int, prefetch: int | None, tensors: int) -> str | None:
+        """Why ``workers`` x ``prefetch`` batches of ``tensors`` tensors cannot be started
+        here: at or past a count the tune's search failed at, or past this process's
+        limits (None: nothing says they cannot)."""
+        if self.failed_at is not None and workers >= self.failed_at[0]:
+            count, status = self.failed_at
+            return f"the tune's worker search failed at {count} workers ({status})"
+        if self.process is None:
+            return None
+        return self.process.refuses(workers, prefetch, tensors)
 
 
 @dataclass(frozen=True)
@@ -243,6 +260,7 @@ class Adapter:
         self._settled: dict[str, tuple[int, float]] = {}
         self._per_worker_bytes: float | None = None
         self._probing = False
+        self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
@@ -401,10 +419,13 @@ class Adapter:
         capped = nxt is None or (
             per_worker is not None and per_worker * nxt > lim.memory_budget_bytes
         )
-        shm = lim.shm_refuses(nxt, s.prefetch_factor) if nxt is not None and not capped else None
-        if shm is not None:
-            capped = True
-            self._decline(m, "num_workers", shm)
+        if nxt is not None and not capped:
+            refused = lim.shm_refuses(nxt, s.prefetch_factor) or lim.start_refuses(
+                nxt, s.prefetch_factor, self.batch_tensors
+            )
+            if refused is not None:
+                capped = True
+                self._decline(m, "num_workers", refused)
         if nxt is not None and not capped:
             why = self._worker_raise(m, nxt, waited)
             if why is not None:
@@ -414,8 +435,10 @@ class Adapter:
         if (
             s.num_workers > 0
             and depth < MAX_PREFETCH_FACTOR
-            and (lim.shm_refuses(s.num_workers, deeper) is None)
-        ):
+            and lim.shm_refuses(s.num_workers, deeper) is None
+            and (lim.process is None
+                 or lim.process.refuses(s.num_workers, deeper, self.batch_tensors) is None)
+        ):  # fmt: skip
             held = "at their cap" if capped else "not to be raised"
             why = self._prefetch_raise(m, f"{waited}, with workers {held}")
             if why is not None:
@@ -444,8 +467,9 @@ class Adapter:
         return [change]
 
     def hold_down(self, workers: int, epoch: int, batch: int | None, reason: str) -> Adaptation:
-        """Workers died (memory pressure): run ``workers`` from now on, and never raise
-        past them again. The change is in ``history`` like any other."""
+        """Workers died (memory pressure), or a raise's could not start (a host limit): run
+        ``workers`` from now on, and never raise past them again. The change is in
+        ``history`` like any other."""
         change = Adaptation(epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0,
                             reason, batch)  # fmt: skip
         self.settings = replace(self.settings, num_workers=workers)

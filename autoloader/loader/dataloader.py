@@ -29,7 +29,11 @@ from autoloader.loader.device_feed import DeviceFeed, check_device
 from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.host_fit import fit_to_host
-from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
+from autoloader.loader.iterators import (
+    RecordingMultiProcessingIter,
+    RecordingSingleProcessIter,
+    WorkersNotStarted,
+)
 from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
@@ -50,6 +54,7 @@ from autoloader.loader.position import (
 )
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.loader.survival import Survival
 from autoloader.loader.trainers import (
     PlannedIndices,
@@ -62,6 +67,7 @@ from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH
+from autoloader.process_limits import ProcessLimits
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import dataset_length, fingerprint
 
@@ -130,6 +136,8 @@ class DataLoader(tud.DataLoader):
         self._data = Data(0)  # what a planned loader serves: a position's data
         # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
         self._host = HostBudget.probe() if plan is not None else None
+        # and this process's limits (open files, processes, address space), for adaptation
+        self._limits = ProcessLimits.probe() if plan is not None else None
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
@@ -395,7 +403,13 @@ class DataLoader(tud.DataLoader):
         if self.num_workers == 0:
             return RecordingSingleProcessIter(self)
         self.check_worker_number_rationality()
-        return RecordingMultiProcessingIter(self)
+        try:
+            return RecordingMultiProcessingIter(self)
+        except WorkersNotStarted as exc:
+            # a raise's workers that cannot start: its count before, and the epoch goes on
+            if self._runtime is None or not self._runtime.could_not_start(self, str(exc)):
+                raise
+        return self._get_iterator()
 
 
 def _check_adapt_args(adapt: Any, max_workers: Any) -> None:
@@ -449,7 +463,7 @@ def _runtime(
     assert plan is not None
     settings = _settings_of(loader)
     assert loader._host is not None
-    limits = default_limits(plan, settings, max_workers, loader._host)
+    limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
     adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
                       evidence=Evidence.from_plan(plan.tuning.get("workers")))  # fmt: skip
     predicted = plan.memory.get("predicted_peak_bytes")
@@ -472,7 +486,8 @@ def _survival(loader: DataLoader, rank: int) -> Survival | None:
     budget = loader._host.memory_budget_bytes
     if planned is not None:
         budget = min(budget, planned.memory_budget_bytes)
-    return Survival(rank, loader._recorder, budget)
+    stalls = StallWatch(stall_after(loader.plan), rank, loader._recorder)
+    return Survival(rank, loader._recorder, budget, stalls)
 
 
 def _device_prefetch(plan: Plan | None, override: Any) -> int:

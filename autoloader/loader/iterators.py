@@ -4,27 +4,192 @@ Subclassing (rather than wrapping) keeps every behaviour of torch's iterators, t
 worker management and ``isinstance`` checks included. Indices are queued in the order the
 sampler hands them out; batches come back in that order with ``in_order=True``, and with
 ``in_order=False`` the recorded batch sizes still form the same multiset.
+
+Workers that cannot start (a host limit: open files, processes, address space) leave
+torch's iterator half-built, and its ``__del__`` then prints an ``AttributeError`` and may
+leave the started workers running. Every multi-process iterator here ends what a failed
+start began and raises ``WorkersNotStarted`` instead (the tuner's loaders too, through
+``StartSafeLoader``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import signal
+import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from autoloader.compat import check_torch_internals
 
 check_torch_internals()
 
-from torch.utils.data import _utils  # noqa: E402 - after the check
+import torch.multiprocessing  # noqa: E402 - after the check
+from torch.utils.data import DataLoader, _utils  # noqa: E402 - after the check
 from torch.utils.data.dataloader import (  # noqa: E402
+    _BaseDataLoaderIter,
     _MultiProcessingDataLoaderIter,
     _SingleProcessDataLoaderIter,
 )
 
+from autoloader.errors import one_line  # noqa: E402
+from autoloader.loader.stalls import Stall, process_state  # noqa: E402
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival  # noqa: E402
 from autoloader.metrics.loader import BatchRecorder  # noqa: E402
+
+
+class WorkersNotStarted(RuntimeError):
+    """A loader's worker processes could not all be started (a limit of the host: open
+    files, processes and threads, address space); none of them is left running."""
+
+    def __init__(self, workers: int, cause: BaseException) -> None:
+        text = str(cause).strip().splitlines()
+        why = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+        super().__init__(f"{workers} DataLoader worker(s) could not be started: {why}")
+        self.workers = workers
+
+
+def cannot_start(exc: BaseException) -> bool:
+    """Whether ``exc`` is the host refusing a process, a thread, a pipe or their memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM)
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+class _StartSafe:
+    """torch's multi-process iterator, started so that a failed start leaves nothing; the
+    failure is ``WorkersNotStarted`` where ``_named_failure`` (else torch's own error)."""
+
+    _named_failure = True
+
+    def __init__(self, loader: Any) -> None:
+        self._start_workers(loader)
+
+    def _start_workers(self, loader: Any) -> None:
+        try:
+            _MultiProcessingDataLoaderIter.__init__(self, loader)  # type: ignore[arg-type]
+        except BaseException as exc:
+            _abandon(self)
+            if self._named_failure and cannot_start(exc):
+                raise WorkersNotStarted(loader.num_workers, exc) from exc
+            raise
+
+
+def _abandon(it: Any) -> None:
+    """End what a failed ``__init__`` began, without a thread (the failure may be that no
+    thread can start) and without the state it never reached (``_workers_status``)."""
+    it._shutdown = True  # torch's own shutdown, and its __del__, then do nothing
+    if getattr(it, "_worker_pids_set", False):
+        _utils.signal_handling._remove_worker_pids(id(it))  # before they are ended
+        it._worker_pids_set = False
+    for name in ("_workers_done_event", "_pin_memory_thread_done_event"):
+        event = getattr(it, name, None)
+        if event is not None:
+            event.set()
+    workers = getattr(it, "_workers", [])
+    for w in workers:  # SIGKILL: they inherit the handlers a program set for SIGTERM
+        if w.is_alive():
+            w.kill()
+    for w in workers:
+        w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
+        with contextlib.suppress(ValueError):
+            w.close()  # its sentinel pipes, now: the next count's workers inherit what is open
+    pin = getattr(it, "_pin_memory_thread", None)
+    if pin is not None:  # it polls its done event: out within one interval
+        pin.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL + 1)
+    queues = list(getattr(it, "_index_queues", []))
+    if pin is None or not pin.is_alive():  # never close a queue under a reader
+        queues.append(getattr(it, "_worker_result_queue", None))
+    for q in queues:
+        if q is not None:
+            _close_queue(q)
+
+
+def _close_queue(q: Any) -> None:
+    """Close a multiprocessing queue's pipe now: where no feeder thread started,
+    ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
+    where one did, that thread closes both ends."""
+    q.cancel_join_thread()
+    fed = q._thread is not None
+    q.close()
+    if not fed:
+        q._reader.close()
+        q._writer.close()
+
+
+class StartSafeIter(_StartSafe, _MultiProcessingDataLoaderIter):
+    """``_MultiProcessingDataLoaderIter`` whose failed start raises ``WorkersNotStarted``
+    and leaves nothing running."""
+
+
+class StartSafeLoader(DataLoader):
+    """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders)."""
+
+    def _get_iterator(self) -> _BaseDataLoaderIter:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return StartSafeIter(self)
+
+
+NO_THREAD_EXIT = 75  # a worker that could not start a thread it needs exits with this
+
+
+class StartThreads:
+    """A ``worker_init_fn`` that first starts the thread a worker needs to send tensors
+    (the resource sharer's, under torch's ``file_descriptor`` strategy), then runs
+    ``inner``. Started lazily, that thread may fail (``RLIMIT_NPROC``) after its socket is
+    announced, and the training process then waits for ever for a batch; a worker that
+    cannot start it exits at once, with ``NO_THREAD_EXIT``, a death torch sees."""
+
+    def __init__(self, inner: Callable[[int], None] | None = None) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+            try:
+                _start_resource_sharer()
+            except (RuntimeError, OSError, MemoryError):
+                os._exit(NO_THREAD_EXIT)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _raised_in_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` is the dataset's own error that torch re-raised from a worker."""
+    return str(exc).startswith("Caught ") and "worker process" in str(exc).split("\n")[0]
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for a loader's failure: torch's own, or, for a worker that exited with
+    ``NO_THREAD_EXIT``, what it could not do."""
+    if f"exit code {NO_THREAD_EXIT}" in str(exc):
+        return ("a DataLoader worker could not start a thread (RLIMIT_NPROC, `ulimit -u`, or "
+                "RLIMIT_AS, `ulimit -v`)")  # fmt: skip
+    return one_line(exc)
+
+
+def _start_resource_sharer() -> None:
+    from multiprocessing import resource_sharer
+
+    sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
+    with sharer._lock:
+        if sharer._address is not None:
+            return
+        try:
+            sharer._start()
+        except BaseException:
+            listener, sharer._listener, sharer._address = sharer._listener, None, None
+            if listener is not None:
+                listener.close()
+            raise
 
 
 class _Recording:
@@ -68,18 +233,27 @@ class RecordingSingleProcessIter(_Recording, _SingleProcessDataLoaderIter):
     """``_SingleProcessDataLoaderIter`` that records each batch."""
 
 
-class RecordingMultiProcessingIter(_Recording, _MultiProcessingDataLoaderIter):
+class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataLoaderIter):
     """``_MultiProcessingDataLoaderIter`` that records each batch; for a planned loader
     (``loader._survival``) it also survives its workers (``autoloader.loader.survival``):
     a dead worker, or workers past their memory budget, and it restarts them in place at
-    the batch the loop waits for: the same object goes on, whoever holds it."""
+    the batch the loop waits for: the same object goes on, whoever holds it. It names a
+    worker that holds the awaited batch too long (``autoloader.loader.stalls``), and with
+    ``timeout=`` ends the wait ``timeout`` seconds after the loop asked, naming it."""
 
     def __init__(self, loader: Any) -> None:
         self._survival: Survival | None = getattr(loader, "_survival", None)
+        # without a plan, torch's error where workers cannot start (nothing left of them)
+        self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
         self._start = self._yielded = 0
+        self._wait_began, self._waiting = time.monotonic(), False
+        self._stall_warned = False
+        self._expired: Stall | None = None  # the wait the watchdog ended (timeout=)
         super().__init__(loader)
         self._started()
+        if self._survival is not None and self._survival.stalls is not None:
+            _Watchdog(self).start()
 
     def _started(self) -> None:
         """Fresh workers: take them off torch's SIGCHLD handler, which raises from
@@ -95,43 +269,140 @@ class RecordingMultiProcessingIter(_Recording, _MultiProcessingDataLoaderIter):
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
         self._yielded = 0
+        self._wait_began = time.monotonic()
         super()._reset(loader, first_iter)
 
     def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> Any:
+        if self._survival is None:
+            return super()._try_get_data(timeout)
+        if self._timeout > 0:
+            # torch waits ``timeout`` afresh after each batch another worker hands in
+            # while the awaited one is late; the wait is from when the loop asked
+            left = self._wait_began + self._timeout - time.monotonic()
+            return super()._try_get_data(left) if left > 0 else (False, None)
         # torch polls its workers' liveness every 5 s; a planned loader checks each second
-        if self._survival is not None and timeout == _utils.MP_STATUS_CHECK_INTERVAL:
-            timeout = POLL_SECONDS
-        return super()._try_get_data(timeout)
+        return super()._try_get_data(POLL_SECONDS)
+
+    def _watch_wait(self) -> None:
+        """From the watchdog thread, each ``POLL_SECONDS``: the loop's wait for one batch,
+        wherever it is blocked (receiving a batch a stopped worker sent earlier blocks in
+        fetching its shared memory from that worker, where no timeout applies). Past what
+        the plan's batches take: the worker named, once per wait. With ``timeout=``, past
+        it and a grace: the workers ended (the epoch ends with the error in any case),
+        which unblocks the fetch, and ``next()`` raises the timeout."""
+        assert self._survival is not None and self._survival.stalls is not None
+        if not self._waiting or self._shutdown:
+            return
+        waited = time.monotonic() - self._wait_began
+        if self._timeout > 0:
+            if self._expired is None and waited > self._timeout + POLL_SECONDS:
+                self._expired = self._awaited(waited)
+                for w in self._workers:
+                    if w.is_alive():
+                        w.kill()
+            return
+        if not self._stall_warned and waited >= self._survival.stalls.after:
+            self._stall_warned = True
+            self._survival.stalls.stalled(self._awaited(waited))
+
+    def _awaited(self, waited: float) -> Stall:
+        """The batch the loop waits for: its number, samples, and the worker holding it
+        (read while the loop is blocked, or from the watchdog: a snapshot)."""
+        try:
+            info = self._task_info.get(self._rcvd_idx)
+            worker = info[0] if info else None
+            pid = self._workers[worker].pid if worker is not None else None
+            indices = [int(i) for i in self._pending[0]] if self._pending else []
+        except (IndexError, RuntimeError):  # moved on meanwhile
+            worker, pid, indices = None, None, []
+        sampler = getattr(self._loader(), "batch_sampler", None)
+        return Stall(worker, pid, getattr(sampler, "epoch", 0), self._start + self._yielded,
+                     indices, waited, process_state(pid))  # fmt: skip
+
+    def _shutdown_workers(self) -> None:
+        """torch's shutdown, which a stopped worker (SIGSTOP) survives: it hears neither
+        the done event nor SIGTERM, and the interpreter's exit then waits for it for ever.
+        A planned loader's are resumed first (SIGCONT), and killed where they still live
+        after (without a plan, torch's own shutdown, exactly)."""
+        ending = (getattr(self, "_survival", None) is not None
+                  and not getattr(self, "_shutdown", True)
+                  and _utils.python_exit_status is False)  # fmt: skip
+        workers = list(getattr(self, "_workers", []))
+        for w in workers if ending else []:
+            if w.pid is not None and w.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(w.pid, signal.SIGCONT)
+        super()._shutdown_workers()
+        for w in workers if ending else []:
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
 
     def __next__(self) -> Any:
         while True:
+            self._wait_began, self._stall_warned = time.monotonic(), False
+            self._waiting = True
             try:
                 batch = super().__next__()
-            except RuntimeError:
-                deaths = self._deaths()
+            except (RuntimeError, OSError, EOFError) as exc:
+                self._waiting = False
+                if self._expired is not None or (
+                    self._survival is not None and str(exc).startswith("DataLoader timed out")
+                ):
+                    self._timed_out()
+                # torch's "exited unexpectedly", or, for a worker that exited while a batch
+                # it sent was in flight, the failure to fetch that batch's shared memory
+                # from it (FileNotFoundError, ConnectionRefusedError): a death either way,
+                # though the worker may still be on its way out when the fetch fails
+                fetch = not isinstance(exc, RuntimeError) and not _raised_in_worker(exc)
+                deaths = self._deaths(patience=_utils.MP_STATUS_CHECK_INTERVAL if fetch else 0)
                 if not deaths:
                     raise
                 assert self._survival is not None
                 self._survival.died(deaths, self._loader(), self._start + self._yielded)
                 self._restart()
                 continue
+            finally:
+                self._waiting = False
             self._yielded += 1
             if self._survival is not None:
                 self._watch()
             return batch
 
+    def _timed_out(self) -> None:
+        """torch's timeout, raised naming the batch, its samples and its worker; the
+        workers are shut down first (the epoch ends here), so the program can exit."""
+        stall = self._expired or self._awaited(time.monotonic() - self._wait_began)
+        for w in self._workers:  # at once: a stopped or hung one would hold the shutdown
+            if w.is_alive():
+                w.kill()
+        self._shutdown_workers()
+        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds waiting for "
+                           f"{stall.describe()}") from None  # fmt: skip
+
     def _loader(self) -> Any:
         return self._loader_ref()
 
-    def _deaths(self) -> list[Death]:
+    def _deaths(self, patience: float = 0.0) -> list[Death]:
+        """The workers that died (waiting up to ``patience`` seconds for one to be seen)."""
+        deadline = time.monotonic() + patience
+        while True:
+            found = self._dead()
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.05)
+
+    def _dead(self) -> list[Death]:
         """The workers that died, each with the batches it held (none: none died, or this
-        loader does not survive them: no plan, or ``in_order=False``)."""
+        loader does not survive them: no plan, or ``in_order=False``). A worker of a
+        map-style epoch that exited with status 0 (``sys.exit()`` in ``__getitem__``) died
+        too: torch's own SIGCHLD handler does not see it."""
         if self._survival is None or self._in_order is False:
             return []
-        epoch = getattr(self._loader().batch_sampler, "epoch", 0)
+        epoch = getattr(getattr(self._loader(), "batch_sampler", None), "epoch", 0)
         out = []
         for worker_id, w in enumerate(self._workers):
-            if w.is_alive() or w.exitcode == 0:
+            if w.is_alive():
                 continue
             tasks = sorted(i for i, info in self._task_info.items()
                            if len(info) == 1 and info[0] == worker_id)  # fmt: skip
@@ -160,5 +431,26 @@ class RecordingMultiProcessingIter(_Recording, _MultiProcessingDataLoaderIter):
         at = self._start + self._yielded
         self._shutdown_workers()
         loader.batch_sampler.resume_at(at)
-        _MultiProcessingDataLoaderIter.__init__(self, loader)
+        self._start_workers(loader)
         self._started()
+
+
+class _Watchdog(threading.Thread):
+    """Watches one planned iterator's waits from beside the loop (``_watch_wait``), until
+    the iterator is gone; holds it only while looking."""
+
+    def __init__(self, it: RecordingMultiProcessingIter) -> None:
+        super().__init__(name="autoloader-stall-watch", daemon=True)
+        self._ref = weakref.ref(it)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(POLL_SECONDS)
+            it = self._ref()
+            if it is None:
+                return
+            try:
+                it._watch_wait()
+            except Exception:  # torch's state read mid-change: look again
+                pass
+            del it

@@ -29,8 +29,11 @@ def find_poison(loader: Any, indices: list[int]) -> tuple[int, int] | None:
             warnings.simplefilter("ignore")
             for _ in batches:
                 read += 1
-    except RuntimeError:  # torch's "worker ... killed by signal" or "exited unexpectedly"
-        dead = [w for w in getattr(batches, "_workers", []) if w.exitcode not in (None, 0)]
+    except (RuntimeError, OSError, EOFError):
+        # torch's "worker ... killed by signal" or "exited unexpectedly", or a batch that
+        # could not be fetched from a worker gone: its reader ended before its last task,
+        # whatever its status (sys.exit() in __getitem__ exits 0)
+        dead = [w for w in getattr(batches, "_workers", []) if w.exitcode is not None]
         if dead and read < len(indices):
             return indices[read], int(dead[0].exitcode)
     except Exception:  # a sample that raises is the loader's to report, as torch does

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes
 from autoloader.host_budget import HostBudget
 from autoloader.loader.adapt import (
@@ -36,6 +37,7 @@ from autoloader.loader.host_fit import predicted_worst_batch_bytes, worst_batch_
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
+from autoloader.process_limits import ProcessLimits
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import nbytes_of
 from autoloader.units import describe_bytes
@@ -44,21 +46,37 @@ log = logging.getLogger("autoloader")
 
 
 def default_limits(
-    plan: Plan, settings: Settings, max_workers: int | None, host: HostBudget
-) -> Limits:
+    plan: Plan, settings: Settings, max_workers: int | None, host: HostBudget,
+    process: ProcessLimits | None = None,
+) -> Limits:  # fmt: skip
     """The caps: workers as far as the tune's search went (this rank's CPUs, or past them
-    where the tune found the workers waiting on reads; never below the plan's count), half
-    the available RAM split over the node's ranks for the worker processes, the batches in
-    flight within this node's /dev/shm, and a device feed only as deep as the plan's
-    memory budget allows."""
+    where the tune found the workers waiting on reads; never below the plan's count) and
+    below the fewest it saw fail, half the available RAM split over the node's ranks for
+    the worker processes, the batches in flight within this node's /dev/shm, this
+    process's limits (``process``), and a device feed only as deep as the plan's memory
+    budget allows."""
+    table = plan.tuning.get("workers")
     if max_workers is None:
-        table = plan.tuning.get("workers")
         searched = table.get("max_workers") if isinstance(table, dict) else None
         if isinstance(searched, bool) or not isinstance(searched, int):
             searched = 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
     return Limits(max_workers, host.memory_budget_bytes, _device_prefetch_max(plan, settings),
-                  host, worst_batch_bytes(plan))  # fmt: skip
+                  host, worst_batch_bytes(plan), process,
+                  _failed_at(table, settings.num_workers))  # fmt: skip
+
+
+def _failed_at(table: Any, planned: int) -> tuple[int, str] | None:
+    """The fewest workers (past the plan's own count) the tune's search saw fail, and how:
+    a count whose workers could not start, died or hung there will not run here either."""
+    trace = table.get("trace") if isinstance(table, dict) else None
+    failed = [
+        (c["workers"], c["status"]) for c in (trace if isinstance(trace, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("workers"), int)
+        and not isinstance(c.get("workers"), bool) and c["workers"] > planned
+        and isinstance(c.get("status"), str) and c["status"].startswith("failed")
+    ]  # fmt: skip
+    return min(failed, default=None)
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
@@ -120,6 +138,23 @@ class Runtime:
             loader.device_prefetch = want.device_prefetch
         if workers_changed and self.recorder is not None:
             self.recorder.workers_changed(want.num_workers)
+
+    def could_not_start(self, loader: Any, why: str) -> bool:
+        """The workers of the raise on trial could not start (a host limit): back to the
+        count before it, never raised past again, and the epoch goes on with them. False
+        where the workers that failed are not a raise's (the plan's own, or the user's)."""
+        adapter = self.adapter
+        trial = adapter.on_trial if adapter is not None else None
+        if trial is None or trial.setting != "num_workers" or loader.num_workers != trial.after:
+            return False
+        assert adapter is not None
+        position = loader._position
+        change = adapter.hold_down(trial.before, position.epoch, position.batches or None,
+                                   f"{why}; back to {trial.before}, never raised past it "
+                                   "again")  # fmt: skip
+        self._record(change)
+        self.begin(loader)
+        return True
 
     def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
         return EpochIter(batches, self, loader)
@@ -311,6 +346,8 @@ class EpochIter:
         self._wait += waited
         if self._count == 0:
             self._first_wait = waited
+            if runtime.adapter is not None:  # a descriptor each in flight: open files
+                runtime.adapter.batch_tensors = max(1, sum(1 for _ in tensors(batch)))
         self._count += 1
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)

@@ -6,7 +6,9 @@ worker (pid N) is killed by signal: Killed.``. A planned loader knows its positi
 epoch, so it can do better (``autoloader.loader.iterators`` restarts its workers in place):
 
 - a worker that dies is named in one WARNING (its id, pid, signal or exit status, the
-  batch it was loading), and the workers restart at the batch the loop is waiting for:
+  batch it was loading and its samples), and the workers restart at the batch the loop
+  is waiting for (a worker that exits with status 0 mid-epoch, ``sys.exit()`` in
+  ``__getitem__``, has died as surely as a SIGKILLed one):
   the epoch goes on with exactly the batches an undisturbed run yields;
 - a batch that kills a worker twice is read again one sample at a time, each in a fresh
   worker process, until the sample that kills its reader is found: a ``SampleError``
@@ -35,6 +37,7 @@ from autoloader.datasets.reads import SampleError
 from autoloader.host import tree_memory_bytes
 from autoloader.host_budget import loader_shm_bytes
 from autoloader.loader.poison import find_poison
+from autoloader.loader.stalls import StallWatch
 from autoloader.units import format_bytes
 
 log = logging.getLogger("autoloader")
@@ -80,6 +83,10 @@ class Death:
         held = (f"holding batch{'es' if len(self.batches) > 1 else ''} "
                 f"{', '.join(map(str, self.batches))} of epoch {self.epoch}"
                 if self.batches else f"holding no batch (epoch {self.epoch})")  # fmt: skip
+        if self.indices:
+            shown = ", ".join(map(str, self.indices[:8]))
+            more = f", ... ({len(self.indices)} in all)" if len(self.indices) > 8 else ""
+            held += f" (sample{'s' if len(self.indices) > 1 else ''} {shown}{more})"
         return f"DataLoader worker {self.worker} (pid {self.pid}) {self.how}, {held}"
 
 
@@ -91,11 +98,13 @@ class Survival:
         rank: this rank, for the log.
         recorder: the loader's metrics (restarts, shared memory), if any.
         memory_budget: bytes the worker processes may hold (None: not watched).
+        stalls: names a worker that holds the awaited batch too long (None: not watched).
     """
 
     rank: int
     recorder: Any = None
     memory_budget: int | None = None
+    stalls: StallWatch | None = None  # the wait for one batch past what it should take
     deaths: list[Death] = field(default_factory=list)
     restarts: int = 0
     _checked_at: float = 0.0

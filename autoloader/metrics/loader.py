@@ -159,6 +159,13 @@ class LoaderMetrics:
             labelnames=["rank", "reason"],
             registry=registry,
         )
+        self.worker_stalls = Counter(
+            "autoloader_worker_stalls",
+            "Waits of a planned loader for one batch past what the plan's batches take: a "
+            "stopped or hung worker (warned once per stall; nothing killed).",
+            labelnames=["rank"],
+            registry=registry,
+        )
         self.shm_used = Gauge(
             "autoloader_shm_used_bytes",
             "Shared memory (/dev/shm) the loader's processes hold mapped: batches in flight.",
@@ -204,6 +211,7 @@ class LoaderStats:
     wait_seconds: float = 0.0
     epochs: int = 0  # complete epochs
     worker_restarts: int = 0  # workers restarted at the position (died, or past their memory)
+    worker_stalls: int = 0  # waits for one batch past what the plan's batches take
     plan_stale: str | None = None  # why the plan should be re-tuned, once something says so
 
 
@@ -345,11 +353,16 @@ class BatchRecorder:
         exported at 0."""
         for reason in ("died", "memory"):
             self.metrics.worker_restarts.labels(rank=self.rank, reason=reason)
+        self.metrics.worker_stalls.labels(rank=self.rank)
         self.shm_used(0)
 
     def worker_restarted(self, reason: str) -> None:
         self.stats.worker_restarts += 1
         self.metrics.worker_restarts.labels(rank=self.rank, reason=reason).inc()
+
+    def worker_stalled(self) -> None:
+        self.stats.worker_stalls += 1
+        self.metrics.worker_stalls.labels(rank=self.rank).inc()
 
     def shm_used(self, nbytes: int) -> None:
         self.metrics.shm_used.labels(rank=self.rank).set(nbytes)

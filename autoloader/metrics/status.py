@@ -3,8 +3,8 @@
 ``autoloader status`` and the agent's ``/status`` read the same merged registry that
 ``/metrics`` serves (the node's ``PROMETHEUS_MULTIPROC_DIR``) and say, per rank: the
 last complete epoch's data-wait share and samples/s, the workers now and since when,
-the adaptations made, the memory peak against the plan, the OOMs, a batch that outgrew
-the plan's predicted worst, and one verdict.
+the adaptations made, the memory peak against the plan, the OOMs, the workers restarted
+and stalled, a batch that outgrew the plan's predicted worst, and one verdict.
 Imports no torch: it answers at once.
 """
 
@@ -38,10 +38,11 @@ _FIELDS = {
     "autoloader_plan_stale": "plan_stale",
     "autoloader_shm_used_bytes": "shm_used_bytes",
     "autoloader_predicted_worst_batch_bytes": "predicted_worst_batch_bytes",
+    "autoloader_worker_stalls_total": "worker_stalls",
 }
 _INTS = {"batches", "epochs", "num_workers", "max_workers", "oom_total", "memory_peak_bytes",
          "predicted_peak_bytes", "memory_budget_bytes", "shm_used_bytes",
-         "predicted_worst_batch_bytes"}  # fmt: skip
+         "predicted_worst_batch_bytes", "worker_stalls"}  # fmt: skip
 
 
 def read_status(registry: CollectorRegistry) -> dict[str, Any]:

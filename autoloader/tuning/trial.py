@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 
 from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
-from autoloader.errors import one_line
 from autoloader.loader.device_feed import DeviceFeed
+from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
 from autoloader.tuning.baseline import LoopSettings
 from autoloader.tuning.transfer import transfer
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Timing
@@ -80,10 +80,11 @@ def run_trial(work: Workload, trial: Trial, step: Callable[[Any], Any] | None,
     warm = min(max(1, queued), max(1, len(trial.batches) // 2))
     batches = trial.batches[: timing.iterations + warm]
     sizes = [len(b) for b in batches]
+    init = StartThreads(trial.worker_init_fn) if s.num_workers else trial.worker_init_fn
     with _threads(s.num_threads), warnings.catch_warnings():
         # More workers than torch suggests may be the user's choice, or the plan's measured one.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
-        loader = DataLoader(
+        loader = StartSafeLoader(  # workers that cannot start fail the trial cleanly
             cast(Any, Guarded(work.dataset, work.timeout)),
             batch_sampler=batches,
             num_workers=s.num_workers,
@@ -92,7 +93,7 @@ def run_trial(work: Workload, trial: Trial, step: Callable[[Any], Any] | None,
             prefetch_factor=s.prefetch_factor if s.num_workers else None,
             persistent_workers=s.persistent_workers,
             timeout=worker_timeout(work.timeout) if s.num_workers else 0,
-            worker_init_fn=trial.worker_init_fn,
+            worker_init_fn=init,
         )
         return _loop(work, loader, trial.device_prefetch, step, sizes, threads, timing, warm)
 
@@ -124,7 +125,7 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
     except Exception as exc:  # the loop's failure is this trial's result, not the tune's
         if not (is_oom(exc) or isinstance(exc, (RuntimeError, OSError))):
             raise
-        status = ("out of memory" if is_oom(exc) else "failed") + f": {one_line(exc)}"
+        status = ("out of memory" if is_oom(exc) else "failed") + f": {failure_text(exc)}"
     finally:
         del batches, loader  # the workers shut down with their iterator
     timed = slice(warm, len(steps))

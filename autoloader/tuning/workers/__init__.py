@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.collate import collate
+from autoloader.process_limits import LimitsProbe
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
@@ -81,8 +82,11 @@ def search(
 ) -> WorkerChoice:
     """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
     search goes past ``max_workers`` where ``extent`` allows. A count whose batches in
-    flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``
-    is not run: it is in the trace as skipped, with why.
+    flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``,
+    or whose workers this process's limits (open files, processes and threads, address
+    space: ``ProcessLimits``, read before each count) cannot hold, is not run: it is in
+    the trace as skipped, with why. A count whose workers fail to start anyway is in it
+    as failed, and the search goes on.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
@@ -99,6 +103,8 @@ def search(
     run = partial(measure, dataset, sizes, batch_size, timing=timing, device=device, seed=seed,
                   worker_init_fn=worker_init_fn, collate_fn=collate_fn)  # fmt: skip
     within = _Within(run, budget, batch_bytes)
+    if extent is not None:
+        extent = replace(extent, limits=within.limits)
 
     def measured(w: int, slower_than: float | None) -> Candidate:
         bar.set_postfix_str(f"{w} workers")
@@ -126,19 +132,23 @@ def search(
 
 
 class _Within:
-    """Measure a count only where the host's budget holds it; one it does not is in the
-    trace as skipped, with why (the workers' memory is known from the counts measured)."""
+    """Measure a count only where the host's budget and this process's limits hold it;
+    one they do not is in the trace as skipped, with why (the workers' memory is known
+    from the counts measured; the limits' use is read afresh, the last count's workers
+    gone)."""
 
     def __init__(self, run: Callable[..., Candidate], budget: HostBudget | None,
                  batch_bytes: int) -> None:  # fmt: skip
         self.run, self.budget, self.batch_bytes = run, budget, batch_bytes
         self.done: dict[int, Candidate] = {}
+        self.limits = LimitsProbe()
 
     def __call__(self, w: int, slower_than: float | None) -> Candidate:
         why = None
         if self.budget is not None:
             per_worker = per_worker_bytes(self.done)
             why = self.budget.refuses(w, PREFETCH_FACTOR, self.batch_bytes, per_worker)
+        why = why or self.limits().refuses(w, PREFETCH_FACTOR)
         cand = Candidate.not_measured(w, f"skipped: {why}") if why else None
         self.done[w] = cand or self.run(w, slower_than=slower_than)
         return self.done[w]

@@ -8,14 +8,17 @@ while the counts measured there are mostly waiting (their processes' CPU time ov
 time), doubling until the loop stops getting faster, and never past what the host can hold:
 the workers' measured memory (PSS) against the host's available memory, the batches in
 flight against free shared memory (``/dev/shm``, where worker batches travel), both
-``autoloader.host_budget``, and a hard cap.
+``autoloader.host_budget``, this process's limits (``autoloader.process_limits``), and a
+hard cap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoloader.host_budget import HostBudget
+from autoloader.process_limits import ProcessLimits
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 WAITING_SHARE = 0.5  # a worker busy less than this share of its time mostly waits
@@ -33,12 +36,14 @@ class Extent:
         budget: the host's shared memory and RAM for this rank's loader.
         batch_bytes: the largest batch's bytes (what one batch in flight holds).
         hard_cap: the most workers tried in any case.
+        limits: reads this process's limits (open files, processes, address space).
     """
 
     cpus: int
     budget: HostBudget
     batch_bytes: int
     hard_cap: int
+    limits: Callable[[], ProcessLimits] = ProcessLimits.probe
 
     @classmethod
     def default_cap(cls, cpus: int) -> int:
@@ -61,7 +66,9 @@ class Extent:
         """Why ``workers`` cannot be afforded (None: they can)."""
         if workers > self.hard_cap:
             return f"{workers} workers would pass the cap of {self.hard_cap}"
-        return self.budget.refuses(workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes)
+        return self.budget.refuses(
+            workers, PREFETCH_FACTOR, self.batch_bytes, per_worker_bytes
+        ) or self.limits().refuses(workers, PREFETCH_FACTOR)
 
 
 def per_worker_bytes(seen: dict[int, Candidate]) -> float:

@@ -22,9 +22,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
-from autoloader.errors import one_line
 from autoloader.host import cpu_seconds, tree_memory_bytes
 from autoloader.loader.collate import collate
+from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
 from autoloader.samplers import RandomBatchSampler
 from autoloader.tuning.transfer import transfer
 
@@ -181,7 +181,8 @@ def _measure(
     worker_init_fn: Callable[[int], None] | None,
     collate_fn: Callable[[list[Any]], Any],
 ) -> Candidate:
-    loader = DataLoader(
+    # Workers that cannot start (a host limit) fail this count cleanly, never half-built.
+    loader = StartSafeLoader(
         cast(Any, Guarded(dataset, timing.timeout)),  # a failing sample named, a hang bounded
         batch_sampler=sampler,
         num_workers=workers,
@@ -190,7 +191,7 @@ def _measure(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=workers > 0,
         timeout=worker_timeout(timing.timeout) if workers else 0,
-        worker_init_fn=worker_init_fn,
+        worker_init_fn=StartThreads(worker_init_fn) if workers else worker_init_fn,
     )
     start = time.perf_counter()
     batches = _endless(loader, sampler)
@@ -208,7 +209,7 @@ def _measure(
             block=max(1, workers),
         )
     except (RuntimeError, OSError) as exc:
-        return Candidate.not_measured(workers, f"failed: {one_line(exc)}")
+        return Candidate.not_measured(workers, f"failed: {failure_text(exc)}")
     finally:
         batches.close()
         del loader
