@@ -66,7 +66,8 @@ class Resume(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if "the loop has waited" in record.getMessage() and self.pid is not None:
-            os.kill(self.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # already resumed and gone
+                os.kill(self.pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("how", ["stopped", "sleeping"])
@@ -84,6 +85,7 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
     logging.getLogger("autoloader").addHandler(resume)
     others = {c.pid for c in psutil.Process().children()}
     got = []
+    safety: threading.Timer | None = None
     try:
         with caplog.at_level(logging.WARNING, logger="autoloader"):
             for n, batch in enumerate(loader):
@@ -98,6 +100,8 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
                     safety.daemon = True
                     safety.start()
     finally:
+        if safety is not None:  # it must not fire into a later test
+            safety.cancel()
         logging.getLogger("autoloader").removeHandler(resume)
         if resume.pid is not None:  # never leave a stopped process behind
             with contextlib.suppress(ProcessLookupError):
