@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,22 +28,58 @@ from autoloader.errors import UsageError
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
+    with _directory_of(path) as directory:
+        name = path.name
+        try:
+            mode = os.stat(name, dir_fd=directory).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        fd, tmp = _create_beside(directory, name, ".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=directory)
+            raise
+
+
+@contextlib.contextmanager
+def _directory_of(path: Path) -> Iterator[int]:
+    """The directory ``path`` is in, open for ``*at`` calls: names made in it are relative,
+    so a target path near PATH_MAX never grows past it with a temporary name."""
+    directory = path.parent if str(path.parent) else Path(".")
+    fd = os.open(directory, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _create_beside(directory: int, name: str, suffix: str) -> tuple[int, str]:
+    """A new file (0600) in ``directory`` named ``.NAME.XXXXXXXX{suffix}`` for ``name``,
+    with ``NAME`` shortened where the whole would pass the file system's longest name: a
+    target named as long as the OS allows has a temporary name too."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        longest = os.fpathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for _ in range(100):
+        tail = f".{secrets.token_hex(4)}{suffix}"
+        stem = name
+        while stem and len(os.fsencode(f".{stem}{tail}")) > longest:
+            stem = stem[:-1]
+        tmp = f".{stem}{tail}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            return os.open(tmp, flags, 0o600, dir_fd=directory), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name beside it", name)
 
 
 def write_output(path: Path, data: bytes, *, what: str = "plan") -> None:
@@ -194,14 +230,15 @@ def check_writable(path: Path, *, what: str = "--out") -> None:
     """
     directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=directory)
+        with _directory_of(path) as parent:
+            fd, tmp = _create_beside(parent, path.name, ".probe")
+            os.close(fd)
+            os.unlink(tmp, dir_fd=parent)
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         if exc.errno == errno.EROFS:
             reason = "the file system is read-only"
         raise UsageError(f"{what} {path}: cannot write the plan there: {reason}") from None
-    os.close(fd)
-    os.unlink(tmp)
     if path.exists() and not os.access(path, os.W_OK) and not os.access(directory, os.W_OK):
         raise UsageError(f"{what} {path}: cannot replace the existing file: permission denied")
 

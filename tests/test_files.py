@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_PLAN
+from conftest import GOOD_PLAN, run_cli
 
 from autoloader import Plan, PlanError
 from autoloader.cli import main
@@ -180,3 +180,47 @@ def test_save_plan_never_replaces_the_data_it_reads(tmp_path: Path, events_copy:
     assert events_copy.read_bytes() == before
     loader.save_plan(tmp_path / "adapted.toml")
     assert Plan.load(tmp_path / "adapted.toml").batching.local_batch_size == 4
+
+
+def _deep(root: Path, length: int, name_bytes: int) -> Path:
+    """A path of exactly ``length`` bytes under ``root`` whose file name is ``name_bytes``
+    long, through directories of at most 200-byte names (created)."""
+    directory, left = root, length - len(os.fsencode(root)) - 1 - name_bytes
+    while left > 0:  # each directory takes a slash and 1 to 200 bytes of name
+        size = min(200, left - 1) - (left - min(200, left - 1) - 1 == 1)
+        directory, left = directory / ("d" * size), left - size - 1
+    assert left == 0
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / ("n" * name_bytes)
+    assert len(os.fsencode(path)) == length
+    return path
+
+
+@pytest.mark.parametrize(("length", "name_bytes"), [(None, 240), (None, 255), (4082, 40),
+                                                    (4095, 60)])  # fmt: skip
+def test_plan_save_writes_every_path_the_os_accepts(
+    tmp_path: Path, length: int | None, name_bytes: int
+) -> None:
+    """The temporary file of the atomic write is never named longer than the target."""
+    path = tmp_path / ("n" * name_bytes) if length is None else _deep(tmp_path, length, name_bytes)
+    plan = Plan.from_dict(tomllib.loads(GOOD_PLAN))
+    plan.save(path)
+    assert Plan.load(path) == plan
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_tune_writes_a_long_name_at_the_end_of_a_long_path(tmp_path: Path) -> None:
+    out = _deep(tmp_path, 4082, 240)
+    out.write_text(GOOD_PLAN)
+    done = run_cli("tune", "hostile_data:GOOD", "-o", str(out), *FAST)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert Plan.load(out).batching.global_batch_size == 4
+
+
+def test_a_path_the_os_refuses_is_one_line(tmp_path: Path) -> None:
+    too_long = tmp_path / ("n" * 256)
+    done = run_cli("show", str(too_long))
+    expected = f"autoloader: error: {too_long}: cannot read the plan: File name too long\n"
+    assert (done.returncode, done.stderr) == (2, expected)
+    with pytest.raises(PlanError, match="File name too long"):
+        Plan.from_dict(tomllib.loads(GOOD_PLAN)).save(too_long)

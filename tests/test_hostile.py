@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -219,7 +218,7 @@ def test_an_unwritable_out_is_refused_before_tuning(
         raise OSError(errno.EROFS, "Read-only file system")
 
     opened = []
-    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(autoloader.files, "_create_beside", read_only)
     monkeypatch.setattr(autoloader.datasets.registry, "open_dataset", opened.append)
     line = one_line(capsys, ["tune", str(events_h5), "-o", str(tmp_path / "p.toml")])
     assert line.endswith("cannot write the plan there: the file system is read-only")

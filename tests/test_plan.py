@@ -153,7 +153,7 @@ def test_save_is_atomic_and_failure_keeps_the_old_plan(
     before = path.read_bytes()
     plan = Plan.load(path)
 
-    def boom(src: str, dst: str) -> None:
+    def boom(*args: object, **kwargs: object) -> None:  # as os.replace, dir_fd keywords too
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)

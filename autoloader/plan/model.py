@@ -138,7 +138,7 @@ class Plan:
             PlanError: the file is missing, a directory, not TOML, or fails validation.
         """
         p = Path(path)
-        if p.is_dir():
+        if _is_dir(p):
             raise PlanError(f"{p}: is a directory, expected a TOML plan file")
         raw = _read_capped(p)
         try:
@@ -161,7 +161,7 @@ class Plan:
         (``PATH.sizes.npz``).
         """
         p = Path(path)
-        if p.is_dir():
+        if _is_dir(p):
             raise PlanError(f"{p}: is a directory, expected a path for the plan file")
         text = self.to_toml()
         directory = p.parent if str(p.parent) else Path(".")
@@ -178,6 +178,15 @@ class Plan:
         except OSError as exc:  # a full disk, a quota: the environment, not a bug
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise PlanError(f"{p}: cannot write the plan: {reason}; the old plan is kept") from None
+
+
+def _is_dir(p: Path) -> bool:
+    """Whether ``p`` is a directory; a path the OS refuses to look up (a name or a path
+    too long) is not, and the read or write that follows says why."""
+    try:
+        return p.is_dir()
+    except OSError:
+        return False
 
 
 def _read_capped(p: Path) -> bytes:
