@@ -278,6 +278,20 @@ def exclusive(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
+def foreign_name(text: str) -> bytes | None:
+    """The bytes ``text`` names on this system where they are not its UTF-8 text, else
+    None: a file name from a Latin-1 file system, which Python decodes to lone surrogates
+    (that no UTF-8 file, TOML or JSON can hold), or any name under a non-UTF-8 locale."""
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError:  # surrogates no file name decodes to: it names nothing
+        return text.encode("utf-8", "surrogatepass")
+    try:
+        return None if raw == text.encode("utf-8") else raw
+    except UnicodeEncodeError:
+        return raw
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

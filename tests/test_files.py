@@ -3,13 +3,15 @@ autoloader/cli/tune.py): nothing a user types destroys a file."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_PLAN, run_cli
+from conftest import GOOD_PLAN, prepend_pythonpath, run_cli, run_reaped
 
 from autoloader import Plan, PlanError
 from autoloader.cli import main
@@ -224,3 +226,68 @@ def test_a_path_the_os_refuses_is_one_line(tmp_path: Path) -> None:
     assert (done.returncode, done.stderr) == (2, expected)
     with pytest.raises(PlanError, match="File name too long"):
         Plan.from_dict(tomllib.loads(GOOD_PLAN)).save(too_long)
+
+
+# A name in bytes that are not UTF-8 (a Latin-1 file system): Python holds it as text with
+# lone surrogates, which no TOML or JSON can; the plan keeps the bytes in spec_hex.
+ODD = b"ev\xff\xfe.h5"
+
+
+@pytest.fixture
+def odd_h5(tmp_path: Path, events_h5: Path) -> Path:
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/" + ODD))
+    odd.write_bytes(events_h5.read_bytes())
+    return odd
+
+
+@pytest.mark.parametrize(
+    "locale",
+    [{"LC_ALL": "C"}, {"LC_ALL": "C", "PYTHONUTF8": "0"},
+     {"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict"}],  # as en_US.UTF-8 prints
+)  # fmt: skip
+def test_a_dataset_name_that_is_not_utf8_is_tuned_and_kept_exactly(
+    tmp_path: Path, odd_h5: Path, locale: dict[str, str]
+) -> None:
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xff.toml"))
+    env = prepend_pythonpath(TESTS, env={**os.environ, **locale})
+    loud = [a for a in FAST if a != "--quiet"]  # the summary prints the name
+    cmd = [sys.executable, "-m", "autoloader", "tune", os.fsencode(odd_h5), "-o", os.fsencode(out),
+           *loud]  # fmt: skip
+    done = run_reaped(cmd, timeout=300, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert f"dataset   {tmp_path}/ev\\xff\\xfe.h5: 300 samples" in done.stdout
+    plan = Plan.load(out)
+    assert plan.dataset["spec"] == str(odd_h5)
+    assert f'spec_hex = "{os.fsencode(odd_h5).hex()}"' in out.read_text()
+    assert "$'" + str(tmp_path) + "/ev\\xff\\xfe.h5'" in plan.meta["command"]
+    shown = run_reaped([sys.executable, "-m", "autoloader", "show", "--json", os.fsencode(out)],
+                       timeout=120, env=env)  # fmt: skip
+    assert shown.returncode == 0 and json.loads(shown.stdout)["dataset"]["spec_hex"]
+
+
+def test_a_dataset_name_that_is_not_utf8_through_the_python_api(
+    tmp_path: Path, odd_h5: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    import autoloader
+
+    data = autoloader.open_dataset(str(odd_h5))
+    plan = autoloader.tune(data, global_batch_size=4, max_workers=1, iterations=5, device="cpu",
+                           spec=str(odd_h5), progress=False)  # fmt: skip
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xfe.toml"))
+    plan.save(out)
+    again = Plan.load(out)
+    assert again == plan and again.dataset["spec"] == str(odd_h5)
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    loader = autoloader.DataLoader(autoloader.open_dataset(again.dataset["spec"]), plan=out,
+                                   registry=CollectorRegistry())  # fmt: skip
+    assert sum(len(batch) for batch in loader) > 0
+
+
+def test_a_spec_hex_that_is_not_hex_is_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(GOOD_PLAN + '[dataset]\nspec = "x"\nspec_hex = "zz"\n')
+    with pytest.raises(PlanError, match=r"key 'dataset.spec_hex': expected the spec's bytes as "
+                                        r"hex digits, found 'zz'"):  # fmt: skip
+        Plan.load(plan)

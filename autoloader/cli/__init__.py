@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from autoloader._version import __version__
 from autoloader.cli import interrupts
+from autoloader.cli.text import printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
 
 INTERRUPTED = 130
@@ -150,7 +151,7 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         text = str(exc)
         if text.startswith("Caught "):
             text = re.sub(r"^[\w.]+: ", "", one_line(exc))  # the worker's "module.Class: "
-        message = " ".join(text.split("\n"))
+        message = printable(" ".join(text.split("\n")))
         print(f"autoloader: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autoloader._version import DISTRIBUTION
+from autoloader.cli.text import printable
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
 from autoloader.tuning.memory_model import from_dict as model_from_dict
@@ -37,7 +38,7 @@ def sheet(plan: Plan) -> Any:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     for ax, (_, draw) in zip(axes.flat, PANELS, strict=True):
         draw(ax, plan)
-    fig.suptitle(f"autoloader plan: {plan.dataset.get('spec', plan.source)}")
+    fig.suptitle(printable(f"autoloader plan: {plan.dataset.get('spec', plan.source)}"))
     fig.tight_layout()
     return fig
 

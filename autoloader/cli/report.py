@@ -13,6 +13,7 @@ from typing import Any
 
 from autoloader.cli.plot import panel_pngs
 from autoloader.cli.render import Section, baseline_section, render, sections, verdict
+from autoloader.cli.text import printable
 from autoloader.plan import Plan
 from autoloader.units import format_bytes
 
@@ -40,7 +41,7 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 def report_html(plan: Plan, *, path: str) -> str:
     """The page: verdict, baseline against plan, settings, charts, then every table."""
     e = html.escape
-    spec = str(plan.dataset.get("spec", plan.source))
+    spec = printable(str(plan.dataset.get("spec", plan.source)))
     meta = plan.meta
     body = [
         f"<h1>autoloader plan: {e(spec)}</h1>",

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autoloader.cli.text import printable
 from autoloader.errors import UsageError
 
 
@@ -52,29 +53,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.html:
         from autoloader.cli.report import report_html
 
-        page = report_html(plan, path=_printable(args.plan))
+        page = report_html(plan, path=printable(args.plan))
         _write(args.html, page.encode("utf-8", "backslashreplace"), "--html")
     if args.json:
         from autoloader.plan.jsonout import strict_json
 
         print(strict_json(plan.to_dict()))
     elif outputs:  # a file option says what it wrote, as one line; the tables are there
-        print(_printable("; ".join(f"{option}: wrote {value}" for option, value in outputs)))
+        print(printable("; ".join(f"{option}: wrote {value}" for option, value in outputs)))
     else:
-        print(_printable(render(plan, path=args.plan)))
+        print(printable(render(plan, path=args.plan)))
     return 0
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]}
-_CONTROL.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})  # C1: CSI, OSC as one byte
-
-
-def _printable(text: str) -> str:
-    """``text`` safe for a terminal: control characters other than newline and tab (ESC
-    starts the sequences that retitle a window or clear a screen) and the undecodable
-    bytes of a file name shown as escapes, as ``ls`` and ``git`` do."""
-    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return text.translate(_CONTROL)
 
 
 def _refuse_plan(option: str, out: Path, plan: Path) -> None:

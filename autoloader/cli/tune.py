@@ -17,6 +17,7 @@ from autoloader.errors import DatasetError, UsageError
 from autoloader.files import (
     check_writable,
     exclusive,
+    foreign_name,
     open_through,
     output_kind,
     refuse_inputs,
@@ -189,9 +190,10 @@ def _run(
         alpha=args.alpha, tolerance=args.tolerance, safety=args.safety,
         worker_timeout=args.worker_timeout, search=args.search,
         progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
-        command=shlex.join(["autoloader", *argv]), baseline=args.baseline,
+        command=command_line(["autoloader", *argv]), baseline=args.baseline,
     )  # fmt: skip
     from autoloader.cli.render import render
+    from autoloader.cli.text import printable
     from autoloader.plan import Plan
     from autoloader.tuning.tuner import run as tune_run
 
@@ -221,7 +223,7 @@ def _run(
             sys.stdout.write(plan.to_toml())
             sys.stdout.flush()
             if not args.quiet:
-                print(render(plan, path="(stdout)"), file=sys.stderr)
+                print(printable(render(plan, path="(stdout)")), file=sys.stderr)
         return 0
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
         if through is not None:
@@ -233,7 +235,7 @@ def _run(
     if args.json:
         print(strict_json(plan.to_dict()))
     elif not args.quiet:
-        print(render(plan, path=str(out)))
+        print(printable(render(plan, path=str(out))))
     return 0
 
 
@@ -264,6 +266,22 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
         if path:
             inputs.append((Path(path), what))
     refuse_inputs(out, inputs, "--out")
+
+
+def command_line(words: list[str]) -> str:
+    """``words`` as a shell line that runs them again: shell quoting, and for a word that
+    is not text (a file name's bytes from a Latin-1 file system) bash's ``$'...'`` with its
+    bytes as ``\\xHH``, so the plan's ``[meta] command`` loses nothing."""
+    return " ".join(_shell_word(word) for word in words)
+
+
+def _shell_word(word: str) -> str:
+    raw = foreign_name(word)
+    if raw is None:
+        return shlex.quote(word)
+    kept = b"".join(bytes([b]) if 0x20 <= b < 0x7F and b not in b"'\\" else b"\\x%02x" % b
+                    for b in raw)  # fmt: skip
+    return f"$'{kept.decode('ascii')}'"
 
 
 def _int(text: str) -> int:

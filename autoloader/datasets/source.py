@@ -53,7 +53,7 @@ class DataSource:
     def fallback_cache_path(self) -> Path:
         """Where the cache goes when the data's directory is read-only."""
         base = user_cache_dir() / "autoloader"
-        key = hashlib.sha256(f"{self.path}#{self.part}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(os.fsencode(f"{self.path}#{self.part}")).hexdigest()[:24]
         return base / f"sizes-{key}.npz"
 
 

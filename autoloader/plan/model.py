@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from autoloader.errors import PlanError, UsageError
-from autoloader.files import read_at_most, write_output
+from autoloader.files import foreign_name, read_at_most, write_output
 from autoloader.plan.schema import SCHEMA_VERSION, validate
 
 if sys.version_info >= (3, 11):
@@ -109,6 +109,7 @@ class Plan:
             k: copy.deepcopy(dict(data.get(k, {})))
             for k in ("meta", "dataset", "hardware", "memory", "tuning")
         }
+        extra["dataset"] = _spec_from_toml(extra["dataset"], source)
         return cls(loader=LoaderPlan(**loader), batching=b, source=source, **extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +118,8 @@ class Plan:
         for name in ("meta", "dataset", "hardware"):
             if getattr(self, name):
                 out[name] = copy.deepcopy(getattr(self, name))
+        if "dataset" in out:
+            out["dataset"] = _spec_to_toml(out["dataset"])
         out["loader"] = drop_none(vars(self.loader))
         batching = drop_none(vars(self.batching))
         batching["options"] = dict(self.batching.options)
@@ -178,6 +181,32 @@ class Plan:
         except OSError as exc:  # a full disk, a quota: the environment, not a bug
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise PlanError(f"{p}: cannot write the plan: {reason}; the old plan is kept") from None
+
+
+def _spec_to_toml(dataset: dict[str, Any]) -> dict[str, Any]:
+    """``[dataset]`` as TOML can hold it: a spec naming a file whose name is not UTF-8
+    text (bytes 0xff 0xfe from a Latin-1 file system) is kept exactly in ``spec_hex``,
+    and ``spec`` shows it with those bytes escaped."""
+    spec = dataset.get("spec")
+    raw = foreign_name(spec) if isinstance(spec, str) else None
+    if raw is None:
+        return dataset
+    shown = raw.decode("utf-8", "backslashreplace")
+    return {**dataset, "spec": shown, "spec_hex": raw.hex()}
+
+
+def _spec_from_toml(dataset: dict[str, Any], source: str) -> dict[str, Any]:
+    """``[dataset]`` with ``spec`` as the file name ``spec_hex`` holds, where it does."""
+    hexed = dataset.pop("spec_hex", None)
+    if hexed is not None:
+        try:
+            dataset["spec"] = os.fsdecode(bytes.fromhex(hexed))
+        except ValueError:
+            raise PlanError(
+                f"{source}: key 'dataset.spec_hex': expected the spec's bytes as hex digits, "
+                f"found {hexed!r}"
+            ) from None
+    return dataset
 
 
 def _is_dir(p: Path) -> bool:

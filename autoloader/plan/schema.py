@@ -93,6 +93,7 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         False,
         {
             "spec": Key("str"),
+            "spec_hex": Key("str"),  # the spec's bytes, where they are not UTF-8 text
             "num_samples": Key("int", minimum=1),
             "total_bytes": Key("int", minimum=0),
             "fingerprint": Key("str"),
