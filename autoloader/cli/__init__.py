@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from autoloader._version import __version__
-from autoloader.cli import interrupts
+from autoloader.cli import address_space, interrupts
 from autoloader.cli.text import printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
 
@@ -144,6 +144,8 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     except AutoloaderError as exc:
         if signals.seen:  # a stop the user asked for, whatever it broke on its way out
             return _interrupted(program)
+        if (limit := address_space.explain(exc)) is not None:
+            return _error(limit)
         root = _root_cause(exc)
         if verbose and root is not exc:  # the user's own traceback, where it came from code
             traceback.print_exception(type(root), root, root.__traceback__)
@@ -151,21 +153,27 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         text = str(exc)
         if text.startswith("Caught "):
             text = re.sub(r"^[\w.]+: ", "", one_line(exc))  # the worker's "module.Class: "
-        message = printable(" ".join(text.split("\n")))
-        print(f"autoloader: error: {message}", file=sys.stderr)
-        return 2
+        return _error(" ".join(text.split("\n")))
     except KeyboardInterrupt:
         return _interrupted(program)
     except BrokenPipeError:
         return _closed_pipe()
-    except Exception:
+    except Exception as exc:
         if signals.seen:
             return _interrupted(program)
+        if (limit := address_space.explain(exc)) is not None:
+            return _error(limit)
         traceback.print_exc()
         print(
             "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
         )
         return 1
+
+
+def _error(message: str) -> int:
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"autoloader: error: {printable(message)}", file=sys.stderr)
+    return 2
 
 
 def _closed_pipe() -> int:
