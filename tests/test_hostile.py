@@ -60,7 +60,7 @@ def test_quick_commands_import_no_torch(tmp_path: Path, argv: list[str]) -> None
 def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "130 interrupted (Ctrl-C or SIGTERM)" in text and "2 bad input" in text
+    assert "130 interrupted (Ctrl-C, SIGTERM or SIGHUP)" in text and "2 bad input" in text
 
 
 @pytest.mark.slow

@@ -86,8 +86,8 @@ def build_parser() -> Parser:
         description="Tune PyTorch data loading before the job starts: size-balanced, "
         "OOM-safe batches, tuned workers, and Prometheus metrics while it runs.",
         epilog="Exit status: 0 success, 2 bad input (one line on stderr), 1 internal error, "
-        "130 interrupted (Ctrl-C or SIGTERM). Run 'autoloader COMMAND --help' for a command's "
-        "options.",
+        "130 interrupted (Ctrl-C, SIGTERM or SIGHUP). Run 'autoloader COMMAND --help' for a "
+        "command's options.",
     )
     parser.add_argument("--version", action="version", version=f"autoloader {__version__}")
     parser.add_argument(
@@ -110,8 +110,9 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
-    Called without ``argv`` (as the program), an interrupt also silences what follows it:
-    a second Ctrl-C and the noise of torch's iterators torn down while the process exits.
+    Called without ``argv`` (as the program), an interrupt also silences what follows it
+    (a second Ctrl-C, the noise of torch's iterators torn down while the process exits)
+    and ends the workers.
     """
     with interrupts.handled() as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
@@ -121,9 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if status == INTERRUPTED and argv is None:
         # Nothing is left to do: leave without tearing down half-imported or running
         # torch state (worker iterators, process groups), whose teardown after an
-        # interrupt can itself be interrupted and end the process by signal.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # interrupt can itself be interrupted and end the process by signal; but first
+        # end the workers, which a signal sent to this process alone (SIGHUP) left running.
+        interrupts.reap_children()
+        with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(INTERRUPTED)
     return status
 
@@ -188,7 +192,8 @@ def _closed_pipe() -> int:
 def _interrupted(program: bool) -> int:
     if program:
         interrupts.quiet_from_now_on()
-    print("autoloader: interrupted; nothing was written", file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):  # stderr may be a terminal that hung up
+        print("autoloader: interrupted; nothing was written", file=sys.stderr)
     return INTERRUPTED
 
 

@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM for the command line: one clean stop, whenever it lands.
+"""Ctrl-C, SIGTERM and SIGHUP for the command line: one clean stop, whenever it lands.
 
-Both signals become one ``KeyboardInterrupt``, raised in the main thread, that unwinds
+The three signals become one ``KeyboardInterrupt``, raised in the main thread, that unwinds
 ``tune`` before it writes anything. Two rules make that hold in the first second too,
 while the command imports torch:
 
@@ -10,30 +10,38 @@ while the command imports torch:
   aborts the process. Raised inside logging's at-fork lock handlers, Python discards it
   (the command then finishes and exits 0); raised while DataLoader workers start or
   stop, the iterator's ``__del__`` deadlocks on a queue. A signal that lands in any of
-  these is held, and a watcher thread delivers it again (``_thread.interrupt_main``)
-  once the main thread is out of them; the handler checks again where it is delivered,
-  in the main thread's exact frame, and holds it once more if that frame is unsafe.
+  these is held, and a watcher thread sends it again to the main thread
+  (``pthread_kill``) once that is out of them; the handler checks again where it is
+  delivered, in the main thread's exact frame, and holds it once more if that frame is
+  unsafe.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
   are ignored, so the stop itself is never interrupted.
+* **Nothing left running.** A signal sent to this process alone (SIGHUP from a closed
+  terminal) does not reach its DataLoader workers: the command ends them before it exits
+  (``reap_children``).
 """
 
 from __future__ import annotations
 
-import _thread
+import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from autoloader.stops import STOP_SIGNALS
+
+SIGNALS = STOP_SIGNALS
 _POLL_SECONDS = 0.01
+_REAP_SECONDS = 2.0
 
 
 class Interrupts:
-    """The CLI's handler for SIGINT and SIGTERM; ``seen`` once either has arrived."""
+    """The CLI's handler for the stop signals; ``seen`` once one has arrived."""
 
     def __init__(self) -> None:
         self.seen = False
@@ -54,20 +62,23 @@ class Interrupts:
 
     def _deliver_after_imports(self, signum: int) -> None:
         main_id = threading.main_thread().ident
-        while self.active:
-            frame = sys._current_frames().get(main_id) if main_id is not None else None
+        while main_id is not None and self.active:
+            frame = sys._current_frames().get(main_id)
             if frame is None:
                 return  # the main thread is gone: nothing left to stop
-            if not _unsafe(frame):
+            ours = signal.getsignal(signum) is self  # never a default handler's kill
+            if ours and not _unsafe(frame):
                 self._redelivery = True
-                _thread.interrupt_main(signal.Signals(signum))  # runs __call__ in the main thread
+                # A real signal to the main thread, not _thread.interrupt_main: that one
+                # waits until a blocking call (a queue's poll) returns by itself.
+                signal.pthread_kill(main_id, signum)  # runs __call__ there
                 return
             threading.Event().wait(_POLL_SECONDS)
 
 
 @contextmanager
 def handled() -> Iterator[Interrupts]:
-    """Route SIGINT and SIGTERM to one ``Interrupts`` while the block runs; restore the
+    """Route the stop signals to one ``Interrupts`` while the block runs; restore the
     previous handlers after. Off the main thread, where handlers cannot be set, signals
     keep Python's default behaviour."""
     interrupts = Interrupts()
@@ -89,6 +100,31 @@ def quiet_from_now_on() -> None:
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     sys.unraisablehook = lambda unraisable: None
+
+
+def reap_children() -> None:
+    """End the processes this one started through multiprocessing (DataLoader workers)
+    and wait for each, so a stopped command leaves no worker behind: SIGTERM, a short
+    grace, then SIGKILL (which also ends a stopped one)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:
+        return  # nothing was ever started
+    try:
+        children = list(multiprocessing.active_children())
+    except Exception:  # the set of children changing under another thread
+        return
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.terminate()
+    deadline = time.monotonic() + _REAP_SECONDS
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        with contextlib.suppress(Exception):
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 # (file name ending, function names; empty: any function of the file) where an
