@@ -9,6 +9,7 @@ done: the search is certainly still measuring when the signal comes.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -37,5 +38,31 @@ class Marked(Dataset):
         return torch.ones(16)
 
 
+class _SignalsItself:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the handler runs at the next bytecode: in here
+            pass
+
+
+class StopInAFinalizer(Dataset):
+    """Its first sample, read in the main process (it has no ``autoloader_sizes``), sends
+    SIGTERM to the process from inside a ``__del__``, where Python drops an exception
+    raised there: as a stop that lands while torch finalizes an iterator."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not self.sent and get_worker_info() is None:
+            self.sent = True
+            _SignalsItself()  # made and dropped at once: its __del__ runs here
+        return torch.ones(16)
+
+
 MARKED = Marked()
 HELD = Marked(hold=True)
+STOP_IN_A_FINALIZER = StopInAFinalizer()

@@ -8,6 +8,7 @@ been renamed into place), never after a sleep.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -63,10 +64,40 @@ def assert_stopped(proc: subprocess.Popen[Any], tmp_path: Path, out: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_to_the_process_group_mid_search_is_one_line(tmp_path: Path, sig: int) -> None:
+    """As `timeout`, scancel, systemd or a terminal stop a job: the workers die of the same
+    signal, and their deaths are the stop, not a failure to report or to search past."""
+    proc, out = start(tmp_path, "signal_data:HELD")
+    with reaped(proc):
+        running_workers(proc, tmp_path)
+        os.killpg(proc.pid, sig)
+        assert_stopped(proc, tmp_path, out)
+
+
+@pytest.mark.slow
 def test_sighup_to_the_tune_alone_reaps_its_workers(tmp_path: Path) -> None:
     """A closed ssh session: the tune is stopped as by SIGTERM and ends its workers."""
     proc, out = start(tmp_path, "signal_data:HELD")
     with reaped(proc):
         running_workers(proc, tmp_path)
         proc.send_signal(signal.SIGHUP)
+        assert_stopped(proc, tmp_path, out)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_sigterm_is_the_stop(tmp_path: Path) -> None:
+    """The workers may get the scheduler's signal before the tune does: a worker ended by
+    SIGTERM stops the tune; it is not a worker count that failed."""
+    proc, out = start(tmp_path, "signal_data:HELD")
+    with reaped(proc):
+        os.kill(running_workers(proc, tmp_path)[0], signal.SIGTERM)
+        assert_stopped(proc, tmp_path, out)
+
+
+def test_a_stop_python_drops_in_a_finalizer_is_delivered_again(tmp_path: Path) -> None:
+    """The interrupt raised inside a ``__del__`` is dropped by Python: the tune used to
+    carry on and replace the plan (exit 0)."""
+    proc, out = start(tmp_path, "signal_data:STOP_IN_A_FINALIZER")
+    with reaped(proc):
         assert_stopped(proc, tmp_path, out)

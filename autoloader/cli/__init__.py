@@ -21,10 +21,9 @@ from typing import Any, NoReturn
 
 from autoloader._version import __version__
 from autoloader.cli import address_space, interrupts
+from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
-
-INTERRUPTED = 130
 
 # Warnings other packages raise while they import, which a user of the command line can
 # do nothing about: torch 2.14 deprecates torch.jit.script, which PyG's nn package calls
@@ -114,12 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     (a second Ctrl-C, the noise of torch's iterators torn down while the process exits)
     and ends the workers.
     """
-    with interrupts.handled() as signals, warnings.catch_warnings():
+    program = argv is None
+    with interrupts.handled(for_the_process=program) as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
         for message in THIRD_PARTY_NOISE:
             warnings.filterwarnings("ignore", message=message)
         status = _run(argv, signals)
-    if status == INTERRUPTED and argv is None:
+    if status == INTERRUPTED and program:
         # Nothing is left to do: leave without tearing down half-imported or running
         # torch state (worker iterators, process groups), whose teardown after an
         # interrupt can itself be interrupted and end the process by signal; but first
@@ -146,8 +146,8 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         logging.getLogger("autoloader").setLevel(logging.INFO if verbose else logging.WARNING)
         return int(args.run(args, argv) or 0)
     except AutoloaderError as exc:
-        if signals.seen:  # a stop the user asked for, whatever it broke on its way out
-            return _interrupted(program)
+        if signals.stopping:  # a stop the user asked for, whatever it broke on its way out
+            return _interrupted(program, signals)
         if (limit := address_space.explain(exc)) is not None:
             return _error(limit)
         root = _root_cause(exc)
@@ -159,12 +159,12 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
             text = re.sub(r"^[\w.]+: ", "", one_line(exc))  # the worker's "module.Class: "
         return _error(" ".join(text.split("\n")))
     except KeyboardInterrupt:
-        return _interrupted(program)
+        return _interrupted(program, signals)
     except BrokenPipeError:
         return _closed_pipe()
     except Exception as exc:
-        if signals.seen:
-            return _interrupted(program)
+        if signals.stopping:
+            return _interrupted(program, signals)
         if (limit := address_space.explain(exc)) is not None:
             return _error(limit)
         traceback.print_exc()
@@ -189,11 +189,12 @@ def _closed_pipe() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _interrupted(program: bool) -> int:
+def _interrupted(program: bool, signals: interrupts.Interrupts) -> int:
+    signals.taken = True
+    signals.ending()
     if program:
         interrupts.quiet_from_now_on()
-    with contextlib.suppress(OSError, ValueError):  # stderr may be a terminal that hung up
-        print("autoloader: interrupted; nothing was written", file=sys.stderr)
+    signals.say_stopped(sys.stderr.write)
     return INTERRUPTED
 
 
