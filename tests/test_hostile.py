@@ -61,7 +61,7 @@ def test_quick_commands_import_no_torch(tmp_path: Path, argv: list[str]) -> None
 def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "130 interrupted (Ctrl-C or SIGTERM)" in text and "2 bad input" in text
+    assert "130 interrupted (Ctrl-C, SIGTERM or SIGHUP)" in text and "2 bad input" in text
 
 
 @pytest.mark.slow
@@ -279,6 +279,38 @@ def test_a_second_tune_into_one_directory_waits_for_the_first(tmp_path: Path) ->
         logger.removeHandler(said)
     assert order == ["first done", "second waited=True"]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind
+
+
+# 3b. the host's limits --------------------------------------------------------------------
+
+
+def _address_space(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def test_an_address_space_too_small_for_torch_is_one_line(tmp_path: Path) -> None:
+    """Under `ulimit -v 300M` torch cannot load: the host's limit, said as such (exit 2)."""
+    limit = 300 * 2**20
+    probe = run_reaped([sys.executable, "-c", "import torch"], timeout=120,
+                       preexec_fn=lambda: _address_space(limit))  # fmt: skip
+    if probe.returncode == 0:
+        pytest.skip("torch loads within 300 MiB of address space here")
+    assert probe.stderr.rstrip().splitlines()[-1].startswith(("ImportError", "MemoryError"))
+    out = tmp_path / "plan.toml"
+    out.write_text(GOOD_PLAN)
+    done = run_reaped(
+        [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
+        timeout=120, env=prepend_pythonpath(TESTS), preexec_fn=lambda: _address_space(limit),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        "autoloader: error: out of address space: this process may map at most 300.0 MiB "
+        f"(ulimit -v {limit // 1024}), and torch needs more to load ("
+    )
+    assert out.read_text() == GOOD_PLAN
 
 
 # 4. plans: one validator, no crash ------------------------------------------------------

@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from autoloader._version import __version__
-from autoloader.cli import interrupts
+from autoloader.cli import address_space, interrupts
+from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
-
-INTERRUPTED = 130
 
 # Warnings other packages raise while they import, which a user of the command line can
 # do nothing about: torch 2.14 deprecates torch.jit.script, which PyG's nn package calls
@@ -86,8 +85,8 @@ def build_parser() -> Parser:
         description="Tune PyTorch data loading before the job starts: size-balanced, "
         "OOM-safe batches, tuned workers, and Prometheus metrics while it runs.",
         epilog="Exit status: 0 success, 2 bad input (one line on stderr), 1 internal error, "
-        "130 interrupted (Ctrl-C or SIGTERM). Run 'autoloader COMMAND --help' for a command's "
-        "options.",
+        "130 interrupted (Ctrl-C, SIGTERM or SIGHUP). Run 'autoloader COMMAND --help' for a "
+        "command's options.",
     )
     parser.add_argument("--version", action="version", version=f"autoloader {__version__}")
     parser.add_argument(
@@ -110,20 +109,25 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
-    Called without ``argv`` (as the program), an interrupt also silences what follows it:
-    a second Ctrl-C and the noise of torch's iterators torn down while the process exits.
+    Called without ``argv`` (as the program), an interrupt also silences what follows it
+    (a second Ctrl-C, the noise of torch's iterators torn down while the process exits)
+    and ends the workers.
     """
-    with interrupts.handled() as signals, warnings.catch_warnings():
+    program = argv is None
+    with interrupts.handled(for_the_process=program) as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
         for message in THIRD_PARTY_NOISE:
             warnings.filterwarnings("ignore", message=message)
         status = _run(argv, signals)
-    if status == INTERRUPTED and argv is None:
+    if status == INTERRUPTED and program:
         # Nothing is left to do: leave without tearing down half-imported or running
         # torch state (worker iterators, process groups), whose teardown after an
-        # interrupt can itself be interrupted and end the process by signal.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # interrupt can itself be interrupted and end the process by signal; but first
+        # end the workers, which a signal sent to this process alone (SIGHUP) left running.
+        interrupts.reap_children()
+        with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(INTERRUPTED)
     return status
 
@@ -142,8 +146,10 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         logging.getLogger("autoloader").setLevel(logging.INFO if verbose else logging.WARNING)
         return int(args.run(args, argv) or 0)
     except AutoloaderError as exc:
-        if signals.seen:  # a stop the user asked for, whatever it broke on its way out
-            return _interrupted(program)
+        if signals.stopping:  # a stop the user asked for, whatever it broke on its way out
+            return _interrupted(program, signals)
+        if (limit := address_space.explain(exc)) is not None:
+            return _error(limit)
         root = _root_cause(exc)
         if verbose and root is not exc:  # the user's own traceback, where it came from code
             traceback.print_exception(type(root), root, root.__traceback__)
@@ -151,21 +157,27 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         text = str(exc)
         if text.startswith("Caught "):
             text = re.sub(r"^[\w.]+: ", "", one_line(exc))  # the worker's "module.Class: "
-        message = printable(" ".join(text.split("\n")))
-        print(f"autoloader: error: {message}", file=sys.stderr)
-        return 2
+        return _error(" ".join(text.split("\n")))
     except KeyboardInterrupt:
-        return _interrupted(program)
+        return _interrupted(program, signals)
     except BrokenPipeError:
         return _closed_pipe()
-    except Exception:
-        if signals.seen:
-            return _interrupted(program)
+    except Exception as exc:
+        if signals.stopping:
+            return _interrupted(program, signals)
+        if (limit := address_space.explain(exc)) is not None:
+            return _error(limit)
         traceback.print_exc()
         print(
             "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
         )
         return 1
+
+
+def _error(message: str) -> int:
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"autoloader: error: {printable(message)}", file=sys.stderr)
+    return 2
 
 
 def _closed_pipe() -> int:
@@ -177,10 +189,12 @@ def _closed_pipe() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _interrupted(program: bool) -> int:
+def _interrupted(program: bool, signals: interrupts.Interrupts) -> int:
+    signals.taken = True
+    signals.ending()
     if program:
         interrupts.quiet_from_now_on()
-    print("autoloader: interrupted; nothing was written", file=sys.stderr)
+    signals.say_stopped(sys.stderr.write)
     return INTERRUPTED
 
 

@@ -1,86 +1,263 @@
-"""Ctrl-C and SIGTERM for the command line: one clean stop, whenever it lands.
+"""Ctrl-C, SIGTERM and SIGHUP for the command line: one clean stop, whenever it lands.
 
-Both signals become one ``KeyboardInterrupt``, raised in the main thread, that unwinds
-``tune`` before it writes anything. Two rules make that hold in the first second too,
-while the command imports torch:
+The three signals become one ``KeyboardInterrupt``, raised in the main thread, that
+unwinds ``tune`` before it writes anything. These rules make that hold at any moment:
 
 * **Never where it breaks things.** A ``KeyboardInterrupt`` raised while a C extension
   is being initialised breaks it: numpy then refuses to load again ("cannot load module
   more than once per process"), and an exception thrown through torch's C++ startup
-  aborts the process. Raised inside logging's at-fork lock handlers, Python discards it
-  (the command then finishes and exits 0); raised while DataLoader workers start or
-  stop, the iterator's ``__del__`` deadlocks on a queue. A signal that lands in any of
-  these is held, and a watcher thread delivers it again (``_thread.interrupt_main``)
-  once the main thread is out of them; the handler checks again where it is delivered,
-  in the main thread's exact frame, and holds it once more if that frame is unsafe.
+  aborts the process. Raised inside logging's at-fork lock handlers, Python discards it;
+  raised while DataLoader workers start or stop, the iterator's ``__del__`` deadlocks on
+  a queue. A signal that lands in any of these is held, and a watcher thread sends it
+  again to the main thread (``pthread_kill``) once that is out of them; the handler
+  checks again where it is delivered, in the main thread's exact frame, and holds it
+  once more if that frame is unsafe.
+* **Never lost.** Raised inside a finalizer (an iterator's ``__del__``, a generator the
+  garbage collector closes), the interrupt is dropped by Python, and the command would
+  go on to write its plan. The unraisable hook sees it dropped and it is delivered
+  again; and the step that puts a result in place refuses to start after a stop
+  (``committing``), whatever happened to the interrupt on its way.
+* **The workers' deaths are the stop.** A scheduler signals the whole process group, so
+  the DataLoader workers die of the same signal, and torch's SIGCHLD handler raises
+  "worker ... is killed by signal" wherever the main thread is, even inside this
+  handler or the stop's own clean-up. Once torch is loaded (``stop_with_workers``), a
+  worker killed by a stop signal is delivered as that stop; from the first stop on,
+  SIGCHLD goes to a handler that does nothing.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
   are ignored, so the stop itself is never interrupted.
+* **Bounded.** As the program, a stop ends the process: torch's orderly worker shutdown
+  is skipped (its ``__del__`` blocks for ever on a lock that a worker killed by the same
+  signal died holding), the workers are reaped here, and should the main thread still
+  hang where no signal reaches it, a last-resort thread ends the process after a bound.
 """
 
 from __future__ import annotations
 
-import _thread
+import contextlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from autoloader.stops import STOP_SIGNALS, stop_named_in
+
+SIGNALS = STOP_SIGNALS
+INTERRUPTED = 130
+STOPPED = "autoloader: interrupted; nothing was written"
 _POLL_SECONDS = 0.01
+_REAP_SECONDS = 2.0
+_STOP_BOUND_SECONDS = 15.0  # a stop takes well under a second; past this it is a deadlock
 
 
 class Interrupts:
-    """The CLI's handler for SIGINT and SIGTERM; ``seen`` once either has arrived."""
+    """The CLI's handler for the stop signals; ``seen`` once one has arrived."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, for_the_process: bool = False) -> None:
+        self.for_the_process = for_the_process
         self.seen = False
         self.active = True  # cleared when the handlers are restored: deliver nothing then
+        self.taken = False  # the command has taken the stop and is ending: deliver no more
+        self._signum: int = signal.SIGINT
         self._redelivery = False
+        self._watching = False
+        self._ending = False
+        self.said = False  # the stop's line is on stderr
+        self._saying = threading.Lock()
+        self.sigchld: Any = None  # SIGCHLD's handler before the stop, where it was replaced
+        self.torch_sigchld: Any = None  # torch's, where ``stop_with_workers`` wrapped it
+
+    @property
+    def stopping(self) -> bool:
+        """A stop arrived: the command must end, status 130."""
+        return self.seen
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         redelivery, self._redelivery = self._redelivery, False
-        if self.seen and not redelivery:
+        if self.taken or (self.seen and not redelivery):
             return  # already stopping
-        self.seen = True
+        if not self.seen:
+            self.seen, self._signum = True, signum
+            self._leave_workers_to_the_stop()
+        self.ending()
         if _unsafe(frame):
-            threading.Thread(
-                target=self._deliver_after_imports, args=(signum,), daemon=True
-            ).start()
+            self._deliver_later()
             return
         raise KeyboardInterrupt
 
-    def _deliver_after_imports(self, signum: int) -> None:
+    def ending(self) -> None:
+        """The command is stopping. As the program, the process only exits now: torch's
+        orderly worker shutdown is skipped (``reap_children`` ends the workers instead),
+        and a last-resort thread bounds the stop in time."""
+        if not self.for_the_process or self._ending:
+            return
+        self._ending = True
+        torch_data = sys.modules.get("torch.utils.data._utils")
+        if torch_data is not None:
+            # as torch sets it at exit: an iterator's __del__ then shuts nothing down
+            torch_data.python_exit_status = True  # type: ignore[attr-defined]
+        threading.Thread(target=self._last_resort, daemon=True).start()
+
+    def say_stopped(self, write: Callable[[str], object], *, wait: float = -1) -> None:
+        """Write the stop's line, once, whoever says it first (the command, or the last
+        resort); ``wait``: the longest to wait for the other to finish (-1: no bound)."""
+        if not self._saying.acquire(timeout=wait):
+            return
+        try:
+            if not self.said:
+                with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+                    write(f"{STOPPED}\n")
+                self.said = True
+        finally:
+            self._saying.release()
+
+    def _last_resort(self) -> None:
+        threading.Event().wait(_STOP_BOUND_SECONDS)
+        self.say_stopped(lambda text: os.write(2, text.encode()), wait=1.0)
+        reap_children()
+        os._exit(INTERRUPTED)
+
+    def dropped(self) -> None:
+        """The interrupt was raised where Python drops it (a finalizer): deliver it again."""
+        if self.stopping and not self.taken:
+            self._deliver_later()
+
+    @contextmanager
+    def commit(self) -> Iterator[None]:
+        """Run the block that puts the result in place as one step (see ``committing``)."""
+        if self.stopping:
+            raise KeyboardInterrupt  # a stop came first, and its interrupt was lost on its way
+        yield
+
+    def _leave_workers_to_the_stop(self) -> None:
+        # A handler that does nothing rather than SIG_DFL: a SIGCHLD already pending would
+        # otherwise be reported as "Signal 17 ignored due to race condition".
+        with contextlib.suppress(ValueError, OSError):
+            self.sigchld = signal.signal(signal.SIGCHLD, _child_ended)
+
+    def _deliver_later(self) -> None:
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._deliver_when_safe, daemon=True).start()
+
+    def _deliver_when_safe(self) -> None:
         main_id = threading.main_thread().ident
-        while self.active:
-            frame = sys._current_frames().get(main_id) if main_id is not None else None
-            if frame is None:
-                return  # the main thread is gone: nothing left to stop
-            if not _unsafe(frame):
-                self._redelivery = True
-                _thread.interrupt_main(signal.Signals(signum))  # runs __call__ in the main thread
-                return
-            threading.Event().wait(_POLL_SECONDS)
+        try:
+            while main_id is not None and self.active and not self.taken:
+                frame = sys._current_frames().get(main_id)
+                if frame is None:
+                    return  # the main thread is gone: nothing left to stop
+                ours = signal.getsignal(self._signum) is self  # never a default handler's kill
+                if ours and not _unsafe(frame):
+                    self._redelivery = True
+                    # A real signal to the main thread, not _thread.interrupt_main: that
+                    # one waits until a blocking call (a queue's poll) returns by itself.
+                    signal.pthread_kill(main_id, self._signum)  # runs __call__ there
+                    return
+                threading.Event().wait(_POLL_SECONDS)
+        finally:
+            self._watching = False
 
 
 @contextmanager
-def handled() -> Iterator[Interrupts]:
-    """Route SIGINT and SIGTERM to one ``Interrupts`` while the block runs; restore the
-    previous handlers after. Off the main thread, where handlers cannot be set, signals
-    keep Python's default behaviour."""
-    interrupts = Interrupts()
+def handled(*, for_the_process: bool = False) -> Iterator[Interrupts]:
+    """Route the stop signals to one ``Interrupts`` while the block runs; restore the
+    previous handlers after. ``for_the_process``: the command is the program, and a stop
+    ends the process (``Interrupts.ending``; SIGCHLD is not given back to torch, whose
+    handler would raise while the workers are reaped). Off the main thread, where
+    handlers cannot be set, signals keep Python's default behaviour."""
+    interrupts = Interrupts(for_the_process=for_the_process)
     if threading.current_thread() is not threading.main_thread():
         yield interrupts
         return
     previous: dict[int, Any] = {sig: signal.signal(sig, interrupts) for sig in SIGNALS}
+    unraisable = sys.unraisablehook
+    watch = _DropWatch(interrupts, unraisable)
+    sys.unraisablehook = watch
     try:
         yield interrupts
     finally:
         interrupts.active = False
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        sigchld = interrupts.torch_sigchld or interrupts.sigchld
+        if sigchld is not None and not for_the_process:  # torch's: set once per process
+            signal.signal(signal.SIGCHLD, sigchld)
+        if sys.unraisablehook is watch:
+            sys.unraisablehook = unraisable
+
+
+@contextmanager
+def committing() -> Iterator[None]:
+    """Put a command's result in place (rename the plan over the old one): after a stop,
+    even one whose interrupt was lost on its way, it raises ``KeyboardInterrupt`` before
+    the block runs. Where the CLI's handler is not installed (the Python API), it only
+    runs the block."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if not isinstance(handler, Interrupts):
+        yield
+        return
+    with handler.commit():
+        yield
+
+
+def stop_with_workers() -> None:
+    """Once torch is loaded, route its SIGCHLD handler through ``_WorkerDeaths``: a
+    DataLoader worker killed by a stop signal then stops the command as the signal does
+    (safely, once), instead of raising torch's "worker killed by signal" wherever the
+    main thread is, even on the first line of this module's handler for that signal."""
+    interrupts = signal.getsignal(signal.SIGTERM)
+    if not isinstance(interrupts, Interrupts) or interrupts.seen:
+        return
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_SIGCHLD_handler()  # torch's, set once per process: not again after us
+    torch_handler = signal.getsignal(signal.SIGCHLD)
+    if callable(torch_handler) and not isinstance(torch_handler, _WorkerDeaths):
+        interrupts.torch_sigchld = torch_handler
+        signal.signal(signal.SIGCHLD, _WorkerDeaths(interrupts, torch_handler))
+
+
+class _WorkerDeaths:
+    """SIGCHLD: torch's check of its workers, where a worker killed by a stop signal is
+    that stop."""
+
+    def __init__(self, interrupts: Interrupts, torch_handler: Any) -> None:
+        self.interrupts, self.torch_handler = interrupts, torch_handler
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.interrupts.seen:
+            return  # stopping: the workers end with the stop
+        try:
+            self.torch_handler(signum, frame)
+        except RuntimeError as exc:
+            stop = stop_named_in(exc)
+            if stop is None:
+                raise
+            self.interrupts(stop, frame)  # as if the signal had come here
+
+
+def _child_ended(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD once stopping: a worker that ends now ends with the stop."""
+
+
+class _DropWatch:
+    """``sys.unraisablehook`` that tells ``Interrupts`` when Python dropped its interrupt."""
+
+    def __init__(self, interrupts: Interrupts, chained: Any) -> None:
+        self.interrupts, self.chained = interrupts, chained
+
+    def __call__(self, unraisable: Any) -> None:
+        kind = unraisable.exc_type
+        if isinstance(kind, type) and issubclass(kind, KeyboardInterrupt):
+            self.interrupts.dropped()
+            if self.interrupts.seen:
+                return  # our own stop: it is delivered again, and says nothing here
+        self.chained(unraisable)
 
 
 def quiet_from_now_on() -> None:
@@ -89,6 +266,31 @@ def quiet_from_now_on() -> None:
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     sys.unraisablehook = lambda unraisable: None
+
+
+def reap_children() -> None:
+    """End the processes this one started through multiprocessing (DataLoader workers)
+    and wait for each, so a stopped command leaves no worker behind: SIGTERM, a short
+    grace, then SIGKILL (which also ends a stopped one)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:
+        return  # nothing was ever started
+    try:
+        children = list(multiprocessing.active_children())
+    except Exception:  # the set of children changing under another thread
+        return
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.terminate()
+    deadline = time.monotonic() + _REAP_SECONDS
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        with contextlib.suppress(Exception):
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 # (file name ending, function names; empty: any function of the file) where an
@@ -107,12 +309,13 @@ _UNSAFE: tuple[tuple[str, set[str]], ...] = (
 
 
 def _unsafe(frame: FrameType | None) -> bool:
-    """Whether ``frame`` or one of its callers is running an import, or code that a
-    ``KeyboardInterrupt`` would break (``_UNSAFE``)."""
+    """Whether ``frame`` or one of its callers is running an import, code that a
+    ``KeyboardInterrupt`` would break (``_UNSAFE``), or the unraisable hook (where Python
+    drops it again)."""
     while frame is not None:
         code = frame.f_code
         name = code.co_filename.replace("\\", "/")
-        if name.startswith("<frozen importlib"):
+        if name.startswith("<frozen importlib") or code is _DropWatch.__call__.__code__:
             return True
         for ending, functions in _UNSAFE:
             if name.endswith(ending) and (not functions or code.co_name in functions):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoloader.cli.interrupts import committing, stop_with_workers
 from autoloader.datasets import open_dataset
 from autoloader.datasets.reads import SampleError
 from autoloader.datasets.source import dataset_files
@@ -204,6 +205,8 @@ def _run(
     from autoloader.plan import Plan
     from autoloader.tuning.tuner import run as tune_run
 
+    stop_with_workers()  # torch is loaded: its workers' deaths by a stop are that stop
+
     step = _load_step(args.step) if args.step else None
     transform = _load_callable(args.transform, "--transform") if args.transform else None
     dataset = open_dataset(args.dataset, transform=transform)
@@ -228,16 +231,18 @@ def _run(
     rank = rank_and_world_size()[0]
     if to_stdout:
         if rank == 0:
-            sys.stdout.write(plan.to_toml())
-            sys.stdout.flush()
+            with committing():
+                sys.stdout.write(plan.to_toml())
+                sys.stdout.flush()
             if not args.quiet:
                 print(printable(render(plan, path="(stdout)")), file=sys.stderr)
         return 0
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
-        if through is not None:
-            write_fd(through, plan.to_toml().encode())
-        else:
-            plan.save(out)
+        with committing():  # never after a stop
+            if through is not None:
+                write_fd(through, plan.to_toml().encode())
+            else:
+                plan.save(out)
     if rank != 0:
         return 0
     if args.json:

@@ -24,6 +24,7 @@ from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.loader.device_feed import DeviceFeed
 from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
+from autoloader.stops import raise_if_stopped
 from autoloader.tuning.baseline import LoopSettings
 from autoloader.tuning.transfer import transfer
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Timing
@@ -125,6 +126,7 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
     except Exception as exc:  # the loop's failure is this trial's result, not the tune's
         if not (is_oom(exc) or isinstance(exc, (RuntimeError, OSError))):
             raise
+        raise_if_stopped(exc, loader)  # workers killed by the job's stop are not a failure
         status = ("out of memory" if is_oom(exc) else "failed") + f": {failure_text(exc)}"
     finally:
         del batches, loader  # the workers shut down with their iterator

@@ -26,6 +26,7 @@ from autoloader.host import cpu_seconds, tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
 from autoloader.samplers import RandomBatchSampler
+from autoloader.stops import raise_if_stopped
 from autoloader.tuning.transfer import transfer
 
 PREFETCH_FACTOR = 2
@@ -209,6 +210,7 @@ def _measure(
             block=max(1, workers),
         )
     except (RuntimeError, OSError) as exc:
+        raise_if_stopped(exc, loader)  # workers killed by the job's stop are not a failure
         return Candidate.not_measured(workers, f"failed: {failure_text(exc)}")
     finally:
         batches.close()

@@ -1,0 +1,103 @@
+"""Stopping the command line (autoloader/cli/interrupts.py), as terminals, schedulers and
+service managers do: a stop is one line and exit 130, the old plan untouched and no
+worker left behind; a plan in place is a success that no signal changes.
+
+Each test signals at a state it has observed (a worker has loaded a sample, the plan has
+been renamed into place), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import GOOD_PLAN, prepend_pythonpath, reaped, spawn
+
+TESTS = Path(__file__).parent
+SEARCH = ["--max-workers", "2", "--iterations", "20", "--baseline", "none", "--device", "cpu",
+          "--global-batch-size", "4", "--quiet"]  # fmt: skip
+STOPPED = "autoloader: interrupted; nothing was written\n"
+
+
+def start(tmp_path: Path, spec: str, code: str | None = None) -> tuple[subprocess.Popen[Any], Path]:
+    """``autoloader tune SPEC`` over an existing plan, in a session of its own; with
+    ``code``, run as ``python -c CODE`` that ends by running the command line."""
+    out = tmp_path / "plan.toml"
+    out.write_text(GOOD_PLAN)
+    (tmp_path / "marks").mkdir()
+    env = {**prepend_pythonpath(TESTS), "SIGNAL_MARKS": str(tmp_path / "marks")}
+    program = ["-m", "autoloader"] if code is None else ["-c", code]
+    proc = spawn([sys.executable, *program, "tune", spec, "-o", str(out), *SEARCH],
+                 stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS)  # fmt: skip
+    return proc, out
+
+
+def workers(tmp_path: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (tmp_path / "marks").iterdir())
+
+
+def running_workers(proc: subprocess.Popen[Any], tmp_path: Path) -> list[int]:
+    """The worker processes that have loaded a sample, once there is one."""
+    deadline = time.monotonic() + 240  # bounds a broken run; the verdict never waits on it
+    while not workers(tmp_path):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no worker loaded a sample"
+        time.sleep(0.01)
+    return workers(tmp_path)
+
+
+def assert_stopped(proc: subprocess.Popen[Any], tmp_path: Path, out: Path) -> None:
+    """Exit 130, one line, the old plan as it was, nothing left in the directory and no
+    worker process alive (the tune reaped every one before it exited)."""
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, STOPPED)
+    assert out.read_text() == GOOD_PLAN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marks", "plan.toml"]
+    alive = [pid for pid in workers(tmp_path) if Path(f"/proc/{pid}").exists()]
+    assert alive == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_to_the_process_group_mid_search_is_one_line(tmp_path: Path, sig: int) -> None:
+    """As `timeout`, scancel, systemd or a terminal stop a job: the workers die of the same
+    signal, and their deaths are the stop, not a failure to report or to search past."""
+    proc, out = start(tmp_path, "signal_data:HELD")
+    with reaped(proc):
+        running_workers(proc, tmp_path)
+        os.killpg(proc.pid, sig)
+        assert_stopped(proc, tmp_path, out)
+
+
+@pytest.mark.slow
+def test_sighup_to_the_tune_alone_reaps_its_workers(tmp_path: Path) -> None:
+    """A closed ssh session: the tune is stopped as by SIGTERM and ends its workers."""
+    proc, out = start(tmp_path, "signal_data:HELD")
+    with reaped(proc):
+        running_workers(proc, tmp_path)
+        proc.send_signal(signal.SIGHUP)
+        assert_stopped(proc, tmp_path, out)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_sigterm_is_the_stop(tmp_path: Path) -> None:
+    """The workers may get the scheduler's signal before the tune does: a worker ended by
+    SIGTERM stops the tune; it is not a worker count that failed."""
+    proc, out = start(tmp_path, "signal_data:HELD")
+    with reaped(proc):
+        os.kill(running_workers(proc, tmp_path)[0], signal.SIGTERM)
+        assert_stopped(proc, tmp_path, out)
+
+
+def test_a_stop_python_drops_in_a_finalizer_is_delivered_again(tmp_path: Path) -> None:
+    """The interrupt raised inside a ``__del__`` is dropped by Python: the tune used to
+    carry on and replace the plan (exit 0)."""
+    proc, out = start(tmp_path, "signal_data:STOP_IN_A_FINALIZER")
+    with reaped(proc):
+        assert_stopped(proc, tmp_path, out)
