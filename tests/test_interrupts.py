@@ -88,12 +88,13 @@ def test_sighup_to_the_tune_alone_reaps_its_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_by_sigterm_is_the_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_worker_stopped_by_a_signal_is_the_stop(tmp_path: Path, sig: int) -> None:
     """The workers may get the scheduler's signal before the tune does: a worker ended by
-    SIGTERM stops the tune; it is not a worker count that failed."""
+    a stop signal stops the tune; it is not a worker count that failed."""
     proc, out = start(tmp_path, "signal_data:HELD")
     with reaped(proc):
-        os.kill(running_workers(proc, tmp_path)[0], signal.SIGTERM)
+        os.kill(running_workers(proc, tmp_path)[0], sig)
         assert_stopped(proc, tmp_path, out)
 
 

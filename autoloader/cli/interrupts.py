@@ -23,6 +23,8 @@ unwinds ``tune`` before it writes anything. These rules make that hold at any mo
   handler or the stop's own clean-up. Once torch is loaded (``stop_with_workers``), a
   worker killed by a stop signal is delivered as that stop; from the first stop on,
   SIGCHLD goes to a handler that does nothing.
+* **Workers die of it.** A DataLoader worker forked with this handler (SIGINT and
+  SIGHUP; torch sets its own for SIGTERM) is ended by the signal, as by default.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
   are ignored, so the stop itself is never interrupted.
 * **Bounded.** As the program, a stop ends the process: torch's orderly worker shutdown
@@ -60,6 +62,7 @@ class Interrupts:
     """The CLI's handler for the stop signals; ``seen`` once one has arrived."""
 
     def __init__(self, *, for_the_process: bool = False) -> None:
+        self.pid = os.getpid()
         self.for_the_process = for_the_process
         self.seen = False
         self.active = True  # cleared when the handlers are restored: deliver nothing then
@@ -81,6 +84,14 @@ class Interrupts:
         return self.seen and not self.settled
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            # A DataLoader worker, forked with this handler: under multiprocessing's
+            # bootstrap every frame is unsafe, so it would hold the stop for ever. The
+            # signal ends the worker, as by default; the main process takes its death
+            # by a stop signal as the stop (_WorkerDeaths).
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         redelivery, self._redelivery = self._redelivery, False
         if self.settled or self.taken or (self.seen and not redelivery):
             return  # decided, or already stopping
