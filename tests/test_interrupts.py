@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import GOOD_PLAN, prepend_pythonpath, reaped, spawn
 
+from autoloader import Plan
+
 TESTS = Path(__file__).parent
 SEARCH = ["--max-workers", "2", "--iterations", "20", "--baseline", "none", "--device", "cpu",
           "--global-batch-size", "4", "--quiet"]  # fmt: skip
@@ -86,12 +88,13 @@ def test_sighup_to_the_tune_alone_reaps_its_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_by_sigterm_is_the_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_worker_stopped_by_a_signal_is_the_stop(tmp_path: Path, sig: int) -> None:
     """The workers may get the scheduler's signal before the tune does: a worker ended by
-    SIGTERM stops the tune; it is not a worker count that failed."""
+    a stop signal stops the tune; it is not a worker count that failed."""
     proc, out = start(tmp_path, "signal_data:HELD")
     with reaped(proc):
-        os.kill(running_workers(proc, tmp_path)[0], signal.SIGTERM)
+        os.kill(running_workers(proc, tmp_path)[0], sig)
         assert_stopped(proc, tmp_path, out)
 
 
@@ -101,3 +104,43 @@ def test_a_stop_python_drops_in_a_finalizer_is_delivered_again(tmp_path: Path) -
     proc, out = start(tmp_path, "signal_data:STOP_IN_A_FINALIZER")
     with reaped(proc):
         assert_stopped(proc, tmp_path, out)
+
+
+AT_THE_RENAME = """
+import os, signal
+_replace = os.replace
+def replace(src, dst, *args, **kwargs):
+    _replace(src, dst, *args, **kwargs)
+    if os.fsdecode(dst) == "plan.toml":  # the plan is in place: the signal lands now
+        os.kill(os.getpid(), signal.{sig})
+        for _ in range(10_000):
+            pass
+os.replace = replace
+"""
+AT_EXIT = """
+import atexit, os, signal
+def stop():  # during the interpreter's teardown, after main() returned
+    os.kill(os.getpid(), signal.{sig})
+    for _ in range(10_000):
+        pass
+atexit.register(stop)
+"""
+
+
+@pytest.mark.parametrize("when", [AT_THE_RENAME, AT_EXIT], ids=["at-the-rename", "at-exit"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_once_the_plan_is_in_place_changes_nothing(
+    tmp_path: Path, when: str, sig: str
+) -> None:
+    """What the process says matches what is on disk: the plan is replaced, so exit 0
+    and nothing on stderr (it was death by the signal, or "nothing was written")."""
+    code = (
+        when.format(sig=sig) + "import runpy\nrunpy.run_module('autoloader', run_name='__main__')"
+    )
+    proc, out = start(tmp_path, "hostile_data:GOOD", code)
+    with reaped(proc):
+        _, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (0, "")
+    assert Plan.load(out).batching.global_batch_size == 4 and out.read_text() != GOOD_PLAN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marks", "plan.toml",
+                                                         "plan.toml.sizes.npz"]  # fmt: skip

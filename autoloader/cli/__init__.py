@@ -109,16 +109,20 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
-    Called without ``argv`` (as the program), an interrupt also silences what follows it
-    (a second Ctrl-C, the noise of torch's iterators torn down while the process exits)
-    and ends the workers.
+    Called without ``argv`` (as the program), the status it decides is the process's: an
+    interrupt also silences what follows it (a second Ctrl-C, the noise of torch's
+    iterators torn down) and reaps the workers, and no signal during the interpreter's
+    exit turns a success into a death by signal.
     """
     program = argv is None
     with interrupts.handled(for_the_process=program) as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
         for message in THIRD_PARTY_NOISE:
             warnings.filterwarnings("ignore", message=message)
-        status = _run(argv, signals)
+        try:
+            status = _run(argv, signals)
+        except KeyboardInterrupt:  # landed as _run returned, or inside its error handling
+            status = _interrupted(program, signals)
     if status == INTERRUPTED and program:
         # Nothing is left to do: leave without tearing down half-imported or running
         # torch state (worker iterators, process groups), whose teardown after an

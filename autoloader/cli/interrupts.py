@@ -23,12 +23,16 @@ unwinds ``tune`` before it writes anything. These rules make that hold at any mo
   handler or the stop's own clean-up. Once torch is loaded (``stop_with_workers``), a
   worker killed by a stop signal is delivered as that stop; from the first stop on,
   SIGCHLD goes to a handler that does nothing.
+* **Workers die of it.** A DataLoader worker forked with this handler (SIGINT and
+  SIGHUP; torch sets its own for SIGTERM) is ended by the signal, as by default.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
   are ignored, so the stop itself is never interrupted.
 * **Bounded.** As the program, a stop ends the process: torch's orderly worker shutdown
   is skipped (its ``__del__`` blocks for ever on a lock that a worker killed by the same
   signal died holding), the workers are reaped here, and should the main thread still
   hang where no signal reaches it, a last-resort thread ends the process after a bound.
+* **A result in place stands.** A signal inside ``committing`` is held; once the block
+  has run, the outcome is decided and no signal changes it, up to the process's exit.
 """
 
 from __future__ import annotations
@@ -58,10 +62,13 @@ class Interrupts:
     """The CLI's handler for the stop signals; ``seen`` once one has arrived."""
 
     def __init__(self, *, for_the_process: bool = False) -> None:
+        self.pid = os.getpid()
         self.for_the_process = for_the_process
         self.seen = False
         self.active = True  # cleared when the handlers are restored: deliver nothing then
         self.taken = False  # the command has taken the stop and is ending: deliver no more
+        self.settled = False  # the result is in place: no signal changes the outcome now
+        self._holding = False
         self._signum: int = signal.SIGINT
         self._redelivery = False
         self._watching = False
@@ -73,16 +80,26 @@ class Interrupts:
 
     @property
     def stopping(self) -> bool:
-        """A stop arrived: the command must end, status 130."""
-        return self.seen
+        """A stop arrived before the result was in place: the command must end, status 130."""
+        return self.seen and not self.settled
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            # A DataLoader worker, forked with this handler: under multiprocessing's
+            # bootstrap every frame is unsafe, so it would hold the stop for ever. The
+            # signal ends the worker, as by default; the main process takes its death
+            # by a stop signal as the stop (_WorkerDeaths).
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         redelivery, self._redelivery = self._redelivery, False
-        if self.taken or (self.seen and not redelivery):
-            return  # already stopping
+        if self.settled or self.taken or (self.seen and not redelivery):
+            return  # decided, or already stopping
         if not self.seen:
             self.seen, self._signum = True, signum
             self._leave_workers_to_the_stop()
+        if self._holding:
+            return  # committing: the block runs to its end, and its outcome stands
         self.ending()
         if _unsafe(frame):
             self._deliver_later()
@@ -117,6 +134,8 @@ class Interrupts:
 
     def _last_resort(self) -> None:
         threading.Event().wait(_STOP_BOUND_SECONDS)
+        if self.settled:
+            return
         self.say_stopped(lambda text: os.write(2, text.encode()), wait=1.0)
         reap_children()
         os._exit(INTERRUPTED)
@@ -131,7 +150,12 @@ class Interrupts:
         """Run the block that puts the result in place as one step (see ``committing``)."""
         if self.stopping:
             raise KeyboardInterrupt  # a stop came first, and its interrupt was lost on its way
-        yield
+        self._holding = True
+        try:
+            yield
+            self.settled = True  # before holding ends: no moment where a signal could raise
+        finally:
+            self._holding = False
 
     def _leave_workers_to_the_stop(self) -> None:
         # A handler that does nothing rather than SIG_DFL: a SIGCHLD already pending would
@@ -166,10 +190,12 @@ class Interrupts:
 @contextmanager
 def handled(*, for_the_process: bool = False) -> Iterator[Interrupts]:
     """Route the stop signals to one ``Interrupts`` while the block runs; restore the
-    previous handlers after. ``for_the_process``: the command is the program, and a stop
-    ends the process (``Interrupts.ending``; SIGCHLD is not given back to torch, whose
-    handler would raise while the workers are reaped). Off the main thread, where
-    handlers cannot be set, signals keep Python's default behaviour."""
+    previous handlers after. ``for_the_process`` (the command is the program and only
+    exits after this): a stop ends the process (``Interrupts.ending``), and after the
+    block the stop signals stay ignored and SIGCHLD is not given back to torch: the exit
+    status is decided, and neither the interpreter's teardown nor the reaping of the
+    workers may end the process by a signal or a traceback instead. Off the main thread,
+    where handlers cannot be set, signals keep Python's default behaviour."""
     interrupts = Interrupts(for_the_process=for_the_process)
     if threading.current_thread() is not threading.main_thread():
         yield interrupts
@@ -182,21 +208,26 @@ def handled(*, for_the_process: bool = False) -> Iterator[Interrupts]:
         yield interrupts
     finally:
         interrupts.active = False
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        sigchld = interrupts.torch_sigchld or interrupts.sigchld
-        if sigchld is not None and not for_the_process:  # torch's: set once per process
-            signal.signal(signal.SIGCHLD, sigchld)
-        if sys.unraisablehook is watch:
-            sys.unraisablehook = unraisable
+        if for_the_process:
+            for sig in SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+        else:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            sigchld = interrupts.torch_sigchld or interrupts.sigchld
+            if sigchld is not None:  # torch's own: it sets it only once per process
+                signal.signal(signal.SIGCHLD, sigchld)
+            if sys.unraisablehook is watch:
+                sys.unraisablehook = unraisable
 
 
 @contextmanager
 def committing() -> Iterator[None]:
-    """Put a command's result in place (rename the plan over the old one): after a stop,
-    even one whose interrupt was lost on its way, it raises ``KeyboardInterrupt`` before
-    the block runs. Where the CLI's handler is not installed (the Python API), it only
-    runs the block."""
+    """Put a command's result in place (rename the plan over the old one) as one step:
+    after a stop, even one whose interrupt was lost on its way, it raises
+    ``KeyboardInterrupt`` before the block runs; a stop signal that lands inside the block
+    is held; once the block has run, the command succeeds whatever signal comes. Where the
+    CLI's handler is not installed (the Python API), it only runs the block."""
     handler = signal.getsignal(signal.SIGTERM)
     if not isinstance(handler, Interrupts):
         yield

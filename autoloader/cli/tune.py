@@ -238,7 +238,7 @@ def _run(
                 print(printable(render(plan, path="(stdout)")), file=sys.stderr)
         return 0
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
-        with committing():  # never after a stop
+        with committing():  # once the plan is in place, the tune has succeeded
             if through is not None:
                 write_fd(through, plan.to_toml().encode())
             else:
