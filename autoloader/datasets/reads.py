@@ -52,7 +52,7 @@ def read(dataset: Any, index: int, *, timeout: float | None = None, where: str =
         except (AutoloaderError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            raise SampleError(f"sample {index} raised {_describe(exc)}") from exc
+            raise SampleError(f"sample {index} raised {describe(exc)}") from exc
 
 
 class Guarded:
@@ -102,7 +102,7 @@ class NamedCollate:
                 raise
             raise SampleError(
                 f"{_shown(_BATCH, len(samples))} could not be collated into one batch: "
-                f"{_whats_wrong(_BATCH, samples) or _describe(exc)}"
+                f"{_whats_wrong(_BATCH, samples) or describe(exc)}"
             ) from exc
 
 
@@ -135,7 +135,8 @@ def worker_timeout(read_timeout: float) -> float:
     return read_timeout * 1.5 + 1.0
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message``: an exception in one line."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field
 from autoloader_plugins.jagged.spec import select
@@ -32,11 +33,6 @@ def _pq() -> Any:
             "reading Parquet files needs pyarrow: pip install 'torch-autoloader[parquet]'"
         ) from None
     return pq
-
-
-def _line(exc: BaseException) -> str:
-    text = [t for t in str(exc).strip().splitlines() if t.strip()]
-    return f"{type(exc).__name__}: {text[0].strip()}" if text else type(exc).__name__
 
 
 def _leaf(arrow_type: Any) -> tuple[bool, int]:
@@ -109,7 +105,7 @@ class ParquetTable(BlockReader):
         except DatasetError:
             raise
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read: {_line(exc)}") from None
+            raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
         self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
         self._values = (
             {n: values.column(n).to_numpy() for n in self.event_fields}
@@ -125,7 +121,7 @@ class ParquetTable(BlockReader):
                 raise
             except Exception as exc:
                 raise DatasetError(
-                    f"DATASET '{self.path}': cannot open as Parquet: {_line(exc)}"
+                    f"DATASET '{self.path}': cannot open as Parquet: {describe(exc)}"
                 ) from None
             self._hpid = os.getpid()
         return self._h
@@ -224,7 +220,7 @@ class ParquetTable(BlockReader):
             )
         except Exception as exc:
             raise DatasetError(
-                f"{self.where}: cannot read row group {group}: {_line(exc)}"
+                f"{self.where}: cannot read row group {group}: {describe(exc)}"
             ) from None
         expected = np.diff(self.offsets[start : stop + 1])
         out = np.empty((int(expected.sum()), self.width), dtype=np.float32)

@@ -130,6 +130,10 @@ class BlockCache:
 
     def __init__(self, budget: int = BLOCK_CACHE_BYTES) -> None:
         self.budget = budget
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every block (a forked process starts empty too)."""
         self._blocks: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._pid = os.getpid()
@@ -137,7 +141,7 @@ class BlockCache:
     def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
         """The block ``key``, decoded by ``load(*args)`` where this process has none."""
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
-            self.__init__(self.budget)  # type: ignore[misc]
+            self.clear()
         found = self._blocks.get(key)
         if found is not None:
             self._blocks.move_to_end(key)
@@ -154,7 +158,8 @@ class BlockCache:
         return {"budget": self.budget}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["budget"])  # type: ignore[misc]
+        self.budget = state["budget"]
+        self.clear()
 
 
 def ranges_index(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:

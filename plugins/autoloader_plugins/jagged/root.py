@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns
 from autoloader_plugins.jagged.spec import select
@@ -39,11 +40,6 @@ def _uproot() -> Any:
     return uproot
 
 
-def _line(exc: BaseException) -> str:
-    text = [t for t in str(exc).strip().splitlines() if t.strip()]
-    return f"{type(exc).__name__}: {text[0].strip()}" if text else type(exc).__name__
-
-
 class RootTree(BlockReader):
     """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
 
@@ -59,8 +55,8 @@ class RootTree(BlockReader):
         self._hpid: int | None = None
         tree = self._open_tree()
         self.name = tree.object_path.strip("/").split(";")[0]
-        items, scalars = self._branches(tree, named=fields is not None)
-        chosen = self._collection(tree, items, fields)
+        items, scalars, skipped = self._branches(tree, named=fields is not None)
+        chosen = self._collection(tree, items, skipped, fields)
         self.fields = tuple(Field(n, items[n]) for n in chosen)
         self.event_fields = tuple(
             select(event_fields, scalars, where=self.where, what="event field")
@@ -71,7 +67,7 @@ class RootTree(BlockReader):
             self.offsets = self._read_offsets(tree, chosen[0])
             self._values = {n: tree[n].array(library="np") for n in self.event_fields}
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read: {_line(exc)}") from None
+            raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
         self._check_offsets("counts")
 
     # -- opening -------------------------------------------------------------------------
@@ -82,7 +78,7 @@ class RootTree(BlockReader):
                 self._h = uproot.open(self.path)
             except Exception as exc:
                 raise DatasetError(
-                    f"DATASET '{self.path}': cannot open as ROOT: {_line(exc)}"
+                    f"DATASET '{self.path}': cannot open as ROOT: {describe(exc)}"
                 ) from None
             self._hpid = os.getpid()
         return self._h
@@ -91,7 +87,7 @@ class RootTree(BlockReader):
         try:
             return self._file()[self.name]
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read the tree: {_line(exc)}") from None
+            raise DatasetError(f"{self.where}: cannot read the tree: {describe(exc)}") from None
 
     def _open_tree(self) -> Any:
         try:
@@ -104,7 +100,7 @@ class RootTree(BlockReader):
             raise
         except Exception as exc:
             raise DatasetError(
-                f"DATASET '{self.path}': cannot list its trees: {_line(exc)}"
+                f"DATASET '{self.path}': cannot list its trees: {describe(exc)}"
             ) from None
         if self.name and self.name not in trees:
             raise DatasetError(
@@ -124,11 +120,13 @@ class RootTree(BlockReader):
         self.name = self.name or trees[0]
         return self._tree()
 
-    def _branches(self, tree: Any, named: bool) -> tuple[dict[str, int], list[str]]:
-        """Per-item numeric branches (name -> width) and per-event numeric scalars."""
+    def _branches(self, tree: Any, named: bool) -> tuple[dict[str, int], list[str], dict[str, str]]:
+        """Per-item numeric branches (name -> width), per-event numeric scalars, and the
+        branches that are neither (name -> why)."""
         uproot = _uproot()
         items: dict[str, int] = {}
         scalars: list[str] = []
+        skipped: dict[str, str] = {}
         for name, branch in tree.iteritems(recursive=True):
             if len(branch.branches):
                 continue
@@ -146,16 +144,18 @@ class RootTree(BlockReader):
                     scalars.append(name)
                 continue
             why = f"{branch.typename or 'unknown type'}: not a numeric per-item array"
-            self._skipped = getattr(self, "_skipped", {})
-            self._skipped[name] = why
+            skipped[name] = why
             if not named:
                 log.info("%s: branch %r skipped (%s)", self.where, name, why)
-        return items, scalars
+        return items, scalars, skipped
 
     def _collection(
-        self, tree: Any, items: dict[str, int], patterns: tuple[str, ...] | None
+        self,
+        tree: Any,
+        items: dict[str, int],
+        skipped: dict[str, str],
+        patterns: tuple[str, ...] | None,
     ) -> list[str]:
-        skipped = getattr(self, "_skipped", {})
         if patterns is not None:
             names = select(patterns, [*items, *skipped], where=self.where)
             for n in names:
@@ -191,7 +191,7 @@ class RootTree(BlockReader):
             try:
                 counts = self._counts_of(tree, n, 0, first)
             except Exception as exc:
-                raise DatasetError(f"{self.where}: cannot read {n!r}: {_line(exc)}") from None
+                raise DatasetError(f"{self.where}: cannot read {n!r}: {describe(exc)}") from None
             groups.setdefault(counts.tobytes(), []).append(n)
         labelled = {}
         for key, members in groups.items():
@@ -243,7 +243,7 @@ class RootTree(BlockReader):
             except Exception as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read {field.name!r} for events {start}..{stop - 1}: "
-                    f"{_line(exc)}"
+                    f"{describe(exc)}"
                 ) from None
             differs = np.flatnonzero(counts != expected)
             if len(differs):

@@ -92,11 +92,6 @@ def parse(spec: str) -> JaggedSpec:
     return JaggedSpec(spec, path, name, values.get("fields"), values.get("event_fields", ()))
 
 
-def split_path(spec: str) -> str:
-    """The path part of a spec, for a plugin's cheap ``claims``."""
-    return parse(spec).path if "#" in spec or "?" in spec else spec
-
-
 def select(
     patterns: Sequence[str], names: Iterable[str], *, where: str, what: str = "field"
 ) -> list[str]:
