@@ -52,7 +52,7 @@ def make_events(num_events: int, *, median: float = 40.0, seed: int = 0) -> Even
     counts = node_counts(num_events, median=median, seed=seed).astype(np.int64)
     rng = np.random.default_rng(seed + 1)
     items = int(counts.sum())
-    columns = {
+    columns: dict[str, np.ndarray] = {
         "time": np.cumsum(rng.exponential(5.0, items)),
         "tot": rng.gamma(2.0, 10.0, items).astype(np.float32),
         "channel_id": rng.integers(0, 31, items).astype(np.uint8),

@@ -59,6 +59,8 @@ class JaggedEvents(Dataset):
             name: np.concatenate([v[name] for v in values]) for name in first.event_fields
         }
         self.cache = BlockCache()
+        own = sum(r.share_cache(self.cache.budget, len(self.readers)) for r in self.readers)
+        self.cache_bytes = own or self.cache.budget
 
     @property
     def fields(self) -> list[str]:
@@ -117,6 +119,11 @@ class JaggedEvents(Dataset):
         """Global event indices where storage blocks begin, then ``len(self)``."""
         parts = [r.blocks()[:-1] + s for r, s in zip(self.readers, self.starts, strict=False)]
         return np.append(np.concatenate(parts), len(self)).astype(np.int64)
+
+    def autoloader_cache_bytes(self) -> int:
+        """The samples' bytes (as ``autoloader_sizes`` counts them) that one reading
+        process keeps decoded: a read order whose window fits reads each block once."""
+        return self.cache_bytes
 
     def autoloader_source(self) -> DataSource:
         paths = [r.path for r in self.readers]

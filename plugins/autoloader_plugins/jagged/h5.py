@@ -30,7 +30,8 @@ from autoloader_plugins.jagged.spec import select
 log = logging.getLogger(__name__)
 
 EXTENTS = ("_indices", "offsets", "counts")
-CHUNK_CACHE_BYTES = 64 * 2**20  # per open dataset; holds a window of chunks
+CHUNK_CACHE_BYTES = 64 * 2**20  # per open column at most; holds a window of chunks
+_MIN_CHUNK_CACHE_BYTES = 4 * 2**20  # per open column at least, however many files
 _UNCHUNKED_BLOCK_BYTES = 2**20  # the block of a contiguous column
 _MAX_GROUPS_SEARCHED = 256  # a file of one group per event is not searched through
 
@@ -80,6 +81,8 @@ class H5Table(Reader):
         self.path, self.name = path, group
         self._h: h5py.File | None = None
         self._hpid: int | None = None
+        self._hcolumns: list[h5py.Dataset] | None = None  # open: their chunk caches live
+        self._cache_bytes = CHUNK_CACHE_BYTES  # per column, set by share_cache
         try:
             with h5py.File(path, "r") as f:
                 g = f.get(group)
@@ -188,12 +191,20 @@ class H5Table(Reader):
     # -- reading ------------------------------------------------------------------------
     def _handle(self) -> h5py.File:
         if self._h is None or self._hpid != os.getpid():
-            self._h = h5py.File(self.path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=10007)
+            self._h = h5py.File(self.path, "r", rdcc_nbytes=self._cache_bytes, rdcc_nslots=10007)
             self._hpid = os.getpid()
         return self._h
 
     def event_values(self) -> dict[str, np.ndarray]:
         return self._values
+
+    def share_cache(self, budget: int, files: int) -> int:
+        """Each column's chunk cache: the budget over the files and columns, between
+        ``_MIN_CHUNK_CACHE_BYTES`` and ``CHUNK_CACHE_BYTES``. A column stored as float64
+        holds twice its share of the samples' float32 bytes: count half."""
+        per_column = budget // max(1, files * len(self._columns))
+        self._cache_bytes = int(min(CHUNK_CACHE_BYTES, max(_MIN_CHUNK_CACHE_BYTES, per_column)))
+        return self._cache_bytes // 2
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         starts, stops = runs(self._starts[events], self._stops[events])
@@ -201,12 +212,20 @@ class H5Table(Reader):
         out = np.empty((total, self.width), dtype=np.float32)
         if total == 0:
             return out
-        g = self._handle()[self.name]
+        columns = self._open_columns()
         col = 0
-        for name, width in self._columns:
-            out[:, col : col + width] = self._read_column(g[name], starts, stops)
+        for (_, width), d in zip(self._columns, columns, strict=True):
+            out[:, col : col + width] = self._read_column(d, starts, stops)
             col += width
         return out
+
+    def _open_columns(self) -> list[h5py.Dataset]:
+        """The columns' datasets, kept open in this process: HDF5's chunk cache belongs to
+        an open dataset, so one opened per batch would decompress every chunk again."""
+        if self._hcolumns is None or self._hpid != os.getpid():
+            g = self._handle()[self.name]
+            self._hcolumns = [g[name] for name, _ in self._columns]
+        return self._hcolumns
 
     def _read_column(self, d: h5py.Dataset, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """Rows ``starts[k]:stops[k]`` of one column, one HDF5 read for all of them."""
