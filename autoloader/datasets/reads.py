@@ -73,10 +73,31 @@ class Guarded:
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch's samples; remembers their indices in this process, for ``NamedCollate``
-        (torch's fetcher collates right after, in the same process)."""
+        (torch's fetcher collates right after, in the same process).
+
+        A dataset with its own ``__getitems__`` (a jagged table reads a batch with one read
+        per column) is read that way, as torch's fetcher reads it in training, under a
+        deadline of ``timeout`` per sample; where that fails or hangs, the samples are read
+        one at a time, which names the one at fault."""
         global _BATCH
         _BATCH = list(indices)
-        return [self[i] for i in indices]
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is not None and len(_BATCH) > 1:
+            limit = None if self.timeout is None else self.timeout * len(_BATCH)
+            try:
+                with _deadline(limit, -1, error=_BatchTimeout):
+                    samples = many(list(_BATCH))
+                if len(samples) == len(_BATCH):
+                    return list(samples)
+            except (AutoloaderError, KeyboardInterrupt):
+                raise
+            except Exception:
+                pass  # read one at a time below: that names the sample
+        return [self[i] for i in _BATCH]
+
+
+class _BatchTimeout(Exception):
+    """A batched read passed its deadline (the samples are then read one at a time)."""
 
 
 _BATCH: list[int] = []  # the indices of the batch this process fetched last
@@ -142,7 +163,9 @@ def describe(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float | None, index: int, where: str = "") -> Iterator[None]:
+def _deadline(
+    seconds: float | None, index: int, where: str = "", *, error: type[Exception] | None = None
+) -> Iterator[None]:
     usable = (
         seconds is not None
         and math.isfinite(seconds)
@@ -154,6 +177,8 @@ def _deadline(seconds: float | None, index: int, where: str = "") -> Iterator[No
         return
 
     def expired(signum: int, frame: Any) -> None:
+        if error is not None:
+            raise error()
         raise SampleError(
             f"sample {index} did not return within {seconds:g} s{where} (--worker-timeout)"
         )
