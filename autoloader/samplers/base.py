@@ -38,6 +38,11 @@ class SizeBatchSampler(Sampler[list[int]]):
     """
 
     name = "base"
+    # global batches the strategy arranges together in a windowed read order (see
+    # ``autoloader.samplers.order``)
+    pool_batches = 16
+    # a strategy that evens out every batch's bytes also needs pools of even bytes
+    even_pools = False
 
     def __init__(
         self,
@@ -119,7 +124,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         n, g = len(self.sizes), self.global_batch_size
         rng = np.random.default_rng([self.seed, self.epoch if self.shuffle else 0])
         if self.shuffle and self.read_order is not None:
-            full, tail = self._windowed(self.read_order.split(n, rng), rng)
+            full, tail = self._windowed(self.read_order, n, rng)
         else:
             k = n // g
             order = rng.permutation(n) if self.shuffle else np.arange(n)
@@ -130,20 +135,21 @@ class SizeBatchSampler(Sampler[list[int]]):
         return full, tail
 
     def _windowed(
-        self, windows: list[np.ndarray], rng: np.random.Generator
+        self, windows: Windows, n: int, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Each window's samples arranged into whole global batches, in window order; what
-        does not fill a batch joins the next window (the last one's rest is the tail)."""
+        """The windowed read sequence arranged a pool at a time, pools in read order; the
+        rest after the last whole global batch is the tail."""
         g = self.global_batch_size
-        parts, carry = [], np.empty(0, dtype=np.int64)
-        for window in windows:
-            pool = np.concatenate([carry, window])
-            k = len(pool) // g
-            if k:
-                parts.append(self._shuffled(self._arrange(pool[: k * g], k, rng), rng))
-            carry = pool[k * g :]
-        full = np.concatenate(parts) if parts else np.empty((0, g), dtype=np.int64)
-        return full, carry
+        sequence = windows.sequence(n, rng)
+        whole = n // g * g
+        step = windows.pool(g, self.pool_batches)
+        if self.even_pools:
+            sequence = even_pools(sequence, self.sizes, whole, step)
+        parts = [np.empty((0, g), dtype=np.int64)]
+        for start in range(0, whole, step):
+            pool = sequence[start : min(start + step, whole)]
+            parts.append(self._shuffled(self._arrange(pool, len(pool) // g, rng), rng))
+        return np.concatenate(parts), sequence[whole:]
 
     def _shuffled(self, batches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = len(batches)
@@ -153,6 +159,36 @@ class SizeBatchSampler(Sampler[list[int]]):
         """Arrange ``pool`` (``num_batches x global batch`` indices, in random order when
         shuffling) into a ``(num_batches, global batch)`` array."""
         raise NotImplementedError
+
+
+def even_pools(sequence: np.ndarray, sizes: np.ndarray, whole: int, step: int) -> np.ndarray:
+    """``sequence`` with samples swapped between neighbouring pools (of ``step`` samples,
+    over its first ``whole``) until each pool weighs about the mean: a strategy that evens
+    out batches within a pool can then reach the global mean in every pool. A sample moves
+    one pool at most, so the reads keep their order."""
+    out = sequence.copy()
+    pools = list(range(0, whole, step))
+    target = sizes[out[:whole]].sum() / max(1, whole)
+    for a in pools[:-1]:
+        b, end = a + step, min(a + 2 * step, whole)
+        here, there = out[a:b], out[b:end]
+        excess = sizes[here].sum() - target * len(here)
+        heavy_first = excess > 0
+        mine = np.argsort(sizes[here], kind="stable")
+        theirs = np.argsort(sizes[there], kind="stable")
+        if heavy_first:  # give the heaviest, take the lightest
+            mine, theirs = mine[::-1], theirs
+        else:
+            theirs = theirs[::-1]
+        k = min(len(mine), len(theirs))
+        gain = np.abs(sizes[here[mine[:k]]] - sizes[there[theirs[:k]]])
+        useful = np.sign(sizes[here[mine[:k]]] - sizes[there[theirs[:k]]]) == np.sign(excess)
+        gained = np.cumsum(np.where(useful, gain, 0))
+        swaps = min(int(np.searchsorted(gained, abs(excess))), int(useful.sum()))
+        if swaps:
+            i, j = mine[:swaps], theirs[:swaps]
+            here[i], there[j] = there[j].copy(), here[i].copy()
+    return out
 
 
 def pad_last_batch(tail: np.ndarray, num_replicas: int) -> np.ndarray:

@@ -58,6 +58,8 @@ class KarmarkarKarpBatchSampler(SizeBatchSampler):
     """Batches as equal in bytes as largest differencing makes them (the lower-bound one)."""
 
     name = "kk"
+    pool_batches = 64
+    even_pools = True  # evens out every batch: a pool's mean would set the worst
 
     def _arrange(self, pool: np.ndarray, num_batches: int, rng: np.random.Generator) -> np.ndarray:
         batches = balanced_kk(pool, self.sizes, num_batches)

@@ -39,6 +39,8 @@ class StratifiedBatchSampler(SizeBatchSampler):
     """
 
     name = "stratified"
+    pool_batches = 64
+    even_pools = True  # evens out every batch: a pool's mean would set the worst
 
     def __init__(
         self,
