@@ -33,6 +33,7 @@ def sections(plan: Plan) -> list[Section]:
         _workers(plan.tuning.get("workers"), _searched(plan)),
         _batching(plan.tuning.get("batching")),
         _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
+        _read_order(plan.tuning.get("read_order"), plan.batching.read_order),
         _host(plan.tuning.get("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
     ]
     return [s for s in found if s is not None]
@@ -104,6 +105,7 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"accumulation = global {bp.global_batch_size}; seed {bp.seed}"
         f"{', drop_last' if bp.drop_last else ''}"
     )
+    out.append(f"read      {_order(bp.read_order, plan.dataset.get('num_samples'))}")
     for section in sections(plan):
         out.extend(section.lines())
     out.extend(_runtime(plan.tuning.get("runtime")))
@@ -220,7 +222,8 @@ def _loader(side: dict[str, Any]) -> str:
     s = side.get("settings", {})
     text = f"{s.get('num_workers', 0)} workers, pin {str(s.get('pin_memory', False)).lower()}"
     n = s.get("num_threads")
-    return text + (f", {n} thread{'' if n == 1 else 's'}" if n is not None else "")
+    text += f", {n} thread{'' if n == 1 else 's'}" if n is not None else ""
+    return text + (", storage windows" if s.get("read_order") else "")
 
 
 def _ratio(base: dict[str, Any], plan: dict[str, Any], key: str | None) -> str:
@@ -379,6 +382,47 @@ def _strategies(reports: Any, chosen: str) -> Section | None:
     return Section(f"strategies ({epochs} epochs replayed over all ranks; * chosen)",
                    ["strategy", "local batch", "worst batch", "mean batch", "std",
                     "predicted peak"], rows)  # fmt: skip
+
+
+def _order(windows: dict[str, int] | None, samples: Any) -> str:
+    """The plan's read order in words."""
+    if windows is None:
+        return "a global shuffle"
+    share = (f" ({int(windows['window']) / samples:.1%} of the data)"
+             if isinstance(samples, int) and samples > 0 else "")  # fmt: skip
+    return (f"shuffled windows of storage blocks: blocks of {windows['block']} samples, "
+            f"a batch drawn from a window of {windows['window']}{share}")
+
+
+def _read_order(found: Any, windows: dict[str, int] | None) -> Section | None:
+    """``[tuning.read_order]``: both orders' reads timed on the data, what a window costs
+    the shuffle, and why the plan reads as it does."""
+    if not isinstance(found, dict):
+        return None
+    notes = [f"{found.get('chosen', '?')}: {found.get('reason', '?')}"]
+    if "random_seconds_per_sample" not in found:
+        return Section("read order", ["order"], [["a global shuffle"]], notes)
+
+    def ms(key: str) -> str:
+        value = found.get(key)
+        return f"{value * 1e3:.3g}" if isinstance(value, (int, float)) and _finite(value) else "-"
+
+    window = found.get("window", "?")
+    rows = [
+        ["global shuffle" + ("" if windows else " *"), ms("random_seconds_per_sample"),
+         "1.00x", str(found.get("shuffle_blocks_per_batch", "-")),
+         _b(found.get("shuffle_worst_batch_bytes")) if "worst_batch_bytes" in found else "-"],
+        [f"windows of {window}" + (" *" if windows else ""), ms("windowed_seconds_per_sample"),
+         f"{found.get('speedup', 0):.2f}x", str(found.get("blocks_per_batch", "-")),
+         _b(found.get("worst_batch_bytes")) if "worst_batch_bytes" in found else "-"],
+    ]  # fmt: skip
+    notes.append(
+        f"{found.get('storage_blocks', '?')} storage blocks of about {found.get('block', '?')} "
+        "samples; reads timed in a fresh copy of the dataset, as a worker reads; turn "
+        "windows off with tune --read-order shuffle"
+    )
+    header = ["order", "ms/sample", "speed", "blocks a batch draws from", "worst batch"]
+    return Section("read order (timed on this data; * the plan's)", header, rows, notes)
 
 
 def _host(host: Any, workers: int, prefetch: int | None) -> Section | None:

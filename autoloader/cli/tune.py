@@ -25,7 +25,7 @@ from autoloader.files import (
     write_fd,
 )
 from autoloader.plan.jsonout import strict_json
-from autoloader.tuning.options import tune_options
+from autoloader.tuning.options import READ_ORDERS, tune_options
 from autoloader.units import parse_bytes
 
 HELP = """\
@@ -166,6 +166,15 @@ def register(sub: Any) -> None:
         "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
         "the ranks), num_threads. Default: torch's DataLoader defaults; none: skip it",
     )
+    p.add_argument(
+        "--read-order",
+        choices=READ_ORDERS,
+        default="auto",
+        help="auto: where the data names its storage blocks (HDF5 chunks, ROOT clusters, "
+        "Parquet row groups), read it in shuffled windows of them if that measures at least "
+        "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
+        "global shuffle (default: auto)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
     p.set_defaults(run=run)
@@ -199,6 +208,7 @@ def _run(
         worker_timeout=args.worker_timeout, search=args.search,
         progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
         command=command_line(["autoloader", *argv]), baseline=args.baseline,
+        read_order=args.read_order,
     )  # fmt: skip
     from autoloader.cli.render import render
     from autoloader.cli.text import printable

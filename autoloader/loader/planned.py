@@ -18,6 +18,7 @@ from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.plan.schema import validate_loader
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
+from autoloader.samplers.order import Windows
 
 log = logging.getLogger("autoloader")
 
@@ -82,6 +83,7 @@ def planned_sampler(
             drop_last=given.pop("drop_last", bp.drop_last),
             num_replicas=world,
             rank=rank,
+            read_order=None if bp.read_order is None else Windows(**bp.read_order),
             **bp.options,
         )
     except (TypeError, ValueError) as exc:

@@ -37,7 +37,17 @@ FORMAT = "autoloader.position/2"
 # as the plan's (``_as_planned``), so a loader that overrides the plan refuses it.
 EARLIER = "autoloader.position/1"
 # What fixes the batches a position counts, besides the sizes and the epoch.
-MEANING = ("strategy", "options", "batch_size", "shuffle", "seed", "drop_last", "world_size")
+# A state without ``read_order`` was taken in a global shuffle.
+MEANING = (
+    "strategy",
+    "options",
+    "batch_size",
+    "shuffle",
+    "seed",
+    "drop_last",
+    "world_size",
+    "read_order",
+)
 
 
 def plan_identity(plan: Plan) -> str:
@@ -56,6 +66,7 @@ def meaning(sampler: SizeBatchSampler) -> dict[str, Any]:
         "seed": sampler.seed,
         "drop_last": sampler.drop_last,
         "world_size": sampler.num_replicas,
+        "read_order": None if sampler.read_order is None else sampler.read_order.options(),
     }
 
 
@@ -112,7 +123,7 @@ def state(
         "format": FORMAT,
         "epoch": position.epoch,
         "batches": position.batches,
-        **means,
+        **{k: v for k, v in means.items() if v is not None},
         "data": data.to_dict(),
         "plan": plan_identity(plan),
         "settings": {k: v for k, v in settings.items() if k in SETTINGS and v is not None},

@@ -37,11 +37,12 @@ def tuning_table(
     placement: tuple[str, list[int]] | None, device_prefetch: Mapping[str, Any] | None,
     nodes: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None = None,
     threads: Mapping[str, Any] | None = None, host: Mapping[str, Any] | None = None,
+    read_order: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
     (where they apply) the step time, the worker pinning, the device feed, each node, the
-    baseline measured beside the plan, the intra-op threads choice, and the host's
-    shared-memory and RAM budgets."""
+    baseline measured beside the plan, the intra-op threads choice, the host's
+    shared-memory and RAM budgets, and the read order's measurement."""
     out: dict[str, Any] = {
         "workers": dict(workers),
         "strategies": {name: dict(r) for name, r in strategies.items()},
@@ -61,6 +62,8 @@ def tuning_table(
         out["threads"] = dict(threads)
     if host is not None:
         out["host"] = dict(host)
+    if read_order is not None:
+        out["read_order"] = dict(read_order)
     return out
 
 

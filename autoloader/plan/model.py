@@ -51,6 +51,9 @@ class BatchingPlan:
     global_batch_size: int = 0  # 0 means local x world x accumulation
     seed: int = 0
     drop_last: bool = False
+    # None: a global shuffle; {"block": B, "window": W}: shuffled windows of storage
+    # blocks (``autoloader.samplers.order``), where the tune measured the reads faster
+    read_order: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.global_batch_size == 0:
@@ -97,6 +100,8 @@ class Plan:
         loader = dict(data["loader"])
         batching = dict(data["batching"])
         batching["options"] = dict(batching.get("options", {}))
+        if "read_order" in batching:
+            batching["read_order"] = dict(batching["read_order"])
         b = BatchingPlan(**batching)
         implied = b.local_batch_size * b.world_size * b.grad_accum_steps
         if b.global_batch_size != implied:
@@ -123,6 +128,8 @@ class Plan:
         out["loader"] = drop_none(vars(self.loader))
         batching = drop_none(vars(self.batching))
         batching["options"] = dict(self.batching.options)
+        if self.batching.read_order is not None:
+            batching["read_order"] = dict(self.batching.read_order)
         out["batching"] = batching
         for name in ("memory", "tuning"):
             if getattr(self, name):

@@ -149,6 +149,7 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "grad_accum_steps": Key("int", minimum=1, maximum=MAX_COUNT),
             "seed": Key("int", minimum=0, maximum=2**63 - 1),
             "drop_last": Key("bool"),
+            "read_order": Key("table"),
         },
     ),
     "memory": (
@@ -204,6 +205,7 @@ def validate(data: Mapping[str, Any], source: str) -> None:
         _validate_table(name, table, keys, open_table, source)
     if isinstance(data.get("batching"), Mapping):
         _validate_options(data["batching"], source)
+        _validate_read_order(data["batching"], source)
     _validate_evidence(data, source)
     _validate_scalars(data, source)
     _loader_consistency(data["loader"], source, "loader")
@@ -233,6 +235,26 @@ def _loader_consistency(table: Mapping[str, Any], source: str, key: str) -> None
         raise PlanError(
             f"{source}: key '{key}.persistent_workers': only valid with "
             "num_workers > 0, found persistent_workers = true with num_workers = 0"
+        )
+
+
+READ_ORDER_KEYS = {
+    # samples of storage-contiguous indices to a block, and to a window of blocks
+    "block": Key("int", required=True, minimum=1, maximum=2**40),
+    "window": Key("int", required=True, minimum=1, maximum=2**40),
+}
+
+
+def _validate_read_order(batching: Mapping[str, Any], source: str) -> None:
+    """``[batching.read_order]``: absent (a global shuffle), or block and window sizes."""
+    table = batching.get("read_order")
+    if table is None:
+        return
+    _validate_table("batching.read_order", table, READ_ORDER_KEYS, False, source)
+    if table["window"] < table["block"]:
+        raise PlanError(
+            f"{source}: key 'batching.read_order.window': expected at least one block "
+            f"(block = {table['block']}), found {table['window']}"
         )
 
 
@@ -311,6 +333,13 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ("tuning.runtime.tuned", {"num_workers": ("int",), "prefetch_factor": ("int",),
                               "persistent_workers": ("bool",), "device_prefetch": ("int",)}),
     ("tuning.runtime.last_epoch", {"wait_fraction": _FIN, "samples_per_second": _FIN}),
+    ("tuning.read_order", {
+        "chosen": _STR, "reason": _STR, "storage_blocks": ("int",), "block": ("int",),
+        "window": ("int",), "window_share": _FIN, "random_seconds_per_sample": _FIN,
+        "windowed_seconds_per_sample": _FIN, "speedup": _FIN, "blocks_per_batch": _FIN,
+        "shuffle_blocks_per_batch": _FIN, "worst_batch_bytes": ("int",),
+        "shuffle_worst_batch_bytes": ("int",), "cache_share": _FIN,
+    }),
     ("tuning.host", {
         "shm_free_bytes": ("int",), "shm_total_bytes": ("int",), "shm_budget_bytes": ("int",),
         "memory_available_bytes": ("int",), "memory_budget_bytes": ("int",),

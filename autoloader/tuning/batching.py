@@ -10,6 +10,7 @@ import numpy as np
 from autoloader.errors import DeviceError
 from autoloader.samplers import make_sampler
 from autoloader.samplers.base import pad_last_batch, rank_share
+from autoloader.samplers.order import Windows
 from autoloader.tuning.memory_model import MemoryModel
 from autoloader.units import describe_bytes
 
@@ -52,6 +53,7 @@ def all_local_batches(
     seed: int = 0,
     drop_last: bool = False,
     options: dict[str, Any] | None = None,
+    read_order: Windows | None = None,
 ) -> list[np.ndarray]:
     """Every rank's local batches of one epoch (index arrays), as the samplers make them."""
     sampler = make_sampler(
@@ -62,6 +64,7 @@ def all_local_batches(
         drop_last=drop_last,
         num_replicas=world_size,
         rank=0,
+        read_order=read_order,
         **(options or {}),
     )
     sampler.set_epoch(epoch)
@@ -92,6 +95,7 @@ def replay(
     seed: int = 0,
     drop_last: bool = False,
     options: dict[str, Any] | None = None,
+    read_order: Windows | None = None,
 ) -> Replay:
     """Replay ``epochs`` epochs of ``strategy`` and summarise its local batch bytes."""
     per_epoch = [
@@ -104,6 +108,7 @@ def replay(
             seed=seed,
             drop_last=drop_last,
             options=options,
+            read_order=read_order,
         )
         for e in range(epochs)
     ]

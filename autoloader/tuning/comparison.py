@@ -147,7 +147,9 @@ def _changes(baseline: Side, plan: Side) -> str:
         parts.append(f"ran the step {ratio:.2f}x {'faster' if faster else 'slower'} per "
                      f"sample{why}")  # fmt: skip
     if not parts:
-        return f"moved neither the wait nor the step by {CUT:.0%} of the baseline's loop"
+        parts.append(f"moved neither the wait nor the step by {CUT:.0%} of the baseline's loop")
+    if plan.settings.get("read_order"):
+        parts.insert(0, "read in windows of storage blocks")
     return " and ".join(parts)
 
 
@@ -187,7 +189,7 @@ def baseline_wins(c: Comparison, local_batch_size: int) -> str | None:
 
 def _same_loader(a: dict[str, Any], b: dict[str, Any]) -> bool:
     keys = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
-            "batch_size", "num_threads")  # fmt: skip
+            "batch_size", "num_threads", "read_order")  # fmt: skip
     return all(a.get(k) == b.get(k) for k in keys)
 
 

@@ -17,6 +17,7 @@ from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_basel
 from autoloader.units import parse_bytes
 
 DEFAULT_TOLERANCE = 0.05
+READ_ORDERS = ("auto", "shuffle")
 _MAX = 2**31 - 1  # counts beyond this are typos, not batches or workers
 
 
@@ -43,6 +44,7 @@ class TuneOptions:
     spec: str | None = None
     command: str | None = None
     baseline: LoopSettings | None = TORCH_DEFAULTS  # the user's loader; None: not measured
+    read_order: str = "auto"  # "auto": windows where measured faster; "shuffle": never
 
     @property
     def local_batch_size(self) -> int:
@@ -80,6 +82,7 @@ def tune_options(
     spec: str | None = None,
     command: str | None = None,
     baseline: Any = "default",
+    read_order: Any = "auto",
 ) -> TuneOptions:
     """Check every option and build ``TuneOptions``.
 
@@ -91,8 +94,13 @@ def tune_options(
         seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance, safety=safety,
         worker_timeout=worker_timeout, search=search, strategies=strategies, device=device,
     )  # fmt: skip
+    if read_order not in READ_ORDERS:
+        raise UsageError(
+            f"--read-order: expected one of {', '.join(READ_ORDERS)}, but got {read_order!r}"
+        )
     return replace(
         checked,
+        read_order=read_order,
         world_size_given=world_size != 1,
         device=None if device is None else str(device).strip().lower(),
         memory_budget=check_budget(memory_budget),

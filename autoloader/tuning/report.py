@@ -20,6 +20,7 @@ from autoloader.tuning.devices import Headroom
 from autoloader.tuning.memory_model import MemoryModel
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
+from autoloader.tuning.read_order import ReadOrder
 from autoloader.tuning.reserve import reserve_table
 from autoloader.tuning.stages import Budget, Placement, Timings, Trials, WorkerStage
 
@@ -34,6 +35,7 @@ class Findings:
     calibration: list[Point]
     budget: Budget
     batching: BatchingChoice
+    read_order: ReadOrder
     times: Timings
     prefetch: PrefetchChoice | None
     placement: Placement
@@ -43,7 +45,7 @@ class Findings:
 
 def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
     """The plan: ``[loader]`` and ``[batching]`` to apply, the rest as evidence."""
-    b = found.batching
+    b, order = found.batching, found.read_order.windows
     return Plan(
         meta={
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -67,6 +69,7 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             global_batch_size=opts.global_batch_size,
             seed=opts.seed,
             drop_last=False,
+            read_order=None if order is None else order.options(),
         ),
         memory=_memory(opts, found),
         tuning=_tuning(opts, device, found),
@@ -148,4 +151,5 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         baseline=_baseline(found.trials),
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
         host=found.workers.host,
+        read_order=found.read_order.evidence,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """The tuner's stages, in the order ``tune`` runs them: sizes, headroom, memory model,
-budget, batching, timings, device prefetch, workers, trials (the plan's loop against the
+budget, batching, read order, timings, device prefetch, workers, trials (the plan's loop against the
 user's own, and the main process's threads).
 
 Each stage owns its inputs, its measurement and its piece of evidence, and takes the
@@ -43,6 +43,7 @@ from autoloader.tuning.memory_model import MemoryModel, default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
+from autoloader.tuning.read_order import ReadOrder, choose_read_order
 from autoloader.tuning.reserve import ReservePart, reserve_parts
 from autoloader.tuning.step import sample_batches, time_step
 from autoloader.tuning.transfer import copy_seconds
@@ -166,6 +167,34 @@ def batching(
     return choice
 
 
+def read_order(
+    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
+    choice: BatchingChoice,
+) -> ReadOrder:  # fmt: skip
+    """A global shuffle, or windows of storage blocks where rank 0 measured them reading
+    faster on this data (``autoloader.tuning.read_order``); ``--read-order shuffle``
+    keeps the global shuffle without measuring."""
+    if opts.read_order == "shuffle":
+        return ReadOrder(None, {"chosen": "shuffle", "reason": "--read-order shuffle"})
+    options = make_sampler(choice.strategy, work.sizes, choice.local_batch_size).options()
+    budget = HostBudget.probe().memory_budget_bytes
+    found: ReadOrder = team.once(
+        lambda: choose_read_order(
+            work,
+            strategy=choice.strategy,
+            options=options,
+            local_batch_size=choice.local_batch_size,
+            model=model,
+            budget_bytes=budget_bytes,
+            epochs=REPLAY_EPOCHS,
+            memory_budget_bytes=budget,
+        )
+    )
+    if found.windows is not None:
+        log.info("read order: %s", found.evidence["reason"])
+    return found
+
+
 @dataclass(frozen=True)
 class Timings:
     """Seconds of one training step and of one batch's copy to the device, where known."""
@@ -264,6 +293,7 @@ def worker_search(
             device=work.device, method=opts.method, seed=opts.seed, progress=opts.progress,
             worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
             collate_fn=work.collate_fn, extent=extent, budget=budget, batch_bytes=batch_bytes,
+            read_order=work.read_order,
         )  # fmt: skip
         result = {
             "num_workers": found.num_workers,
@@ -337,7 +367,7 @@ def trials(
     def measured() -> Trials:  # on rank 0 alone: the others wait for its result
         plan_batches = [list(b) for b in make_sampler(
             choice.strategy, work.sizes, choice.local_batch_size, seed=opts.seed,
-            num_replicas=opts.world_size, rank=0)]  # fmt: skip
+            num_replicas=opts.world_size, rank=0, read_order=work.read_order)]  # fmt: skip
         plan_trial = trial.Trial(plan_batches, planned, lp["device_prefetch"] or 0,
                                  PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
         step = work.step() if work.step is not None else None
@@ -351,8 +381,9 @@ def trials(
         if base is None:
             return Trials(threads, None, loops=loops)
         ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
-        plan_side = Side(ran.to_dict(), loop, choice.replays[choice.strategy].worst_batch_bytes,
-                         choice.predicted_peak_bytes)  # fmt: skip
+        read = {"read_order": work.read_order.options()} if work.read_order else {}
+        worst = choice.replays[choice.strategy].worst_batch_bytes
+        plan_side = Side({**ran.to_dict(), **read}, loop, worst, choice.predicted_peak_bytes)
         compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
         return _judged(threads, compared, loops, loop, choice.local_batch_size,
                        stepped=step is not None, one_node=len(stage.nodes) <= 1)  # fmt: skip

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.samplers.order import Windows
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -24,6 +26,8 @@ class Workload:
         seed: the sampler seed.
         world_size: ranks that will train.
         step: a factory of the training step, when one was given.
+        read_order: the order batches are read in (None: a global shuffle), once the
+            ``read_order`` stage has chosen it.
     """
 
     dataset: Any
@@ -34,3 +38,4 @@ class Workload:
     seed: int
     world_size: int
     step: Callable[[], Callable[[Any], Any]] | None = None  # a factory of step(batch)
+    read_order: Windows | None = None

@@ -14,6 +14,7 @@ from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.collate import collate
 from autoloader.process_limits import LimitsProbe
+from autoloader.samplers.order import Windows
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
@@ -79,6 +80,7 @@ def search(
     extent: Extent | None = None,
     budget: HostBudget | None = None,
     batch_bytes: int = 0,
+    read_order: Windows | None = None,
 ) -> WorkerChoice:
     """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
     search goes past ``max_workers`` where ``extent`` allows. A count whose batches in
@@ -86,7 +88,8 @@ def search(
     or whose workers this process's limits (open files, processes and threads, address
     space: ``ProcessLimits``, read before each count) cannot hold, is not run: it is in
     the trace as skipped, with why. A count whose workers fail to start anyway is in it
-    as failed, and the search goes on.
+    as failed, and the search goes on. Batches are read in ``read_order`` (None: a global
+    shuffle), the plan's.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
@@ -101,7 +104,8 @@ def search(
         total=max_workers + 1 if method == "exhaustive" else None,
     )
     run = partial(measure, dataset, sizes, batch_size, timing=timing, device=device, seed=seed,
-                  worker_init_fn=worker_init_fn, collate_fn=collate_fn)  # fmt: skip
+                  worker_init_fn=worker_init_fn, collate_fn=collate_fn,
+                  read_order=read_order)  # fmt: skip
     within = _Within(run, budget, batch_bytes)
     if extent is not None:
         extent = replace(extent, limits=within.limits)

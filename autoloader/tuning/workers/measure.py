@@ -26,6 +26,7 @@ from autoloader.host import cpu_seconds, tree_memory_bytes
 from autoloader.loader.collate import collate
 from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
 from autoloader.samplers import RandomBatchSampler
+from autoloader.samplers.order import Windows
 from autoloader.stops import raise_if_stopped
 from autoloader.tuning.transfer import transfer
 
@@ -151,9 +152,11 @@ def measure(
     slower_than: float | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
     collate_fn: Callable[[list[Any]], Any] = collate,
+    read_order: Windows | None = None,
 ) -> Candidate:
-    """Measure ``workers`` worker processes; failures come back as a failed candidate."""
-    sampler = RandomBatchSampler(sizes, batch_size, seed=seed)
+    """Measure ``workers`` worker processes reading in ``read_order`` (None: a global
+    shuffle); failures come back as a failed candidate."""
+    sampler = RandomBatchSampler(sizes, batch_size, seed=seed, read_order=read_order)
     with warnings.catch_warnings():
         # Asking for more workers than torch suggests is the point of the search.
         warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -1,0 +1,241 @@
+"""The read order: a global shuffle, or shuffled windows of storage blocks, chosen by
+measuring both on the user's file.
+
+On compressed, chunked storage a random event costs the decompression of its chunk (HDF5),
+basket or cluster (ROOT) or row group (Parquet), which its neighbours will pay again. A
+dataset that names where its storage blocks begin (``autoloader_blocks()``: the jagged
+tables do) is read here both ways, in a fresh copy as a worker reads it: batches of the
+global shuffle, and batches of a windowed order (``autoloader.samplers.order``). The window
+is kept only where it reads at least ``KEEP_SPEEDUP`` times faster, and only where the
+chosen strategy's worst batch in it stays within ``BALANCE_SLACK`` of its worst batch in
+a global shuffle and within the memory budget. What it costs, shuffle quality, is
+measured too: the storage blocks a batch draws from, against a global shuffle's.
+
+The window's size is not what the measurement reads: while the reader's cache holds a
+window, every block is decoded once per reading process whatever the window's size, so
+the window is as large as half the cache and the host allow, for the best shuffle, while
+the measurement reads a small one.
+
+Where all of the data fits a reading process's cache (``autoloader_cache_bytes()``), a
+global shuffle decodes each block once per process too: windows buy nothing and are not
+measured. Where part of it fits, a global shuffle's reads hit the cache that often once
+it is warm; the measurement, in a fresh copy, sees a colder cache, so the random reads'
+cost is taken as the measured one for the share that misses and the windowed one for
+the share that hits.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from autoloader.datasets.reads import Guarded
+from autoloader.samplers import RandomBatchSampler, make_sampler
+from autoloader.samplers.order import Windows
+from autoloader.tuning.batching import BatchingChoice, Replay, all_local_batches, replay
+from autoloader.tuning.memory_model import MemoryModel
+from autoloader.tuning.workload import Workload
+
+log = logging.getLogger("autoloader")
+
+KEEP_SPEEDUP = 1.2  # a window must read at least this much faster to cost shuffle quality
+BALANCE_SLACK = 1.05  # its worst batch at most this much above a global shuffle's
+DEFAULT_CACHE_BYTES = 64 * 2**20  # a reader's cache where the dataset does not say
+HOST_SHARE = 16  # a window at most 1/16 of what the host lets the workers hold
+MEASURE_SECONDS = 2.0  # per order, at least: the windowed order reads its window to the end
+MAX_MEASURE_SECONDS = 12.0
+MIN_BLOCKS = 4  # fewer storage blocks leave nothing to shuffle between
+
+
+@dataclass(frozen=True)
+class ReadOrder:
+    """The order chosen (``windows`` None: a global shuffle) and the evidence for it,
+    the plan's ``[tuning.read_order]``."""
+
+    windows: Windows | None
+    evidence: dict[str, Any]
+    replay: Replay | None = None  # the chosen strategy's batches in the windows
+
+    def applied_to(self, choice: BatchingChoice, model: MemoryModel) -> BatchingChoice:
+        """``choice`` with its strategy's replay and predicted peak those of the windows
+        (what the plan's batches weigh in the order it reads them)."""
+        if self.replay is None:
+            return choice
+        replays = {**choice.replays, choice.strategy: self.replay}
+        peak = model.predict(self.replay.worst_batch_bytes)
+        return replace(choice, replay=self.replay, replays=replays, predicted_peak_bytes=peak)
+
+
+def choose_read_order(
+    work: Workload, *, strategy: str, options: dict[str, Any], local_batch_size: int,
+    model: MemoryModel, budget_bytes: int, epochs: int, memory_budget_bytes: int,
+) -> ReadOrder:  # fmt: skip
+    """Measure the dataset's reads in a global shuffle and in windows; keep the faster
+    where it pays (the module's notes)."""
+    blocks = storage_blocks(work.dataset)
+    if blocks is None:
+        return _shuffle("the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
+                        "ROOT clusters, Parquet row groups)")  # fmt: skip
+    count = len(blocks) - 1
+    if count < MIN_BLOCKS:
+        return _shuffle(f"the data is {count} storage block{'s' * (count != 1)}: nothing to "
+                        "shuffle between")  # fmt: skip
+    cache = cache_bytes(work.dataset)
+    total = int(work.sizes.sum())
+    if total <= cache:
+        return _shuffle(f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
+                        "a global shuffle decodes each block once too")  # fmt: skip
+    block = max(1, int(np.median(np.diff(blocks))))
+    g = local_batch_size * work.world_size
+    n = len(work.sizes)
+    cap = min(cache // 2, memory_budget_bytes // HOST_SHARE)
+    window = plan_window(work.sizes, block, g, cap)
+    probe = Windows(block, max(block, 4 * g))
+    cold, windowed_s = _measure(work, local_batch_size, probe)
+    hits = cache / total  # of a warm global shuffle's reads
+    random_s = hits * windowed_s + (1 - hits) * cold
+    speedup = random_s / windowed_s if windowed_s > 0 else 1.0
+    evidence: dict[str, Any] = {
+        "storage_blocks": count,
+        "block": block,
+        "window": window,
+        "window_share": round(window / n, 4),
+        "cache_share": round(hits, 4),
+        "random_seconds_per_sample": random_s,
+        "windowed_seconds_per_sample": windowed_s,
+        "speedup": round(speedup, 3),
+    }
+    windows = Windows(block, window)
+    evidence.update(shuffle_quality(work, local_batch_size, blocks, windows))
+    if speedup < KEEP_SPEEDUP:
+        return _shuffle(f"windows read {speedup:.2f}x as fast as a global shuffle here, under "
+                        f"the {KEEP_SPEEDUP}x that would pay for the shuffle they cost",
+                        evidence)  # fmt: skip
+    shuffled, windowed = (
+        replay(strategy, work.sizes, local_batch_size, world_size=work.world_size,
+               epochs=epochs, seed=work.seed, options=options, read_order=order)
+        for order in (None, windows)
+    )  # fmt: skip
+    evidence["worst_batch_bytes"] = windowed.worst_batch_bytes
+    evidence["shuffle_worst_batch_bytes"] = shuffled.worst_batch_bytes
+    if windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
+        return _shuffle(f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
+                        f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
+                        f"({shuffled.worst_batch_bytes})", evidence)  # fmt: skip
+    if model.predict(windowed.worst_batch_bytes) > budget_bytes:
+        return _shuffle(f"{strategy}'s worst batch in windows ({windowed.worst_batch_bytes} "
+                        "bytes) is predicted over the memory budget", evidence)  # fmt: skip
+    evidence["chosen"] = "windows"
+    evidence["reason"] = (f"windows of {window} samples read {speedup:.2f}x as fast as a "
+                          "global shuffle, measured on this data")  # fmt: skip
+    return ReadOrder(windows, evidence, windowed)
+
+
+def storage_blocks(dataset: Any) -> np.ndarray | None:
+    """Where the dataset's storage blocks begin, then its length (None: not said)."""
+    named = getattr(dataset, "autoloader_blocks", None)
+    if named is None:
+        return None
+    bounds = np.asarray(named(), dtype=np.int64)
+    if bounds.ndim != 1 or len(bounds) < 2 or np.any(np.diff(bounds) <= 0):
+        return None
+    return bounds
+
+
+def cache_bytes(dataset: Any) -> int:
+    """The samples' bytes one reading process keeps decoded, as the dataset says."""
+    said = getattr(dataset, "autoloader_cache_bytes", None)
+    value = said() if said is not None else None
+    return value if isinstance(value, int) and value > 0 else DEFAULT_CACHE_BYTES
+
+
+def plan_window(sizes: np.ndarray, block: int, global_batch: int, cap: int) -> int:
+    """The window the plan reads in: whole blocks holding at most ``cap`` bytes of
+    samples, at least a block and eight global batches, at most the data."""
+    per_sample = max(1.0, float(sizes.mean()))
+    blocks = max(1, int(cap // (per_sample * block)))
+    floor = -(-8 * global_batch // block)  # blocks that hold eight global batches
+    return min(max(blocks, floor), -(-len(sizes) // block)) * block
+
+
+def shuffle_quality(
+    work: Workload, local_batch_size: int, bounds: np.ndarray, windows: Windows
+) -> dict[str, Any]:
+    """What a window costs the shuffle: the storage blocks a batch draws from (mean over
+    one epoch's batches), in windows and in a global shuffle."""
+
+    def blocks_per_batch(order: Windows | None) -> float:
+        batches = all_local_batches("random", work.sizes, local_batch_size,
+                                    world_size=work.world_size, seed=work.seed,
+                                    read_order=order)  # fmt: skip
+        counts = [len(np.unique(np.searchsorted(bounds, b, side="right"))) for b in batches]
+        return round(float(np.mean(counts)), 2)
+
+    return {"blocks_per_batch": blocks_per_batch(windows),
+            "shuffle_blocks_per_batch": blocks_per_batch(None)}  # fmt: skip
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _shuffle(reason: str, evidence: dict[str, Any] | None = None) -> ReadOrder:
+    log.info("read order: a global shuffle: %s", reason)
+    return ReadOrder(None, {**(evidence or {}), "chosen": "shuffle", "reason": reason})
+
+
+def _measure(work: Workload, local_batch_size: int, probe: Windows) -> tuple[float, float]:
+    """Seconds per sample read in a global shuffle and in ``probe``'s windows, each in a
+    fresh copy of the dataset (cold caches, as a worker starts) after one warm-up read.
+    A window's blocks enter one at a time (``Windows``), so its first batches cost what
+    the rest do."""
+    shuffled = RandomBatchSampler(work.sizes, local_batch_size, seed=work.seed)
+    windowed = make_sampler("random", work.sizes, local_batch_size, seed=work.seed,
+                            read_order=probe)  # fmt: skip
+    random_s = _seconds_per_sample(work, _batches(shuffled), MEASURE_SECONDS)
+    windowed_s = _seconds_per_sample(work, _batches(windowed), MEASURE_SECONDS)
+    log.info("read order: %.3g ms a sample in a global shuffle, %.3g ms in windows",
+             random_s * 1e3, windowed_s * 1e3)  # fmt: skip
+    return random_s, windowed_s
+
+
+def _batches(sampler: Any) -> Iterator[list[int]]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from sampler
+        epoch += 1
+
+
+def _seconds_per_sample(
+    work: Workload, batches: Iterator[list[int]], seconds: float, at_least: int = 3
+) -> float:
+    """Read ``batches`` from a fresh copy of the dataset for ``seconds`` and at least
+    ``at_least`` batches (never past ``MAX_MEASURE_SECONDS``)."""
+    reader = Guarded(_fresh(work.dataset), work.timeout)
+    reader[0]  # opens the files: not a read of the order's
+    samples, count = 0, 0
+    start = time.perf_counter()
+    while True:
+        batch = next(batches)
+        reader.__getitems__(batch)
+        samples += len(batch)
+        count += 1
+        took = time.perf_counter() - start
+        if (took >= seconds and count >= at_least) or took >= MAX_MEASURE_SECONDS:
+            return took / samples
+
+
+def _fresh(dataset: Any) -> Any:
+    """A copy of ``dataset`` as a worker process gets it (its handles and caches empty);
+    the dataset itself where it cannot be pickled."""
+    try:
+        return pickle.loads(pickle.dumps(dataset))
+    except Exception:
+        return dataset
