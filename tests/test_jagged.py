@@ -3,6 +3,7 @@ pyarrow), written by the real libraries and read through the public API and the 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -278,10 +279,40 @@ def test_a_truncated_file_is_one_line(files: dict[str, Path], tmp_path: Path, la
     assert line.startswith("autoloader: error: DATASET ") and str(cut) in line
 
 
-def test_an_empty_table_is_refused(tmp_path: Path) -> None:
+def test_an_empty_table_is_refused_naming_the_file_and_its_group_or_tree(
+    tmp_path: Path,
+) -> None:
+    import awkward as ak
+    import uproot
+
     spec = _h5(tmp_path / "e.h5", lambda f: _table(f, counts=np.zeros(0, dtype=np.int64)))
-    with pytest.raises(DatasetError, match="empty: the table has no events"):
+    with pytest.raises(DatasetError, match=rf"^DATASET '{spec}#hits': empty: group 'hits' "
+                                           "has no events$"):
         autoloader.open_dataset(spec)
+    with uproot.recreate(tmp_path / "e.root") as f:
+        f.mktree("Events", {"a": ak.Array([[1.0]]).type})
+    with pytest.raises(DatasetError, match=r"e.root#Events': empty: tree 'Events' has no events"):
+        autoloader.open_dataset(str(tmp_path / "e.root"))
+
+
+def test_a_root_file_of_an_rntuple_or_not_root_at_all_says_what_it_found(tmp_path: Path) -> None:
+    import uproot
+
+    with uproot.recreate(tmp_path / "nt.root") as f:
+        f["Events"] = {"x": np.arange(3.0)}  # uproot 5.7 writes an RNTuple
+    for spec in (str(tmp_path / "nt.root"), f"{tmp_path / 'nt.root'}#Events"):
+        with pytest.raises(DatasetError, match=r"found an RNTuple named 'Events'; autoloader "
+                                               r"reads TTrees \(uproot writes one with f.mktree"):
+            autoloader.open_dataset(spec)
+    (tmp_path / "zero.root").write_bytes(b"")
+    (tmp_path / "text.root").write_text("hello, not ROOT\n")
+    for name, found in (("zero", "an empty file"), ("text", "b'hell'")):
+        done = run_cli("tune", str(tmp_path / f"{name}.root"), "--global-batch-size", "2",
+                       "-o", str(tmp_path / "p.toml"))
+        assert done.returncode == 2
+        (line,) = done.stderr.strip().splitlines()
+        assert line == (f"autoloader: error: DATASET '{tmp_path / name}.root': not a ROOT file "
+                        f"(expected b'root' as its first 4 bytes, found {found})")
 
 
 @pytest.mark.parametrize(("module", "extra", "layout"),
@@ -315,3 +346,144 @@ def test_a_copy_of_the_file_elsewhere_has_the_same_fingerprint(
     a = autoloader.sizes.sample_sizes(autoloader.open_dataset(str(files["km3"])))
     b = autoloader.sizes.sample_sizes(autoloader.open_dataset(str(copy)))
     assert autoloader.sizes.fingerprint(a) == autoloader.sizes.fingerprint(b)
+
+
+# -- per-event unsigned integers, fixed-size arrays per item, odd specs and values ------------
+U64_BIG = np.array([1, 2**63 + 5], dtype=np.uint64)  # the second passes int64's range
+
+
+def _unsigned_files(d: Path) -> dict[str, str]:
+    """A two-event table with uint64/uint32/uint16 per-event fields, in each format."""
+    import awkward as ak
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import uproot
+
+    ints = {"event": np.array([3, 2**40], np.uint64), "big": U64_BIG,
+            "run": np.array([7, 2**32 - 1], np.uint32), "lumi": np.array([1, 65535], np.uint16)}
+    items = ak.Array([[1.0, 2.0], [3.0]])
+
+    def h5(f):
+        _table(f, counts=np.array([5, 5]))
+        for k, v in ints.items():
+            f[k] = v
+
+    with uproot.recreate(d / "u.root") as f:
+        f.mktree("Events", {"a": items.type, **{k: v.dtype for k, v in ints.items()}})
+        f["Events"].extend({"a": items, **ints})
+    pq.write_table(pa.table({"a": pa.array(items.to_list()), **ints}), d / "u.parquet")
+    fields = "&event_fields=event,big,run,lumi"
+    return {"hdf5": _h5(d / "u.h5", h5) + "?fields=t" + fields,
+            "root": f"{d / 'u.root'}?fields=a{fields}",
+            "parquet": f"{d / 'u.parquet'}?fields=a{fields}"}
+
+
+@pytest.mark.parametrize("layout", ["hdf5", "root", "parquet"])
+def test_unsigned_per_event_fields_become_int64_or_float64_where_int64_cannot_hold_them(
+    tmp_path: Path, layout: str
+) -> None:
+    """NanoAOD's ``event`` is uint64: torch cannot make a tensor of a uint64 scalar."""
+    from torch_geometric.data import Batch
+
+    ds = autoloader.open_dataset(_unsigned_files(tmp_path)[layout])
+    events = ds.__getitems__([0, 1])
+    assert [int(e.event) for e in events] == [3, 2**40]
+    assert events[1].event.dtype == events[1].run.dtype == events[1].lumi.dtype == torch.int64
+    assert int(events[1].run) == 2**32 - 1 and int(events[1].lumi) == 65535
+    assert events[1].big.dtype == torch.float64 and float(events[1].big) == float(U64_BIG[1])
+    sizes = autoloader.sizes.sample_sizes(ds)
+    assert [nbytes(e) for e in events] == list(sizes)
+    assert Batch.from_data_list(events).event.tolist() == [3, 2**40]
+
+
+def test_a_fixed_size_array_per_item_is_a_jagged_numeric_branch_as_wide_as_its_array() -> None:
+    """uproot 5.7 cannot write a ``float[][5]`` branch it reads back (its baskets' offsets
+    come out wrong), so the classification of the interpretation uproot gives such a
+    branch of a ROOT-written file is tested directly."""
+    import uproot
+    from autoloader_plugins.jagged.root import item_width
+
+    assert item_width(uproot.AsJagged(uproot.AsDtype(np.dtype((">f4", (5,)))))) == 5
+    assert item_width(uproot.AsJagged(uproot.AsDtype(np.dtype((">f8", (2, 2)))))) == 4
+    assert item_width(uproot.AsJagged(uproot.AsDtype(">i4"))) == 1
+    assert item_width(uproot.AsJagged(uproot.AsDtype(np.dtype([("a", ">f4")])))) is None
+    assert item_width(uproot.AsDtype(">f4")) is None  # per event, not per item
+
+
+def test_a_group_of_columns_without_extents_says_the_extents_are_missing(
+    tmp_path: Path, events_h5: Path
+) -> None:
+    expected = ("group 'hits' has per-item columns of one length (10 rows: q, t) but no "
+                "_indices, offsets or counts dataset for the events' extents")
+    only = _h5(tmp_path / "only.h5", _table)
+    done = run_cli("tune", only, "--global-batch-size", "2", "-o", str(tmp_path / "p.toml"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"autoloader: error: DATASET '{only}#hits': {expected}"
+    with pytest.raises(DatasetError, match=re.escape(f"'{only}#hits': {expected}")):
+        autoloader.open_dataset(only + "#hits?fields=t")
+
+    def beside(f):
+        _table(f)
+        g = f.create_group("mc")
+        g["e"], g["counts"] = np.zeros(3), np.array([1, 1, 1])
+
+    other = _h5(tmp_path / "other.h5", beside)
+    with pytest.raises(DatasetError, match=re.escape(f"'{other}#hits': {expected}")):
+        autoloader.open_dataset(other + "#hits")
+    assert len(autoloader.open_dataset(other)) == 3  # the table that has extents
+
+    def one_event(f):  # one group per event, of one event: not a table
+        g = f.create_group("event_0")
+        g["x"], g["edge_index"] = np.zeros((4, 3), np.float32), np.zeros((2, 4), np.int64)
+
+    assert len(autoloader.open_dataset(_h5(tmp_path / "one.h5", one_event))) == 1
+    assert len(autoloader.open_dataset(str(events_h5))) == 300
+
+
+def test_a_mistyped_first_query_key_is_an_unknown_key_not_a_missing_file(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    few = make_events(50, seed=1)
+    write_root(tmp_path / "run_0.root", few)
+    for spec, key in ((f"{files['km3']}?field=time", "field"),
+                      (f"{files['root']}?Fields=hits_time", "Fields"),
+                      (f"{files['km3']}#hits?feilds=t&fields=time", "feilds"),
+                      (f"{tmp_path}/run_*.root?field=x", "field")):
+        with pytest.raises(DatasetError, match=rf"unknown query key '{key}': expected fields="):
+            autoloader.open_dataset(spec)
+    odd = write_root(tmp_path / "odd#name?x=1.root", few)
+    assert len(autoloader.open_dataset(str(odd))) == 50  # a real name with ? and # opens
+    assert autoloader.open_dataset(f"{odd}?fields=hits_time").fields == ["hits_time"]
+    with pytest.raises(DatasetError, match=r"no such file or directory"):
+        autoloader.open_dataset(f"{tmp_path}/nope.root?field=x")
+
+
+@pytest.mark.parametrize("layout", ["hdf5", "root", "parquet"])
+def test_a_value_beyond_float32_is_inf_without_a_warning(tmp_path: Path, layout: str) -> None:
+    import warnings
+
+    import awkward as ak
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import uproot
+
+    values = [[1.0, 1e300], [-1e300]]
+    if layout == "hdf5":
+        spec = _h5(tmp_path / "big.h5", lambda f: (
+            f.create_group("hits").create_dataset("a", data=np.array([1.0, 1e300, -1e300])),
+            f["hits"].create_dataset("b", data=np.zeros(3)),
+            f["hits"].create_dataset("counts", data=np.array([2, 1]))))
+    elif layout == "root":
+        spec = str(tmp_path / "big.root")
+        with uproot.recreate(spec) as f:
+            f.mktree("T", {"a": ak.Array(values).type})
+            f["T"].extend({"a": ak.Array(values)})
+    else:
+        spec = str(tmp_path / "big.parquet")
+        pq.write_table(pa.table({"a": pa.array(values)}), spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = autoloader.open_dataset(spec + "?fields=a")
+        x = [e.x[:, 0].tolist() for e in ds.__getitems__([0, 1])]
+    assert x == [[1.0, float("inf")], [float("-inf")]]

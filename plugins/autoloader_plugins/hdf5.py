@@ -29,7 +29,7 @@ from torch_geometric.data import Data
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.h5file import LazyFile
-from autoloader_plugins.jagged.h5 import find_tables
+from autoloader_plugins.jagged.h5 import find_tables, refuse_columns_without_extents
 from autoloader_plugins.jagged.plugin import open_h5
 from autoloader_plugins.jagged.spec import parse
 from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
@@ -140,6 +140,8 @@ class _Plugin:
                 with h5py.File(p, "r") as f:
                     nugraph = is_nugraph(f)
                     tables = not nugraph and bool(find_tables(f))
+                    if not nugraph and not tables:
+                        refuse_columns_without_extents(p, f, split or None)
             except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
                 raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
             if nugraph:

@@ -50,13 +50,14 @@ class JaggedEvents(Dataset):
         self.readers = list(readers)
         self.starts = np.cumsum([0] + [len(r) for r in readers]).astype(np.int64)
         if self.starts[-1] == 0:
-            raise DatasetError(f"DATASET '{spec}': empty: the table has no events")
+            raise DatasetError(_empty(spec, self.readers))
         self.counts = np.concatenate([np.diff(r.offsets) for r in readers]).astype(np.int64)
         self.width = first.width
         self.attrs = _attribute_names(spec, first.event_fields)
         values = [r.event_values() for r in readers]
         self.event_values = {
-            name: np.concatenate([v[name] for v in values]) for name in first.event_fields
+            name: _torch_friendly(np.concatenate([v[name] for v in values]))
+            for name in first.event_fields
         }
         self.cache = BlockCache()
         own = sum(r.share_cache(self.cache.budget, len(self.readers)) for r in self.readers)
@@ -140,6 +141,33 @@ class JaggedEvents(Dataset):
             f"JaggedEvents('{self.spec}', events={len(self)}, files={len(self.readers)}, "
             f"fields={self.fields})"
         )
+
+
+def _empty(spec: str, readers: Sequence[Reader]) -> str:
+    """The message for a table without events, naming the file(s) and the group or tree
+    it was looked for in: an empty table is most often the wrong one."""
+    first = readers[0]
+    if len(readers) == 1:
+        return f"{first.where}: empty: {first.table} has no events"
+    return (
+        f"DATASET '{spec}': empty: {first.table} has no events in any of its "
+        f"{len(readers)} files ({first.path}, ...)"
+    )
+
+
+def _torch_friendly(values: np.ndarray) -> np.ndarray:
+    """Per-event values in a dtype torch takes whole: unsigned integers wider than a byte
+    (NanoAOD's ``event`` is uint64) become int64, which holds every uint16 and uint32;
+    uint64 becomes float64 where a value passes int64's range (exact up to 2**53). Done
+    once at open, over every file, so each event's tensor has one dtype and
+    ``autoloader_sizes`` counts the bytes it has: torch cannot build a tensor from a
+    uint64 scalar and supports uint16/uint32/uint64 in few operations (collating,
+    arithmetic)."""
+    if values.dtype.kind != "u" or values.dtype.itemsize == 1:
+        return values
+    if values.dtype.itemsize < 8 or not len(values) or values.max() <= np.iinfo(np.int64).max:
+        return values.astype(np.int64)
+    return values.astype(np.float64)
 
 
 def _attribute_names(spec: str, names: Sequence[str]) -> list[str]:

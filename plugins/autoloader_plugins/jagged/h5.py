@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockCache, Field, Reader, runs
+from autoloader_plugins.jagged.reader import BlockCache, Field, Reader, fill, runs
 from autoloader_plugins.jagged.spec import select
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,46 @@ def _extent_events(group: h5py.Group) -> int | None:
     return None
 
 
+def columns_without_extents(g: h5py.Group) -> str | None:
+    """Why ``g`` is not a table, where it looks like one: two or more numeric columns of
+    one length (the per-item columns) and no extents dataset. None where it does not
+    look like a table: a group of one event (``x``, ``edge_index`` of other lengths)."""
+    if any(name in g for name in EXTENTS):
+        return None
+    columns = {n: d for n, d in g.items() if isinstance(d, h5py.Dataset) and _numeric(d)}
+    lengths = {d.shape[0] for d in columns.values()}
+    if len(columns) < 2 or len(lengths) != 1 or "edge_index" in columns:
+        return None
+    return (
+        f"group '{g.name.strip('/')}' has per-item columns of one length ({lengths.pop()} "
+        f"rows: {', '.join(columns)}) but no _indices, offsets or counts dataset for the "
+        "events' extents"
+    )
+
+
+def refuse_columns_without_extents(path: Path, f: h5py.File, group: str | None) -> None:
+    """Refuse a file that is neither NuGraph nor holds a jagged table, where the group
+    named by ``#GROUP`` (or the file's only group) is a table missing its extents: read
+    as one group per event it would be one event, or a misleading '#GROUP' message.
+
+    Raises:
+        DatasetError: naming the group, its columns and the extents it lacks.
+    """
+    if group is None:
+        groups = [n for n, v in f.items() if isinstance(v, h5py.Group)]
+        group = groups[0] if len(groups) == 1 else None
+    g = f.get(group) if group else None
+    if not isinstance(g, h5py.Group):
+        return
+    why = columns_without_extents(g)
+    if why is not None:
+        raise DatasetError(f"DATASET '{path}#{g.name.strip('/')}': {why}")
+
+
 class H5Table(Reader):
     """One HDF5 file's jagged table ``group``; ``fields``/``event_fields``: patterns."""
+
+    holds = "group"
 
     def __init__(
         self,
@@ -121,9 +159,11 @@ class H5Table(Reader):
             self.offsets = offsets
             self._check_offsets("offsets")
             self._starts, counts, what = offsets[:-1], np.diff(offsets), "offsets"
-        else:
+        elif "counts" in g:
             counts, what = _integers(g["counts"], self.where, "counts"), "counts"
             self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        else:
+            raise DatasetError(f"{self.where}: {_without_extents(g)}")
         negative = np.flatnonzero(counts < 0)
         if len(negative):
             e = int(negative[0])
@@ -215,7 +255,7 @@ class H5Table(Reader):
         columns = self._open_columns()
         col = 0
         for (_, width), d in zip(self._columns, columns, strict=True):
-            out[:, col : col + width] = self._read_column(d, starts, stops)
+            fill(out, col, self._read_column(d, starts, stops))
             col += width
         return out
 
@@ -249,6 +289,14 @@ class H5Table(Reader):
 
     def __repr__(self) -> str:
         return f"H5Table('{self.path}#{self.name}', events={len(self)})"
+
+
+def _without_extents(g: h5py.Group) -> str:
+    """The message for a group named as a table that has no extents dataset."""
+    return columns_without_extents(g) or (
+        f"group '{g.name.strip('/')}' has no _indices, offsets or counts dataset for the "
+        f"events' extents (found {', '.join(g) or 'nothing'})"
+    )
 
 
 def _integers(d: Any, where: str, name: str) -> np.ndarray:
@@ -302,6 +350,8 @@ def open_table(path: Path, spec: Any) -> H5Table:
     if group is None:
         with h5py.File(path, "r") as f:
             tables = find_tables(f)
+            if not tables:
+                refuse_columns_without_extents(path, f, None)
         if len(tables) != 1:
             raise DatasetError(
                 f"DATASET '{path}': "

@@ -19,7 +19,7 @@ import numpy as np
 
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockReader, Field
+from autoloader_plugins.jagged.reader import BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class ParquetTable(BlockReader):
                     f"{start}..{stop - 1}: expected numbers"
                 )
             flat = values.to_numpy(zero_copy_only=False)
-            out[:, col : col + field.width] = flat.reshape(len(out), field.width)
+            fill(out, col, flat.reshape(len(out), field.width))
             col += field.width
         return out
 

@@ -82,10 +82,12 @@ class _Plugin:
     )
 
     def claims(self, spec: str) -> bool:
+        """A spec whose path is of a jagged layout; also one whose query ``parse`` refuses
+        (an unknown key on a path that exists), so that ``open`` says why."""
         try:
             return _layout(parse(spec)) is not None
         except DatasetError:
-            return False
+            return True
 
     def open(self, spec: str) -> JaggedEvents:
         parsed = parse(spec)

@@ -42,6 +42,7 @@ class Reader(ABC):
 
     path: Path
     name: str  # the group or tree
+    holds: str = "table"  # what ``name`` names, for messages: "group", "tree"
     fields: tuple[Field, ...]
     event_fields: tuple[str, ...]
     offsets: np.ndarray
@@ -49,6 +50,11 @@ class Reader(ABC):
     @property
     def where(self) -> str:
         return f"DATASET '{self.path}#{self.name}'" if self.name else f"DATASET '{self.path}'"
+
+    @property
+    def table(self) -> str:
+        """The table in words, for messages: ``group 'hits'``, ``tree 'Events'``."""
+        return f"{self.holds} '{self.name}'" if self.name else "the file's table"
 
     @property
     def width(self) -> int:
@@ -196,6 +202,19 @@ def runs(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     heads = np.flatnonzero(new)
     tails = np.append(heads[1:], len(starts)) - 1
     return starts[heads], stops[tails]
+
+
+def fill(out: np.ndarray, col: int, values: np.ndarray) -> None:
+    """Write ``values`` (``[items, width]``) into ``out``'s float32 columns from ``col``.
+
+    A value beyond float32's range (a float64 column of 1e300, or a corrupt payload read
+    as such) becomes +-inf, as numpy's cast makes it, without the ``RuntimeWarning`` that
+    cast prints on stderr for every batch. Refusing instead would scan every value of
+    every batch for what is a faithful float32 of the stored number; a model that cannot
+    take inf is told by its loss, as it is for inf already stored as float32.
+    """
+    with np.errstate(over="ignore"):
+        out[:, col : col + values.shape[1]] = values
 
 
 def as_columns(array: np.ndarray, where: str, name: str) -> np.ndarray:

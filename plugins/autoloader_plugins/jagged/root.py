@@ -22,10 +22,12 @@ import numpy as np
 
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns
+from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.spec import select
 
 log = logging.getLogger(__name__)
+
+_ROOT_MAGIC = b"root"  # the first bytes of every ROOT file
 
 
 def _uproot() -> Any:
@@ -40,8 +42,45 @@ def _uproot() -> Any:
     return uproot
 
 
+def _check_magic(path: Path) -> None:
+    """Refuse a file that does not begin as a ROOT file does (``root``): uproot's own
+    message for one is about a chunk's length."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise DatasetError(f"DATASET '{path}': cannot read: {exc.strerror}") from None
+    if head != _ROOT_MAGIC:
+        found = repr(head) if head else "an empty file"
+        raise DatasetError(
+            f"DATASET '{path}': not a ROOT file (expected {_ROOT_MAGIC!r} as its first "
+            f"{len(_ROOT_MAGIC)} bytes, found {found})"
+        )
+
+
+def _numeric(dtype: np.dtype) -> bool:
+    """Whether uproot reads a branch's values as numbers. A fixed-size array per item
+    (``float[][5]``) is a subarray dtype, ``('<f4', (5,))``, of kind ``V``: its element
+    type (``base``) says what it holds."""
+    return dtype.base.kind in "biuf"
+
+
+def item_width(interpretation: Any) -> int | None:
+    """The columns a jagged numeric branch adds to ``x``: 1, or the inner size of a
+    fixed-size array per item (``float[][5]`` adds 5); None for any other branch."""
+    uproot = _uproot()
+    if not isinstance(interpretation, uproot.AsJagged):
+        return None
+    content = interpretation.content
+    if not isinstance(content, uproot.AsDtype) or not _numeric(content.to_dtype):
+        return None
+    return int(np.prod(content.inner_shape, dtype=np.int64))
+
+
 class RootTree(BlockReader):
     """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
+
+    holds = "tree"
 
     def __init__(
         self,
@@ -74,6 +113,7 @@ class RootTree(BlockReader):
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
             uproot = _uproot()
+            _check_magic(self.path)
             try:
                 self._h = uproot.open(self.path)
             except Exception as exc:
@@ -102,6 +142,8 @@ class RootTree(BlockReader):
             raise DatasetError(
                 f"DATASET '{self.path}': cannot list its trees: {describe(exc)}"
             ) from None
+        if not trees:
+            raise DatasetError(f"DATASET '{self.path}': {self._no_tree()}")
         if self.name and self.name not in trees:
             raise DatasetError(
                 f"DATASET '{self.path}': no tree '{self.name}'; its trees: "
@@ -109,16 +151,28 @@ class RootTree(BlockReader):
             )
         if not self.name and len(trees) != 1:
             raise DatasetError(
-                f"DATASET '{self.path}': "
-                + (
-                    f"holds {len(trees)} trees: {', '.join(repr(t) for t in trees)}; choose "
-                    f"one with '{self.path}#TREE'"
-                    if trees
-                    else "holds no TTree"
-                )
+                f"DATASET '{self.path}': holds {len(trees)} trees: "
+                f"{', '.join(repr(t) for t in trees)}; choose one with '{self.path}#TREE'"
             )
         self.name = self.name or trees[0]
         return self._tree()
+
+    def _no_tree(self) -> str:
+        """Why a file without a TTree has none: an RNTuple (what uproot 5.7 writes for
+        ``f['Events'] = {...}``) is named, since its writer can write a TTree instead."""
+        try:
+            found = self._file().classnames(recursive=True, cycle=False)
+        except Exception:
+            found = {}
+        ntuples = [n for n, c in found.items() if c.split("::")[-1] == "RNTuple"]
+        if not ntuples:
+            listed = [f"{c} {n!r}" for n, c in found.items()]
+            more = f", ... ({len(listed)} objects)" if len(listed) > 5 else ""
+            return "holds no TTree" + (f" (found {', '.join(listed[:5])}{more})" if found else "")
+        return (
+            f"holds no TTree: found an RNTuple named {ntuples[0]!r}; autoloader reads "
+            "TTrees (uproot writes one with f.mktree(name, types) and extend)"
+        )
 
     def _branches(self, tree: Any, named: bool) -> tuple[dict[str, int], list[str], dict[str, str]]:
         """Per-item numeric branches (name -> width), per-event numeric scalars, and the
@@ -134,12 +188,11 @@ class RootTree(BlockReader):
                 kind = branch.interpretation
             except Exception:
                 kind = None
-            if isinstance(kind, uproot.AsJagged) and isinstance(kind.content, uproot.AsDtype):
-                content = kind.content
-                if content.to_dtype.kind in "biuf":
-                    items[name] = int(np.prod(content.inner_shape, dtype=np.int64))
-                    continue
-            elif isinstance(kind, uproot.AsDtype) and kind.to_dtype.kind in "biuf":
+            width = item_width(kind)
+            if width is not None:
+                items[name] = width
+                continue
+            if isinstance(kind, uproot.AsDtype) and _numeric(kind.to_dtype):
                 if kind.inner_shape == ():
                     scalars.append(name)
                 continue
@@ -253,7 +306,7 @@ class RootTree(BlockReader):
                     f"items, {self.fields[0].name!r} has {expected[differs[0]]}: expected one "
                     "collection"
                 )
-            out[:, col : col + field.width] = as_columns(flat, self.where, field.name)
+            fill(out, col, as_columns(flat, self.where, field.name))
             col += field.width
         return out
 

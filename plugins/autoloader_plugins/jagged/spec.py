@@ -3,7 +3,8 @@
 ``PATH`` is a file, a directory of files of one layout, or a glob (``run_*.root``); ``NAME``
 is the HDF5 group or the ROOT tree (``Dir/Sub/Tree``); the query picks per-item fields and
 per-event fields by glob patterns (uproot's ``filter_name`` semantics). A path that exists
-is taken whole, so a file named with ``#`` or ``?`` still opens.
+is taken whole, so a file named with ``#`` or ``?`` still opens; a query whose first key
+is mistyped (``km3.h5?field=t``) is refused as an unknown key, as a later one is.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from urllib.parse import parse_qsl
 
 from autoloader.errors import DatasetError
 
-_QUERY = re.compile(r"\?(?=(?:fields|event_fields)=)")
 _KEYS = ("fields", "event_fields")
+_QUERY = re.compile(r"\?(?=(?:fields|event_fields)=)")
+_ANY_QUERY = re.compile(r"\?(?=[A-Za-z_][\w.-]*=)")  # ``?key=``, known key or not
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -72,9 +74,9 @@ def parse(spec: str) -> JaggedSpec:
     if Path(spec).exists():
         return JaggedSpec(spec, spec)
     head, query = spec, ""
-    found = _QUERY.search(spec)
-    if found:
-        head, query = spec[: found.start()], spec[found.end() :]
+    found = _query_start(spec)
+    if found is not None:
+        head, query = spec[:found], spec[found + 1 :]
     path, name = head, None
     if "#" in head and not Path(head).exists():
         path, _, name = head.rpartition("#")
@@ -90,6 +92,32 @@ def parse(spec: str) -> JaggedSpec:
             raise DatasetError(f"DATASET '{spec}': {key}= names no field")
         values[key] = values.get(key, ()) + patterns
     return JaggedSpec(spec, path, name, values.get("fields"), values.get("event_fields", ()))
+
+
+def _query_start(spec: str) -> int | None:
+    """Where the query's ``?`` is, or None.
+
+    A ``?`` before a known key begins the query. A ``?`` before any other ``key=`` does
+    too where the text before it names something that exists (``km3.h5?field=t``), so a
+    mistyped first key is refused as an unknown key, as one after ``&`` is, instead of
+    reading as "no such file"; elsewhere (``pyg:Name?num_graphs=7``, another plugin's
+    spec) it stays part of the path.
+    """
+    known = _QUERY.search(spec)
+    for found in _ANY_QUERY.finditer(spec):
+        if known is not None and found.start() >= known.start():
+            break
+        if _names_something(spec[: found.start()]):
+            return found.start()
+    return known.start() if known is not None else None
+
+
+def _names_something(head: str) -> bool:
+    """Whether ``PATH[#NAME]`` names a file, a directory or files a glob matches."""
+    for path in dict.fromkeys((head, head.rpartition("#")[0])):
+        if path and (Path(path).exists() or (_GLOB.search(path) and glob.glob(path))):
+            return True
+    return False
 
 
 def select(
