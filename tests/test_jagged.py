@@ -77,18 +77,25 @@ def test_each_layout_reads_the_stored_events_and_sizes_them_from_the_extents(
         np.testing.assert_array_equal(ds[i].x.numpy(), ev.x(i))  # one event alone too
 
 
-def test_a_batch_reads_each_column_once_per_run_of_neighbouring_events(
+def test_a_batch_reads_each_storage_block_once_and_keeps_it_for_the_next(
     files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autoloader_plugins.jagged.h5 import H5Table
 
     ds = autoloader.open_dataset(_specs(files)["km3"])
-    reads: list[int] = []
-    real = H5Table._read_column
-    monkeypatch.setattr(H5Table, "_read_column",
-                        lambda self, d, a, b: reads.append(len(a)) or real(self, d, a, b))
-    ds.__getitems__([900, 3, 4, 5, 700, 6])
-    assert reads == [3, 3, 3, 3]  # per column one read of three runs, not six events x four
+    reads: list[tuple[int, int]] = []
+    real = H5Table._read_items
+    monkeypatch.setattr(H5Table, "_read_items",
+                        lambda self, a, z: reads.append((a, z)) or real(self, a, z))  # fmt: skip
+    batch = [900, 3, 4, 5, 700, 6]
+    bounds = ds.autoloader_blocks()
+    blocks = set(np.searchsorted(bounds, batch, side="right").tolist())
+    got = ds.__getitems__(batch)
+    assert len(reads) == len(blocks) < len(batch)  # one contiguous read per block touched
+    ds.__getitems__([4, 5, 899])  # the same blocks: decoded already
+    assert len(reads) == len(blocks)
+    fresh = autoloader.open_dataset(_specs(files)["km3"])
+    assert all(torch.equal(a.x, fresh[i].x) for a, i in zip(got, batch, strict=True))
 
 
 def test_event_fields_ride_along_as_attributes(files: dict[str, Path], ev: Events) -> None:

@@ -7,8 +7,10 @@ dataset that names where its storage blocks begin (``autoloader_blocks()``: the 
 tables do) is read here both ways, in a fresh copy as a worker reads it: batches of the
 global shuffle, and batches of a windowed order (``autoloader.samplers.order``). The window
 is kept only where it reads at least ``KEEP_SPEEDUP`` times faster, and only where the
-chosen strategy's worst batch in it stays within ``BALANCE_SLACK`` of its worst batch in
-a global shuffle and within the memory budget. What it costs, shuffle quality, is
+chosen strategy's worst batch in it stays within the memory budget and, for a balancing
+strategy, within ``BALANCE_SLACK`` of its worst batch in a global shuffle (``random``'s
+worst batch is chance in either order; the plan predicts its peak from the windowed
+one). What it costs, shuffle quality, is
 measured too: the storage blocks a batch draws from, against a global shuffle's.
 
 The window's size is not what the measurement reads: while the reader's cache holds a
@@ -124,7 +126,8 @@ def choose_read_order(
     )  # fmt: skip
     evidence["worst_batch_bytes"] = windowed.worst_batch_bytes
     evidence["shuffle_worst_batch_bytes"] = shuffled.worst_batch_bytes
-    if windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
+    balancing = strategy != "random"  # random's worst batch is chance in either order
+    if balancing and windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
         return _shuffle(f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
                         f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
                         f"({shuffled.worst_batch_bytes})", evidence)  # fmt: skip

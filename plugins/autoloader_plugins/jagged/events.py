@@ -60,8 +60,6 @@ class JaggedEvents(Dataset):
             for name in first.event_fields
         }
         self.cache = BlockCache()
-        own = sum(r.share_cache(self.cache.budget, len(self.readers)) for r in self.readers)
-        self.cache_bytes = own or self.cache.budget
 
     @property
     def fields(self) -> list[str]:
@@ -124,7 +122,7 @@ class JaggedEvents(Dataset):
     def autoloader_cache_bytes(self) -> int:
         """The samples' bytes (as ``autoloader_sizes`` counts them) that one reading
         process keeps decoded: a read order whose window fits reads each block once."""
-        return self.cache_bytes
+        return self.cache.budget
 
     def autoloader_source(self) -> DataSource:
         paths = [r.path for r in self.readers]

@@ -7,10 +7,13 @@ dataset (events)::
     /hits/channel_id  uint8   [items]        /hits/_indices  {index, n_items} [events]
     /hits/pos         float64 [items, 3]     /event_info     {run_id, ...}    [events]
 
-A batch reads each column once: the events' item ranges, merged where they touch, form
-one HDF5 selection, so the library decompresses each chunk once per batch. The file is
-opened with a chunk cache large enough that a read order following the chunks (see
-``blocks``) decompresses each chunk once per pass.
+A batch is read a storage block at a time, as ROOT clusters and Parquet row groups are:
+a block is the events whose items start in one chunk of the columns (``blocks``), read
+with one contiguous slice per column and kept decoded in the process's ``BlockCache``,
+so events of one block read in neighbouring batches decompress its chunks once (a read
+order that follows the blocks, ``autoloader.samplers.order``, reads each block once per
+pass). Per batch the work is then a gather from decoded arrays, not an HDF5 selection
+of one hyperslab per event.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import h5py
 import numpy as np
 
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockCache, Field, Reader, fill, runs
+from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Field, fill, ranges_index
 from autoloader_plugins.jagged.spec import select
 
 log = logging.getLogger(__name__)
 
 EXTENTS = ("_indices", "offsets", "counts")
-CHUNK_CACHE_BYTES = 64 * 2**20  # per open column at most; holds a window of chunks
-_MIN_CHUNK_CACHE_BYTES = 4 * 2**20  # per open column at least, however many files
+# HDF5's own chunk cache per open column: the chunks that one block shares with its
+# neighbours (a block is decoded into the BlockCache; a larger chunk cache would hold the
+# same data twice)
+_CHUNK_CACHE_CHUNKS = 3
+_MIN_CHUNK_CACHE_BYTES = 2**20
 _UNCHUNKED_BLOCK_BYTES = 2**20  # the block of a contiguous column
 _MAX_GROUPS_SEARCHED = 256  # a file of one group per event is not searched through
 
@@ -104,7 +110,7 @@ def refuse_columns_without_extents(path: Path, f: h5py.File, group: str | None) 
         raise DatasetError(f"DATASET '{path}#{g.name.strip('/')}': {why}")
 
 
-class H5Table(Reader):
+class H5Table(BlockReader):
     """One HDF5 file's jagged table ``group``; ``fields``/``event_fields``: patterns."""
 
     holds = "group"
@@ -120,7 +126,8 @@ class H5Table(Reader):
         self._h: h5py.File | None = None
         self._hpid: int | None = None
         self._hcolumns: list[h5py.Dataset] | None = None  # open: their chunk caches live
-        self._cache_bytes = CHUNK_CACHE_BYTES  # per column, set by share_cache
+        self._items: tuple[np.ndarray, np.ndarray] | None = None  # each block's item range
+        self._chunk_cache_bytes = _MIN_CHUNK_CACHE_BYTES
         try:
             with h5py.File(path, "r") as f:
                 g = f.get(group)
@@ -135,6 +142,7 @@ class H5Table(Reader):
                 self.event_fields = tuple(self._choose_events(f, g, event_fields))
                 self._values = {n: self._event_column(f, g, n) for n in self.event_fields}
                 self._chunk = _chunk_items(g[self._columns[0][0]])
+                self._chunk_cache_bytes = _chunk_cache_bytes(g, self._columns)
         except OSError as exc:
             raise DatasetError(f"DATASET '{path}': cannot read as HDF5: {exc}") from None
 
@@ -231,61 +239,71 @@ class H5Table(Reader):
     # -- reading ------------------------------------------------------------------------
     def _handle(self) -> h5py.File:
         if self._h is None or self._hpid != os.getpid():
-            self._h = h5py.File(self.path, "r", rdcc_nbytes=self._cache_bytes, rdcc_nslots=10007)
+            self._h = h5py.File(self.path, "r", rdcc_nbytes=self._chunk_cache_bytes,
+                                rdcc_nslots=10007)  # fmt: skip
             self._hpid = os.getpid()
         return self._h
 
     def event_values(self) -> dict[str, np.ndarray]:
         return self._values
 
-    def share_cache(self, budget: int, files: int) -> int:
-        """Each column's chunk cache: the budget over the files and columns, between
-        ``_MIN_CHUNK_CACHE_BYTES`` and ``CHUNK_CACHE_BYTES``. A column stored as float64
-        holds twice its share of the samples' float32 bytes: count half."""
-        per_column = budget // max(1, files * len(self._columns))
-        self._cache_bytes = int(min(CHUNK_CACHE_BYTES, max(_MIN_CHUNK_CACHE_BYTES, per_column)))
-        return self._cache_bytes // 2
-
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
-        starts, stops = runs(self._starts[events], self._stops[events])
-        total = int((stops - starts).sum())
-        out = np.empty((total, self.width), dtype=np.float32)
-        if total == 0:
-            return out
-        columns = self._open_columns()
+        """The rows of ``events``, gathered from their blocks as decoded in ``cache``."""
+        counts = self._stops[events] - self._starts[events]
+        out = np.empty((int(counts.sum()), self.width), dtype=np.float32)
+        bounds = self.blocks()
+        first, last = self._block_items()
+        block_of = np.searchsorted(bounds, events, side="right") - 1
+        row = 0
+        for b in np.unique(block_of).tolist():
+            a, z = int(first[b]), int(last[b])
+            rows = cache.get((self.path, self.name, int(bounds[b])), self._read_items, a, z)
+            mine = events[block_of == b]
+            index = ranges_index(self._starts[mine] - a, self._stops[mine] - a)
+            out[row : row + len(index)] = rows[index]
+            row += len(index)
+        return out
+
+    def _block_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each block's item range: the least start and the greatest stop of its events
+        (km3pipe's ``_indices`` need not be contiguous)."""
+        if self._items is None:
+            heads = self.blocks()[:-1]
+            stops = np.maximum.reduceat(self._stops, heads) if len(heads) else heads
+            starts = np.minimum.reduceat(self._starts, heads) if len(heads) else heads
+            self._items = (starts.astype(np.int64), np.maximum(starts, stops).astype(np.int64))
+        return self._items
+
+    def _read_items(self, first: int, last: int) -> np.ndarray:
+        """Items ``first:last`` of every column as ``[items, width]`` float32: one
+        contiguous read per column."""
+        out = np.empty((last - first, self.width), dtype=np.float32)
         col = 0
-        for (_, width), d in zip(self._columns, columns, strict=True):
-            fill(out, col, self._read_column(d, starts, stops))
+        for (name, width), d in zip(self._columns, self._open_columns(), strict=True):
+            try:
+                values = d[first:last]
+            except (OSError, RuntimeError) as exc:
+                raise DatasetError(f"{self.where}: cannot read column {name!r}: {exc}") from None
+            fill(out, col, np.asarray(values).reshape(last - first, -1))
             col += width
         return out
 
     def _open_columns(self) -> list[h5py.Dataset]:
-        """The columns' datasets, kept open in this process: HDF5's chunk cache belongs to
-        an open dataset, so one opened per batch would decompress every chunk again."""
+        """The columns' datasets, kept open in this process (their chunk caches with them)."""
         if self._hcolumns is None or self._hpid != os.getpid():
             g = self._handle()[self.name]
             self._hcolumns = [g[name] for name, _ in self._columns]
         return self._hcolumns
 
-    def _read_column(self, d: h5py.Dataset, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        """Rows ``starts[k]:stops[k]`` of one column, one HDF5 read for all of them."""
-        inner = d.shape[1:]
-        space = d.id.get_space()
-        space.select_none()
-        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-            space.select_hyperslab((a,) + (0,) * len(inner), (b - a, *inner), op=h5py.h5s.SELECT_OR)
-        total = int((stops - starts).sum())
-        buffer = np.empty((total, *inner), dtype=d.dtype)
-        try:
-            d.id.read(h5py.h5s.create_simple(buffer.shape), space, buffer)
-        except (OSError, RuntimeError) as exc:
-            raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {exc}") from None
-        return buffer.reshape(total, -1)
-
-    def blocks(self) -> np.ndarray:
+    def _block_bounds(self) -> np.ndarray:
         chunk_of = self._starts // self._chunk
         heads = np.flatnonzero(np.diff(chunk_of) != 0) + 1
         return np.concatenate([[0], heads, [len(self)]]).astype(np.int64)
+
+    def _read_block(self, start: int, stop: int) -> np.ndarray:
+        """The items of events ``start:stop``, from the least start to the greatest stop."""
+        first, last = int(self._starts[start:stop].min()), int(self._stops[start:stop].max())
+        return self._read_items(first, max(first, last))
 
     def __repr__(self) -> str:
         return f"H5Table('{self.path}#{self.name}', events={len(self)})"
@@ -307,6 +325,16 @@ def _integers(d: Any, where: str, name: str) -> np.ndarray:
 
 def _numeric(d: h5py.Dataset) -> bool:
     return d.dtype.kind in "biuf" and d.ndim in (1, 2) and d.dtype.names is None
+
+
+def _chunk_cache_bytes(g: h5py.Group, columns: list[tuple[str, int]]) -> int:
+    """HDF5's chunk cache for each open column: a few of the largest column's chunks."""
+    largest = 0
+    for name, _ in columns:
+        d = g[name]
+        if d.chunks:
+            largest = max(largest, d.dtype.itemsize * int(np.prod(d.chunks, dtype=np.int64)))
+    return max(_MIN_CHUNK_CACHE_BYTES, _CHUNK_CACHE_CHUNKS * largest)
 
 
 def _chunk_items(d: h5py.Dataset) -> int:

@@ -22,8 +22,8 @@ import numpy as np
 
 from autoloader.errors import DatasetError
 
-# decoded storage one reading process keeps, over all of a dataset's files: ROOT clusters
-# and Parquet row groups in its BlockCache, HDF5 chunks in the columns' chunk caches
+# decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
+# chunks' events, ROOT clusters, Parquet row groups
 BLOCK_CACHE_BYTES = 256 * 2**20
 
 
@@ -59,12 +59,6 @@ class Reader(ABC):
     @property
     def width(self) -> int:
         return sum(f.width for f in self.fields)
-
-    def share_cache(self, budget: int, files: int) -> int:
-        """Take this file's share of a process's cache ``budget`` over ``files`` files;
-        the samples' bytes it holds (as ``autoloader_sizes`` counts them). A reader that
-        decodes into the dataset's ``BlockCache`` holds none of its own."""
-        return 0
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
