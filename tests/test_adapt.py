@@ -525,14 +525,15 @@ def test_two_ranks_adapt_on_their_own_and_keep_their_batches(tmp_path: Path) -> 
 
 
 def test_a_long_starved_epoch_is_adapted_inside_it_with_the_same_indices() -> None:
-    """96 batches of 4 samples of 4 ms against a 5 ms step: windows of 8 batches."""
+    """96 batches of 4 samples of 4 ms against a 5 ms step: windows of 8 batches, the
+    first after the first batch (the start-up, no evidence)."""
     data = Slow(n=384)
     adapted = make(data, planned(0), adapt_max_workers=2)
     got = run(adapted, 1, step=0.005)
     assert got == run(make(data, planned(0), adapt=False), 1)
     changes = adapted.adaptations
-    assert changes and changes[0].epoch == 0 and changes[0].batch == 8
-    assert changes[0].to_dict()["batch"] == 8 and adapted.num_workers > 0
+    assert changes and changes[0].epoch == 0 and changes[0].batch == 9
+    assert changes[0].to_dict()["batch"] == 9 and adapted.num_workers > 0
     assert adapted.state_dict()["settings"]["num_workers"] == adapted.num_workers
 
 

@@ -69,11 +69,25 @@ class EpochMeasure:
     wait_seconds: float  # the loop waited for the next batch
     loop_seconds: float  # from the first next() to the end of the epoch
     worker_memory_bytes: int | None = None  # PSS of the worker processes, where measured
-    first_wait_seconds: float = 0.0  # the first batch's wait (start-up, cold caches)
+    # the transient's wait: the start-up and the prefetch queue's first fill (``warm``)
+    first_wait_seconds: float = 0.0
     workers: int | None = None  # the workers that loaded the epoch
     batch: int | None = None  # a window inside the epoch: the batches served at its end
     remaining: int | None = None  # a window: the epoch's batches still to come
     restart_seconds: float = 0.0  # a window: what starting the epoch's iterator cost
+    # the transient: the batches after a start until the prefetch queue was first full,
+    # and the loop's seconds over them (None: the first batch's wait alone)
+    warm_batches: int = 1
+    warm_seconds: float | None = None
+
+    @property
+    def _warm(self) -> float:
+        return self.first_wait_seconds if self.warm_seconds is None else self.warm_seconds
+
+    @property
+    def steady_batches(self) -> int:
+        """The batches past the transient: the evidence."""
+        return max(0, self.batches - self.warm_batches)
 
     @property
     def wait_fraction(self) -> float:
@@ -85,19 +99,20 @@ class EpochMeasure:
 
     @property
     def steady_wait_fraction(self) -> float:
-        """The wait share past the first batch: worker start-up and cold caches are not
-        the starvation that more workers cure (they start more slowly)."""
-        loop = self.loop_seconds - self.first_wait_seconds
+        """The wait share past the transient: worker start-up, cold caches and the first
+        fill of the prefetch queue are not the starvation that more workers cure (they
+        start more slowly)."""
+        loop = self.loop_seconds - self._warm
         return (self.wait_seconds - self.first_wait_seconds) / loop if loop > 0 else 0.0
 
     @property
     def steady_samples_per_second(self) -> float:
-        """Samples/s past the first batch (a raise is judged on what it keeps, not on the
+        """Samples/s past the transient (a raise is judged on what it keeps, not on the
         start-up of the workers it added)."""
-        loop = self.loop_seconds - self.first_wait_seconds
-        if loop <= 0 or self.batches < 2 or self.first_wait_seconds <= 0:
+        loop = self.loop_seconds - self._warm
+        if loop <= 0 or self.steady_batches < 1 or self._warm <= 0:
             return self.samples_per_second
-        return self.samples * (self.batches - 1) / self.batches / loop
+        return self.samples * self.steady_batches / self.batches / loop
 
     @property
     def compute_seconds(self) -> float:
@@ -112,11 +127,12 @@ class EpochMeasure:
         """Seconds the loader took to hand over a batch, as the tune's trace measures it:
         without workers, the main process's wait per batch (the first left out); with
         workers, the loop's time per batch (their delivery interval, while starved)."""
-        if self.batches < 2:
+        steady = self.steady_batches
+        if steady < 1:
             return 0.0
         if not self.workers:
-            return max(0.0, self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
-        return max(0.0, self.loop_seconds - self.first_wait_seconds) / (self.batches - 1)
+            return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
+        return max(0.0, self.loop_seconds - self._warm) / steady
 
 
 @dataclass(frozen=True)
@@ -264,7 +280,7 @@ class Adapter:
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
-        if m.batches < MIN_BATCHES or m.loop_seconds <= 0:
+        if m.steady_batches < MIN_BATCHES - 1 or m.loop_seconds <= 0:
             return []
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers

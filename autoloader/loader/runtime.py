@@ -313,6 +313,12 @@ class EpochIter:
         self._worker_memory: int | None = None
         self._workers = loader.num_workers
         self._memory_at = self._memory_after(0)
+        # the transient: batches until the prefetch queue is first full, and the loop's
+        # wait and seconds over them (no judged window holds them)
+        self._warm_batches = self._fill()
+        self._warm_wait = 0.0
+        self._warm_seconds: float | None = None
+        self._skip = self._warm_batches
         self._done = False
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
@@ -333,8 +339,6 @@ class EpochIter:
             self._start = now
             if runtime.watch is not None:
                 runtime.watch.start_epoch()
-            if self._window_size is not None:
-                self._window = Window(self._window_size, self._workers, self._samples())
         if runtime.watch is not None:
             runtime.watch.before_batch(self._count, self._last_bytes)
         try:
@@ -351,11 +355,24 @@ class EpochIter:
         self._count += 1
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)
+        if self._count == self._warm_batches:
+            self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
         if self._count == self._memory_at:
             self._worker_memory = _workers_memory()
-        if self._window is not None and self._window.add(waited):
-            self._judge_window()
+        if self._window_size is not None:
+            if self._skip > 0:
+                self._skip -= 1
+                if self._skip == 0:  # the queue is full: the evidence starts here
+                    self._window = Window(self._window_size, self._workers, self._samples())
+            elif self._window is not None and self._window.add(waited):
+                self._judge_window()
         return batch
+
+    def _fill(self) -> int:
+        """Batches after a start until the workers' prefetch queue is first full (the
+        first batch, without workers): a transient, not evidence of starvation."""
+        workers = self._workers
+        return workers * (self._loader.prefetch_factor or 2) if workers else 1
 
     def _memory_after(self, count: int) -> int:
         """The batch after which the workers' memory is read: their first prefetch round
@@ -382,6 +399,9 @@ class EpochIter:
             self._workers = loader.num_workers
             self._worker_memory = None
             self._memory_at = self._memory_after(self._count)
+            self._skip = self._fill()  # the restarted workers' transient is no evidence
+            self._window = None
+            return
         self._window = Window(self._window_size, self._workers, self._samples())
 
     def _finish(self) -> None:
@@ -390,9 +410,12 @@ class EpochIter:
         self._done = True
         runtime = self._runtime
         loop = time.perf_counter() - self._start
+        warm = min(self._warm_batches, self._count)
         measure = EpochMeasure(
             runtime.epoch, self._count, self._samples(), self._wait, loop, self._worker_memory,
-            self._first_wait, self._workers,
+            self._warm_wait if self._warm_seconds is not None else self._wait, self._workers,
+            warm_batches=warm,
+            warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
         )  # fmt: skip
         runtime.end(measure, self._last_bytes, self._count, judged=self._window is not None)
 
