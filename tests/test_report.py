@@ -111,6 +111,19 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
         "noise" in alone.text  # fmt: skip
 
 
+def test_the_verdict_advises_only_what_the_plan_has_not_done() -> None:
+    """No --max-workers advice to a plan already past the CPUs, and loading is called the
+    limit only where waiting is the larger share of the loop."""
+    from autoloader.tuning.comparison import _limit
+
+    assert "try --max-workers" in _limit(0.6, 2, cpus=2)
+    many = _limit(0.6, 7, cpus=2)
+    assert "try --max-workers" not in many and "with 7 workers on 2 CPUs already" in many
+    some = _limit(0.3, 7, cpus=2)
+    assert "loading is the limit" not in some and "the step is the larger share" in some
+    assert _limit(0.05, 7, cpus=2).endswith("the step is the limit")
+
+
 def test_the_verdict_names_where_the_plans_time_went() -> None:
     """Per sample, the wait and the step apart: a gain that came from the step's threads
     is not credited to the loader, and a step slowed by workers on its cores is named."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autoloader.host import cpus_per_rank
 from autoloader.tuning.trial import LoopResult
 from autoloader.units import format_bytes as describe_bytes
 
@@ -109,8 +110,8 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
         return Diagnosis(kind, f"{held}; the plan's loop could not be timed: {p.status}")
     if _same_loader(baseline.settings, plan.settings):
         return Diagnosis(kind, f"{held}; {speed}")
-    return Diagnosis(kind, f"{held}; the plan ({speed}) {_changes(baseline, plan)}; "
-                           f"{_limit(p.wait_share)}")  # fmt: skip
+    limit = _limit(p.wait_share, plan.settings.get("num_workers") or 0)
+    return Diagnosis(kind, f"{held}; the plan ({speed}) {_changes(baseline, plan)}; {limit}")
 
 
 def _per_sample(loop: LoopResult) -> tuple[float, float]:
@@ -153,13 +154,23 @@ def _changes(baseline: Side, plan: Side) -> str:
     return " and ".join(parts)
 
 
-def _limit(wait_share: float) -> str:
-    """What bounds the plan's own loop."""
-    if wait_share > WAIT_LIMIT:
-        return (f"its loop still waits for data {wait_share:.0%} of its time: loading is the "
-                "limit; for reads that wait on storage try --max-workers above the CPU "
-                "count, else faster storage or cheaper samples")  # fmt: skip
-    return f"its loop waits for data {wait_share:.0%} of its time: the step is the limit"
+def _limit(wait_share: float, workers: int, cpus: int | None = None) -> str:
+    """What bounds the plan's own loop: loading only where waiting for data is the larger
+    share of it, and more workers advised only where the plan runs no more than the CPUs
+    (past them, the search already went as far as waiting reads took it)."""
+    waits = f"its loop waits for data {wait_share:.0%} of its time"
+    if wait_share <= WAIT_LIMIT:
+        return f"{waits}: the step is the limit"
+    if wait_share <= 0.5:
+        return f"{waits}, the step the rest: the step is the larger share, loading the next"
+    cpus = cpus_per_rank() if cpus is None else cpus
+    waits = f"its loop still waits for data {wait_share:.0%} of its time"
+    if workers <= cpus:
+        return (f"{waits}: loading is the limit; for reads that wait on storage try "
+                "--max-workers above the CPU count, else faster storage or cheaper samples")
+    return (f"{waits}: loading is the limit, with {workers} workers on {cpus} CPUs "
+            "already; faster storage or cheaper samples (a cheaper transform, a smaller "
+            "read) would move it")
 
 
 def _ms(seconds: float) -> str:
