@@ -13,7 +13,9 @@ with one contiguous slice per column and kept decoded in the process's ``BlockCa
 so events of one block read in neighbouring batches decompress its chunks once (a read
 order that follows the blocks, ``autoloader.samplers.order``, reads each block once per
 pass). Per batch the work is then a gather from decoded arrays, not an HDF5 selection
-of one hyperslab per event.
+of one hyperslab per event. A block is decoded whole only when it is asked for a second
+time (``BlockCache.admits``): a global shuffle over a large file rarely comes back to a
+block while it could be kept, and reads only its events, with one selection per column.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import h5py
 import numpy as np
 
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Field, fill, ranges_index
+from autoloader_plugins.jagged.reader import (
+    BlockCache,
+    BlockReader,
+    Field,
+    fill,
+    ranges_index,
+    runs,
+)
 from autoloader_plugins.jagged.spec import select
 
 log = logging.getLogger(__name__)
@@ -248,21 +257,56 @@ class H5Table(BlockReader):
         return self._values
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
-        """The rows of ``events``, gathered from their blocks as decoded in ``cache``."""
-        counts = self._stops[events] - self._starts[events]
-        out = np.empty((int(counts.sum()), self.width), dtype=np.float32)
+        """The rows of ``events``: gathered from their blocks as decoded in ``cache`` where
+        the cache admits a block (asked for before), else read alone, one HDF5 selection
+        per column for all such events (a global shuffle of a large file)."""
+        starts, stops = self._starts[events], self._stops[events]
+        at = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
+        out = np.empty((int(at[-1]), self.width), dtype=np.float32)
         bounds = self.blocks()
         first, last = self._block_items()
         block_of = np.searchsorted(bounds, events, side="right") - 1
-        row = 0
+        alone = np.zeros(len(events), dtype=bool)
         for b in np.unique(block_of).tolist():
+            key = (self.path, self.name, int(bounds[b]))
+            mine = np.flatnonzero(block_of == b)
+            if not cache.admits(key):
+                alone[mine] = True
+                continue
             a, z = int(first[b]), int(last[b])
-            rows = cache.get((self.path, self.name, int(bounds[b])), self._read_items, a, z)
-            mine = events[block_of == b]
-            index = ranges_index(self._starts[mine] - a, self._stops[mine] - a)
-            out[row : row + len(index)] = rows[index]
-            row += len(index)
+            rows = cache.get(key, self._read_items, a, z)
+            into = ranges_index(at[mine], at[mine + 1])
+            out[into] = rows[ranges_index(starts[mine] - a, stops[mine] - a)]
+        if alone.any():
+            self._read_alone(out, at, starts, stops, np.flatnonzero(alone))
         return out
+
+    def _read_alone(self, out: np.ndarray, at: np.ndarray, starts: np.ndarray,
+                    stops: np.ndarray, which: np.ndarray) -> None:  # fmt: skip
+        """Events ``which`` (ascending) read with one selection per column into ``out``."""
+        a, z = runs(starts[which], stops[which])
+        into = ranges_index(at[which], at[which + 1])
+        col = 0
+        for (_, width), d in zip(self._columns, self._open_columns(), strict=True):
+            values = self._read_column(d, a, z)
+            with np.errstate(over="ignore"):
+                out[into, col : col + width] = values
+            col += width
+
+    def _read_column(self, d: h5py.Dataset, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Rows ``starts[k]:stops[k]`` of one column, one HDF5 read for all of them."""
+        inner = d.shape[1:]
+        space = d.id.get_space()
+        space.select_none()
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+            space.select_hyperslab((a,) + (0,) * len(inner), (b - a, *inner), op=h5py.h5s.SELECT_OR)
+        total = int((stops - starts).sum())
+        buffer = np.empty((total, *inner), dtype=d.dtype)
+        try:
+            d.id.read(h5py.h5s.create_simple(buffer.shape), space, buffer)
+        except (OSError, RuntimeError) as exc:
+            raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {exc}") from None
+        return buffer.reshape(total, -1)
 
     def _block_items(self) -> tuple[np.ndarray, np.ndarray]:
         """Each block's item range: the least start and the greatest stop of its events

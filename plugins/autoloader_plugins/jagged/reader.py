@@ -25,6 +25,7 @@ from autoloader.errors import DatasetError
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
 # chunks' events, ROOT clusters, Parquet row groups
 BLOCK_CACHE_BYTES = 256 * 2**20
+_ASKED = 1 << 16  # blocks remembered as asked for once (admission to the cache)
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,22 @@ class BlockCache:
     def clear(self) -> None:
         """Forget every block (a forked process starts empty too)."""
         self._blocks: OrderedDict[Any, np.ndarray] = OrderedDict()
+        self._asked: OrderedDict[Any, None] = OrderedDict()  # blocks asked for once
         self._bytes = 0
         self._pid = os.getpid()
+
+    def admits(self, key: Any) -> bool:
+        """Whether block ``key`` is worth decoding whole: it is held, or it was asked for
+        once already (a read order that follows storage asks again soon; a global shuffle
+        over a large file rarely does, and reads only the events it needs)."""
+        if self._pid != os.getpid():
+            self.clear()
+        if key in self._blocks or key in self._asked:
+            return True
+        self._asked[key] = None
+        while len(self._asked) > _ASKED:
+            self._asked.popitem(last=False)
+        return False
 
     def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
         """The block ``key``, decoded by ``load(*args)`` where this process has none."""
