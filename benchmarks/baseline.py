@@ -64,8 +64,8 @@ def main() -> None:
         runs = [
             ("demo", events, {"global_batch_size": GLOBAL_BATCH,
                               "step": functools.partial(TrainStep, "cpu")}),
-            ("io", Reads(2000, 0.002, cpu=False), {"global_batch_size": 32, "step": wait_step}),
-            ("cpu", Reads(2000, 0.0015, cpu=True), {"global_batch_size": 32,
+            ("io", Reads(2000, wait=0.002), {"global_batch_size": 32, "step": wait_step}),
+            ("cpu", Reads(2000, cpu=0.0015), {"global_batch_size": 32,
                                                    "step": MatmulStep}),
         ]  # fmt: skip
         for name, dataset, kw in runs:

@@ -1,6 +1,7 @@
-"""The three workloads of ``benchmarks/peer.py``, importable by every tool under test.
+"""The workloads of ``benchmarks/peer.py``, importable by every tool under test.
 
-``PEER_WORKLOAD`` (demo, io or cpu) and ``PEER_DATA`` (the demo's HDF5 file) choose one:
+``PEER_WORKLOAD`` (demo, io, cpu, or mixed: 1 ms of Python and 1 ms of waiting per
+sample, with the 10 ms step) and ``PEER_DATA`` (the demo's HDF5 file) choose one:
 ``dataset()`` is a zero-argument factory for ``autoloader tune MODULE:ATTR``, ``step()``
 the training step's factory for ``--step``, and ``get_workload()`` the same workload as
 ``loadtune`` takes it (a file exposing ``get_workload() -> loadtune.Workload``).
@@ -19,21 +20,21 @@ SAMPLES = 1000
 
 
 class Reads(Dataset):
-    """``n`` samples of 1 KiB; each read sleeps (I/O) or spins (CPU) for ``seconds``."""
+    """``n`` samples of 1 KiB; each read spins (CPU) for ``cpu`` seconds, then sleeps
+    (waiting on storage) for ``wait`` seconds."""
 
-    def __init__(self, n: int, seconds: float, *, cpu: bool) -> None:
-        self.n, self.seconds, self.cpu = n, seconds, cpu
+    def __init__(self, n: int, *, cpu: float = 0.0, wait: float = 0.0) -> None:
+        self.n, self.cpu, self.wait = n, cpu, wait
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.cpu:
-            end = time.perf_counter() + self.seconds
-            while time.perf_counter() < end:
-                pass
-        else:
-            time.sleep(self.seconds)
+        end = time.perf_counter() + self.cpu
+        while time.perf_counter() < end:
+            pass
+        if self.wait:
+            time.sleep(self.wait)
         return torch.full((256,), float(i))
 
 
@@ -68,7 +69,8 @@ def dataset() -> Dataset:
         from autoloader import open_dataset
 
         return open_dataset(os.environ["PEER_DATA"])
-    return Reads(SAMPLES, 0.002, cpu=False) if name() == "io" else Reads(SAMPLES, 0.0015, cpu=True)
+    reads = {"io": dict(wait=0.002), "cpu": dict(cpu=0.0015), "mixed": dict(cpu=0.001, wait=0.001)}
+    return Reads(SAMPLES, **reads[name()])
 
 
 def step() -> Any:
@@ -76,7 +78,7 @@ def step() -> Any:
         from autoloader.demo.model import TrainStep
 
         return TrainStep("cpu")
-    return wait_step if name() == "io" else MatmulStep()
+    return MatmulStep() if name() == "cpu" else wait_step
 
 
 def collate() -> Any:

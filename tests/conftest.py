@@ -70,6 +70,19 @@ class VariableTensors(Dataset):
         return torch.full((int(self.lengths[i]),), float(i))
 
 
+class Indices(Dataset):
+    """Sample ``i`` is ``tensor([i])``: batches show the indices they hold."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
 def make_dataset() -> VariableTensors:
     """A zero-argument factory, for MODULE:ATTR tests."""
     return VariableTensors(40)

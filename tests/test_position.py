@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import Indices as Plain
 from conftest import prepend_pythonpath, run_reaped
-from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
 from autoloader.errors import PlanError
@@ -54,17 +54,6 @@ def test_a_loop_killed_mid_epoch_resumes_where_it_was(tmp_path: Path, workers: i
     epoch0_rest = {i for b in reference[k:12] for i in b}
     assert served.isdisjoint(read[: len(epoch0_rest)])  # no sample of the first k batches read
     assert sorted(read[: len(epoch0_rest)]) == sorted(epoch0_rest)
-
-
-class Plain(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([i])
 
 
 def planned(batch: int = 4, strategy: str = "random", seed: int = 0) -> Plan:

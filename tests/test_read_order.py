@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import Indices
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,22 +156,11 @@ def test_a_bad_read_order_is_a_plan_error_naming_the_key(table: object, message:
         _plan(table)
 
 
-class _Indices(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([i])
-
-
 def test_a_planned_loader_reads_in_the_plans_windows_and_its_state_says_so() -> None:
     from autoloader import DataLoader
     from autoloader.errors import PlanError
 
-    loader = DataLoader(_Indices(2_000), plan=_plan({"block": 50, "window": 400}),
+    loader = DataLoader(Indices(2_000), plan=_plan({"block": 50, "window": 400}),
                         check_fingerprint=False, adapt=False)  # fmt: skip
     got = [b.flatten().tolist() for b in loader]
     expected = STRATEGIES["random"](np.zeros(2_000, dtype=np.int64), 8,
@@ -179,7 +169,7 @@ def test_a_planned_loader_reads_in_the_plans_windows_and_its_state_says_so() -> 
     assert sorted(i for b in got for i in b) == list(range(2_000))
     state = loader.state_dict()
     assert state["read_order"] == {"block": 50, "window": 400}
-    shuffled = DataLoader(_Indices(2_000), plan=_plan(), check_fingerprint=False, adapt=False)
+    shuffled = DataLoader(Indices(2_000), plan=_plan(), check_fingerprint=False, adapt=False)
     with pytest.raises(PlanError, match="key 'read_order': the state was saved by a loader with "
                                         r"read_order=\{'block': 50, 'window': 400\}; this one "
                                         "has read_order=None"):  # fmt: skip
@@ -190,12 +180,12 @@ def test_resuming_a_windowed_loader_mid_epoch_serves_the_rest_of_that_epoch() ->
     from autoloader import DataLoader
 
     plan = _plan({"block": 40, "window": 320})
-    whole = DataLoader(_Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
+    whole = DataLoader(Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
     everything = [b.flatten().tolist() for b in whole]
-    first = DataLoader(_Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
+    first = DataLoader(Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
     it = iter(first)
     head = [next(it).flatten().tolist() for _ in range(30)]
-    resumed = DataLoader(_Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
+    resumed = DataLoader(Indices(1_000), plan=plan, check_fingerprint=False, adapt=False)
     resumed.load_state_dict(first.state_dict())
     assert head + [b.flatten().tolist() for b in resumed] == everything
 
@@ -257,7 +247,7 @@ def test_read_order_shuffle_and_data_without_blocks_keep_a_global_shuffle(chunke
     told = _tuned(ds, read_order="shuffle")
     assert told.batching.read_order is None
     assert told.tuning["read_order"] == {"chosen": "shuffle", "reason": "--read-order shuffle"}
-    plain = _tuned(_Indices(400))
+    plain = _tuned(Indices(400))
     assert plain.batching.read_order is None
     assert "names no storage blocks" in plain.tuning["read_order"]["reason"]
 
@@ -267,10 +257,10 @@ def test_a_bad_read_order_option_is_a_usage_error() -> None:
     from autoloader.errors import UsageError
 
     with pytest.raises(UsageError, match="--read-order: expected one of auto, shuffle"):
-        autoloader.tune(_Indices(40), global_batch_size=4, read_order="windows")
+        autoloader.tune(Indices(40), global_batch_size=4, read_order="windows")
 
 
-class _Batched(_Indices):
+class _Batched(Indices):
     """Reads a batch at once, as a jagged table does; sample 7 is corrupt."""
 
     def __init__(self, n: int) -> None:
