@@ -8,7 +8,16 @@ tail of hit counts (median 40, the largest ~25x the mean), six per-item fields.
    against sizing by loading the events (timed on a random 2,000 and scaled).
 2. A batch of 64 random events through ``__getitems__`` against the same 64 read one by
    one (``ds[i]``), median over batches.
-3. ``autoloader tune`` on the HDF5 file, all stages, as a user runs it.
+3. ``autoloader tune`` on each file, all stages, as a user runs it: its time, and the
+   read order it chose with the read speed-up it measured.
+4. The read order the tune chose, on each file (``--no-tune``: windows of the tune's
+   sizes, computed here), against the alternatives, each read from a fresh copy of the
+   dataset (cold caches, as a worker starts), ``READ_EVENTS`` events each:
+   - the plan's order, batched, against random events read one by one (``ds[i]``) and
+     against a global shuffle read batched (the loader's default);
+   - against the chosen columns read whole, in storage order (the limit);
+   - the full loop (2 workers, collation) in the plan's order against a global shuffle
+     with the same workers, ``LOOP_BATCHES`` batches each after the first.
 Every figure is a ratio measured in this run, on this machine.
 Run: ``python benchmarks/jagged.py [--cache DIR] [--events N] [--no-tune]``.
 """
@@ -16,6 +25,7 @@ Run: ``python benchmarks/jagged.py [--cache DIR] [--events N] [--no-tune]``.
 from __future__ import annotations
 
 import argparse
+import pickle
 import statistics
 import subprocess
 import sys
@@ -33,6 +43,11 @@ from autoloader.demo.jagged_files import (
 
 EVENTS = 300_000
 BATCH = 64
+READ_EVENTS = 20_000  # events read in each order, at most
+READ_SECONDS = 30.0  # or for this long (a global shuffle of ROOT clusters is slow)
+ONE_BY_ONE = 2_000  # random events read one at a time, at most (scaled per event)
+LOOP_BATCHES = 300
+LOOP_WORKERS = 2
 SPECS = {
     "hdf5": "{d}/km3-{n}.h5#hits?fields=time,tot,channel_id,pos",
     "root": "{d}/events-{n}.root#Events?fields=hits_time,hits_tot,hits_channel_id,hits_pos*",
@@ -117,6 +132,116 @@ def tune_seconds(spec: str, plan: Path) -> float:
     return took
 
 
+def fresh(ds):
+    """The dataset as a worker gets it: handles closed, caches empty."""
+    return pickle.loads(pickle.dumps(ds))
+
+
+def per_event(ds, batches) -> float:
+    """Seconds per event reading ``batches`` (index lists) from a fresh copy, for at most
+    ``READ_SECONDS``."""
+    ds = fresh(ds)
+    ds[0]  # open the files
+    start, count = time.perf_counter(), 0
+    for batch in batches:
+        ds.__getitems__(batch)
+        count += len(batch)
+        if time.perf_counter() - start > READ_SECONDS:
+            break
+    return (time.perf_counter() - start) / count
+
+
+def order_batches(ds, read_order, count: int) -> list[list[int]]:
+    from autoloader.samplers import RandomBatchSampler
+
+    sampler = RandomBatchSampler(ds.autoloader_sizes(), BATCH, seed=1, read_order=read_order)
+    return list(sampler)[: count // BATCH]
+
+
+def whole(ds, count: int) -> float:
+    """Seconds per event reading ``count`` events in storage order, 4,096 at a time."""
+    start = len(ds) // 3
+    return per_event(ds, [list(range(a, min(a + 4096, start + count)))
+                          for a in range(start, start + count, 4096)])
+
+
+def one_by_one(ds) -> float:
+    ds = fresh(ds)
+    ds[0]
+    picks = np.random.default_rng(2).choice(len(ds), size=ONE_BY_ONE, replace=False).tolist()
+    start, count = time.perf_counter(), 0
+    for i in picks:
+        ds[i]
+        count += 1
+        if time.perf_counter() - start > READ_SECONDS:
+            break
+    return (time.perf_counter() - start) / count
+
+
+def loop_seconds(ds, read_order) -> float:
+    """Seconds per batch of a DataLoader loop (workers, collation), the first batch apart."""
+    from torch.utils.data import DataLoader
+
+    from autoloader.loader.collate import collate
+    from autoloader.samplers import RandomBatchSampler
+
+    sampler = RandomBatchSampler(ds.autoloader_sizes(), BATCH, seed=1, read_order=read_order)
+    loader = DataLoader(fresh(ds), batch_sampler=sampler, num_workers=LOOP_WORKERS,
+                        collate_fn=collate)
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for _ in range(LOOP_BATCHES):
+        next(it)
+        count += 1
+        if time.perf_counter() - start > READ_SECONDS:
+            break
+    took = time.perf_counter() - start
+    del it
+    return took / count
+
+
+def windows_of(ds):
+    """The windows the tune chooses for ``ds`` where it measures them paying."""
+    from autoloader.host_budget import HostBudget
+    from autoloader.samplers.order import Windows
+    from autoloader.tuning import read_order as ro
+
+    bounds = ro.storage_blocks(ds)
+    block = max(1, int(np.median(np.diff(bounds))))
+    cap = min(int(ro.cache_bytes(ds) * ro.CACHE_SHARE),
+              HostBudget.probe().memory_budget_bytes // ro.HOST_SHARE)
+    return Windows(block, ro.plan_window(ds.autoloader_sizes(), block, BATCH, cap))
+
+
+def read_orders(specs: dict[str, str]) -> None:
+    import autoloader
+
+    print(f"\nread order: ms per event, {READ_EVENTS} events each, fresh copies; "
+          f"loop: {LOOP_WORKERS} workers, {LOOP_BATCHES} batches of {BATCH}")
+    print(f"{'layout':8s} {'window':>13s} {'plan':>7s} {'1 by 1':>7s} {'shuffle':>8s} "
+          f"{'whole':>7s} {'vs 1by1':>8s} {'vs shuf':>8s} {'/whole':>7s} "
+          f"{'loop plan':>10s} {'loop shuf':>10s} {'ratio':>6s}")
+    for layout, spec in specs.items():
+        ds = autoloader.open_dataset(spec)
+        w = windows_of(ds)
+        plan = per_event(ds, order_batches(ds, w, READ_EVENTS))
+        shuffled = per_event(ds, order_batches(ds, None, READ_EVENTS))
+        single, limit = one_by_one(ds), whole(ds, READ_EVENTS)
+        loop_w, loop_s = loop_seconds(ds, w), loop_seconds(ds, None)
+        print(f"{layout:8s} {w.block:>5d}/{w.window:<7d} {plan * 1e3:7.3f} {single * 1e3:7.3f} "
+              f"{shuffled * 1e3:8.3f} {limit * 1e3:7.3f} {single / plan:7.2f}x "
+              f"{shuffled / plan:7.2f}x {limit / plan:6.2f}x {loop_w * 1e3:8.1f}ms "
+              f"{loop_s * 1e3:8.1f}ms {loop_s / loop_w:5.2f}x")
+
+
+def tuned_order(plan: Path) -> str:
+    from autoloader import Plan
+
+    found = Plan.load(plan).tuning.get("read_order", {})
+    return f"{found.get('chosen')} ({found.get('speedup', '-')}x measured: {found.get('reason')})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "autoloader-bench"))
@@ -136,10 +261,14 @@ def main() -> int:
         many, single = batched_vs_one_by_one(ds)
         print(f"{layout:8s} {cold:9.2f}s {loading:10.1f}s {loading / cold:7.0f}x   "
               f"{many * 1e3:7.1f}ms {single * 1e3:7.1f}ms {single / many:5.2f}x")
+    read_orders(specs)
     if not args.no_tune:
-        plan = Path(args.cache) / "jagged-plan.toml"
-        took = tune_seconds(specs["hdf5"], plan)
-        print(f"\nautoloader tune (hdf5, all stages): {took:.1f} s (goal < 60 s on 2 cores)")
+        print()
+        for layout, spec in specs.items():
+            plan = Path(args.cache) / f"jagged-plan-{layout}.toml"
+            took = tune_seconds(spec, plan)
+            print(f"autoloader tune ({layout}, all stages): {took:.1f} s (goal < 60 s on 2 "
+                  f"cores); read order: {tuned_order(plan)}")
     return 0
 
 

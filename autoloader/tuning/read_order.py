@@ -15,8 +15,10 @@ measured too: the storage blocks a batch draws from, against a global shuffle's.
 
 The window's size is not what the measurement reads: while the reader's cache holds a
 window, every block is decoded once per reading process whatever the window's size, so
-the window is as large as half the cache and the host allow, for the best shuffle, while
-the measurement reads a small one.
+the window is as large as ``CACHE_SHARE`` of the cache and the host allow, while the
+measurement reads a small one. Larger windows shuffle better but cost their ramp: a
+window's first pass over its blocks (the start of each epoch) decodes blocks whose
+other events come only later, so a window a few percent of the data is kept.
 
 Where all of the data fits a reading process's cache (``autoloader_cache_bytes()``), a
 global shuffle decodes each block once per process too: windows buy nothing and are not
@@ -49,6 +51,7 @@ log = logging.getLogger("autoloader")
 KEEP_SPEEDUP = 1.2  # a window must read at least this much faster to cost shuffle quality
 BALANCE_SLACK = 1.05  # its worst batch at most this much above a global shuffle's
 DEFAULT_CACHE_BYTES = 64 * 2**20  # a reader's cache where the dataset does not say
+CACHE_SHARE = 1 / 8  # a window at most this share of a reader's cache
 HOST_SHARE = 16  # a window at most 1/16 of what the host lets the workers hold
 MEASURE_SECONDS = 2.0  # per order, at least: the windowed order reads its window to the end
 MAX_MEASURE_SECONDS = 12.0
@@ -96,7 +99,7 @@ def choose_read_order(
     block = max(1, int(np.median(np.diff(blocks))))
     g = local_batch_size * work.world_size
     n = len(work.sizes)
-    cap = min(cache // 2, memory_budget_bytes // HOST_SHARE)
+    cap = min(int(cache * CACHE_SHARE), memory_budget_bytes // HOST_SHARE)
     window = plan_window(work.sizes, block, g, cap)
     probe = Windows(block, max(block, 4 * g))
     cold, windowed_s = _measure(work, local_batch_size, probe)

@@ -13,9 +13,10 @@ with one contiguous slice per column and kept decoded in the process's ``BlockCa
 so events of one block read in neighbouring batches decompress its chunks once (a read
 order that follows the blocks, ``autoloader.samplers.order``, reads each block once per
 pass). Per batch the work is then a gather from decoded arrays, not an HDF5 selection
-of one hyperslab per event. A block is decoded whole only when it is asked for a second
-time (``BlockCache.admits``): a global shuffle over a large file rarely comes back to a
-block while it could be kept, and reads only its events, with one selection per column.
+of one hyperslab per event. A block is decoded whole only where that pays
+(``BlockCache.admits``: it is asked for again while it could be kept, as a windowed
+order does); a global shuffle over a large file seldom comes back in time, and reads only
+its events, with one selection per column.
 """
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ class H5Table(BlockReader):
         for b in np.unique(block_of).tolist():
             key = (self.path, self.name, int(bounds[b]))
             mine = np.flatnonzero(block_of == b)
-            if not cache.admits(key):
+            if not cache.admits(key, (int(last[b]) - int(first[b])) * self.width * 4):
                 alone[mine] = True
                 continue
             a, z = int(first[b]), int(last[b])

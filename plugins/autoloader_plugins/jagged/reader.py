@@ -25,7 +25,7 @@ from autoloader.errors import DatasetError
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
 # chunks' events, ROOT clusters, Parquet row groups
 BLOCK_CACHE_BYTES = 256 * 2**20
-_ASKED = 1 << 16  # blocks remembered as asked for once (admission to the cache)
+_AGAIN_RATE = 0.05  # the moving share's weight of one ask (about the last 20 asks)
 
 
 @dataclass(frozen=True)
@@ -144,21 +144,35 @@ class BlockCache:
     def clear(self) -> None:
         """Forget every block (a forked process starts empty too)."""
         self._blocks: OrderedDict[Any, np.ndarray] = OrderedDict()
-        self._asked: OrderedDict[Any, None] = OrderedDict()  # blocks asked for once
+        # blocks asked for and not decoded, with their bytes: as many as the budget holds
+        self._asked: OrderedDict[Any, int] = OrderedDict()
+        self._asked_bytes = 0
+        self._again = 0.0  # moving share of asks for a block asked for before
         self._bytes = 0
         self._pid = os.getpid()
 
-    def admits(self, key: Any) -> bool:
-        """Whether block ``key`` is worth decoding whole: it is held, or it was asked for
-        once already (a read order that follows storage asks again soon; a global shuffle
-        over a large file rarely does, and reads only the events it needs)."""
+    def admits(self, key: Any, nbytes: int) -> bool:
+        """Whether block ``key`` (``nbytes`` decoded) is worth decoding whole and keeping:
+        it is held; or it was asked for while it could have been held; or most asks lately
+        were such (a read order that follows storage comes back to a block within a few
+        batches). A global shuffle over data larger than the budget seldom comes back in
+        time, and its events are then read alone: decoding the rest of their blocks would
+        buy nothing."""
         if self._pid != os.getpid():
             self.clear()
-        if key in self._blocks or key in self._asked:
+        if key in self._blocks:
+            self._again += _AGAIN_RATE * (1.0 - self._again)
             return True
-        self._asked[key] = None
-        while len(self._asked) > _ASKED:
-            self._asked.popitem(last=False)
+        asked = self._asked.pop(key, None)
+        again = asked is not None
+        self._asked_bytes -= asked or 0
+        self._again += _AGAIN_RATE * (float(again) - self._again)
+        if again or self._again > 0.5:
+            return True
+        self._asked[key] = nbytes
+        self._asked_bytes += nbytes
+        while self._asked_bytes > self.budget and self._asked:
+            self._asked_bytes -= self._asked.popitem(last=False)[1]
         return False
 
     def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
