@@ -1,4 +1,5 @@
-"""Run-time adaptation of ``[loader]`` settings at epoch boundaries: the policy.
+"""Run-time adaptation of ``[loader]`` settings, judged on whole epochs or, in a long
+epoch, on windows of batches inside it (``autoloader.loader.windows``): the policy.
 
 tf.data re-decides its parallelism while the pipeline runs; here the planned loader does
 the same for the settings that cannot change an epoch's batches: ``num_workers``, then

@@ -90,7 +90,8 @@ class DataLoader(tud.DataLoader):
             side stream ``[loader] device_prefetch`` batches ahead of the step (default 1;
             ``device_prefetch=N`` overrides); ``cpu`` or None: batches as torch gives them.
         adapt: a planned loader re-decides ``num_workers``, ``prefetch_factor`` and
-            ``device_prefetch`` at epoch boundaries from the measured data wait, and on
+            ``device_prefetch`` from the measured data wait, between epochs and, in a
+            long epoch, at its batch boundaries (restarting at its position), and on
             CUDA compares each epoch's memory peak with the plan's prediction. Batching
             never changes. False: the plan's settings, fixed. Off without a plan.
         adapt_threshold: the share of an epoch's loop spent waiting for data above which

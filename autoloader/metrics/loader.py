@@ -117,7 +117,7 @@ class LoaderMetrics:
         gauge = {**kw, "multiprocess_mode": "livemax"}
         self.adaptations = Counter(
             "autoloader_adaptations",
-            "Changes of a [loader] setting at an epoch boundary.",
+            "Changes of a [loader] setting made while training (between or inside epochs).",
             labelnames=["rank", "setting", "direction"],
             registry=registry,
         )

@@ -1,4 +1,6 @@
-"""The pre-job tuner: sizes -> worker search -> headroom -> sampler replay -> plan.
+"""The pre-job tuner; ``autoloader.tuning.tuner`` conducts its stages in order (sizes,
+headroom, memory model, budget, batching, read order, timings, device prefetch, workers,
+trials, plan).
 
 ``tune`` imports torch when first used; the option checks and the NVML probes in this
 package do not.
