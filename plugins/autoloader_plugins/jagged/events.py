@@ -48,6 +48,8 @@ class JaggedEvents(Dataset):
                 )
         self.spec = spec
         self.readers = list(readers)
+        for r in self.readers:
+            r.files = len(self.readers)
         self.starts = np.cumsum([0] + [len(r) for r in readers]).astype(np.int64)
         if self.starts[-1] == 0:
             raise DatasetError(_empty(spec, self.readers))

@@ -43,9 +43,10 @@ from autoloader_plugins.jagged.spec import select
 log = logging.getLogger(__name__)
 
 EXTENTS = ("_indices", "offsets", "counts")
-# HDF5's own chunk cache per open column: the chunks that one block shares with its
-# neighbours (a block is decoded into the BlockCache; a larger chunk cache would hold the
-# same data twice)
+# HDF5's own chunk cache, per open column: at least the chunks one block shares with its
+# neighbours, and a share of CHUNK_CACHE_BYTES over the dataset's files and columns for
+# the events read alone (a global shuffle over a large file hits it now and then)
+CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_CHUNKS = 3
 _MIN_CHUNK_CACHE_BYTES = 2**20
 _UNCHUNKED_BLOCK_BYTES = 2**20  # the block of a contiguous column
@@ -249,8 +250,9 @@ class H5Table(BlockReader):
     # -- reading ------------------------------------------------------------------------
     def _handle(self) -> h5py.File:
         if self._h is None or self._hpid != os.getpid():
-            self._h = h5py.File(self.path, "r", rdcc_nbytes=self._chunk_cache_bytes,
-                                rdcc_nslots=10007)  # fmt: skip
+            share = CHUNK_CACHE_BYTES // (self.files * max(1, len(self._columns)))
+            cache = max(self._chunk_cache_bytes, share)
+            self._h = h5py.File(self.path, "r", rdcc_nbytes=cache, rdcc_nslots=10007)
             self._hpid = os.getpid()
         return self._h
 

@@ -44,6 +44,7 @@ class Reader(ABC):
     path: Path
     name: str  # the group or tree
     holds: str = "table"  # what ``name`` names, for messages: "group", "tree"
+    files: int = 1  # the dataset's files: they share a process's library caches
     fields: tuple[Field, ...]
     event_fields: tuple[str, ...]
     offsets: np.ndarray
@@ -147,7 +148,9 @@ class BlockCache:
         # blocks asked for and not decoded, with their bytes: as many as the budget holds
         self._asked: OrderedDict[Any, int] = OrderedDict()
         self._asked_bytes = 0
-        self._again = 0.0  # moving share of asks for a block asked for before
+        # moving share of asks for a block asked for before; it starts as if all were (a
+        # global shuffle over data too large for it costs a score of whole blocks to learn)
+        self._again = 1.0
         self._bytes = 0
         self._pid = os.getpid()
 
