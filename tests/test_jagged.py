@@ -80,9 +80,11 @@ def test_each_layout_reads_the_stored_events_and_sizes_them_from_the_extents(
 def test_blocks_are_decoded_whole_where_asks_come_back_and_events_read_alone_where_not(
     files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from autoloader_plugins.jagged import h5
     from autoloader_plugins.jagged.h5 import H5Table
     from autoloader_plugins.jagged.reader import BlockCache
 
+    monkeypatch.setattr(h5, "MIN_BLOCK_EVENTS", 1)  # a block a chunk: a small file has many
     ds = autoloader.open_dataset(_specs(files)["km3"])
     reads: list[tuple[int, int]] = []
     real = H5Table._read_items

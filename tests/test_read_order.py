@@ -209,11 +209,14 @@ def _tuned(dataset, **kw):
 
 
 def test_the_tune_reads_a_chunked_file_in_windows_where_it_measures_them_faster(
-    chunked_h5,
+    chunked_h5, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from autoloader_plugins.jagged import h5
+
     import autoloader
     from autoloader.cli.render import render
 
+    monkeypatch.setattr(h5, "MIN_BLOCK_EVENTS", 1)  # a block a chunk: many, as a large file has
     ds = autoloader.open_dataset(f"{chunked_h5}#hits")
     ds.cache = BlockCache(2**20)  # holds a fraction of the file, as a large file's would
     plan = _tuned(ds)

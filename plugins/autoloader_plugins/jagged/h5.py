@@ -21,6 +21,7 @@ its events, with one selection per column.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -47,6 +48,7 @@ EXTENTS = ("_indices", "offsets", "counts")
 # neighbours, and a share of CHUNK_CACHE_BYTES over the dataset's files and columns for
 # the events read alone (a global shuffle over a large file hits it now and then)
 CHUNK_CACHE_BYTES = 64 * 2**20
+MIN_BLOCK_EVENTS = 2048  # a block takes whole chunks until it holds this many events
 _CHUNK_CACHE_CHUNKS = 3
 _MIN_CHUNK_CACHE_BYTES = 2**20
 _UNCHUNKED_BLOCK_BYTES = 2**20  # the block of a contiguous column
@@ -268,18 +270,22 @@ class H5Table(BlockReader):
         out = np.empty((int(at[-1]), self.width), dtype=np.float32)
         bounds = self.blocks()
         first, last = self._block_items()
-        block_of = np.searchsorted(bounds, events, side="right") - 1
+        block_of = np.searchsorted(bounds, events, side="right") - 1  # ascending
+        cuts = [0, *(np.flatnonzero(np.diff(block_of)) + 1).tolist(), len(events)]
         alone = np.zeros(len(events), dtype=bool)
-        for b in np.unique(block_of).tolist():
-            key = (self.path, self.name, int(bounds[b]))
-            mine = np.flatnonzero(block_of == b)
-            if not cache.admits(key, (int(last[b]) - int(first[b])) * self.width * 4):
-                alone[mine] = True
-                continue
+        # per event, in Python: a batch's few dozen slices cost less than numpy's index
+        # arithmetic per block
+        at_, starts_, stops_ = at.tolist(), starts.tolist(), stops.tolist()
+        for lo, hi in itertools.pairwise(cuts):
+            b = int(block_of[lo])
             a, z = int(first[b]), int(last[b])
+            key = (self.path, self.name, int(bounds[b]))
+            if not cache.admits(key, (z - a) * self.width * 4):
+                alone[lo:hi] = True
+                continue
             rows = cache.get(key, self._read_items, a, z)
-            into = ranges_index(at[mine], at[mine + 1])
-            out[into] = rows[ranges_index(starts[mine] - a, stops[mine] - a)]
+            for j in range(lo, hi):
+                out[at_[j] : at_[j + 1]] = rows[starts_[j] - a : stops_[j] - a]
         if alone.any():
             self._read_alone(out, at, starts, stops, np.flatnonzero(alone))
         return out
@@ -343,9 +349,16 @@ class H5Table(BlockReader):
         return self._hcolumns
 
     def _block_bounds(self) -> np.ndarray:
+        """Blocks of whole chunks: where an event's first item opens a new chunk, taken
+        only once the block holds ``MIN_BLOCK_EVENTS`` (a batch then touches fewer
+        blocks, each decoded with one slice over its chunks)."""
         chunk_of = self._starts // self._chunk
-        heads = np.flatnonzero(np.diff(chunk_of) != 0) + 1
-        return np.concatenate([[0], heads, [len(self)]]).astype(np.int64)
+        heads = (np.flatnonzero(np.diff(chunk_of) != 0) + 1).tolist()
+        kept = [0]
+        for head in heads:
+            if head - kept[-1] >= MIN_BLOCK_EVENTS:
+                kept.append(head)
+        return np.array([*kept, len(self)], dtype=np.int64)
 
     def _read_block(self, start: int, stop: int) -> np.ndarray:
         """The items of events ``start:stop``, from the least start to the greatest stop."""
