@@ -32,6 +32,7 @@ from autoloader.loader.adapt import (
     Limits,
     Settings,
 )
+from autoloader.loader.background import Background
 from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.loader.host_fit import predicted_worst_batch_bytes, worst_batch_bytes
 from autoloader.loader.windows import Window, window_size
@@ -313,6 +314,7 @@ class EpochIter:
         self._worker_memory: int | None = None
         self._workers = loader.num_workers
         self._memory_at = self._memory_after(0)
+        self._memory_read = Background()
         # the transient: batches until the prefetch queue is first full, and the loop's
         # wait and seconds over them (no judged window holds them)
         self._warm_batches = self._fill()
@@ -357,8 +359,8 @@ class EpochIter:
             self._last_bytes = nbytes_of(batch)
         if self._count == self._warm_batches:
             self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
-        if self._count == self._memory_at:
-            self._worker_memory = _workers_memory()
+        if self._count == self._memory_at:  # read off the loop's thread, taken when judged
+            self._memory_read.latest(_workers_memory)
         if self._window_size is not None:
             if self._skip > 0:
                 self._skip -= 1
@@ -389,6 +391,7 @@ class EpochIter:
         """Judge the window just complete; apply a change at once, at this batch."""
         window, loader = self._window, self._loader
         assert window is not None and self._window_size is not None
+        self._worker_memory = self._memory_read.wait(timeout=0.0) or self._worker_memory
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
         served = loader._position.batches
         left = len(loader.batch_sampler) - served
@@ -398,6 +401,7 @@ class EpochIter:
             self._batches = loader._restart_in_epoch()
             self._workers = loader.num_workers
             self._worker_memory = None
+            self._memory_read = Background()
             self._memory_at = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
@@ -410,6 +414,7 @@ class EpochIter:
         self._done = True
         runtime = self._runtime
         loop = time.perf_counter() - self._start
+        self._worker_memory = self._memory_read.wait(timeout=0.0) or self._worker_memory
         warm = min(self._warm_batches, self._count)
         measure = EpochMeasure(
             runtime.epoch, self._count, self._samples(), self._wait, loop, self._worker_memory,

@@ -36,6 +36,7 @@ from typing import Any
 from autoloader.datasets.reads import SampleError
 from autoloader.host import tree_memory_bytes
 from autoloader.host_budget import loader_shm_bytes
+from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
 from autoloader.loader.stalls import StallWatch
 from autoloader.units import format_bytes
@@ -109,6 +110,7 @@ class Survival:
     restarts: int = 0
     _checked_at: float = 0.0
     _first_held: int | None = None
+    _reads: Background = field(default_factory=Background)  # /proc, off the loop's thread
 
     def died(self, deaths: list[Death], loader: Any, at: int) -> None:
         """Workers died: log each, count the restart, and decide. Returns to restart the
@@ -157,20 +159,29 @@ class Survival:
         if now - self._checked_at < CHECK_SECONDS:
             return None
         self._checked_at = now
-        if self.recorder is not None:
-            self.recorder.shm_used(loader_shm_bytes([os.getpid(), *pids]))
-        if self.memory_budget is None or not pids:
+        main, budget = os.getpid(), self.memory_budget
+
+        def read() -> tuple[int, int | None]:  # on the reading thread, not the loop's
+            held = sum(tree_memory_bytes(p) for p in pids) if budget and pids else None
+            return loader_shm_bytes([main, *pids]), held
+
+        found = self._reads.latest(read)  # the last check's figures: the loop never waits
+        if found is None:
             return None
-        held = sum(tree_memory_bytes(pid) for pid in pids)
+        shm, held = found
+        if self.recorder is not None:
+            self.recorder.shm_used(shm)
+        if budget is None or held is None:
+            return None
         if self._first_held is None:
             self._first_held = held  # what these workers held when first read
         # Past the budget and grown since they started: a leak, which a restart clears.
         # Workers that start that large are not recycled (a restart would not help).
-        if held <= self.memory_budget or held < GROWTH * self._first_held:
+        if held <= budget or held < GROWTH * self._first_held:
             return None
         grown = held / max(1, self._first_held)
         why = (f"the {len(pids)} DataLoader workers hold {format_bytes(held)}, past their "
-               f"budget of {format_bytes(self.memory_budget)} and {grown:.1f}x what they "
+               f"budget of {format_bytes(budget)} and {grown:.1f}x what they "
                "held at start (a leak in the dataset or the collate function?)")  # fmt: skip
         log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why,
                     batch)  # fmt: skip
@@ -199,6 +210,7 @@ class Survival:
         """New worker processes started: what they hold is read again."""
         self._first_held = None
         self._checked_at = 0.0
+        self._reads = Background()  # a read of the old workers is not theirs
 
     def _restarted(self, reason: str) -> None:
         self.restarts += 1
