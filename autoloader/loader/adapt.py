@@ -251,11 +251,14 @@ class Adapter:
         min_gain: the relative samples/s gain a raise must bring to be kept.
         fixed: settings the user chose explicitly: never changed.
         evidence: the plan's worker search, where it has one.
+        persistent: the workers outlive an epoch, so a change at an epoch's end restarts
+            them where nothing else would: it is priced as a change inside an epoch is.
     """
 
     def __init__(
         self, settings: Settings, limits: Limits, *, threshold: float = 0.05,
         min_gain: float = 0.05, fixed: tuple[str, ...] = (), evidence: Evidence | None = None,
+        persistent: bool = False,
     ) -> None:  # fmt: skip
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
             raise TypeError(f"adapt_threshold should be a number, but got {threshold!r}")
@@ -278,6 +281,11 @@ class Adapter:
         self._per_worker_bytes: float | None = None
         self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
+        self.persistent = persistent
+        # what starting the workers in force cost: their start-up and the queue's first fill,
+        # as the first epoch after a start measured it
+        self._restart_seconds = 0.0
+        self._fresh = True
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
@@ -285,6 +293,9 @@ class Adapter:
             return []
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
+        if self._fresh and m.remaining is None:
+            self._restart_seconds = max(self._restart_seconds, m.first_wait_seconds)
+            self._fresh = False
         trial, self._trial = self._trial, None
         if trial is not None:
             gain = m.steady_samples_per_second / trial.baseline_samples_per_second - 1
@@ -306,6 +317,8 @@ class Adapter:
                 f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
             return []
         if m.remaining is not None and not self._repays(m, wait):
+            return []
+        if m.remaining is None and self.persistent and not self._repays_next(m, wait):
             return []
         for setting, after, why in self._raises(m):
             self._trial = Trial(setting, self._value(setting), after,
@@ -338,6 +351,21 @@ class Adapter:
                f"the {wait:.0%} wait over the {m.remaining} batches left saves at most "
                f"{saving:.2f} s: left to the epoch's end")  # fmt: skip
         self._decline(m, "all", why, key="a change inside the epoch")
+        return False
+
+    def _repays_next(self, m: EpochMeasure, wait: float) -> bool:
+        """At an epoch's end, persistent workers would carry on: a change restarts them
+        (and an undo again), worth it only if removing all the wait over the next epoch
+        could repay two of the restarts measured."""
+        per_batch = m.loop_seconds / m.batches
+        saving = wait * m.loop_seconds
+        cost = 2 * max(self._restart_seconds, per_batch)
+        if saving >= cost:
+            return True
+        why = (f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
+               f"their start measured); the {wait:.0%} wait over an epoch like this one "
+               f"saves at most {saving:.2f} s: kept as they are")  # fmt: skip
+        self._decline(m, "all", why, key="a change restarts the persistent workers")
         return False
 
     def restore(self, saved: dict[str, int], trial: Trial | None = None) -> None:
@@ -477,6 +505,8 @@ class Adapter:
         )  # fmt: skip
         if after > change.before:
             self._settled.pop(setting, None)  # tried again: judged afresh
+        if setting != "device_prefetch":
+            self._fresh = True  # new workers: their start is measured again
         self.settings = replace(self.settings, **{setting: after})
         if setting == "num_workers" and after > 0 and self.settings.prefetch_factor is None:
             self.settings = replace(self.settings, prefetch_factor=2)  # torch's default

@@ -466,7 +466,8 @@ def _runtime(
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
     adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
-                      evidence=Evidence.from_plan(plan.tuning.get("workers")))  # fmt: skip
+                      evidence=Evidence.from_plan(plan.tuning.get("workers")),
+                      persistent=bool(loader.persistent_workers))  # fmt: skip
     predicted = plan.memory.get("predicted_peak_bytes")
     watch = None
     if isinstance(predicted, int) and predicted > 0:
