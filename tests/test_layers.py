@@ -71,6 +71,8 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
 
 @pytest.mark.parametrize(("prefix", "limit"), [("autoloader.tuning", 70), ("", 120)])
 def test_functions_stay_readable(prefix: str, limit: int) -> None:
+    """Lines of code per function, its docstring not counted (what documents a function
+    does not make it harder to read)."""
     long = []
     for name, tree in TREES.items():
         if not name.startswith(prefix):
@@ -78,6 +80,10 @@ def test_functions_stay_readable(prefix: str, limit: int) -> None:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                doc = node.body[0] if node.body else None
+                if (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                        and isinstance(doc.value.value, str)):  # fmt: skip
+                    lines -= (doc.end_lineno or doc.lineno) - doc.lineno + 1
                 if lines > limit:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert long == []

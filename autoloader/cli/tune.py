@@ -166,6 +166,13 @@ def register(sub: Any) -> None:
         "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
         "the ranks), num_threads. Default: torch's DataLoader defaults; none: skip it",
     )
+    _read_order_option(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
+    p.set_defaults(run=run)
+
+
+def _read_order_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--read-order",
         choices=READ_ORDERS,
@@ -175,9 +182,6 @@ def register(sub: Any) -> None:
         "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
         "global shuffle (default: auto)",
     )
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
