@@ -90,7 +90,9 @@ def test_the_worker_search_stage_and_the_report() -> None:
     assert tried.threads is None  # no step: the threads are not the loop's to choose
     assert tried.comparison is not None and tried.comparison.diagnosis.kind == "loading-only"
     assert tried.comparison.baseline.settings["batch_size"] == 8
-    plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice,
+    order = stages.read_order(Solo(), work, opts, model, budget.bytes, choice)
+    assert order.windows is None and "names no storage blocks" in order.evidence["reason"]
+    plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice, order,
                                              stages.Timings(), None, where, found, tried))  # fmt: skip
     assert plan.batching.global_batch_size == 8
     assert plan.tuning["baseline"]["measured"]["plan"]["samples_per_second"] > 0

@@ -63,8 +63,12 @@ def loop(out: Path, mode: str) -> None:
             torch.save(loader.state_dict(), out / f"state{rank}.tmp")
             os.replace(out / f"state{rank}.tmp", out / f"state{rank}.pt")
             served += 1
-            if mode == "killed" and served == 5:
-                os._exit(9)
+            if mode == "killed":
+                # both ranks have written and saved this batch before either dies: on a
+                # loaded machine a rank that lagged was torn down a few batches short
+                dist.barrier()
+                if served == 5:
+                    os._exit(9)
 
 
 def main() -> None:
