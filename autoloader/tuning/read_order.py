@@ -10,8 +10,8 @@ is kept only where it reads at least ``KEEP_SPEEDUP`` times faster, and only whe
 chosen strategy's worst batch in it stays within the memory budget and, for a balancing
 strategy, within ``BALANCE_SLACK`` of its worst batch in a global shuffle (``random``'s
 worst batch is chance in either order; the plan predicts its peak from the windowed
-one). What it costs, shuffle quality, is
-measured too: the storage blocks a batch draws from, against a global shuffle's.
+one). What it costs, shuffle quality, is measured too: the storage blocks a batch draws
+from, against a global shuffle's.
 
 The window's size is not what the measurement reads: while the reader's cache holds a
 window, every block is decoded once per reading process whatever the window's size, so
