@@ -316,9 +316,7 @@ class Adapter:
                 f"the loop waited {wait:.1%} of its time: a raise could gain at "
                 f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
             return []
-        if m.remaining is not None and not self._repays(m, wait):
-            return []
-        if m.remaining is None and self.persistent and not self._repays_next(m, wait):
+        if not self._repays(m, wait):
             return []
         for setting, after, why in self._raises(m):
             self._trial = Trial(setting, self._value(setting), after,
@@ -340,32 +338,30 @@ class Adapter:
         return self._trial
 
     def _repays(self, m: EpochMeasure, wait: float) -> bool:
-        """Inside an epoch a change restarts the iterator (and an undo again): worth it
-        only if removing all the wait over the batches left could repay two restarts."""
+        """Whether a change may be made now: it restarts the workers (and an undo again)
+        inside an epoch, or at its end where persistent workers would carry on; worth it
+        only if removing all the wait over what is ahead (the batches left, or an epoch
+        like this one) could repay two restarts (the iterator's restart measured inside
+        an epoch; the workers' start as the first epoch after it measured)."""
         per_batch = m.loop_seconds / m.batches
-        saving = wait * per_batch * (m.remaining or 0)
-        cost = 2 * max(m.restart_seconds, per_batch)
+        inside = m.remaining is not None
+        if not inside and not self.persistent:
+            return True  # new workers start every epoch anyway
+        saving = wait * (per_batch * (m.remaining or 0) if inside else m.loop_seconds)
+        cost = 2 * max(m.restart_seconds if inside else self._restart_seconds, per_batch)
         if saving >= cost:
             return True
-        why = (f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an undo); "
-               f"the {wait:.0%} wait over the {m.remaining} batches left saves at most "
-               f"{saving:.2f} s: left to the epoch's end")  # fmt: skip
-        self._decline(m, "all", why, key="a change inside the epoch")
-        return False
-
-    def _repays_next(self, m: EpochMeasure, wait: float) -> bool:
-        """At an epoch's end, persistent workers would carry on: a change restarts them
-        (and an undo again), worth it only if removing all the wait over the next epoch
-        could repay two of the restarts measured."""
-        per_batch = m.loop_seconds / m.batches
-        saving = wait * m.loop_seconds
-        cost = 2 * max(self._restart_seconds, per_batch)
-        if saving >= cost:
-            return True
-        why = (f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
-               f"their start measured); the {wait:.0%} wait over an epoch like this one "
-               f"saves at most {saving:.2f} s: kept as they are")  # fmt: skip
-        self._decline(m, "all", why, key="a change restarts the persistent workers")
+        if inside:
+            key, why = "a change inside the epoch", (
+                f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
+                f"undo); the {wait:.0%} wait over the {m.remaining} batches left saves at "
+                f"most {saving:.2f} s: left to the epoch's end")  # fmt: skip
+        else:
+            key, why = "a change restarts the persistent workers", (
+                f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
+                f"their start measured); the {wait:.0%} wait over an epoch like this one "
+                f"saves at most {saving:.2f} s: kept as they are")  # fmt: skip
+        self._decline(m, "all", why, key=key)
         return False
 
     def restore(self, saved: dict[str, int], trial: Trial | None = None) -> None:
