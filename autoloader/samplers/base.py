@@ -173,17 +173,16 @@ def even_pools(sequence: np.ndarray, sizes: np.ndarray, whole: int, step: int) -
         b, end = a + step, min(a + 2 * step, whole)
         here, there = out[a:b], out[b:end]
         excess = sizes[here].sum() - target * len(here)
-        heavy_first = excess > 0
         mine = np.argsort(sizes[here], kind="stable")
         theirs = np.argsort(sizes[there], kind="stable")
-        if heavy_first:  # give the heaviest, take the lightest
-            mine, theirs = mine[::-1], theirs
-        else:
+        if excess > 0:  # give the heaviest, take the lightest
+            mine = mine[::-1]
+        else:  # give the lightest, take the heaviest
             theirs = theirs[::-1]
         k = min(len(mine), len(theirs))
-        gain = np.abs(sizes[here[mine[:k]]] - sizes[there[theirs[:k]]])
-        useful = np.sign(sizes[here[mine[:k]]] - sizes[there[theirs[:k]]]) == np.sign(excess)
-        gained = np.cumsum(np.where(useful, gain, 0))
+        diff = sizes[here[mine[:k]]] - sizes[there[theirs[:k]]]
+        useful = np.sign(diff) == np.sign(excess)
+        gained = np.cumsum(np.where(useful, np.abs(diff), 0))
         swaps = min(int(np.searchsorted(gained, abs(excess))), int(useful.sum()))
         if swaps:
             i, j = mine[:swaps], theirs[:swaps]

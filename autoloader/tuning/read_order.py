@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from autoloader.datasets.reads import Guarded
-from autoloader.samplers import RandomBatchSampler, make_sampler
+from autoloader.samplers import RandomBatchSampler
 from autoloader.samplers.order import Windows
 from autoloader.tuning.batching import BatchingChoice, Replay, all_local_batches, replay
 from autoloader.tuning.memory_model import MemoryModel
@@ -53,7 +53,7 @@ BALANCE_SLACK = 1.05  # its worst batch at most this much above a global shuffle
 DEFAULT_CACHE_BYTES = 64 * 2**20  # a reader's cache where the dataset does not say
 CACHE_SHARE = 1 / 8  # a window at most this share of a reader's cache
 HOST_SHARE = 16  # a window at most 1/16 of what the host lets the workers hold
-MEASURE_SECONDS = 2.0  # per order, at least: the windowed order reads its window to the end
+MEASURE_SECONDS = 2.0  # each order is read at least this long
 MAX_MEASURE_SECONDS = 12.0
 MIN_BLOCKS = 4  # fewer storage blocks leave nothing to shuffle between
 
@@ -78,11 +78,13 @@ class ReadOrder:
 
 
 def choose_read_order(
-    work: Workload, *, strategy: str, options: dict[str, Any], local_batch_size: int,
-    model: MemoryModel, budget_bytes: int, epochs: int, memory_budget_bytes: int,
+    work: Workload, *, strategy: str, options: dict[str, Any], shuffled: Replay,
+    model: MemoryModel, budget_bytes: int, memory_budget_bytes: int,
 ) -> ReadOrder:  # fmt: skip
     """Measure the dataset's reads in a global shuffle and in windows; keep the faster
-    where it pays (the module's notes)."""
+    where it pays (the module's notes). ``shuffled``: the batching stage's replay of
+    ``strategy`` in a global shuffle, which the windowed replay is held against."""
+    local_batch_size = shuffled.local_batch_size
     blocks = storage_blocks(work.dataset)
     if blocks is None:
         return _shuffle("the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
@@ -122,11 +124,9 @@ def choose_read_order(
         return _shuffle(f"windows read {speedup:.2f}x as fast as a global shuffle here, under "
                         f"the {KEEP_SPEEDUP}x that would pay for the shuffle they cost",
                         evidence)  # fmt: skip
-    shuffled, windowed = (
-        replay(strategy, work.sizes, local_batch_size, world_size=work.world_size,
-               epochs=epochs, seed=work.seed, options=options, read_order=order)
-        for order in (None, windows)
-    )  # fmt: skip
+    windowed = replay(strategy, work.sizes, local_batch_size, world_size=work.world_size,
+                      epochs=shuffled.epochs, seed=work.seed, options=options,
+                      read_order=windows)  # fmt: skip
     evidence["worst_batch_bytes"] = windowed.worst_batch_bytes
     evidence["shuffle_worst_batch_bytes"] = shuffled.worst_batch_bytes
     balancing = strategy != "random"  # random's worst batch is chance in either order
@@ -202,8 +202,7 @@ def _measure(work: Workload, local_batch_size: int, probe: Windows) -> tuple[flo
     A window's blocks enter one at a time (``Windows``), so its first batches cost what
     the rest do."""
     shuffled = RandomBatchSampler(work.sizes, local_batch_size, seed=work.seed)
-    windowed = make_sampler("random", work.sizes, local_batch_size, seed=work.seed,
-                            read_order=probe)  # fmt: skip
+    windowed = RandomBatchSampler(work.sizes, local_batch_size, seed=work.seed, read_order=probe)
     random_s = _seconds_per_sample(work, _batches(shuffled), MEASURE_SECONDS)
     windowed_s = _seconds_per_sample(work, _batches(windowed), MEASURE_SECONDS)
     log.info("read order: %.3g ms a sample in a global shuffle, %.3g ms in windows",

@@ -183,10 +183,9 @@ def read_order(
             work,
             strategy=choice.strategy,
             options=options,
-            local_batch_size=choice.local_batch_size,
+            shuffled=choice.replays[choice.strategy],
             model=model,
             budget_bytes=budget_bytes,
-            epochs=REPLAY_EPOCHS,
             memory_budget_bytes=budget,
         )
     )
