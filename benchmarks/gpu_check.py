@@ -16,6 +16,10 @@ Prints one table and writes it as JSON to benchmarks/results/gpu-check.json:
 The first H100 run (torch 2.11, driver 580) gave: NVML vs torch 0.65% apart; kk, local
 512, 7 workers in 25 s; 0 OOM, reserved 0.97 of the budget; local 1024 does not fit;
 7 workers 0.977 of the best, 0 workers 3.8x slower; pinned 54 GB/s, pageable 17.
+An H200 run (torch 2.11, driver 580, 16 CPUs) gave: 0.00% apart; random, local 512, 16
+workers; 0 OOM, reserved 0.81 of the budget; local 512 is the largest that fits (with the
+fragmentation reserve taken as reserved minus allocated it planned 256); 16 workers the
+best, 0 workers 8.1x slower; pinned 55 GB/s, pageable 20-23.
 Without CUDA it prints one line starting SKIP and exits 0.
 """
 

@@ -45,6 +45,7 @@ def test_calibration_measures_reserved_peaks_on_cuda() -> None:
         true = 9 * p.batch_bytes  # the batch it holds and a scratch of 8x
         assert p.peak_bytes is not None and abs(p.peak_bytes - true) / true < 0.05
         assert p.reserved_bytes is not None and p.reserved_bytes >= p.peak_bytes
+        assert p.split_bytes is not None and 0 <= p.split_bytes <= p.reserved_bytes
     assert fit([(p.batch_bytes, p.peak_bytes) for p in points]).pcc > 0.99
 
 

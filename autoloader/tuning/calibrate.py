@@ -7,9 +7,11 @@ counted), then each batch is measured with one full step.
 
 - CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` after
   ``reset_peak_memory_stats``, above what was reserved before the model was built. The
-  allocated peak is what the memory model is fitted to; reserved minus allocated (the
-  caching allocator's rounding and fragmentation) is reported per point and becomes a
-  part of the plan's reserve.
+  allocated peak is what the memory model is fitted to. The peak of inactive split
+  blocks (``inactive_split_bytes``: the caching allocator's rounding and fragmentation
+  inside segments still in use, which it cannot release) is reported per point and
+  becomes a part of the plan's reserve; reserved minus allocated would also count cached
+  free segments, which the allocator frees and retries with before it runs out.
 - CPU: the allocator's own events, read through ``torch.profiler`` with
   ``profile_memory``: the running total of every allocation and free since the model was
   built, and its maximum during each step. Exact for tensor memory, unlike a process's
@@ -48,6 +50,20 @@ class Point:
     peak_bytes: int | None  # allocated peak; None: the step ran out of memory
     note: str = ""
     reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
+    # CUDA only: the peak of inactive blocks split off segments still in use, which the
+    # allocator cannot hand back when memory runs short (its cached free segments it can)
+    split_bytes: int | None = None
+
+    def fragmentation_bytes(self) -> int | None:
+        """Device memory this step held beyond its allocations that a cap cannot reclaim:
+        the split blocks where the allocator reports them, else reserved minus allocated."""
+        if self.peak_bytes is None:
+            return None
+        if self.split_bytes is not None:
+            return self.split_bytes
+        if self.reserved_bytes is not None:
+            return max(0, self.reserved_bytes - self.peak_bytes)
+        return None
 
 
 def calibrate_step(
@@ -153,12 +169,21 @@ def _cuda_peaks(factory: StepFactory, batches: Batches, device: torch.device) ->
             allocated = max(torch.cuda.max_memory_allocated(d) - allocated_base[d] for d in devices)
             reserved = max(torch.cuda.max_memory_reserved(d) - baseline[d] for d in devices)
             detail = f"heaviest of {len(devices)} DataParallel devices" if len(devices) > 1 else ""
-            out.append(Point(nbytes, allocated, detail, reserved_bytes=max(reserved, allocated)))
+            out.append(Point(nbytes, allocated, detail, reserved_bytes=max(reserved, allocated),
+                             split_bytes=_split_peak(devices)))  # fmt: skip
         else:
             out.append(Point(nbytes, None, note))
         gc.collect()
         torch.cuda.empty_cache()
     return out
+
+
+def _split_peak(devices: Sequence[int]) -> int | None:
+    """The heaviest device's peak of non-releasable split blocks since the last reset, or
+    ``None`` where this torch's allocator does not report it."""
+    peaks = [torch.cuda.memory_stats(d).get("inactive_split_bytes.all.peak") for d in devices]
+    known = [int(p) for p in peaks if p is not None]
+    return max(known) if len(known) == len(peaks) else None
 
 
 def _cpu_peaks(factory: StepFactory, batches: Batches) -> list[Point]:

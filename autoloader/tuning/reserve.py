@@ -53,7 +53,8 @@ def reserve_parts(
     budget_overridden: bool,
     context_in_probe: bool,
     world_size: int,
-    fragmentation: Sequence[tuple[int, int]] = (),
+    fragmentation: Sequence[int] = (),
+    split_blocks: bool = True,
 ) -> list[ReservePart]:
     """The reserve for a plan.
 
@@ -64,7 +65,11 @@ def reserve_parts(
         context_in_probe: this process held a CUDA context when free memory was read, so
             one context (the training process's, later) is already outside it.
         world_size: ranks; with more than one, NCCL's buffers are reserved.
-        fragmentation: ``(allocated, reserved)`` peaks from calibration on the device.
+        fragmentation: bytes each calibration step held on the device beyond its
+            allocations that the allocator could not have reclaimed.
+        split_blocks: those bytes are the allocator's non-releasable split blocks; else
+            they are reserved minus allocated (a torch that does not report the former),
+            which also counts cached free segments a cap would have released.
     """
     if device_type != "cuda":
         return []
@@ -96,13 +101,17 @@ def reserve_parts(
             )
     segments = "on" if expandable_segments() else "off"
     if fragmentation:
-        gap = max(max(0, reserved - allocated) for allocated, reserved in fragmentation)
+        what = (
+            "split blocks the allocator cannot release (its cached free segments it releases "
+            "when memory runs short)"
+            if split_blocks
+            else "reserved minus allocated"
+        )
         parts.append(
             ReservePart(
                 "fragmentation",
-                gap,
-                f"measured: reserved minus allocated at the calibration peaks "
-                f"(expandable_segments {segments})",
+                max(fragmentation),
+                f"measured: {what} at the calibration peaks (expandable_segments {segments})",
             )
         )
     else:

@@ -120,11 +120,12 @@ def budget(
     Raises:
         DeviceError: nothing is left to plan for, naming the rank, the margin and reserve.
     """
+    gaps = [p.fragmentation_bytes() for p in calibration]
     reserve = reserve_parts(
         device_type=device.type, budget_overridden=opts.memory_budget is not None,
         context_in_probe=room.context_in_probe, world_size=opts.world_size,
-        fragmentation=[(p.peak_bytes, p.reserved_bytes) for p in calibration
-                       if p.peak_bytes is not None and p.reserved_bytes is not None],
+        fragmentation=[g for g in gaps if g is not None],
+        split_blocks=all(p.split_bytes is not None for p in calibration if p.peak_bytes),
     )  # fmt: skip
     reserved = sum(p.bytes for p in reserve)
     mine = int(room.free_bytes * (1 - opts.safety)) - reserved
