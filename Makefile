@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-.PHONY: demo test test-torch bench bench-peer gpu-check lint clean
+.PHONY: demo test test-torch bench bench-peer gpu-check lint docs clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,13 @@ lint: $(STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
 	$(PY) -m ruff check autoloader plugins tests benchmarks examples
 	$(PY) -m mypy autoloader plugins
+
+# The manual: mkdocs with --strict (mkdocs.yml), so a broken link or a page missing from
+# the navigation fails the build. mkdocs needs nothing of the package, only the pages.
+docs: $(STAMP)
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints-dev.txt "mkdocs==1.6.1"
+	$(PY) -m mkdocs build --strict
+	@echo "the manual is in build/site/index.html"
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
         metavar="N",
         help="local ranks on this node (default: LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, 1)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print JSON (its schema: docs/memory.md)")
     p.set_defaults(run=run)
 
 
