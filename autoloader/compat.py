@@ -62,8 +62,9 @@ def check_torch_internals() -> None:
         )
 
 
-# What autoloader.loader.iterators reads and sets of the multi-process iterator: methods,
-# and the attributes its __init__ and _reset set (names in their code objects).
+# What autoloader.loader.iterators and autoloader.feed.start read and set of the
+# multi-process iterator: methods, and the attributes its __init__ and _reset set (names
+# in their code objects).
 _MP_METHODS = ("_try_get_data", "_shutdown_workers", "_process_data")
 _MP_STATE = {
     "__init__": ("_workers", "_index_queues", "_worker_result_queue", "_workers_done_event",

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from autoloader.accelerator import is_oom
 from autoloader.batches import num_samples, split
-from autoloader.loader.distributed import rank_and_world_size
+from autoloader.job.distributed import rank_and_world_size
 from autoloader.metrics.loader import loader_metrics
 
 log = logging.getLogger("autoloader")

@@ -13,7 +13,7 @@ sends may never arrive; past ``RLIMIT_AS`` this process cannot start the threads
 question ``HostBudget`` answers for shared memory and RAM: do this many workers fit? The
 costs were measured on torch 2.13 and glibc (a count refused here would have come close
 to the limit); what gets past them anyway is caught where the workers start
-(``autoloader.loader.iterators``). Neutral ground: imports nothing of the tuner or the
+(``autoloader.feed.start``). Neutral ground: imports nothing of the tuner or the
 loader.
 """
 

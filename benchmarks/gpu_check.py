@@ -177,7 +177,7 @@ def _largest_that_fits(
     import torch
 
     from autoloader.demo.model import TrainStep
-    from autoloader.loader.collate import collate
+    from autoloader.feed.collate import collate
     from autoloader.sizes import sample_sizes
     from autoloader.tuning.batching import all_local_batches
 

@@ -182,7 +182,7 @@ def loop_seconds(ds, read_order) -> float:
     """Seconds per batch of a DataLoader loop (workers, collation), the first batch apart."""
     from torch.utils.data import DataLoader
 
-    from autoloader.loader.collate import collate
+    from autoloader.feed.collate import collate
     from autoloader.samplers import RandomBatchSampler
 
     sampler = RandomBatchSampler(ds.autoloader_sizes(), BATCH, seed=1, read_order=read_order)

@@ -82,7 +82,7 @@ def step() -> Any:
 
 
 def collate() -> Any:
-    from autoloader.loader.collate import collate as ours
+    from autoloader.feed.collate import collate as ours
 
     return ours  # torch's default_collate, plus PyG graphs
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from torch.utils.data import Dataset
 
 from autoloader import DataLoader, DeviceError, Plan, PlanError, UsageError
-from autoloader.loader import device_feed
-from autoloader.loader.device_feed import DeviceFeed, move
+from autoloader.feed import device as device_feed
+from autoloader.feed.device import DeviceFeed, move
 from autoloader.tuning.prefetch import choose_device_prefetch
 
 Pair = namedtuple("Pair", ["x", "y"])

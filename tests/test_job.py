@@ -17,8 +17,8 @@ import pytest
 from conftest import prepend_pythonpath, reaped, run_reaped, spawn, torchrun
 
 from autoloader import Plan
-from autoloader.loader.agreement import describe_differences
-from autoloader.loader.distributed import first_host, launcher_env
+from autoloader.job.agreement import describe_differences
+from autoloader.job.distributed import first_host, launcher_env
 
 SCRIPT = Path(__file__).parent / "distributed" / "job_ranks.py"
 
@@ -321,8 +321,8 @@ def test_the_job_timeouts_from_the_environment_are_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autoloader import UsageError
-    from autoloader.loader.distributed import join_timeout
-    from autoloader.loader.liveness import peer_limit
+    from autoloader.job.distributed import join_timeout
+    from autoloader.job.liveness import peer_limit
 
     assert join_timeout() == 300.0 and peer_limit() == 10.0
     monkeypatch.setenv("AUTOLOADER_PEER_TIMEOUT", "2.5")

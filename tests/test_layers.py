@@ -12,7 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ("autoloader.guard", "autoloader.loader", "autoloader.metrics", "autoloader.samplers",
-           "autoloader.plan", "autoloader_plugins")  # fmt: skip
+           "autoloader.plan", "autoloader.feed", "autoloader.job", "autoloader_plugins")  # fmt: skip
+# What the tuner and the loader both need lives below both: neither may be imported here.
+BELOW = ("autoloader.feed", "autoloader.job", "autoloader.thresholds")
 
 
 def _modules() -> dict[str, Path]:
@@ -47,6 +49,22 @@ def _imports(name: str) -> set[str]:
 def test_runtime_code_never_imports_the_tuner() -> None:
     offenders = {name: sorted(m for m in _imports(name) if m.startswith("autoloader.tuning"))
                  for name in MODULES if name.startswith(RUNTIME)}  # fmt: skip
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("autoloader.tuning", "autoloader.loader"),  # the tuner times loaders built from feed/
+        (BELOW, "autoloader.loader"),
+        (BELOW, "autoloader.tuning"),
+        ("autoloader.metrics", "autoloader.loader"),  # the loader records into metrics/
+        ("autoloader.guard", "autoloader.loader"),
+    ],
+)
+def test_layers_point_one_way(importer: str | tuple[str, ...], imported: str) -> None:
+    offenders = {name: sorted(m for m in _imports(name) if m.startswith(imported))
+                 for name in MODULES if name.startswith(importer)}  # fmt: skip
     assert {k: v for k, v in offenders.items() if v} == {}
 
 

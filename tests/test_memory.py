@@ -22,7 +22,7 @@ from memory_steps import (
 )
 
 from autoloader import DeviceError, tune
-from autoloader.loader.collate import collate
+from autoloader.feed.collate import collate
 from autoloader.samplers import make_sampler
 from autoloader.sizes import sample_sizes
 from autoloader.tuning import stages

@@ -9,7 +9,7 @@ import torch
 from hostile_data import GOOD
 
 from autoloader import DeviceError, UsageError
-from autoloader.loader.collate import collate
+from autoloader.feed.collate import collate
 from autoloader.tuning import stages
 from autoloader.tuning.collective import Solo
 from autoloader.tuning.memory_model import MemoryModel

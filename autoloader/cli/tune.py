@@ -226,7 +226,7 @@ def _run(
     dataset = open_dataset(args.dataset, transform=transform)
     if not to_stdout:
         _refuse_inputs(out, args, dataset)
-    from autoloader.loader.distributed import launcher_env
+    from autoloader.job.distributed import launcher_env
 
     # One tune at a time per plan on a node (every rank of a collective tune shares it:
     # only a lone tune takes the lock).
@@ -237,7 +237,7 @@ def _run(
             plan: Plan = tune_run(dataset, opts, step=step)
     except SampleError as exc:
         raise DatasetError(f"DATASET {args.dataset!r}: {exc.detail}") from exc
-    from autoloader.loader.distributed import local_rank, rank_and_world_size
+    from autoloader.job.distributed import local_rank, rank_and_world_size
 
     # A collective tune: every rank holds the plan. Rank 0 writes it, or with
     # --save-on-each-node the first rank of each node (each node's copy has its own

@@ -43,6 +43,7 @@ from autoloader.host_budget import HostBudget
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
 from autoloader.process_limits import ProcessLimits
+from autoloader.thresholds import WAIT_THRESHOLD
 
 log = logging.getLogger("autoloader")
 
@@ -256,7 +257,7 @@ class Adapter:
     """
 
     def __init__(
-        self, settings: Settings, limits: Limits, *, threshold: float = 0.05,
+        self, settings: Settings, limits: Limits, *, threshold: float = WAIT_THRESHOLD,
         min_gain: float = 0.05, fixed: tuple[str, ...] = (), evidence: Evidence | None = None,
         persistent: bool = False,
     ) -> None:  # fmt: skip

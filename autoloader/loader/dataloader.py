@@ -20,20 +20,17 @@ from prometheus_client import CollectorRegistry
 
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
+from autoloader.feed.collate import collate
+from autoloader.feed.device import DeviceFeed, check_device
+from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host_budget import HostBudget
+from autoloader.job.agreement import check_ranks_agree
+from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
-from autoloader.loader.agreement import check_ranks_agree
-from autoloader.loader.collate import collate
-from autoloader.loader.device_feed import DeviceFeed, check_device
-from autoloader.loader.distributed import rank_and_world_size
 from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.host_fit import fit_to_host
-from autoloader.loader.iterators import (
-    RecordingMultiProcessingIter,
-    RecordingSingleProcessIter,
-    WorkersNotStarted,
-)
+from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
@@ -70,6 +67,7 @@ from autoloader.plan.schema import MAX_DEVICE_PREFETCH
 from autoloader.process_limits import ProcessLimits
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import dataset_length, fingerprint
+from autoloader.thresholds import WAIT_THRESHOLD
 
 log = logging.getLogger("autoloader")
 
@@ -116,7 +114,7 @@ class DataLoader(tud.DataLoader):
         metrics: bool = True,
         device: str | torch.device | None = None,
         adapt: bool = True,
-        adapt_threshold: float = 0.05,
+        adapt_threshold: float = WAIT_THRESHOLD,
         adapt_max_workers: int | None = None,
         num_threads: int | str | None = "plan",
         **kwargs: Any,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-DRIFT_LIMIT = 0.10  # warn when the peak exceeds the prediction by more than this
+from autoloader.thresholds import DRIFT_LIMIT
 
 
 class CudaPeak:

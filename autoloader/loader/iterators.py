@@ -5,191 +5,35 @@ worker management and ``isinstance`` checks included. Indices are queued in the 
 sampler hands them out; batches come back in that order with ``in_order=True``, and with
 ``in_order=False`` the recorded batch sizes still form the same multiset.
 
-Workers that cannot start (a host limit: open files, processes, address space) leave
-torch's iterator half-built, and its ``__del__`` then prints an ``AttributeError`` and may
-leave the started workers running. Every multi-process iterator here ends what a failed
-start began and raises ``WorkersNotStarted`` instead (the tuner's loaders too, through
-``StartSafeLoader``).
+Every multi-process iterator here starts its workers through ``feed.start.StartSafe``: a
+failed start leaves nothing running and raises ``WorkersNotStarted``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from autoloader.compat import check_torch_internals
 
 check_torch_internals()
 
-import torch.multiprocessing  # noqa: E402 - after the check
-from torch.utils.data import DataLoader, _utils  # noqa: E402 - after the check
+from torch.utils.data import _utils  # noqa: E402 - after the check
 from torch.utils.data.dataloader import (  # noqa: E402
-    _BaseDataLoaderIter,
     _MultiProcessingDataLoaderIter,
     _SingleProcessDataLoaderIter,
 )
 
-from autoloader.errors import one_line  # noqa: E402
+from autoloader.feed.start import StartSafe, raised_in_worker  # noqa: E402
 from autoloader.loader.stalls import Stall, process_state  # noqa: E402
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival  # noqa: E402
 from autoloader.metrics.loader import BatchRecorder  # noqa: E402
-
-
-class WorkersNotStarted(RuntimeError):
-    """A loader's worker processes could not all be started (a limit of the host: open
-    files, processes and threads, address space); none of them is left running."""
-
-    def __init__(self, workers: int, cause: BaseException) -> None:
-        text = str(cause).strip().splitlines()
-        why = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
-        super().__init__(f"{workers} DataLoader worker(s) could not be started: {why}")
-        self.workers = workers
-
-
-def cannot_start(exc: BaseException) -> bool:
-    """Whether ``exc`` is the host refusing a process, a thread, a pipe or their memory."""
-    if isinstance(exc, MemoryError):
-        return True
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM)
-    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
-
-
-class _StartSafe:
-    """torch's multi-process iterator, started so that a failed start leaves nothing; the
-    failure is ``WorkersNotStarted`` where ``_named_failure`` (else torch's own error)."""
-
-    _named_failure = True
-
-    def __init__(self, loader: Any) -> None:
-        self._start_workers(loader)
-
-    def _start_workers(self, loader: Any) -> None:
-        try:
-            _MultiProcessingDataLoaderIter.__init__(self, loader)  # type: ignore[arg-type]
-        except BaseException as exc:
-            _abandon(self)
-            if self._named_failure and cannot_start(exc):
-                raise WorkersNotStarted(loader.num_workers, exc) from exc
-            raise
-
-
-def _abandon(it: Any) -> None:
-    """End what a failed ``__init__`` began, without a thread (the failure may be that no
-    thread can start) and without the state it never reached (``_workers_status``)."""
-    it._shutdown = True  # torch's own shutdown, and its __del__, then do nothing
-    if getattr(it, "_worker_pids_set", False):
-        _utils.signal_handling._remove_worker_pids(id(it))  # before they are ended
-        it._worker_pids_set = False
-    for name in ("_workers_done_event", "_pin_memory_thread_done_event"):
-        event = getattr(it, name, None)
-        if event is not None:
-            event.set()
-    workers = getattr(it, "_workers", [])
-    for w in workers:  # SIGKILL: they inherit the handlers a program set for SIGTERM
-        if w.is_alive():
-            w.kill()
-    for w in workers:
-        w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
-        with contextlib.suppress(ValueError):
-            w.close()  # its sentinel pipes, now: the next count's workers inherit what is open
-    pin = getattr(it, "_pin_memory_thread", None)
-    if pin is not None:  # it polls its done event: out within one interval
-        pin.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL + 1)
-    queues = list(getattr(it, "_index_queues", []))
-    if pin is None or not pin.is_alive():  # never close a queue under a reader
-        queues.append(getattr(it, "_worker_result_queue", None))
-    for q in queues:
-        if q is not None:
-            _close_queue(q)
-
-
-def _close_queue(q: Any) -> None:
-    """Close a multiprocessing queue's pipe now: where no feeder thread started,
-    ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
-    where one did, that thread closes both ends."""
-    q.cancel_join_thread()
-    fed = q._thread is not None
-    q.close()
-    if not fed:
-        q._reader.close()
-        q._writer.close()
-
-
-class StartSafeIter(_StartSafe, _MultiProcessingDataLoaderIter):
-    """``_MultiProcessingDataLoaderIter`` whose failed start raises ``WorkersNotStarted``
-    and leaves nothing running."""
-
-
-class StartSafeLoader(DataLoader):
-    """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders)."""
-
-    def _get_iterator(self) -> _BaseDataLoaderIter:
-        if self.num_workers == 0:
-            return super()._get_iterator()
-        self.check_worker_number_rationality()
-        return StartSafeIter(self)
-
-
-NO_THREAD_EXIT = 75  # a worker that could not start a thread it needs exits with this
-
-
-class StartThreads:
-    """A ``worker_init_fn`` that first starts the thread a worker needs to send tensors
-    (the resource sharer's, under torch's ``file_descriptor`` strategy), then runs
-    ``inner``. Started lazily, that thread may fail (``RLIMIT_NPROC``) after its socket is
-    announced, and the training process then waits for ever for a batch; a worker that
-    cannot start it exits at once, with ``NO_THREAD_EXIT``, a death torch sees."""
-
-    def __init__(self, inner: Callable[[int], None] | None = None) -> None:
-        self.inner = inner
-
-    def __call__(self, worker_id: int) -> None:
-        if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
-            try:
-                _start_resource_sharer()
-            except (RuntimeError, OSError, MemoryError):
-                os._exit(NO_THREAD_EXIT)
-        if self.inner is not None:
-            self.inner(worker_id)
-
-
-def _raised_in_worker(exc: BaseException) -> bool:
-    """Whether ``exc`` is the dataset's own error that torch re-raised from a worker."""
-    return str(exc).startswith("Caught ") and "worker process" in str(exc).split("\n")[0]
-
-
-def failure_text(exc: BaseException) -> str:
-    """One line for a loader's failure: torch's own, or, for a worker that exited with
-    ``NO_THREAD_EXIT``, what it could not do."""
-    if f"exit code {NO_THREAD_EXIT}" in str(exc):
-        return ("a DataLoader worker could not start a thread (RLIMIT_NPROC, `ulimit -u`, or "
-                "RLIMIT_AS, `ulimit -v`)")  # fmt: skip
-    return one_line(exc)
-
-
-def _start_resource_sharer() -> None:
-    from multiprocessing import resource_sharer
-
-    sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
-    with sharer._lock:
-        if sharer._address is not None:
-            return
-        try:
-            sharer._start()
-        except BaseException:
-            listener, sharer._listener, sharer._address = sharer._listener, None, None
-            if listener is not None:
-                listener.close()
-            raise
 
 
 class _Recording:
@@ -233,7 +77,7 @@ class RecordingSingleProcessIter(_Recording, _SingleProcessDataLoaderIter):
     """``_SingleProcessDataLoaderIter`` that records each batch."""
 
 
-class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataLoaderIter):
+class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLoaderIter):
     """``_MultiProcessingDataLoaderIter`` that records each batch; for a planned loader
     (``loader._survival``) it also survives its workers (``autoloader.loader.survival``):
     a dead worker, or workers past their memory budget, and it restarts them in place at
@@ -354,7 +198,7 @@ class RecordingMultiProcessingIter(_Recording, _StartSafe, _MultiProcessingDataL
                 # it sent was in flight, the failure to fetch that batch's shared memory
                 # from it (FileNotFoundError, ConnectionRefusedError): a death either way,
                 # though the worker may still be on its way out when the fetch fails
-                fetch = not isinstance(exc, RuntimeError) and not _raised_in_worker(exc)
+                fetch = not isinstance(exc, RuntimeError) and not raised_in_worker(exc)
                 deaths = self._deaths(patience=_utils.MP_STATUS_CHECK_INTERVAL if fetch else 0)
                 if not deaths:
                     raise

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from autoloader.loader.agreement import agreement_timeout
+from autoloader.job.agreement import agreement_timeout
 from autoloader.plan import Plan
 from autoloader.sizes import (
     measure_sizes,

@@ -13,8 +13,8 @@ import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.errors import PlanError
+from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.launch import launched_local_rank
-from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.plan.schema import validate_loader
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry, push_to_gateway, write_to_textfile
 
-from autoloader.loader.distributed import rank_and_world_size
+from autoloader.job.distributed import rank_and_world_size
 
 
 def write_textfile(path: str | os.PathLike[str], registry: CollectorRegistry | None = None) -> None:

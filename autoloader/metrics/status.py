@@ -16,10 +16,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from autoloader.thresholds import DRIFT_LIMIT, WAIT_THRESHOLD
 from autoloader.units import format_bytes
-
-WAIT_THRESHOLD = 0.05  # the loader's default adapt_threshold
-DRIFT_LIMIT = 0.10  # autoloader.loader.drift.DRIFT_LIMIT
 
 # metric sample name -> the rank's key
 _FIELDS = {

@@ -35,7 +35,7 @@ import torch
 from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import read
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
-from autoloader.loader.device_feed import move
+from autoloader.feed.device import move
 from autoloader.tuning.step import StepFactory
 from autoloader.tuning.workload import Workload
 

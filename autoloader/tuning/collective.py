@@ -61,7 +61,7 @@ def agree_on_options(job: Job, options: dict[str, Any]) -> None:
     Raises:
         UsageError: the ranks' options differ.
     """
-    from autoloader.loader.agreement import describe_differences
+    from autoloader.job.agreement import describe_differences
 
     everyone: list[Any] = [None] * job.world_size
     dist.all_gather_object(everyone, options)

@@ -20,9 +20,9 @@ import torch
 
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
+from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
 from autoloader.host_budget import HostBudget
-from autoloader.loader.placement import PinWorkers, gpu_local_cpus
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.tuning import trial, workers
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from autoloader.loader.device_feed import move
+from autoloader.feed.device import move
 
 
 def transfer(batch: Any, device: torch.device) -> None:

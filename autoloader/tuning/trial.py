@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 
 from autoloader.accelerator import is_oom
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
-from autoloader.loader.device_feed import DeviceFeed
-from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
+from autoloader.feed.device import DeviceFeed
+from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text
 from autoloader.stops import raise_if_stopped
 from autoloader.tuning.baseline import LoopSettings
 from autoloader.tuning.transfer import transfer

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from autoloader.loader.collate import collate
-from autoloader.loader.distributed import job_group
+from autoloader.feed.collate import collate
+from autoloader.job.distributed import job_group
 from autoloader.plan import Plan
 from autoloader.tuning import stages
 from autoloader.tuning.collective import current_team

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.feed.collate import collate
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
-from autoloader.loader.collate import collate
 from autoloader.process_limits import LimitsProbe
 from autoloader.samplers.order import Windows
 from autoloader.tuning.workers import search as _search

@@ -22,9 +22,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
+from autoloader.feed.collate import collate
+from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text
 from autoloader.host import cpu_seconds, tree_memory_bytes
-from autoloader.loader.collate import collate
-from autoloader.loader.iterators import StartSafeLoader, StartThreads, failure_text
 from autoloader.samplers import RandomBatchSampler
 from autoloader.samplers.order import Windows
 from autoloader.stops import raise_if_stopped

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from autoloader.errors import JobError, UsageError
+from autoloader.job.liveness import Liveness, first_beat
 from autoloader.launch import (
     first_host,
     launched_local_rank,
@@ -22,7 +23,6 @@ from autoloader.launch import (
     local_rank,
     rank_and_world_size,
 )
-from autoloader.loader.liveness import Liveness, first_beat
 from autoloader.units import seconds_from_env
 
 log = logging.getLogger("autoloader")
@@ -42,7 +42,7 @@ def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
     """A process group for the job's ranks while the block runs: the user's where one is
     initialised, else a gloo group from the launcher's environment (destroyed after, so
     the user's own ``init_process_group`` still works), whose ranks watch each other's
-    heartbeats (``autoloader.loader.liveness``): a rank that vanishes is named and the
+    heartbeats (``autoloader.job.liveness``): a rank that vanishes is named and the
     others stop with exit status 2. Yields whether there is a group of more than one rank.
 
     Raises:
