@@ -119,12 +119,13 @@ def test_a_raise_the_tune_timed_no_faster_is_not_paid_for(caplog: Any) -> None:
 def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> None:
     a = adapter(cap=2, evidence=Evidence.from_plan(GNN_TUNE))
     change = a.decide(loaded(0, 0.6, 100, 0, 0.200))  # reads became 10x slower
-    assert [(c.setting, c.after) for c in change] == [("num_workers", 1)]
+    # 0.2 s of loading a batch against 0.133 s of step: 2 workers (1.1 x 0.2 / 0.133), at once
+    assert [(c.setting, c.after) for c in change] == [("num_workers", 2)]
     assert change[0].reason == (
-        "the loop waited 60% of its time for data; the tune timed 1 (0.0990 s) workers "
+        "the loop waited 60% of its time for data; the tune timed 2 (0.0880 s) workers "
         "against 0 (0.0800 s per batch of the loop): not +5% faster, but loading at 0 workers "
         "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 28% noise): "
-        "trying 1"
+        "trying 2"
     )
 
 
@@ -187,13 +188,30 @@ def test_a_raise_that_cannot_reach_the_gain_it_must_bring_is_not_tried() -> None
     assert [c.after for c in a.decide(measure(1, 0.06, 100))] == [1]
 
 
+def test_a_raise_is_sized_by_the_loading_it_measured_not_one_doubling() -> None:
+    # 2 workers hand over a batch every 32 ms against a 10 ms step (reads became 10x
+    # slower): each takes 64 ms a batch, so the step needs 1.1 x 64 / 10 -> 8 of them
+    a = adapter(workers=2, prefetch=2, cap=8)
+    starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
+    assert [(c.setting, c.before, c.after) for c in a.decide(starved)] == [
+        ("num_workers", 2, 8)]  # fmt: skip
+    # a little short of feeding it (a batch every 12 ms): the next count, as before
+    b = adapter(workers=2, prefetch=2, cap=8)
+    short = EpochMeasure(3, 50, 1600, 50 * 0.002, 50 * 0.012, None, 0.002, 2)
+    assert [c.after for c in b.decide(short)] == [4]
+    # the cap bounds a sized raise like any other
+    c = adapter(workers=2, prefetch=2, cap=6)
+    assert [ch.after for ch in c.decide(starved)] == [6]
+
+
 def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:
     a = adapter(cap=2)
     assert [c.after for c in a.decide(loaded(0, 0.3, 100, 0, 0.010))] == [1]
     assert [c.after for c in a.decide(loaded(1, 0.3, 101, 1, 0.010))] == [0]  # in vain
     assert a.decide(loaded(2, 0.3, 100, 0, 0.011)) == []  # the same loop: settled
     again = a.decide(loaded(3, 0.8, 30, 0, 0.100))  # reads became 10x slower
-    assert [c.after for c in again] == [1]
+    # 0.1 s of loading a batch against 25 ms of step asks for 5 workers: the cap, 2
+    assert [c.after for c in again] == [2]
     assert again[0].reason.endswith("loading per batch moved 10.00x since the raise in vain "
                                     "(0.0100 s -> 0.1000 s): trying again")  # fmt: skip
 
@@ -295,9 +313,10 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
                         adapt_max_workers=2)  # fmt: skip
     run(loader, 2)
     first = loader.adaptations[0]
-    assert (first.epoch, first.setting, first.before, first.after) == (0, "num_workers", 0, 1)
+    # loading as slow as this asks for more workers than the cap: the cap, in one raise
+    assert (first.epoch, first.setting, first.before, first.after) == (0, "num_workers", 0, 2)
     assert first.wait_fraction > 0.5 and "waited" in first.reason
-    assert loader.num_workers == 1
+    assert loader.num_workers == 2
     value = registry.get_sample_value
     assert value("autoloader_adaptations_total",
                  {"rank": "0", "setting": "num_workers", "direction": "up"}) >= 1  # fmt: skip
@@ -320,7 +339,7 @@ def test_a_raise_that_did_not_help_steps_back() -> None:
     loader = make(Slow(n=64, delay=0.005, in_workers=3.0), planned(0), adapt_max_workers=2)
     run(loader, 4)
     steps = [(a.setting, a.before, a.after) for a in loader.adaptations]
-    assert steps == [("num_workers", 0, 1), ("num_workers", 1, 0)], loader.adaptations
+    assert steps == [("num_workers", 0, 2), ("num_workers", 2, 0)], loader.adaptations
     assert loader.num_workers == 0
 
 
@@ -391,7 +410,8 @@ def test_save_plan_round_trips_through_show_and_a_new_loader(
     assert runtime.get("tuned") == ({"num_workers": 0} if workers else None)
     assert main(["show", str(path)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "runtime saved" in text and "0 num_workers 0 -> 1" in text
+    first = loader.adaptations[0]
+    assert "runtime saved" in text and f"0 num_workers 0 -> {first.after}" in text
     if workers:  # the worker search's notes explain 0 workers: show says which is which
         assert f"set while training: num_workers {workers} (tuned 0)" in text
     assert main(["show", str(path), "--json"]) == 0

@@ -8,7 +8,9 @@ the same for the settings that cannot change an epoch's batches: ``num_workers``
 The policy is a hill climb with one step back:
 
 - an epoch whose loop waited for data more than ``threshold`` of its time raises one
-  setting by one step: workers to the next count of the worker search's own grid (within
+  setting: workers to the count its loading asks for (a starved loop's delivery interval
+  against its step, ``_sized``), at least the next count of the worker search's own grid
+  and on it (within
   the CPU cap, the host-memory budget, this process's limits on open files, processes and
   address space, and below any count the tune's search failed at; a raise whose workers
   cannot start anyway is undone at once, ``hold_down``), else, with workers at their cap,
@@ -44,6 +46,8 @@ from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
 from autoloader.process_limits import ProcessLimits
 from autoloader.thresholds import WAIT_THRESHOLD
+
+SIZED_MARGIN = 1.1  # a sized raise asks for 10% more workers than the loop's step needs
 
 log = logging.getLogger("autoloader")
 
@@ -456,18 +460,13 @@ class Adapter:
         s, lim = self.settings, self.limits
         waited = f"the loop waited {m.steady_wait_fraction:.0%} of its time for data"
         out = []
-        nxt = next((w for w in doubling_grid(lim.max_workers) if w > s.num_workers), None)
-        per_worker = self._per_worker_bytes
-        capped = nxt is None or (
-            per_worker is not None and per_worker * nxt > lim.memory_budget_bytes
-        )
+        grid = doubling_grid(lim.max_workers)
+        nxt = next((w for w in grid if w > s.num_workers), None)
+        capped = nxt is None or self._workers_refused(m, nxt) is not None
         if nxt is not None and not capped:
-            refused = lim.shm_refuses(nxt, s.prefetch_factor) or lim.start_refuses(
-                nxt, s.prefetch_factor, self.batch_tensors
-            )
-            if refused is not None:
-                capped = True
-                self._decline(m, "num_workers", refused)
+            sized = self._sized(m, grid, nxt)
+            if sized > nxt and self._workers_refused(m, sized, quiet=True) is None:
+                nxt = sized
         if nxt is not None and not capped:
             why = self._worker_raise(m, nxt, waited)
             if why is not None:
@@ -490,6 +489,34 @@ class Adapter:
                 out.append(("device_prefetch", s.device_prefetch + 1,
                             f"{waited}, with workers and prefetch at their caps"))  # fmt: skip
         return out
+
+    def _workers_refused(self, m: EpochMeasure, workers: int, quiet: bool = False) -> str | None:
+        """Why ``workers`` cannot run here: the host-memory budget, /dev/shm, or what this
+        process may start (declined, unless ``quiet``); None where nothing refuses them."""
+        s, lim, per_worker = self.settings, self.limits, self._per_worker_bytes
+        if per_worker is not None and per_worker * workers > lim.memory_budget_bytes:
+            return "over the host-memory budget"
+        refused = lim.shm_refuses(workers, s.prefetch_factor) or lim.start_refuses(
+            workers, s.prefetch_factor, self.batch_tensors
+        )
+        if refused is not None and not quiet:
+            self._decline(m, "num_workers", refused)
+        return refused
+
+    def _sized(self, m: EpochMeasure, grid: list[int], nxt: int) -> int:
+        """The count this epoch's loading asks for, on the grid and at least ``nxt``: a
+        starved loop's workers hand over a batch every ``loading_seconds`` (the main
+        process, without workers, takes that per batch itself), so one worker takes
+        ``workers`` times that per batch, and feeding the loop's own ``compute_seconds``
+        per batch takes that many workers over it, with 10% to spare. One raise sized by
+        the measurement, not one doubling per epoch: a dataset whose reads turned 10x
+        slower is fed again after one restart."""
+        workers, compute = m.workers, m.compute_seconds
+        if workers != self.settings.num_workers or compute <= 0 or m.loading_seconds <= 0:
+            return nxt
+        per_worker = m.loading_seconds * max(1, workers or 0)
+        want = math.ceil(SIZED_MARGIN * per_worker / compute)
+        return max(nxt, next((w for w in grid if w >= want), grid[-1]))
 
     def _value(self, setting: str) -> int:
         value = getattr(self.settings, setting)
