@@ -12,7 +12,8 @@ as the host sees it). The reads' cost lives in shared memory, so workers already
 see the change. Under the new conditions, each worker count 0..8 is then timed held fixed
 (one warm-up epoch, persistent workers, adaptation off), and the adapted loader's epochs
 2 and 3 (the first two under the new conditions) are compared with the best of them.
-Goal (issue 37): adapted >= 0.90 of the best fixed count within two epochs.
+Goal (issue 37): adapted >= 0.90 of the best fixed count within two epochs: in epoch 3,
+the second under the new conditions (the first can only measure them).
 Run: `python benchmarks/regimes.py [--epochs 6] [--samples 960] [--only NAME]`.
 """
 
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,9 +181,9 @@ def run(sc: Scenario, samples: int, epochs: int, workdir: Path) -> float:
         print("    no changes")
     print("  held fixed under the new conditions, samples/s: "
           + ", ".join(f"{w}: {r:.0f}" for w, r in scan.items()) + f" (best {best})")  # fmt: skip
-    ratio = min(rates[2:4]) / scan[best]
-    print(f"  adapted / best fixed, the worse of epochs 2 and 3: {ratio:.2f}; "
-          f"{'met' if ratio >= 0.9 else 'MISSED'} (goal 0.90)")  # fmt: skip
+    first, ratio = rates[2] / scan[best], rates[3] / scan[best]
+    print(f"  adapted / best fixed: epoch 2 {first:.2f}, epoch 3 {ratio:.2f}; "
+          f"{'met' if ratio >= 0.9 else 'MISSED'} (goal 0.90 in epoch 3)")  # fmt: skip
     return ratio
 
 
@@ -193,12 +195,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.epochs < 4:
         parser.error("--epochs must be at least 4: two before the change, two after")
+    # torch's note on workers past the CPU count: these reads wait, which is the point
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.samples} samples an "
           f"epoch, batch {BATCH}, a 10 ms step")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         got = {sc.name: run(sc, args.samples, args.epochs, Path(tmp))
                for sc in SCENARIOS if args.only in (None, sc.name)}  # fmt: skip
-    print("\nadapted / best fixed within two epochs of the change: "
+    print("\nadapted / best fixed in the second epoch after the change: "
           + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))  # fmt: skip
 
 

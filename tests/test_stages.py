@@ -12,9 +12,9 @@ from autoloader import DeviceError, UsageError
 from autoloader.feed.collate import collate
 from autoloader.tuning import stages
 from autoloader.tuning.collective import Solo
+from autoloader.tuning.findings import Findings, plan_of
 from autoloader.tuning.memory_model import MemoryModel
 from autoloader.tuning.options import tune_options
-from autoloader.tuning.report import Findings, plan_of
 from autoloader.tuning.workload import Workload
 
 CPU = torch.device("cpu")

@@ -213,7 +213,7 @@ class Declined:
 
 
 @dataclass(frozen=True)
-class Trial:
+class RaiseOnTrial:
     """A raise on trial: judged on the epoch after it against the samples/s before it."""
 
     setting: str
@@ -231,7 +231,7 @@ class Trial:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, found: Any) -> Trial | None:
+    def from_dict(cls, found: Any) -> RaiseOnTrial | None:
         """A trial saved by ``to_dict`` (None where ``found`` is not one)."""
         try:
             trial = cls(**found)
@@ -278,7 +278,7 @@ class Adapter:
         self.history: list[Adaptation] = []
         self.declined: list[Declined] = []
         self.evidence = evidence
-        self._trial: Trial | None = None
+        self._trial: RaiseOnTrial | None = None
         self._fixed = set(fixed)
         # settings raised once in vain: not raised again while loading stays as it was
         # then (the loading seconds per batch and the worker count it was measured at)
@@ -324,7 +324,7 @@ class Adapter:
         if not self._repays(m, wait):
             return []
         for setting, after, why in self._raises(m):
-            self._trial = Trial(setting, self._value(setting), after,
+            self._trial = RaiseOnTrial(setting, self._value(setting), after,
                                 m.steady_samples_per_second, m.loading_seconds,
                                 self.settings.num_workers, m.epoch)  # fmt: skip
             return self._change(m, setting, after, why)
@@ -338,7 +338,7 @@ class Adapter:
         return self.settings if t is None else replace(self.settings, **{t.setting: t.before})
 
     @property
-    def on_trial(self) -> Trial | None:
+    def on_trial(self) -> RaiseOnTrial | None:
         """The raise not yet judged, if one is."""
         return self._trial
 
@@ -369,7 +369,7 @@ class Adapter:
         self._decline(m, "all", why, key=key)
         return False
 
-    def restore(self, saved: dict[str, int], trial: Trial | None = None) -> None:
+    def restore(self, saved: dict[str, int], trial: RaiseOnTrial | None = None) -> None:
         """Resume at settings an earlier run reached (a loader's saved state); the ones
         the user fixed stay as given. Settings past this host's caps (reached on a larger
         node) are lowered to them, as a raise here would be, and a WARNING says so. A raise

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
-from autoloader.loader.adapt import SETTINGS, Trial  # the settings adaptation moves
+from autoloader.loader.adapt import SETTINGS, RaiseOnTrial  # the settings adaptation moves
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
 
@@ -114,7 +114,7 @@ class Served:
 
 def state(
     position: Position, plan: Plan, data: Data, means: Mapping[str, Any],
-    settings: dict[str, Any], trial: Trial | None = None,
+    settings: dict[str, Any], trial: RaiseOnTrial | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The plain-data state: numbers and strings, under 1 KiB whatever the epoch's size.
     ``means``: ``meaning(sampler)``. ``trial``: a raise in force but not yet judged,
@@ -228,10 +228,10 @@ def _check_data(found: Mapping[str, Any], plan: Plan, data: Data, earlier: bool)
         )
 
 
-def saved_trial(found: Mapping[str, Any]) -> Trial | None:
+def saved_trial(found: Mapping[str, Any]) -> RaiseOnTrial | None:
     """The raise on trial a state holds (None: none, or not well-formed)."""
     table = found.get("trial")
-    return Trial.from_dict(dict(table)) if isinstance(table, Mapping) else None
+    return RaiseOnTrial.from_dict(dict(table)) if isinstance(table, Mapping) else None
 
 
 def saved_settings(found: Mapping[str, Any]) -> dict[str, int]:

@@ -22,8 +22,8 @@ from autoloader.plan import Plan
 from autoloader.tuning import stages
 from autoloader.tuning.collective import current_team
 from autoloader.tuning.devices import resolve_device
+from autoloader.tuning.findings import Findings, plan_of
 from autoloader.tuning.options import TuneOptions, tune_options
-from autoloader.tuning.report import Findings, plan_of
 from autoloader.tuning.step import step_factory
 from autoloader.tuning.workload import Workload
 
