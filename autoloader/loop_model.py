@@ -156,6 +156,20 @@ class Evidence:
             "jitter, is the limit, and a deeper queue cannot help"
         )
 
+    def feeds_step(self, workers: int) -> str | None:
+        """Why ``workers`` already feed the step, by the tune's timing (None: they do not,
+        or it was not measured): the loop model then has the loop step-bound, and no count
+        can make it faster while loading stays as the tune measured it."""
+        t = self.counts.get(workers)
+        step = self.step_seconds
+        if not workers or t is None or step is None or t.seconds_per_batch * (1 + MARGIN) > step:
+            return None
+        return (
+            f"the tune timed {workers} workers handing over a batch every "
+            f"{t.seconds_per_batch:.4f} s against a {step:.4f} s step: they feed it, and more "
+            "cannot make the loop faster than its step"
+        )
+
     def rules_out(self, current: int, raised: int, min_gain: float) -> str | None:
         """Why the tune's own timings say ``raised`` workers would not bring ``min_gain``
         over ``current`` (None: they do not say so, or were not measured)."""
@@ -168,13 +182,28 @@ class Evidence:
             below = max((w for w in self.counts if current < w < raised), default=None)
             above = min((w for w in self.counts if w > raised), default=None)
             if below is None or above is None:
-                return None
+                return self.feeds_step(current)
             tried = [below, above]
-        loops = [self.loop(w) for w in tried]
-        if any(x is None or x <= 0 or now / x - 1 >= min_gain for x in loops):
+        pairs = [self._like_with_like(current, w) for w in tried]
+        if any(b is None or b <= 0 or a is None or a / b - 1 >= min_gain for a, b in pairs):
             return None
-        which = " and ".join(f"{w} ({x:.4f} s)" for w, x in zip(tried, loops, strict=True))
+        which = " and ".join(f"{w} ({b:.4f} s)" for w, (_, b) in zip(tried, pairs, strict=True))
+        now = pairs[0][0]
+        assert now is not None
         return (
             f"the tune timed {which} workers against {current} ({now:.4f} s per batch of the "
             f"loop): not {min_gain:+.0%} faster"
         )
+
+    def _like_with_like(self, current: int, other: int) -> tuple[float | None, float | None]:
+        """Seconds per batch of the loop at ``current`` and at ``other``, both as the tune
+        timed them with the step where it did, else both from the model over loading: a
+        loop measured with its overheads is never held against a model's ideal one."""
+        if current in self.loops and other in self.loops:
+            return self.loops[current], self.loops[other]
+        if current in self.counts and other in self.counts:
+            a, b = self.counts[current], self.counts[other]
+            step = self.step_seconds
+            return (loop_seconds(current, a.seconds_per_batch, step),
+                    loop_seconds(other, b.seconds_per_batch, step))  # fmt: skip
+        return self.loop(current), self.loop(other)

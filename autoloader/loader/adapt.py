@@ -430,9 +430,12 @@ class Adapter:
 
     def _prefetch_raise(self, m: EpochMeasure, waited: str) -> str | None:
         """Why a deeper queue may help (None: the evidence says the workers' speed, not
-        their jitter, is the limit, and loading has not moved since the tune)."""
-        evidence = self.evidence
-        ruled = evidence.queue_cannot_help(self.settings.num_workers) if evidence else None
+        their jitter, is the limit, or that they feed the step already, and loading has
+        not moved since the tune)."""
+        evidence, workers = self.evidence, self.settings.num_workers
+        ruled = None
+        if evidence is not None:  # too slow on average, or fast enough: no queue helps
+            ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(workers)
         return self._unless_ruled(m, "prefetch_factor", waited, ruled, "", "")
 
     def _unless_ruled(self, m: EpochMeasure, setting: str, waited: str, ruled: str | None,
