@@ -114,3 +114,26 @@ def test_guard_survives_a_real_out_of_memory() -> None:
     assert guarded.parts > 1
     for got, want in zip((p.grad for p in model.parameters()), expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_small_batches_by_value_arrive_pinned() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from autoloader import DataLoader, Plan
+
+    class Small(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.full((16,), float(i)), torch.tensor(i)
+
+    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 2, "pin_memory": True},
+                           "batching": {"strategy": "random", "local_batch_size": 8}})  # fmt: skip
+    loader = DataLoader(Small(), plan=plan, adapt=False, registry=CollectorRegistry())
+    seen = []
+    for x, i in loader:
+        assert x.is_pinned() and i.is_pinned() and not x.is_shared()
+        assert torch.equal(x[:, 0].long(), i)
+        seen += i.tolist()
+    assert sorted(seen) == list(range(64))

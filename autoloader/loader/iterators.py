@@ -31,6 +31,7 @@ from torch.utils.data.dataloader import (  # noqa: E402
 )
 
 from autoloader.feed.start import StartSafe, raised_in_worker  # noqa: E402
+from autoloader.feed.transport import ByValue, unpacked  # noqa: E402
 from autoloader.loader.stalls import Stall, process_state  # noqa: E402
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival  # noqa: E402
 from autoloader.metrics.loader import BatchRecorder  # noqa: E402
@@ -61,7 +62,7 @@ class _Recording:
     def __next__(self) -> Any:
         start = time.perf_counter()
         try:
-            batch = super().__next__()  # type: ignore[misc]
+            batch = unpacked(super().__next__())  # type: ignore[misc]
         except StopIteration:
             self._recorder.flush()
             raise
@@ -98,6 +99,17 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         self._started()
         if self._survival is not None and self._survival.stalls is not None:
             _Watchdog(self).start()
+
+    @property
+    def _collate_fn(self) -> Any:
+        return self.__dict__["_worker_collate"]
+
+    @_collate_fn.setter
+    def _collate_fn(self, fn: Any) -> None:
+        # torch's base iterator sets the collate its workers run: a planned loader's small
+        # batches travel to the loop by value (feed.transport), and _Recording unpacks them
+        planned = getattr(self._loader_ref(), "plan", None) is not None
+        self.__dict__["_worker_collate"] = ByValue(fn) if planned and fn is not None else fn
 
     def _started(self) -> None:
         """Fresh workers: take them off torch's SIGCHLD handler, which raises from
