@@ -56,6 +56,7 @@ class Timed:
     workers: int
     seconds_per_batch: float
     stderr_seconds: float = 0.0
+    max_batch_seconds: float | None = None  # the slowest batch a worker loaded
 
 
 def _number(value: Any) -> float | None:
@@ -86,6 +87,9 @@ class Evidence:
     # the loop's seconds per batch measured with the step (the tune's trials), by count:
     # where they exist they are the judgement, not the model over loading alone
     loops: dict[int, float] = field(default_factory=dict)
+    # the most memory one worker added in the tune's trace (its processes' total over the
+    # main process alone, per worker), where the trace measured it
+    worker_bytes: float | None = None
 
     @classmethod
     def from_plan(cls, workers_table: Any) -> Evidence | None:
@@ -93,10 +97,12 @@ class Evidence:
         a hand-written plan, or one whose trace cannot be read)."""
         if not isinstance(workers_table, Mapping):
             return None
+        ok = [(w, spb, entry) for w, spb, entry in _timed_counts(workers_table.get("trace"))
+              if entry.get("status", "ok") == "ok"]  # fmt: skip
         counts = {
-            w: Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0)
-            for w, spb, entry in _timed_counts(workers_table.get("trace"))
-            if entry.get("status", "ok") == "ok"
+            w: Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0,
+                     _number(entry.get("max_batch_seconds")))
+            for w, spb, entry in ok
         }
         if not counts:
             return None
@@ -104,7 +110,12 @@ class Evidence:
         for w, spb, _ in _timed_counts(workers_table.get("loops")):
             if spb > 0:
                 loops.setdefault(w, spb)
-        return cls(counts, _number(workers_table.get("step_seconds")), loops)
+        memory = {w: _number(entry.get("memory_bytes")) for w, _, entry in ok}
+        base = memory.get(0)
+        per_worker = [(m - base) / w for w, m in memory.items() if w > 0 and m is not None
+                      and base is not None and m > base]  # fmt: skip
+        return cls(counts, _number(workers_table.get("step_seconds")), loops,
+                   max(per_worker) if per_worker else None)  # fmt: skip
 
     def loop(self, workers: int) -> float | None:
         """The loop's seconds per batch at a measured count: as timed with the step where
@@ -156,13 +167,26 @@ class Evidence:
             "jitter, is the limit, and a deeper queue cannot help"
         )
 
-    def feeds_step(self, workers: int) -> str | None:
+    def feeds_step(self, workers: int, step_now: float = 0.0, depth: int | None = None
+                   ) -> str | None:  # fmt: skip
         """Why ``workers`` already feed the step, by the tune's timing (None: they do not,
         or it was not measured): the loop model then has the loop step-bound, and no count
-        can make it faster while loading stays as the tune measured it."""
+        can make it faster while loading stays as the tune measured it.
+
+        ``step_now``: the loop's own time per batch less its wait at run time; a step that
+        became faster since the tune is the one to feed. ``depth``: asked for a deeper
+        queue, ``prefetch_factor``; the queue of ``workers x depth`` batches must also
+        outlast the slowest batch the tune saw (size jitter), else a deeper one may help.
+        """
         t = self.counts.get(workers)
         step = self.step_seconds
+        if step is not None and step_now > 0:
+            step = min(step, step_now)
         if not workers or t is None or step is None or t.seconds_per_batch * (1 + MARGIN) > step:
+            return None
+        if depth is not None and (
+            t.max_batch_seconds is None or t.max_batch_seconds > workers * depth * step
+        ):
             return None
         return (
             f"the tune timed {workers} workers handing over a batch every "
@@ -170,9 +194,11 @@ class Evidence:
             "cannot make the loop faster than its step"
         )
 
-    def rules_out(self, current: int, raised: int, min_gain: float) -> str | None:
+    def rules_out(self, current: int, raised: int, min_gain: float, step_now: float = 0.0
+                  ) -> str | None:  # fmt: skip
         """Why the tune's own timings say ``raised`` workers would not bring ``min_gain``
-        over ``current`` (None: they do not say so, or were not measured)."""
+        over ``current`` (None: they do not say so, or were not measured); ``step_now`` as
+        in ``feeds_step``."""
         now = self.loop(current)
         if now is None:
             return None
@@ -182,7 +208,7 @@ class Evidence:
             below = max((w for w in self.counts if current < w < raised), default=None)
             above = min((w for w in self.counts if w > raised), default=None)
             if below is None or above is None:
-                return self.feeds_step(current)
+                return self.feeds_step(current, step_now)
             tried = [below, above]
         pairs = [self._like_with_like(current, w) for w in tried]
         if any(b is None or b <= 0 or a is None or a / b - 1 >= min_gain for a, b in pairs):

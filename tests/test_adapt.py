@@ -135,7 +135,8 @@ def test_workers_the_tune_timed_feeding_the_step_are_not_raised_for_the_loops_ov
     fed = {"step_seconds": 0.010, "trace": [
         {"workers": 0, "seconds_per_batch": 0.064, "stderr_seconds": 0.001},
         {"workers": 1, "seconds_per_batch": 0.034, "stderr_seconds": 0.001},
-        {"workers": 2, "seconds_per_batch": 0.0052, "stderr_seconds": 0.0001}]}  # fmt: skip
+        {"workers": 2, "seconds_per_batch": 0.0052, "stderr_seconds": 0.0001,
+         "max_batch_seconds": 0.012}]}  # fmt: skip
     a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(fed))
     assert a.decide(loaded(0, 0.13, 100, 2, 0.0015)) == []
     assert a.declined[0].reason.startswith(
@@ -149,6 +150,15 @@ def test_workers_the_tune_timed_feeding_the_step_are_not_raised_for_the_loops_ov
     assert b.decide(loaded(0, 0.13, 100, 2, 0.0015)) == []
     assert b.declined[0].reason.startswith(
         "the tune timed 4 (0.0100 s) workers against 2 (0.0100 s per batch of the loop)")
+    # fed on average, but the tune saw a batch take 60 ms, longer than the queue of 2 x 2
+    # batches lasts (40 ms): size jitter, which a deeper queue absorbs
+    jitter = {**fed, "trace": [*fed["trace"][:2], {**fed["trace"][2], "max_batch_seconds": 0.06}]}
+    c = adapter(workers=2, prefetch=2, cap=2, evidence=Evidence.from_plan(jitter))
+    assert [(ch.setting, ch.after) for ch in c.decide(loaded(0, 0.13, 100, 2, 0.0015))] == [
+        ("prefetch_factor", 4)]  # fmt: skip
+    # a step that became 3x faster since the tune: 2 workers no longer feed it
+    d = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(fed))
+    assert [ch.after for ch in d.decide(loaded(0, 0.47, 100, 2, 0.0027))] == [8]
 
 
 def test_a_deeper_queue_is_not_tried_where_the_workers_are_too_slow_on_average() -> None:
@@ -167,7 +177,8 @@ def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
     # 7 workers timed at 0.0079 s a batch, a 0.0102 s step; at run time the loop takes
     # 0.0124 s a batch, 7% of it waiting: the step, not loading, sets the pace
     tuned = {"step_seconds": 0.0102, "trace": [
-        {"workers": 7, "seconds_per_batch": 0.0079, "stderr_seconds": 0.0001},
+        {"workers": 7, "seconds_per_batch": 0.0079, "stderr_seconds": 0.0001,
+         "max_batch_seconds": 0.02},
         {"workers": 8, "seconds_per_batch": 0.0075, "stderr_seconds": 0.0001}]}  # fmt: skip
     evidence = Evidence.from_plan(tuned)
     assert evidence is not None
@@ -230,6 +241,31 @@ def test_a_raise_is_sized_by_the_loading_it_measured_not_one_doubling() -> None:
     # the cap bounds a sized raise like any other
     c = adapter(workers=2, prefetch=2, cap=6)
     assert [ch.after for ch in c.decide(starved)] == [6]
+
+
+def test_a_sized_raise_the_tune_ruled_out_falls_back_to_the_next_count() -> None:
+    # 8 workers timed no faster than 2, 4 timed feeding the step: a starved loop at 2
+    # asks for 8; the tune rules 8 out, so 4 is tried
+    tuned = {"step_seconds": 0.010, "trace": [
+        {"workers": 2, "seconds_per_batch": 0.030, "stderr_seconds": 0.0005},
+        {"workers": 4, "seconds_per_batch": 0.012, "stderr_seconds": 0.0005},
+        {"workers": 8, "seconds_per_batch": 0.031, "stderr_seconds": 0.0005}]}  # fmt: skip
+    a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(tuned))
+    starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
+    assert [(c.setting, c.after) for c in a.decide(starved)] == [("num_workers", 4)]
+
+
+def test_a_sized_raise_stays_within_the_host_memory_budget() -> None:
+    # workers of 1 GiB each (as the tune's trace measured them), 3 GiB for all of them:
+    # the loop asks for 8, and 2 -> 4 is over the budget too, so no raise of workers
+    gib = 2**30
+    tuned = {"step_seconds": 0.010, "trace": [
+        {"workers": 0, "seconds_per_batch": 0.064, "memory_bytes": gib},
+        {"workers": 2, "seconds_per_batch": 0.032, "memory_bytes": 3 * gib}]}  # fmt: skip
+    a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(tuned))
+    a.limits = replace(a.limits, memory_budget_bytes=3 * gib)
+    starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
+    assert all(c.setting != "num_workers" for c in a.decide(starved))
 
 
 def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:

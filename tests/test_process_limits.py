@@ -208,8 +208,9 @@ print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
 
 
 def test_a_raise_whose_workers_cannot_start_falls_back_and_the_epoch_goes_on() -> None:
-    """The files the loop opened after the loader was built leave no room for the worker
-    a raise adds: back to the count before it, in the same epoch, never raised again."""
+    """The files the loop opened after the loader was built leave no room for the workers
+    a raise adds: back to the count before it, in the same epoch; the counts below the one
+    that failed stay open, and once none starts, no raise is tried again."""
     done = run_loader("""
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (open_files() + 64, hard))
@@ -231,7 +232,9 @@ print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
 print("WHY", loader.adaptations[-1].reason)
 """, 0)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "CHANGES [('num_workers', 0, 1), ('num_workers', 1, 0)]" in done.stdout, done.stdout
+    # the raise sized for 2 cannot start: back to 0, and 1 (between) is still tried
+    assert ("CHANGES [('num_workers', 0, 2), ('num_workers', 2, 0), ('num_workers', 0, 1), "
+            "('num_workers', 1, 0)]") in done.stdout, done.stdout  # fmt: skip
     assert ("WHY 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too many "
-            "open files; back to 0, never raised past it again") in done.stdout  # fmt: skip
+            "open files; back to 0, never raised to 1 or past it again") in done.stdout  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

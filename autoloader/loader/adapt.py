@@ -40,6 +40,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import psutil
+
 from autoloader.host import doubling_grid
 from autoloader.host_budget import HostBudget
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
@@ -418,7 +420,8 @@ class Adapter:
     def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
         """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
         current, evidence = self.settings.num_workers, self.evidence
-        ruled = evidence.rules_out(current, nxt, self.min_gain) if evidence else None
+        ruled = (evidence.rules_out(current, nxt, self.min_gain, m.compute_seconds)
+                 if evidence else None)  # fmt: skip
         return self._unless_ruled(
             m,
             "num_workers",
@@ -435,7 +438,9 @@ class Adapter:
         evidence, workers = self.evidence, self.settings.num_workers
         ruled = None
         if evidence is not None:  # too slow on average, or fast enough: no queue helps
-            ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(workers)
+            depth = self.settings.prefetch_factor or 2
+            ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(
+                workers, m.compute_seconds, depth)
         return self._unless_ruled(m, "prefetch_factor", waited, ruled, "", "")
 
     def _unless_ruled(self, m: EpochMeasure, setting: str, waited: str, ruled: str | None,
@@ -466,12 +471,15 @@ class Adapter:
         grid = doubling_grid(lim.max_workers)
         nxt = next((w for w in grid if w > s.num_workers), None)
         capped = nxt is None or self._workers_refused(m, nxt) is not None
+        step = nxt
         if nxt is not None and not capped:
             sized = self._sized(m, grid, nxt)
             if sized > nxt and self._workers_refused(m, sized, quiet=True) is None:
                 nxt = sized
         if nxt is not None and not capped:
             why = self._worker_raise(m, nxt, waited)
+            if why is None and step is not None and step < nxt:  # the sized count ruled out:
+                nxt, why = step, self._worker_raise(m, step, waited)  # the next one may not be
             if why is not None:
                 out.append(("num_workers", nxt, why))
         depth = s.prefetch_factor or 2
@@ -496,7 +504,7 @@ class Adapter:
     def _workers_refused(self, m: EpochMeasure, workers: int, quiet: bool = False) -> str | None:
         """Why ``workers`` cannot run here: the host-memory budget, /dev/shm, or what this
         process may start (declined, unless ``quiet``); None where nothing refuses them."""
-        s, lim, per_worker = self.settings, self.limits, self._per_worker_bytes
+        s, lim, per_worker = self.settings, self.limits, self._worker_bytes()
         if per_worker is not None and per_worker * workers > lim.memory_budget_bytes:
             return "over the host-memory budget"
         refused = lim.shm_refuses(workers, s.prefetch_factor) or lim.start_refuses(
@@ -505,6 +513,18 @@ class Adapter:
         if refused is not None and not quiet:
             self._decline(m, "num_workers", refused)
         return refused
+
+    def _worker_bytes(self) -> float | None:
+        """Memory one worker holds: as measured here, else as the tune's trace measured,
+        else at most this process's resident memory (a forked worker shares its pages)."""
+        if self._per_worker_bytes is not None:
+            return self._per_worker_bytes
+        if self.evidence is not None and self.evidence.worker_bytes is not None:
+            return self.evidence.worker_bytes
+        try:
+            return float(psutil.Process().memory_info().rss)
+        except (psutil.Error, OSError):
+            return None
 
     def _sized(self, m: EpochMeasure, grid: list[int], nxt: int) -> int:
         """The count this epoch's loading asks for, on the grid and at least ``nxt``: a
@@ -516,6 +536,8 @@ class Adapter:
         slower is fed again after one restart."""
         workers, compute = m.workers, m.compute_seconds
         if workers != self.settings.num_workers or compute <= 0 or m.loading_seconds <= 0:
+            return nxt
+        if self._worker_bytes() is None:  # no measure of a worker's memory yet: one step
             return nxt
         per_worker = m.loading_seconds * max(1, workers or 0)
         want = math.ceil(SIZED_MARGIN * per_worker / compute)
@@ -540,14 +562,16 @@ class Adapter:
         self.history.append(change)
         return [change]
 
-    def hold_down(self, workers: int, epoch: int, batch: int | None, reason: str) -> Adaptation:
+    def hold_down(self, workers: int, epoch: int, batch: int | None, reason: str,
+                  cap: int | None = None) -> Adaptation:  # fmt: skip
         """Workers died (memory pressure), or a raise's could not start (a host limit): run
-        ``workers`` from now on, and never raise past them again. The change is in
-        ``history`` like any other."""
+        ``workers`` from now on, and never raise past ``cap`` (default ``workers``) again.
+        The change is in ``history`` like any other."""
         change = Adaptation(epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0,
                             reason, batch)  # fmt: skip
         self.settings = replace(self.settings, num_workers=workers)
-        self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, workers))
+        most = workers if cap is None else max(workers, cap)
+        self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, most))
         self._trial = None
         self.history.append(change)
         return change

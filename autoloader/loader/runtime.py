@@ -150,9 +150,11 @@ class Runtime:
             return False
         assert adapter is not None
         position = loader._position
+        # the counts between stay open: a sized raise may have jumped past ones that start
         change = adapter.hold_down(trial.before, position.epoch, position.batches or None,
-                                   f"{why}; back to {trial.before}, never raised past it "
-                                   "again")  # fmt: skip
+                                   f"{why}; back to {trial.before}, never raised to "
+                                   f"{trial.after} or past it again",
+                                   cap=trial.after - 1)  # fmt: skip
         self._record(change)
         self.begin(loader)
         return True

@@ -180,7 +180,11 @@ def _cuda_peaks(factory: StepFactory, batches: Batches, device: torch.device) ->
 
 def _split_peak(devices: Sequence[int]) -> int | None:
     """The heaviest device's peak of non-releasable split blocks since the last reset, or
-    ``None`` where this torch's allocator does not report it."""
+    ``None`` where the allocator does not report it (a torch without the statistic, or the
+    ``cudaMallocAsync`` backend)."""
+    # cudaMallocAsync reports these stats as zeros: there, reserved minus allocated
+    if torch.cuda.get_allocator_backend() != "native":
+        return None
     peaks = [torch.cuda.memory_stats(d).get("inactive_split_bytes.all.peak") for d in devices]
     known = [int(p) for p in peaks if p is not None]
     return max(known) if len(known) == len(peaks) else None

@@ -1,10 +1,10 @@
 """Device memory that the caching allocator never sees, or sees late: the plan's reserve.
 
 The memory model predicts what the allocator hands out for a batch. A GPU also holds the
-CUDA context of each process (hundreds of MiB), NCCL's communicator buffers, and the gap
-between what the allocator reserved and what it handed out (segment rounding and
-fragmentation with variable-size batches). Each part is measured where tune can see it,
-else a documented default, and the plan lists every part with its source.
+CUDA context of each process (hundreds of MiB), NCCL's communicator buffers, and the
+blocks split off segments still in use that the allocator cannot release (segment
+rounding and fragmentation with variable-size batches). Each part is measured where tune
+can see it, else a documented default, and the plan lists every part with its source.
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ def budget(
         device_type=device.type, budget_overridden=opts.memory_budget is not None,
         context_in_probe=room.context_in_probe, world_size=opts.world_size,
         fragmentation=[g for g in gaps if g is not None],
-        split_blocks=all(p.split_bytes is not None for p in calibration if p.peak_bytes),
+        split_blocks=all(p.split_bytes is not None for p in calibration
+                         if p.peak_bytes is not None),
     )  # fmt: skip
     reserved = sum(p.bytes for p in reserve)
     mine = int(room.free_bytes * (1 - opts.safety)) - reserved
