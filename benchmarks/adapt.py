@@ -141,7 +141,8 @@ def long_epoch(samples: int) -> float:
 
     def halves(loader: DataLoader) -> tuple[float, list[int]]:
         loader.set_epoch(0)
-        seen, times = [], []
+        seen: list[int] = []
+        times: list[float] = []
         for batch in loader:
             sleep_step(batch)
             seen += batch.tolist() if batch.dim() == 1 else [int(x) for x in batch[:, 0]]

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from adapt import epoch as timed_epoch  # benchmarks/adapt.py, beside this script
 from prometheus_client import CollectorRegistry
 from torch.utils.data import Dataset
 
@@ -131,12 +132,8 @@ def neighbour(on: bool) -> Iterator[None]:
 
 
 def epoch(loader: Any, k: int) -> float:
-    loader.set_epoch(k)
-    start, samples = time.perf_counter(), 0
-    for batch in loader:
-        step(batch)
-        samples += len(batch)
-    return samples / (time.perf_counter() - start)
+    """Samples/s of epoch ``k`` with this benchmark's step (adapt.py's timing)."""
+    return timed_epoch(loader, k, step)
 
 
 def fixed_plan(plan_path: Path, workers: int) -> Any:
