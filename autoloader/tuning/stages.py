@@ -373,14 +373,17 @@ def trials(
                                  PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
         step = work.step() if work.step is not None else None
         loop = trial.run_trial(work, plan_trial, step, timing)
-        threads = None
+        threads, timed = None, []
         if step is not None:
             busy = _busy_cores(stage, planned.num_workers)
             threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
-        loops = _loop_entry(planned.num_workers, choice.local_batch_size, loop) if step else []
+            # both thread counts: the plan may end up running the baseline's threads
+            timed = [threads.default_loop, threads.candidate_loop]
+        loops = [e for t in timed if t is not None
+                 for e in _loop_entry(planned.num_workers, choice.local_batch_size, t)]  # fmt: skip
         if base is None:
-            return Trials(threads, None, loops=loops)
+            return Trials(threads, None, loops=_at_threads(loops, loop.num_threads))
         ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
         read = {"read_order": work.read_order.options()} if work.read_order else {}
         worst = choice.replays[choice.strategy].worst_batch_bytes
@@ -405,12 +408,17 @@ def _judged(threads: ThreadsChoice | None, compared: Comparison, loops: list[dic
         entry = _loop_entry(b.settings.get("num_workers", 0), batch, b.loop)
         loops = [*entry, *loops] if why else [*loops, *entry]
     ran = b.loop.num_threads if why else plan_loop.num_threads
+    adopted = LoopSettings(**{**b.settings, "batch_size": None}) if why else None
+    return Trials(threads, compared, adopted, why, _at_threads(loops, ran))
+
+
+def _at_threads(loops: list[dict[str, Any]], threads: int) -> list[dict[str, Any]]:
+    """The loops timed at the threads the plan runs with, one per worker count."""
     kept: dict[int, dict[str, Any]] = {}
     for e in loops:
-        if e["num_threads"] == ran:
+        if e["num_threads"] == threads:
             kept.setdefault(e["workers"], e)
-    adopted = LoopSettings(**{**b.settings, "batch_size": None}) if why else None
-    return Trials(threads, compared, adopted, why, list(kept.values()))
+    return list(kept.values())
 
 
 def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[str, Any]]:
