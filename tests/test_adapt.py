@@ -280,6 +280,32 @@ def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:
                                     "(0.0100 s -> 0.1000 s): trying again")  # fmt: skip
 
 
+def test_conditions_that_keep_moving_undo_a_setting_at_most_twice_in_ten_epochs() -> None:
+    """Reads that alternate between a cache and storage each epoch lift the settle every
+    time (loading moved 10x), and every raise is in vain: the adapter would follow them
+    each epoch. It undoes at most 2 raises (4 changes) in any 10 epochs, ends each cycle
+    back at the plan's count, and says why it holds."""
+    a = adapter(cap=2)
+    for epoch in range(30):
+        loading = 0.010 if epoch % 2 == 0 else 0.100
+        a.decide(loaded(epoch, 0.5, 100, a.settings.num_workers, loading))
+    epochs = [c.epoch for c in a.history]
+    assert len(epochs) >= 6  # it does adapt again once the bound allows
+    assert all(sum(first <= e < first + 10 for e in epochs) <= 4 for first in range(30))
+    assert a.settings.num_workers == (2 if a.on_trial else 0)
+    held = [d.reason for d in a.declined if d.reason.startswith("it came back")]
+    assert held[0] == ("it came back down 2 times since epoch 1: at most 2 raises undone in "
+                       "10 epochs, so no raise before epoch 11")  # fmt: skip
+    assert epochs[4] >= 11
+
+
+def test_a_steady_loop_changes_a_setting_at_most_twice() -> None:
+    a = adapter(cap=8)
+    for epoch in range(20):  # starved, and no raise ever pays
+        a.decide(loaded(epoch, 0.5, 100, a.settings.num_workers, 0.010))
+    assert [(c.before, c.after) for c in a.history] == [(0, 2), (2, 0)]  # sized, undone
+
+
 def test_workers_stop_at_the_memory_budget_then_prefetch_deepens() -> None:
     # 2 workers hold 600 MB: 300 MB each, so 4 would need 1.2 GB of a 1 GB budget
     a = adapter(workers=2, prefetch=2, memory=10**9)

@@ -18,9 +18,12 @@ The policy is a hill climb with one step back:
   ``prefetch_factor``, else (a device feed, where the plan's memory budget allows) a
   deeper ``device_prefetch``;
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
-  if it does not, the raise is undone and that setting is never raised again, so a
-  steady dataset cannot oscillate;
+  if it does not, the raise is undone and that setting is not raised again while
+  loading stays as it was (settled), so a steady dataset changes it at most twice;
 - an epoch that was fed (wait at or under the threshold) changes nothing;
+- whatever conditions do, a setting whose raises were undone ``MAX_UNDONE`` times in
+  the last ``CHANGE_EPOCHS`` epochs is not raised (a climb that pays is not bounded:
+  it ends at the caps);
 - the plan's own evidence comes first (``autoloader.loop_model``, the judgement the worker
   search made): a worker count the tune timed no faster than the current one is not tried
   unless the loop's loading time per batch has moved beyond noise since; a raise whose best
@@ -55,6 +58,10 @@ log = logging.getLogger("autoloader")
 
 MIN_BATCHES = 4
 SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
+# The bound on oscillation whatever conditions do: after ``MAX_UNDONE`` raises of a
+# setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
+# them is that far behind. Under steady conditions one raise in vain settles it.
+MAX_UNDONE, CHANGE_EPOCHS = 2, 10
 
 
 @dataclass(frozen=True)
@@ -404,6 +411,9 @@ class Adapter:
         """Whether ``setting`` may be raised: None if not, else "" or why it may again."""
         if setting in self._fixed:
             return None
+        if not self._probing and (bound := self._changed_often(setting, m)) is not None:
+            self._decline(m, setting, bound, key="it came back down")
+            return None
         if setting not in self._settled:
             return ""
         workers, loading = self._settled[setting]
@@ -416,6 +426,21 @@ class Adapter:
             f"; loading per batch moved {ratio:.2f}x since the raise in vain "
             f"({loading:.4f} s -> {m.loading_seconds:.4f} s): trying again"
         )
+
+    def _changed_often(self, setting: str, m: EpochMeasure) -> str | None:
+        """Why ``setting`` is not raised now: it was lowered (a raise undone, or workers
+        held down) ``MAX_UNDONE`` times in the last ``CHANGE_EPOCHS`` epochs. Conditions
+        that keep moving, such as reads alternating between a cache and storage, lift the
+        settle each time and would otherwise have it follow them every epoch."""
+        since = m.epoch - CHANGE_EPOCHS
+        downs = [c.epoch for c in self.history
+                 if c.setting == setting and c.direction == "down" and c.epoch > since]  # fmt: skip
+        if len(downs) < MAX_UNDONE:
+            return None
+        until = downs[len(downs) - MAX_UNDONE] + CHANGE_EPOCHS  # one leaves the window
+        return (f"it came back down {len(downs)} times since epoch {downs[0]}: at most "
+                f"{MAX_UNDONE} raises undone in {CHANGE_EPOCHS} epochs, so no raise before "
+                f"epoch {until}")  # fmt: skip
 
     def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
         """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
