@@ -1,16 +1,22 @@
-"""The torch versions autoloader supports, and a check of the internals it relies on.
+"""The torch versions autoloader supports, and every use of torch's private data-loading
+API, behind one check.
 
-The DataLoader records batches by subclassing torch's own iterators (their ``_reset``
-and ``_next_index``), survives and starts their workers through the multi-process
-iterator's state (its workers, queues, tasks and shutdown flag), and collation extends
-``torch.utils.data._utils.collate``. These are private: a torch that renamed them must
-fail at import with one line naming the supported range, not with an AttributeError deep
-inside an epoch.
+The DataLoader records batches by subclassing torch's own iterators (overriding their
+``_reset``, ``_next_index``, ``_try_get_data`` and ``_shutdown_workers`` hooks, the
+loader's ``_get_iterator`` and the ``_collate_fn`` its workers run), survives and starts
+their workers through the multi-process iterator's state (its workers, queues, tasks and
+shutdown flag), and collation extends ``torch.utils.data._utils.collate``. These are
+private: a torch that renamed them must fail at import with one line naming the supported
+range, not with an AttributeError deep inside an epoch. So this module checks every name
+when it is imported, and the rest of autoloader reaches them only through what it
+exports: torch's iterator classes, to subclass, and small functions over their state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from typing import Any
 
 from autoloader.errors import AutoloaderError
 
@@ -54,6 +60,9 @@ def check_torch_internals() -> None:
         base = getattr(dataloader, "_BaseDataLoaderIter", None)
         missing += [f"_BaseDataLoaderIter.{n}" for n in ("_reset", "_next_index")
                     if base is not None and not hasattr(base, n)]  # fmt: skip
+        init = getattr(getattr(base, "__init__", None), "__code__", None)
+        if init is not None and "_collate_fn" not in init.co_names:
+            missing.append("_BaseDataLoaderIter._collate_fn")
         missing += _missing_worker_state(dataloader)
     if missing:
         raise UnsupportedTorchError(
@@ -88,10 +97,16 @@ def _missing_worker_state(dataloader: object) -> list[str]:
     signals = getattr(utils, "signal_handling", None)
     out += [f"_utils.{n}" for n in ("MP_STATUS_CHECK_INTERVAL", "python_exit_status")
             if not hasattr(utils, n)]  # fmt: skip
-    if not hasattr(signals, "_remove_worker_pids"):
-        out.append("_utils.signal_handling._remove_worker_pids")
-    if not hasattr(getattr(dataloader, "DataLoader", None), "_get_iterator"):
+    out += [f"_utils.signal_handling.{n}" for n in ("_remove_worker_pids", "_set_SIGCHLD_handler")
+            if not hasattr(signals, n)]  # fmt: skip
+    if not hasattr(getattr(utils, "pin_memory", None), "pin_memory"):
+        out.append("_utils.pin_memory.pin_memory")
+    loader = getattr(dataloader, "DataLoader", None)
+    if not hasattr(loader, "_get_iterator"):
         out.append("DataLoader._get_iterator")
+    init = getattr(getattr(loader, "__init__", None), "__code__", None)
+    if init is not None and "_iterator" not in init.co_names:
+        out.append("DataLoader._iterator")  # the persistent workers' iterator
     return out
 
 
@@ -99,3 +114,132 @@ def torch_release(version: str) -> tuple[int, int]:
     """``(major, minor)`` of a torch version string: ``2.8.0+cu128`` -> ``(2, 8)``."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+# What autoloader uses of torch's private API: checked above, bound here, and reached by
+# the rest of autoloader through these names alone (tests/test_layers.py says so).
+check_torch_internals()
+
+from torch.utils.data import _utils  # noqa: E402
+from torch.utils.data._utils.collate import collate as torch_collate  # noqa: E402, F401
+from torch.utils.data._utils.collate import default_collate_fn_map  # noqa: E402, F401
+from torch.utils.data._utils.pin_memory import pin_memory  # noqa: E402, F401
+from torch.utils.data.dataloader import _BaseDataLoaderIter as BaseIter  # noqa: E402, F401
+from torch.utils.data.dataloader import (  # noqa: E402, F401
+    _MultiProcessingDataLoaderIter as MultiProcessIter,
+)
+from torch.utils.data.dataloader import (  # noqa: E402, F401
+    _SingleProcessDataLoaderIter as SingleProcessIter,
+)
+
+STATUS_INTERVAL: float = _utils.MP_STATUS_CHECK_INTERVAL  # torch's poll of its workers
+
+
+def interpreter_exiting() -> bool:
+    """Whether torch saw the interpreter begin to exit (its iterators then shut nothing
+    down, and neither should ours)."""
+    return _utils.python_exit_status is not False
+
+
+def mark_interpreter_exiting() -> None:
+    """As torch marks it at exit: an iterator's ``__del__`` then shuts nothing down."""
+    _utils.python_exit_status = True
+
+
+def set_torch_sigchld_handler() -> None:
+    """Install torch's SIGCHLD handler now (torch sets it once per process, at the first
+    multi-process iterator), so that another handler can wrap it."""
+    _utils.signal_handling._set_SIGCHLD_handler()
+
+
+def forget_worker_pids(it: Any) -> None:
+    """Take a multi-process iterator's workers off torch's SIGCHLD handler, which raises
+    from wherever the main thread is when one dies."""
+    if getattr(it, "_worker_pids_set", False):
+        _utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+
+
+def workers(it: Any) -> list[Any]:
+    """A multi-process iterator's worker processes (none before they started)."""
+    return list(getattr(it, "_workers", []))
+
+
+def is_shut_down(it: Any) -> bool:
+    return bool(getattr(it, "_shutdown", True))
+
+
+def timeout(it: Any) -> float:
+    """The ``timeout=`` the iterator's loader was given (0: none)."""
+    return float(it._timeout)
+
+
+def in_order(it: Any) -> bool:
+    return it._in_order is not False
+
+
+def awaited_task(it: Any) -> tuple[int, int | None]:
+    """The task (batch) the loop waits for, and the worker it went to (None: not sent)."""
+    info = it._task_info.get(it._rcvd_idx)
+    return it._rcvd_idx, (info[0] if info else None)
+
+
+def tasks_held_by(it: Any, worker_id: int) -> list[int]:
+    """The tasks sent to ``worker_id`` whose batch has not come back, in order."""
+    return sorted(i for i, info in it._task_info.items()
+                  if len(info) == 1 and info[0] == worker_id)  # fmt: skip
+
+
+def shut_down_workers(it: Any) -> None:
+    """torch's orderly shutdown of an iterator's workers (nothing for one without)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def end_persistent_iterator(loader: Any) -> None:
+    """Shut down the workers a DataLoader keeps between epochs (``persistent_workers``)
+    and forget its iterator, so the next ``iter()`` starts afresh."""
+    shut_down_workers(getattr(loader, "_iterator", None))
+    loader._iterator = None
+
+
+def abandon_start(it: Any) -> None:
+    """End what a multi-process iterator's failed ``__init__`` began, without a thread
+    (the failure may be that no thread can start) and without the state it never reached
+    (``_workers_status``)."""
+    it._shutdown = True  # torch's own shutdown, and its __del__, then do nothing
+    forget_worker_pids(it)  # before they are ended
+    for name in ("_workers_done_event", "_pin_memory_thread_done_event"):
+        event = getattr(it, name, None)
+        if event is not None:
+            event.set()
+    started = workers(it)
+    for w in started:  # SIGKILL: they inherit the handlers a program set for SIGTERM
+        if w.is_alive():
+            w.kill()
+    for w in started:
+        w.join(timeout=STATUS_INTERVAL)
+        with contextlib.suppress(ValueError):
+            w.close()  # its sentinel pipes, now: the next count's workers inherit what is open
+    pin = getattr(it, "_pin_memory_thread", None)
+    if pin is not None:  # it polls its done event: out within one interval
+        pin.join(timeout=STATUS_INTERVAL + 1)
+    queues = list(getattr(it, "_index_queues", []))
+    if pin is None or not pin.is_alive():  # never close a queue under a reader
+        queues.append(getattr(it, "_worker_result_queue", None))
+    for q in queues:
+        if q is not None:
+            _close_queue(q)
+
+
+def _close_queue(q: Any) -> None:
+    """Close a multiprocessing queue's pipe now: where no feeder thread started,
+    ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
+    where one did, that thread closes both ends."""
+    q.cancel_join_thread()
+    fed = q._thread is not None
+    q.close()
+    if not fed:
+        q._reader.close()
+        q._writer.close()

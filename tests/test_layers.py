@@ -116,3 +116,33 @@ def test_the_launcher_environment_is_read_in_one_module() -> None:
 def test_the_conductor_does_not_branch_on_being_alone() -> None:
     text = MODULES["autoloader.tuning.tuner"].read_text()
     assert text.count("job is None") <= 1
+
+
+# the state of torch's iterators and DataLoader that autoloader reads or sets
+TORCH_STATE = {"_task_info", "_rcvd_idx", "_workers", "_worker_pids_set", "_shutdown",
+               "_timeout", "_in_order", "_iterator", "_index_queues", "_worker_result_queue",
+               "_pin_memory_thread", "_workers_done_event", "_pin_memory_thread_done_event",
+               "python_exit_status", "_remove_worker_pids", "_set_SIGCHLD_handler",
+               "MP_STATUS_CHECK_INTERVAL"}  # fmt: skip
+
+
+def test_torchs_private_api_is_reached_through_one_module() -> None:
+    """Every private name of torch.utils.data is imported and every piece of its
+    iterators' state is read in ``autoloader.compat``, whose import checks them all; the
+    iterators elsewhere only override torch's hooks (``_reset``, ``_next_index``, ...)."""
+    found = {}
+    for name in MODULES:
+        if name == "autoloader.compat":
+            continue
+        used = set()
+        for node in ast.walk(TREES[name]):
+            if isinstance(node, ast.Attribute) and node.attr in TORCH_STATE:
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch."):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                used.update(n for n in names if "._" in n)
+            elif isinstance(node, ast.Import):
+                used.update(a.name for a in node.names if "._" in a.name)
+        if used:
+            found[name] = sorted(used)
+    assert found == {}

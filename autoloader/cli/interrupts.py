@@ -113,10 +113,10 @@ class Interrupts:
         if not self.for_the_process or self._ending:
             return
         self._ending = True
-        torch_data = sys.modules.get("torch.utils.data._utils")
-        if torch_data is not None:
-            # as torch sets it at exit: an iterator's __del__ then shuts nothing down
-            torch_data.python_exit_status = True  # type: ignore[attr-defined]
+        if "torch.utils.data" in sys.modules:  # loaded: nothing to import now
+            from autoloader import compat
+
+            compat.mark_interpreter_exiting()
         threading.Thread(target=self._last_resort, daemon=True).start()
 
     def say_stopped(self, write: Callable[[str], object], *, wait: float = -1) -> None:
@@ -244,9 +244,9 @@ def stop_with_workers() -> None:
     interrupts = signal.getsignal(signal.SIGTERM)
     if not isinstance(interrupts, Interrupts) or interrupts.seen:
         return
-    from torch.utils.data._utils import signal_handling
+    from autoloader import compat
 
-    signal_handling._set_SIGCHLD_handler()  # torch's, set once per process: not again after us
+    compat.set_torch_sigchld_handler()  # torch's, set once per process: not again after us
     torch_handler = signal.getsignal(signal.SIGCHLD)
     if callable(torch_handler) and not isinstance(torch_handler, _WorkerDeaths):
         interrupts.torch_sigchld = torch_handler

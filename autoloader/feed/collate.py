@@ -13,12 +13,7 @@ import functools
 import sys
 from typing import Any
 
-from autoloader.compat import check_torch_internals
-
-check_torch_internals()
-
-from torch.utils.data._utils.collate import collate as _torch_collate  # noqa: E402
-from torch.utils.data._utils.collate import default_collate_fn_map  # noqa: E402
+from autoloader.compat import default_collate_fn_map, torch_collate
 
 
 def _collate_graphs(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
@@ -37,5 +32,5 @@ def _graph_map() -> dict[Any, Any]:
 def collate(batch: list[Any]) -> Any:
     """``default_collate``, extended so that PyG graphs form a PyG ``Batch``."""
     if "torch_geometric" not in sys.modules:
-        return _torch_collate(batch, collate_fn_map=default_collate_fn_map)
-    return _torch_collate(batch, collate_fn_map=_graph_map())
+        return torch_collate(batch, collate_fn_map=default_collate_fn_map)
+    return torch_collate(batch, collate_fn_map=_graph_map())

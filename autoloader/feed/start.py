@@ -10,24 +10,16 @@ sees, not a loader that waits for ever.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 from collections.abc import Callable
 from typing import Any
 
-from autoloader.compat import check_torch_internals
+import torch.multiprocessing
+from torch.utils.data import DataLoader
 
-check_torch_internals()
-
-import torch.multiprocessing  # noqa: E402 - after the check
-from torch.utils.data import DataLoader, _utils  # noqa: E402 - after the check
-from torch.utils.data.dataloader import (  # noqa: E402
-    _BaseDataLoaderIter,
-    _MultiProcessingDataLoaderIter,
-)
-
-from autoloader.errors import one_line  # noqa: E402
+from autoloader.compat import BaseIter, MultiProcessIter, abandon_start
+from autoloader.errors import one_line
 
 
 class WorkersNotStarted(RuntimeError):
@@ -61,65 +53,23 @@ class StartSafe:
 
     def _start_workers(self, loader: Any) -> None:
         try:
-            _MultiProcessingDataLoaderIter.__init__(self, loader)  # type: ignore[arg-type]
+            MultiProcessIter.__init__(self, loader)  # type: ignore[arg-type]
         except BaseException as exc:
-            _abandon(self)
+            abandon_start(self)
             if self._named_failure and cannot_start(exc):
                 raise WorkersNotStarted(loader.num_workers, exc) from exc
             raise
 
 
-def _abandon(it: Any) -> None:
-    """End what a failed ``__init__`` began, without a thread (the failure may be that no
-    thread can start) and without the state it never reached (``_workers_status``)."""
-    it._shutdown = True  # torch's own shutdown, and its __del__, then do nothing
-    if getattr(it, "_worker_pids_set", False):
-        _utils.signal_handling._remove_worker_pids(id(it))  # before they are ended
-        it._worker_pids_set = False
-    for name in ("_workers_done_event", "_pin_memory_thread_done_event"):
-        event = getattr(it, name, None)
-        if event is not None:
-            event.set()
-    workers = getattr(it, "_workers", [])
-    for w in workers:  # SIGKILL: they inherit the handlers a program set for SIGTERM
-        if w.is_alive():
-            w.kill()
-    for w in workers:
-        w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
-        with contextlib.suppress(ValueError):
-            w.close()  # its sentinel pipes, now: the next count's workers inherit what is open
-    pin = getattr(it, "_pin_memory_thread", None)
-    if pin is not None:  # it polls its done event: out within one interval
-        pin.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL + 1)
-    queues = list(getattr(it, "_index_queues", []))
-    if pin is None or not pin.is_alive():  # never close a queue under a reader
-        queues.append(getattr(it, "_worker_result_queue", None))
-    for q in queues:
-        if q is not None:
-            _close_queue(q)
-
-
-def _close_queue(q: Any) -> None:
-    """Close a multiprocessing queue's pipe now: where no feeder thread started,
-    ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
-    where one did, that thread closes both ends."""
-    q.cancel_join_thread()
-    fed = q._thread is not None
-    q.close()
-    if not fed:
-        q._reader.close()
-        q._writer.close()
-
-
-class StartSafeIter(StartSafe, _MultiProcessingDataLoaderIter):
-    """``_MultiProcessingDataLoaderIter`` whose failed start raises ``WorkersNotStarted``
+class StartSafeIter(StartSafe, MultiProcessIter):
+    """torch's multi-process iterator whose failed start raises ``WorkersNotStarted``
     and leaves nothing running."""
 
 
 class StartSafeLoader(DataLoader):
     """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders)."""
 
-    def _get_iterator(self) -> _BaseDataLoaderIter:
+    def _get_iterator(self) -> BaseIter:
         if self.num_workers == 0:
             return super()._get_iterator()
         self.check_worker_number_rationality()

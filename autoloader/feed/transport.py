@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.compat import pin_memory
+
 BY_VALUE_BYTES = 256 * 1024
 
 # dtypes numpy holds exactly (bfloat16, the float8 types and complex32 it has not)
@@ -62,8 +64,6 @@ class Packed:
 
     def pin_memory(self, device: Any = None) -> Any:
         """What torch's pin thread calls: the batch, as tensors, in pinned memory."""
-        from torch.utils.data._utils.pin_memory import pin_memory
-
         return pin_memory(self.unpack(), device)
 
 

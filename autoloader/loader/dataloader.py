@@ -18,6 +18,7 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
+from autoloader import compat
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
@@ -374,11 +375,8 @@ class DataLoader(tud.DataLoader):
         served (those prefetched but not served are loaded again: nothing is lost, and
         nothing repeated)."""
         assert self._runtime is not None and isinstance(self.batch_sampler, SizeBatchSampler)
-        live = self._live() if self._live is not None else None
-        shutdown = getattr(live, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self._iterator = None
+        compat.shut_down_workers(self._live() if self._live is not None else None)
+        compat.end_persistent_iterator(self)
         self.batch_sampler.resume_at(self._position.batches)
         self._runtime.begin(self)
         return self._chain()
@@ -396,7 +394,7 @@ class DataLoader(tud.DataLoader):
             stacklevel=3,
         )
 
-    def _get_iterator(self) -> tud.dataloader._BaseDataLoaderIter:
+    def _get_iterator(self) -> compat.BaseIter:
         if self._recorder is None:
             return super()._get_iterator()
         if self.num_workers == 0:

@@ -20,21 +20,13 @@ import weakref
 from collections import deque
 from typing import Any
 
-from autoloader.compat import check_torch_internals
-
-check_torch_internals()
-
-from torch.utils.data import _utils  # noqa: E402 - after the check
-from torch.utils.data.dataloader import (  # noqa: E402
-    _MultiProcessingDataLoaderIter,
-    _SingleProcessDataLoaderIter,
-)
-
-from autoloader.feed.start import StartSafe, raised_in_worker  # noqa: E402
-from autoloader.feed.transport import ByValue, unpacked  # noqa: E402
-from autoloader.loader.stalls import Stall, process_state  # noqa: E402
-from autoloader.loader.survival import POLL_SECONDS, Death, Survival  # noqa: E402
-from autoloader.metrics.loader import BatchRecorder  # noqa: E402
+from autoloader import compat
+from autoloader.compat import MultiProcessIter, SingleProcessIter
+from autoloader.feed.start import StartSafe, raised_in_worker
+from autoloader.feed.transport import ByValue, unpacked
+from autoloader.loader.stalls import Stall, process_state
+from autoloader.loader.survival import POLL_SECONDS, Death, Survival
+from autoloader.metrics.loader import BatchRecorder
 
 
 class _Recording:
@@ -74,12 +66,12 @@ class _Recording:
         return batch
 
 
-class RecordingSingleProcessIter(_Recording, _SingleProcessDataLoaderIter):
-    """``_SingleProcessDataLoaderIter`` that records each batch."""
+class RecordingSingleProcessIter(_Recording, SingleProcessIter):
+    """torch's single-process iterator, recording each batch."""
 
 
-class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLoaderIter):
-    """``_MultiProcessingDataLoaderIter`` that records each batch; for a planned loader
+class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
+    """torch's multi-process iterator, recording each batch; for a planned loader
     (``loader._survival``) it also survives its workers (``autoloader.loader.survival``):
     a dead worker, or workers past their memory budget, and it restarts them in place at
     the batch the loop waits for: the same object goes on, whoever holds it. It names a
@@ -118,9 +110,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         if self._survival is None:
             return
         self._survival.fresh_workers()
-        if self._worker_pids_set:
-            _utils.signal_handling._remove_worker_pids(id(self))
-            self._worker_pids_set = False
+        compat.forget_worker_pids(self)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
@@ -128,13 +118,13 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         self._wait_began = time.monotonic()
         super()._reset(loader, first_iter)
 
-    def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> Any:
+    def _try_get_data(self, timeout: float = compat.STATUS_INTERVAL) -> Any:
         if self._survival is None:
             return super()._try_get_data(timeout)
-        if self._timeout > 0:
+        if compat.timeout(self) > 0:
             # torch waits ``timeout`` afresh after each batch another worker hands in
             # while the awaited one is late; the wait is from when the loop asked
-            left = self._wait_began + self._timeout - time.monotonic()
+            left = self._wait_began + compat.timeout(self) - time.monotonic()
             return super()._try_get_data(left) if left > 0 else (False, None)
         # torch polls its workers' liveness every 5 s; a planned loader checks each second
         return super()._try_get_data(POLL_SECONDS)
@@ -147,15 +137,13 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         it and a grace: the workers ended (the epoch ends with the error in any case),
         which unblocks the fetch, and ``next()`` raises the timeout."""
         assert self._survival is not None and self._survival.stalls is not None
-        if not self._waiting or self._shutdown:
+        if not self._waiting or compat.is_shut_down(self):
             return
         waited = time.monotonic() - self._wait_began
-        if self._timeout > 0:
-            if self._expired is None and waited > self._timeout + POLL_SECONDS:
+        if compat.timeout(self) > 0:
+            if self._expired is None and waited > compat.timeout(self) + POLL_SECONDS:
                 self._expired = self._awaited(waited)
-                for w in self._workers:
-                    if w.is_alive():
-                        w.kill()
+                self._kill_workers()
             return
         if not self._stall_warned and waited >= self._survival.stalls.after:
             self._stall_warned = True
@@ -165,9 +153,8 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         """The batch the loop waits for: its number, samples, and the worker holding it
         (read while the loop is blocked, or from the watchdog: a snapshot)."""
         try:
-            info = self._task_info.get(self._rcvd_idx)
-            worker = info[0] if info else None
-            pid = self._workers[worker].pid if worker is not None else None
+            _, worker = compat.awaited_task(self)
+            pid = compat.workers(self)[worker].pid if worker is not None else None
             indices = [int(i) for i in self._pending[0]] if self._pending else []
         except (IndexError, RuntimeError):  # moved on meanwhile
             worker, pid, indices = None, None, []
@@ -181,9 +168,9 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         A planned loader's are resumed first (SIGCONT), and killed where they still live
         after (without a plan, torch's own shutdown, exactly)."""
         ending = (getattr(self, "_survival", None) is not None
-                  and not getattr(self, "_shutdown", True)
-                  and _utils.python_exit_status is False)  # fmt: skip
-        workers = list(getattr(self, "_workers", []))
+                  and not compat.is_shut_down(self)
+                  and not compat.interpreter_exiting())  # fmt: skip
+        workers = compat.workers(self)
         for w in workers if ending else []:
             if w.pid is not None and w.is_alive():
                 with contextlib.suppress(OSError):
@@ -192,7 +179,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         for w in workers if ending else []:
             if w.is_alive():
                 w.kill()
-                w.join(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
+                w.join(timeout=compat.STATUS_INTERVAL)
 
     def __next__(self) -> Any:
         while True:
@@ -211,7 +198,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
                 # from it (FileNotFoundError, ConnectionRefusedError): a death either way,
                 # though the worker may still be on its way out when the fetch fails
                 fetch = not isinstance(exc, RuntimeError) and not raised_in_worker(exc)
-                deaths = self._deaths(patience=_utils.MP_STATUS_CHECK_INTERVAL if fetch else 0)
+                deaths = self._deaths(patience=compat.STATUS_INTERVAL if fetch else 0)
                 if not deaths:
                     raise
                 assert self._survival is not None
@@ -229,12 +216,15 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         """torch's timeout, raised naming the batch, its samples and its worker; the
         workers are shut down first (the epoch ends here), so the program can exit."""
         stall = self._expired or self._awaited(time.monotonic() - self._wait_began)
-        for w in self._workers:  # at once: a stopped or hung one would hold the shutdown
+        self._kill_workers()  # at once: a stopped or hung one would hold the shutdown
+        self._shutdown_workers()
+        raise RuntimeError(f"DataLoader timed out after {compat.timeout(self):g} seconds "
+                           f"waiting for {stall.describe()}") from None  # fmt: skip
+
+    def _kill_workers(self) -> None:
+        for w in compat.workers(self):
             if w.is_alive():
                 w.kill()
-        self._shutdown_workers()
-        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds waiting for "
-                           f"{stall.describe()}") from None  # fmt: skip
 
     def _loader(self) -> Any:
         return self._loader_ref()
@@ -253,18 +243,18 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         loader does not survive them: no plan, or ``in_order=False``). A worker of a
         map-style epoch that exited with status 0 (``sys.exit()`` in ``__getitem__``) died
         too: torch's own SIGCHLD handler does not see it."""
-        if self._survival is None or self._in_order is False:
+        if self._survival is None or not compat.in_order(self):
             return []
         epoch = getattr(getattr(self._loader(), "batch_sampler", None), "epoch", 0)
+        awaited, _ = compat.awaited_task(self)
         out = []
-        for worker_id, w in enumerate(self._workers):
+        for worker_id, w in enumerate(compat.workers(self)):
             if w.is_alive():
                 continue
-            tasks = sorted(i for i, info in self._task_info.items()
-                           if len(info) == 1 and info[0] == worker_id)  # fmt: skip
+            tasks = compat.tasks_held_by(self, worker_id)
             indices: list[int] = []
             for task in tasks:
-                ahead = task - self._rcvd_idx  # the pending queue starts at the awaited task
+                ahead = task - awaited  # the pending queue starts at the awaited task
                 if 0 <= ahead < len(self._pending):
                     indices.extend(int(i) for i in self._pending[ahead])
             out.append(Death(worker_id, w.pid, w.exitcode, epoch,
@@ -275,7 +265,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, _MultiProcessingDataLo
         """Every few seconds: shared memory for the metrics, and the workers' memory
         against their budget (recycled at the position when past it)."""
         assert self._survival is not None
-        pids = [w.pid for w in self._workers if w.pid is not None]
+        pids = [w.pid for w in compat.workers(self) if w.pid is not None]
         at = self._start + self._yielded
         if self._survival.check(pids, at) is not None:
             self._restart()

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from autoloader import compat
 from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes
 from autoloader.host_budget import HostBudget
@@ -129,10 +130,7 @@ class Runtime:
         prefetch = want.prefetch_factor if want.num_workers > 0 else loader.prefetch_factor
         if workers_changed or prefetch != loader.prefetch_factor:
             # Persistent workers were started for the old settings: end them cleanly.
-            shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            loader._iterator = None
+            compat.end_persistent_iterator(loader)
             loader.num_workers = want.num_workers
             loader.prefetch_factor = prefetch
         if want.device_prefetch is not None:
@@ -314,7 +312,7 @@ class EpochIter:
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
         self._worker_memory: int | None = None
-        self._workers = loader.num_workers
+        self._window_workers = loader.num_workers
         self._memory_at = self._memory_after(0)
         self._memory_read = Background()
         # the transient: batches until the prefetch queue is first full, and the loop's
@@ -367,7 +365,7 @@ class EpochIter:
             if self._skip > 0:
                 self._skip -= 1
                 if self._skip == 0:  # the queue is full: the evidence starts here
-                    self._window = Window(self._window_size, self._workers, self._samples())
+                    self._window = Window(self._window_size, self._window_workers, self._samples())
             elif self._window is not None and self._window.add(waited):
                 self._judge_window()
         return batch
@@ -375,13 +373,13 @@ class EpochIter:
     def _fill(self) -> int:
         """Batches after a start until the workers' prefetch queue is first full (the
         first batch, without workers): a transient, not evidence of starvation."""
-        workers = self._workers
+        workers = self._window_workers
         return workers * (self._loader.prefetch_factor or 2) if workers else 1
 
     def _memory_after(self, count: int) -> int:
         """The batch after which the workers' memory is read: their first prefetch round
         past ``count`` (-1, never, without workers)."""
-        workers = self._workers
+        workers = self._window_workers
         return count + workers * (self._loader.prefetch_factor or 2) + 1 if workers else -1
 
     def _samples(self) -> int:
@@ -401,14 +399,14 @@ class EpochIter:
         m = replace(m, batch=served, remaining=left or None, restart_seconds=self._first_wait)
         if self._runtime.judge(m) and left:
             self._batches = loader._restart_in_epoch()
-            self._workers = loader.num_workers
+            self._window_workers = loader.num_workers
             self._worker_memory = None
             self._memory_read = Background()
             self._memory_at = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
-        self._window = Window(self._window_size, self._workers, self._samples())
+        self._window = Window(self._window_size, self._window_workers, self._samples())
 
     def _finish(self) -> None:
         if self._done or self._start is None:
@@ -420,7 +418,7 @@ class EpochIter:
         warm = min(self._warm_batches, self._count)
         measure = EpochMeasure(
             runtime.epoch, self._count, self._samples(), self._wait, loop, self._worker_memory,
-            self._warm_wait if self._warm_seconds is not None else self._wait, self._workers,
+            self._warm_wait if self._warm_seconds is not None else self._wait, self._window_workers,
             warm_batches=warm,
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
         )  # fmt: skip
