@@ -494,19 +494,19 @@ class Adapter:
         waited = f"the loop waited {m.steady_wait_fraction:.0%} of its time for data"
         out = []
         grid = doubling_grid(lim.max_workers)
-        nxt = next((w for w in grid if w > s.num_workers), None)
-        capped = nxt is None or self._workers_refused(m, nxt) is not None
-        step = nxt
-        if nxt is not None and not capped:
-            sized = self._sized(m, grid, nxt)
-            if sized > nxt and self._workers_refused(m, sized, quiet=True) is None:
-                nxt = sized
-        if nxt is not None and not capped:
-            why = self._worker_raise(m, nxt, waited)
-            if why is None and step is not None and step < nxt:  # the sized count ruled out:
-                nxt, why = step, self._worker_raise(m, step, waited)  # the next one may not be
+        per_worker = self._worker_bytes()  # read once: it may read this process's memory
+        following = next((w for w in grid if w > s.num_workers), None)  # the grid's next
+        capped = following is None or self._workers_refused(m, following, per_worker) is not None
+        if following is not None and not capped:
+            count = following
+            sized = self._sized(m, grid, following, per_worker)
+            if sized > following and not self._workers_refused(m, sized, per_worker, quiet=True):
+                count = sized
+            why = self._worker_raise(m, count, waited)
+            if why is None and count > following:  # the sized count ruled out: the next may
+                count, why = following, self._worker_raise(m, following, waited)  # not be
             if why is not None:
-                out.append(("num_workers", nxt, why))
+                out.append(("num_workers", count, why))
         depth = s.prefetch_factor or 2
         deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
         if (
@@ -526,10 +526,12 @@ class Adapter:
                             f"{waited}, with workers and prefetch at their caps"))  # fmt: skip
         return out
 
-    def _workers_refused(self, m: EpochMeasure, workers: int, quiet: bool = False) -> str | None:
-        """Why ``workers`` cannot run here: the host-memory budget, /dev/shm, or what this
-        process may start (declined, unless ``quiet``); None where nothing refuses them."""
-        s, lim, per_worker = self.settings, self.limits, self._worker_bytes()
+    def _workers_refused(self, m: EpochMeasure, workers: int, per_worker: float | None,
+                         quiet: bool = False) -> str | None:  # fmt: skip
+        """Why ``workers`` cannot run here: the host-memory budget (``per_worker`` bytes
+        each, where known), /dev/shm, or what this process may start (declined, unless
+        ``quiet``); None where nothing refuses them."""
+        s, lim = self.settings, self.limits
         if per_worker is not None and per_worker * workers > lim.memory_budget_bytes:
             return "over the host-memory budget"
         refused = lim.shm_refuses(workers, s.prefetch_factor) or lim.start_refuses(
@@ -551,7 +553,7 @@ class Adapter:
         except (psutil.Error, OSError):
             return None
 
-    def _sized(self, m: EpochMeasure, grid: list[int], nxt: int) -> int:
+    def _sized(self, m: EpochMeasure, grid: list[int], nxt: int, per_worker: float | None) -> int:
         """The count this epoch's loading asks for, on the grid and at least ``nxt``: a
         starved loop's workers hand over a batch every ``loading_seconds`` (the main
         process, without workers, takes that per batch itself), so one worker takes
@@ -562,7 +564,7 @@ class Adapter:
         workers, compute = m.workers, m.compute_seconds
         if workers != self.settings.num_workers or compute <= 0 or m.loading_seconds <= 0:
             return nxt
-        if self._worker_bytes() is None:  # no measure of a worker's memory yet: one step
+        if per_worker is None:  # no bound on a worker's memory: no jump past the next count
             return nxt
         per_worker = m.loading_seconds * max(1, workers or 0)
         want = math.ceil(SIZED_MARGIN * per_worker / compute)
