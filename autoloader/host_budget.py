@@ -110,24 +110,6 @@ class HostBudget:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    @classmethod
-    def from_dict(cls, table: Any) -> HostBudget | None:
-        """From a plan's ``[tuning.host]`` (None where it has none, or not these keys)."""
-        if not isinstance(table, dict):
-            return None
-        ints = {}
-        for key in ("shm_free_bytes", "shm_total_bytes", "shm_budget_bytes",
-                    "memory_available_bytes", "memory_budget_bytes"):  # fmt: skip
-            value = table.get(key)
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            ints[key] = value if ok else None
-        if ints["memory_budget_bytes"] is None:
-            return None
-        strategy = table.get("sharing_strategy")
-        return cls(ints["shm_free_bytes"], ints["shm_total_bytes"], ints["shm_budget_bytes"],
-                   ints["memory_available_bytes"] or 0, ints["memory_budget_bytes"],
-                   strategy if isinstance(strategy, str) else "file_descriptor")  # fmt: skip
-
     @staticmethod
     def shm_need(workers: int, prefetch: int | None, batch_bytes: float) -> int:
         """Shared memory ``workers`` x ``prefetch`` batches of ``batch_bytes`` may hold at

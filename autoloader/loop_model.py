@@ -15,9 +15,10 @@ Neutral ground: the tuner and the loader both import it; it imports neither.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from autoloader.plan.readings import WorkerSearch
 
 MARGIN = 0.1  # loading must be this much faster than the step to keep it fed
 NOISE = 0.25  # run-time loading within this share of the tune's figure is the same loop
@@ -59,25 +60,6 @@ class Timed:
     max_batch_seconds: float | None = None  # the slowest batch a worker loaded
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
-
-
-def _timed_counts(entries: Any) -> list[tuple[int, float, Mapping[str, Any]]]:
-    """(workers, seconds per batch, the entry) of each well-formed entry of a plan's list
-    of timed worker counts (``[tuning.workers] trace`` or ``loops``)."""
-    out = []
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, Mapping):
-            continue
-        w, spb = entry.get("workers"), _number(entry.get("seconds_per_batch"))
-        if isinstance(w, int) and not isinstance(w, bool) and spb is not None:
-            out.append((w, spb, entry))
-    return out
-
-
 @dataclass(frozen=True)
 class Evidence:
     """The tune's worker search, as a plan records it in ``[tuning.workers]``."""
@@ -95,27 +77,25 @@ class Evidence:
     def from_plan(cls, workers_table: Any) -> Evidence | None:
         """The evidence in a plan's ``[tuning.workers]`` table (None where it has none:
         a hand-written plan, or one whose trace cannot be read)."""
-        if not isinstance(workers_table, Mapping):
+        return cls.from_search(WorkerSearch.from_table(workers_table))
+
+    @classmethod
+    def from_search(cls, search: WorkerSearch | None) -> Evidence | None:
+        """The evidence in the plan's worker search (``Plan.evidence.workers``)."""
+        ok = [c for c in search.trace if c.ok] if search is not None else []
+        if search is None or not ok:
             return None
-        ok = [(w, spb, entry) for w, spb, entry in _timed_counts(workers_table.get("trace"))
-              if entry.get("status", "ok") == "ok"]  # fmt: skip
-        counts = {
-            w: Timed(w, spb, _number(entry.get("stderr_seconds")) or 0.0,
-                     _number(entry.get("max_batch_seconds")))
-            for w, spb, entry in ok
-        }
-        if not counts:
-            return None
+        counts = {c.workers: Timed(c.workers, c.seconds_per_batch or 0.0, c.stderr_seconds,
+                                   c.max_batch_seconds) for c in ok}  # fmt: skip
         loops: dict[int, float] = {}
-        for w, spb, _ in _timed_counts(workers_table.get("loops")):
-            if spb > 0:
-                loops.setdefault(w, spb)
-        memory = {w: _number(entry.get("memory_bytes")) for w, _, entry in ok}
+        for timed in search.loops:
+            if timed.seconds_per_batch > 0:
+                loops.setdefault(timed.workers, timed.seconds_per_batch)
+        memory = {c.workers: c.memory_bytes for c in ok}
         base = memory.get(0)
         per_worker = [(m - base) / w for w, m in memory.items() if w > 0 and m is not None
                       and base is not None and m > base]  # fmt: skip
-        return cls(counts, _number(workers_table.get("step_seconds")), loops,
-                   max(per_worker) if per_worker else None)  # fmt: skip
+        return cls(counts, search.step_seconds, loops, max(per_worker) if per_worker else None)
 
     def loop(self, workers: int) -> float | None:
         """The loop's seconds per batch at a measured count: as timed with the step where

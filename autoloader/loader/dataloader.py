@@ -169,10 +169,8 @@ class DataLoader(tud.DataLoader):
             strategy = fp = None
             if self.plan is not None:
                 strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
-                memory = self.plan.memory
-                self._recorder.memory(
-                    memory.get("budget_bytes"), memory.get("predicted_peak_bytes")
-                )
+                evidence = self.plan.evidence
+                self._recorder.memory(evidence.budget_bytes, evidence.predicted_peak_bytes)
             self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
         self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank = rank
@@ -462,13 +460,12 @@ def _runtime(
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
     adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
-                      evidence=Evidence.from_plan(plan.tuning.get("workers")),
+                      evidence=Evidence.from_search(plan.evidence.workers),
                       persistent=bool(loader.persistent_workers))  # fmt: skip
-    predicted = plan.memory.get("predicted_peak_bytes")
+    predicted, budget = plan.evidence.predicted_peak_bytes, plan.evidence.budget_bytes
     watch = None
-    if isinstance(predicted, int) and predicted > 0:
-        feed = loader._feed_device
-        watch = MemoryWatch(predicted, plan.memory.get("budget_bytes"), PeakOf(feed))
+    if predicted:
+        watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
 
 
@@ -480,7 +477,7 @@ def _survival(loader: DataLoader, rank: int) -> Survival | None:
     if not isinstance(loader.batch_sampler, SizeBatchSampler):
         return None
     loader._recorder.survival_started()
-    planned = HostBudget.from_dict(loader.plan.tuning.get("host"))
+    planned = loader.plan.evidence.host
     budget = loader._host.memory_budget_bytes
     if planned is not None:
         budget = min(budget, planned.memory_budget_bytes)

@@ -11,29 +11,12 @@ batch that does not fit. Settings the caller gave explicitly are kept (and warne
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeGuard
+from typing import Any
 
 from autoloader.host_budget import HostBudget
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")
-
-
-def worst_batch_bytes(plan: Plan) -> int:
-    """The largest batch the plan's loader may hand over: ``[tuning.host] batch_bytes``,
-    else its strategy's worst replayed batch (0: unknown)."""
-    host = plan.tuning.get("host")
-    value = host.get("batch_bytes") if isinstance(host, dict) else None
-    return int(value) if _count(value) else predicted_worst_batch_bytes(plan)
-
-
-def predicted_worst_batch_bytes(plan: Plan) -> int:
-    """The worst batch the tune replayed for the plan's strategy, in sample-size bytes:
-    what its predicted memory peak was computed from (0: unknown)."""
-    strategies = plan.tuning.get("strategies")
-    replay = strategies.get(plan.batching.strategy) if isinstance(strategies, dict) else None
-    value = replay.get("worst_batch_bytes") if isinstance(replay, dict) else None
-    return int(value) if _count(value) else 0
 
 
 def fit_to_host(
@@ -43,7 +26,7 @@ def fit_to_host(
     ``budget``'s shared memory; where the caller gave ``num_workers`` or
     ``prefetch_factor`` explicitly (``explicit``, those keys), they are kept, with a
     WARNING where they do not fit."""
-    batch = worst_batch_bytes(plan)
+    batch = plan.evidence.worst_batch_bytes
     workers = int(given.get("num_workers") or 0)
     prefetch = given.get("prefetch_factor")
     why = budget.shm_refuses(workers, prefetch, batch) if batch else None
@@ -80,8 +63,3 @@ def within_shm(
         return workers, depth
     fewer = budget.most_workers(1, batch, 0.0, workers)
     return fewer, budget.prefetch_within(fewer, 1, batch) if fewer else None
-
-
-def _count(value: Any) -> TypeGuard[int | float]:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return ok and 0 < value < 2**63

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from autoloader.loader.host_fit import predicted_worst_batch_bytes
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
@@ -86,7 +85,7 @@ def watch_growth(
         return None
     if sampler.name != bp.strategy or sampler.batch_size != bp.local_batch_size:
         return None
-    predicted = predicted_worst_batch_bytes(plan)
+    predicted = plan.evidence.replayed_worst_batch_bytes
     if not predicted:
         return None
     watch = Outgrown(predicted, rank, recorder, stale)

@@ -16,7 +16,6 @@ from autoloader.errors import PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.launch import launched_local_rank
 from autoloader.plan import LoaderPlan, Plan
-from autoloader.plan.schema import validate_loader
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.samplers.order import Windows
 
@@ -91,15 +90,8 @@ def planned_sampler(
 
 
 def node_loader(plan: Plan) -> LoaderPlan:
-    """This node's ``[loader]``: a collective tune records each node's worker search in
-    ``[tuning.nodes]``; elsewhere, and for nodes it did not see, the plan's own."""
-    nodes = plan.tuning.get("nodes")
-    host = socket.gethostname()
-    table = nodes.get(host) if isinstance(nodes, dict) else None
-    if not isinstance(table, dict):
-        return plan.loader
-    validate_loader(table, plan.source, key=f"tuning.nodes.{host}")
-    return LoaderPlan(**table)
+    """This node's ``[loader]`` (``Plan.loader_for`` this host)."""
+    return plan.loader_for(socket.gethostname())
 
 
 def accumulation_for(plan: Plan, world: int) -> int:
@@ -163,8 +155,8 @@ def check_data_fingerprint(plan: Plan, found: str | None, n: int) -> None:
     if expected is None:
         return
     if found is None:
-        recorded = plan.dataset.get("num_samples")
-        if isinstance(recorded, int) and recorded != n:
+        recorded = plan.num_samples
+        if recorded is not None and recorded != n:
             raise PlanError(
                 f"{plan.source}: the plan was tuned for other data ({recorded} samples); "
                 f"this dataset has {n} samples. Re-run `autoloader tune`, or pass "
@@ -172,10 +164,10 @@ def check_data_fingerprint(plan: Plan, found: str | None, n: int) -> None:
             )
         return
     if found != expected:
-        recorded = plan.dataset.get("num_samples", "?")
+        counted = plan.num_samples if plan.num_samples is not None else "?"
         raise PlanError(
             f"{plan.source}: the plan was tuned for other data (fingerprint {expected}, "
-            f"{recorded} samples); this dataset has fingerprint {found}, {n} "
+            f"{counted} samples); this dataset has fingerprint {found}, {n} "
             "samples. Re-run `autoloader tune`, or pass check_fingerprint=False"
         )
 

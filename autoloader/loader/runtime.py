@@ -35,7 +35,6 @@ from autoloader.loader.adapt import (
 )
 from autoloader.loader.background import Background
 from autoloader.loader.drift import Drift, MemoryWatch
-from autoloader.loader.host_fit import predicted_worst_batch_bytes, worst_batch_bytes
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
@@ -57,41 +56,24 @@ def default_limits(
     the worker processes, the batches in flight within this node's /dev/shm, this
     process's limits (``process``), and a device feed only as deep as the plan's memory
     budget allows."""
-    table = plan.tuning.get("workers")
+    evidence = plan.evidence
+    search = evidence.workers
     if max_workers is None:
-        searched = table.get("max_workers") if isinstance(table, dict) else None
-        if isinstance(searched, bool) or not isinstance(searched, int):
-            searched = 0
+        searched = (search.max_workers or 0) if search is not None else 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
+    failed = search.failed_past(settings.num_workers) if search is not None else None
     return Limits(max_workers, host.memory_budget_bytes, _device_prefetch_max(plan, settings),
-                  host, worst_batch_bytes(plan), process,
-                  _failed_at(table, settings.num_workers))  # fmt: skip
-
-
-def _failed_at(table: Any, planned: int) -> tuple[int, str] | None:
-    """The fewest workers (past the plan's own count) the tune's search saw fail, and how:
-    a count whose workers could not start, died or hung there will not run here either."""
-    trace = table.get("trace") if isinstance(table, dict) else None
-    failed = [
-        (c["workers"], c["status"]) for c in (trace if isinstance(trace, list) else [])
-        if isinstance(c, dict) and isinstance(c.get("workers"), int)
-        and not isinstance(c.get("workers"), bool) and c["workers"] > planned
-        and isinstance(c.get("status"), str) and c["status"].startswith("failed")
-    ]  # fmt: skip
-    return min(failed, default=None)
+                  host, evidence.worst_batch_bytes, process, failed)  # fmt: skip
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
     """One more batch on the device costs a worst batch: only where the budget has it."""
     if settings.device_prefetch is None:
         return 0
-    memory = plan.memory
-    found = (predicted_worst_batch_bytes(plan), memory.get("budget_bytes"),
-             memory.get("predicted_peak_bytes"))  # fmt: skip
-    numbers = [v for v in found if isinstance(v, (int, float)) and v > 0]
-    if len(numbers) < 3:
+    e = plan.evidence
+    worst, budget, peak = e.replayed_worst_batch_bytes, e.budget_bytes, e.predicted_peak_bytes
+    if not (worst and budget and peak):
         return settings.device_prefetch  # no evidence: never deeper than planned
-    worst, budget, peak = numbers
     spare = int((budget - peak) // worst)
     return max(settings.device_prefetch, min(16, settings.device_prefetch + spare))
 
@@ -253,9 +235,6 @@ class Runtime:
             runtime["on_trial"] = (
                 f"{trying.describe()}, not yet judged: the saved [loader] keeps {trying.before}"
             )
-        tuned = _tuned(plan, loader_plan, adapted)
-        if tuned:
-            runtime["tuned"] = tuned
         if self.last is not None:
             runtime["last_epoch"] = {
                 "wait_fraction": round(self.last.wait_fraction, 4),
@@ -269,28 +248,7 @@ class Runtime:
             }
         if self.stale is not None:
             runtime["stale"] = self.stale
-        tuning = {**plan.tuning, "runtime": runtime}
-        nodes = tuning.get("nodes")
-        if isinstance(nodes, dict) and socket.gethostname() in nodes:
-            # This node's loader table is the one a DataLoader here reads: keep it in step.
-            tuning["nodes"] = {**nodes, socket.gethostname(): _loader_table(adapted)}
-        return replace(plan, loader=adapted, tuning=tuning)
-
-
-def _tuned(plan: Plan, started: LoaderPlan, saved: LoaderPlan) -> dict[str, Any]:
-    """The tune's values of the settings run time changed: the plan's ``[tuning.workers]``
-    notes explain these, not the saved ones. Kept from an earlier save of the plan."""
-    earlier = plan.tuning.get("runtime")
-    tuned = dict(earlier.get("tuned", {})) if isinstance(earlier, dict) else {}
-    for key in ("num_workers", "prefetch_factor", "persistent_workers", "device_prefetch"):
-        was, now = getattr(started, key), getattr(saved, key)
-        if was != now and was is not None:
-            tuned.setdefault(key, was)
-    return {k: v for k, v in tuned.items() if getattr(saved, k, None) != v}
-
-
-def _loader_table(lp: LoaderPlan) -> dict[str, Any]:
-    return {k: v for k, v in vars(lp).items() if v is not None}
+        return plan.with_runtime(runtime, socket.gethostname(), loader_plan, adapted)
 
 
 class EpochIter:

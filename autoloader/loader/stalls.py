@@ -15,7 +15,6 @@ error names the same. ``autoloader.loader.iterators`` reads torch's state into a
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,19 +33,11 @@ def stall_after(plan: Plan) -> float:
     ``STALL_FACTOR`` times the slowest batch one process loaded in the tune's search (each
     count's slowest delivery times its workers: a worker loads one of every ``workers``
     batches), and at least ``STALL_MIN_SECONDS``."""
-    table = plan.tuning.get("workers")
-    trace = table.get("trace") if isinstance(table, dict) else None
-    slowest = 0.0
-    for entry in trace if isinstance(trace, list) else []:
-        if not isinstance(entry, dict) or entry.get("status", "ok") != "ok":
-            continue
-        seconds, workers = entry.get("max_batch_seconds"), entry.get("workers")
-        if (
-            isinstance(seconds, (int, float))
-            and isinstance(workers, int)
-            and math.isfinite(seconds)
-        ):
-            slowest = max(slowest, float(seconds) * max(1, workers))
+    search = plan.evidence.workers
+    trace = search.trace if search is not None else ()
+    timed = [c.max_batch_seconds * max(1, c.workers) for c in trace
+             if c.status == "ok" and c.max_batch_seconds is not None]  # fmt: skip
+    slowest = max(timed, default=0.0)
     return max(STALL_MIN_SECONDS, STALL_FACTOR * slowest)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import stat
 import sys
@@ -15,7 +16,8 @@ import tomli_w
 
 from autoloader.errors import PlanError, UsageError
 from autoloader.files import foreign_name, read_at_most, write_output
-from autoloader.plan.schema import SCHEMA_VERSION, validate
+from autoloader.plan.readings import PlanEvidence
+from autoloader.plan.schema import SCHEMA_VERSION, validate, validate_loader
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,9 +84,51 @@ class Plan:
     sizes: Any = field(default=None, compare=False, repr=False)
 
     @property
+    def evidence(self) -> PlanEvidence:
+        """What a planned loader takes limits from in ``tuning`` and ``memory``, typed."""
+        return PlanEvidence.from_tables(self.tuning, self.memory, self.batching.strategy)
+
+    def loader_for(self, host: str) -> LoaderPlan:
+        """``host``'s ``[loader]``: a collective tune records each node's worker search in
+        ``[tuning.nodes]``; for nodes it did not see, and elsewhere, the plan's own."""
+        nodes = self.tuning.get("nodes")
+        table = nodes.get(host) if isinstance(nodes, dict) else None
+        if not isinstance(table, dict):
+            return self.loader
+        validate_loader(table, self.source, key=f"tuning.nodes.{host}")
+        return LoaderPlan(**table)
+
+    def with_runtime(self, runtime: dict[str, Any], host: str, started: LoaderPlan,
+                     saved: LoaderPlan) -> Plan:  # fmt: skip
+        """This plan as a run on ``host`` saves it: its ``[loader]`` (and ``host``'s
+        ``[tuning.nodes]`` table) at ``saved``, and ``runtime`` as ``[tuning.runtime]``
+        with the tune's values of the settings run time changed from ``started`` kept in
+        its ``tuned`` table (from an earlier save too), which the ``[tuning.workers]``
+        notes explain."""
+        earlier = self.tuning.get("runtime")
+        tuned = dict(earlier.get("tuned", {})) if isinstance(earlier, dict) else {}
+        for key in ("num_workers", "prefetch_factor", "persistent_workers", "device_prefetch"):
+            was, now = getattr(started, key), getattr(saved, key)
+            if was != now and was is not None:
+                tuned.setdefault(key, was)
+        tuned = {k: v for k, v in tuned.items() if getattr(saved, k, None) != v}
+        tuning = {**self.tuning, "runtime": {**runtime, **({"tuned": tuned} if tuned else {})}}
+        nodes = tuning.get("nodes")
+        if isinstance(nodes, dict) and host in nodes:
+            # this node's loader table is the one a DataLoader here reads: keep it in step
+            tuning["nodes"] = {**nodes, host: drop_none(vars(saved))}
+        return dataclasses.replace(self, loader=saved, tuning=tuning)
+
+    @property
     def fingerprint(self) -> str | None:
         """The fingerprint of the dataset this plan was tuned for, if recorded."""
         return self.dataset.get("fingerprint")
+
+    @property
+    def num_samples(self) -> int | None:
+        """The samples of the dataset this plan was tuned for, if recorded."""
+        n = self.dataset.get("num_samples")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> Plan:
