@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -274,3 +275,26 @@ def test_accumulation_marks_the_optimiser_steps_and_a_plain_loop_is_warned_once(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(loader)  # once a loader
+
+
+def test_torchs_worker_count_warning_is_said_once_and_never_against_a_timed_plan(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """More workers than CPUs: torch warns at construction and again at each iterator. A
+    plan whose worker search timed that many (it goes past the CPUs only where workers
+    wait on reads) is not contradicted; a hand-written one is warned once."""
+    ds = VariableTensors(16)
+    many = len(os.sched_getaffinity(0)) + 2
+    timed = plan_for(ds, workers=many)
+    timed.tuning["workers"] = {"max_workers": many, "trace": [
+        {"workers": many, "seconds_per_batch": 0.01, "status": "ok"}]}  # fmt: skip
+    for plan, warned in ((timed, 0), (plan_for(ds, workers=many), 1)):
+        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            loader = DataLoader(ds, plan=plan, adapt=False, collate_fn=list,
+                                registry=CollectorRegistry())  # fmt: skip
+            for _ in range(2):
+                assert sum(len(b) for b in loader) == 16
+        said = [w for w in seen if "suggested max number of worker" in str(w.message)]
+        assert len(said) == warned
+    assert sum("as the plan's worker search timed them" in r.message for r in caplog.records) == 1

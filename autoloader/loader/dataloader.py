@@ -392,6 +392,27 @@ class DataLoader(tud.DataLoader):
             stacklevel=3,
         )
 
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning for more workers than CPUs, once per loader and count (torch
+        checks at construction and again at each iterator), and not at all for a count
+        the plan's worker search timed: it goes past the CPUs only where workers wait on
+        reads, and a warning would contradict the plan (said once at INFO instead)."""
+        workers = self.num_workers
+        if getattr(self, "_checked_workers", None) == workers:
+            return
+        self._checked_workers = workers
+        plan: Plan | None = getattr(self, "plan", None)
+        search = plan.evidence.workers if plan is not None else None
+        if search is not None and any(c.ok and c.workers >= workers for c in search.trace):
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            if workers > cpus:
+                log.info("autoloader: %d workers on %d CPU(s), as the plan's worker search "
+                         "timed them (workers waiting on reads leave their cores free); "
+                         "torch's warning on more workers than CPUs does not apply",
+                         workers, cpus)  # fmt: skip
+            return
+        super().check_worker_number_rationality()
+
     def _get_iterator(self) -> compat.BaseIter:
         if self._recorder is None:
             return super()._get_iterator()
