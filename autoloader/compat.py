@@ -15,6 +15,7 @@ exports: torch's iterator classes, to subclass, and small functions over their s
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from typing import Any
 
@@ -60,7 +61,7 @@ def check_torch_internals() -> None:
         base = getattr(dataloader, "_BaseDataLoaderIter", None)
         missing += [f"_BaseDataLoaderIter.{n}" for n in ("_reset", "_next_index")
                     if base is not None and not hasattr(base, n)]  # fmt: skip
-        init = getattr(getattr(base, "__init__", None), "__code__", None)
+        init = _code(getattr(base, "__init__", None))
         if init is not None and "_collate_fn" not in init.co_names:
             missing.append("_BaseDataLoaderIter._collate_fn")
         missing += _missing_worker_state(dataloader)
@@ -91,7 +92,7 @@ def _missing_worker_state(dataloader: object) -> list[str]:
         return []
     out = [f"_MultiProcessingDataLoaderIter.{n}" for n in _MP_METHODS if not hasattr(mp, n)]
     for method, names in _MP_STATE.items():
-        code = getattr(getattr(mp, method, None), "__code__", None)
+        code = _code(getattr(mp, method, None))
         seen = set(code.co_names) if code is not None else set()
         out += [f"_MultiProcessingDataLoaderIter.{n}" for n in names if n not in seen]
     signals = getattr(utils, "signal_handling", None)
@@ -104,10 +105,21 @@ def _missing_worker_state(dataloader: object) -> list[str]:
     loader = getattr(dataloader, "DataLoader", None)
     if not hasattr(loader, "_get_iterator"):
         out.append("DataLoader._get_iterator")
-    init = getattr(getattr(loader, "__init__", None), "__code__", None)
+    init = _code(getattr(loader, "__init__", None))
     if init is not None and "_iterator" not in init.co_names:
         out.append("DataLoader._iterator")  # the persistent workers' iterator
     return out
+
+
+def _code(function: Any) -> Any:
+    """The code object of ``function`` under any decorator that kept ``__wrapped__``
+    (Lightning wraps ``DataLoader.__init__`` while it builds a trainer's loaders, and
+    autoloader may be imported right then)."""
+    if function is None:
+        return None
+    with contextlib.suppress(ValueError):  # a cycle of __wrapped__
+        function = inspect.unwrap(function)
+    return getattr(function, "__code__", None)
 
 
 def torch_release(version: str) -> tuple[int, int]:

@@ -483,3 +483,23 @@ def test_the_worker_state_we_read_is_checked_at_import(monkeypatch: pytest.Monke
     assert ("lacks _MultiProcessingDataLoaderIter._try_get_data, "
             "_MultiProcessingDataLoaderIter._workers, "
             "_MultiProcessingDataLoaderIter._index_queues,") in str(refused.value)  # fmt: skip
+
+
+def test_the_check_reads_torchs_code_under_a_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning wraps ``DataLoader.__init__`` while it builds a trainer's loaders, and a
+    program may import autoloader's loader right then (a lazy attribute in
+    ``val_dataloader``): the check reads the wrapped code, not the wrapper's."""
+    import functools
+
+    from torch.utils.data import DataLoader
+
+    from autoloader.compat import check_torch_internals
+
+    init = DataLoader.__init__
+
+    @functools.wraps(init)
+    def wrapper(self: object, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DataLoader, "__init__", wrapper)
+    check_torch_internals()

@@ -276,6 +276,7 @@ def test_a_burst_of_scrapes_is_served_and_other_paths_are_404() -> None:
     assert latencies[int(0.99 * len(latencies)) - 1] < 5.0, latencies[-5:]
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"{url}/favicon.ico", timeout=10)
+    missing.value.close()  # the error holds the response and its socket
     assert missing.value.code == 404
 
 
