@@ -79,9 +79,12 @@ $(PEER_VENV)/.installed: pyproject.toml constraints-dev.txt
 bench-peer: $(STAMP) $(PEER_VENV)/.installed
 	$(PY) benchmarks/peer.py --peer-python $(PEER_VENV)/bin/python
 
+# Pinned: another ruff formats some lines otherwise, and CI runs this.
+LINTED := autoloader plugins tests benchmarks examples
 lint: $(STAMP)
-	$(PY) -m pip install $(PIP_FLAGS) ruff mypy
-	$(PY) -m ruff check autoloader plugins tests benchmarks examples
+	$(PY) -m pip install $(PIP_FLAGS) "ruff==0.17.6" "mypy==2.4.1"
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy autoloader plugins
 
 # The manual: mkdocs with --strict (mkdocs.yml), so a broken link or a page missing from

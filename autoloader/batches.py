@@ -77,9 +77,10 @@ def nbytes(obj: Any, *, samples_only: bool = False) -> int:
 
 
 def map_tensors(
-    obj: Any, fn: Callable[[torch.Tensor], torch.Tensor],
+    obj: Any,
+    fn: Callable[[torch.Tensor], torch.Tensor],
     other: Callable[[Any], Any] | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """``obj`` with ``fn`` applied to every tensor; containers keep their type. A PyG
     object is changed in place through its ``apply`` (as PyG's own ``to`` does); a value
     that is neither a tensor nor a container goes through ``other`` if given."""
@@ -100,8 +101,11 @@ def map_tensors(
         except TypeError:
             return mapped
     if _is_dataclass(obj):
-        fields = {f.name: map_tensors(getattr(obj, f.name), fn, other)
-                  for f in dataclasses.fields(obj) if f.init}  # fmt: skip
+        fields = {
+            f.name: map_tensors(getattr(obj, f.name), fn, other)
+            for f in dataclasses.fields(obj)
+            if f.init
+        }
         return dataclasses.replace(obj, **fields)
     return other(obj) if other is not None else obj
 
@@ -151,13 +155,17 @@ def split(batch: Any, parts: int) -> list[Any]:
     if _is_dataclass(batch):
         names = [f.name for f in dataclasses.fields(batch) if f.init]
         pieces = [split(getattr(batch, n), parts) for n in names]
-        return [dataclasses.replace(batch, **dict(zip(names, p, strict=True)))
-                for p in zip(*pieces, strict=True)]  # fmt: skip
+        return [
+            dataclasses.replace(batch, **dict(zip(names, p, strict=True)))
+            for p in zip(*pieces, strict=True)
+        ]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         pieces = [split(v, parts) for v in batch]
         return [type(batch)(*p) for p in zip(*pieces, strict=True)]
     if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         pieces = [split(v, parts) for v in batch]
-        return [type(batch)(p) if isinstance(batch, tuple) else list(p)
-                for p in zip(*pieces, strict=True)]  # fmt: skip
+        return [
+            type(batch)(p) if isinstance(batch, tuple) else list(p)
+            for p in zip(*pieces, strict=True)
+        ]
     raise TypeError(f"cannot split a batch of type {type(batch).__name__}")

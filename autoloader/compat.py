@@ -53,14 +53,23 @@ def check_torch_internals() -> None:
         missing.append(str(exc))
     else:
         for owner, names in (
-            (dataloader, ("_SingleProcessDataLoaderIter", "_MultiProcessingDataLoaderIter",
-                          "_BaseDataLoaderIter")),
+            (
+                dataloader,
+                (
+                    "_SingleProcessDataLoaderIter",
+                    "_MultiProcessingDataLoaderIter",
+                    "_BaseDataLoaderIter",
+                ),
+            ),
             (collate, ("collate", "default_collate_fn_map")),
-        ):  # fmt: skip
+        ):
             missing += [f"{owner.__name__}.{n}" for n in names if not hasattr(owner, n)]
         base = getattr(dataloader, "_BaseDataLoaderIter", None)
-        missing += [f"_BaseDataLoaderIter.{n}" for n in ("_reset", "_next_index")
-                    if base is not None and not hasattr(base, n)]  # fmt: skip
+        missing += [
+            f"_BaseDataLoaderIter.{n}"
+            for n in ("_reset", "_next_index")
+            if base is not None and not hasattr(base, n)
+        ]
         init = _code(getattr(base, "__init__", None))
         if init is not None and "_collate_fn" not in init.co_names:
             missing.append("_BaseDataLoaderIter._collate_fn")
@@ -77,12 +86,20 @@ def check_torch_internals() -> None:
 # in their code objects).
 _MP_METHODS = ("_try_get_data", "_shutdown_workers", "_process_data")
 _MP_STATE = {
-    "__init__": ("_workers", "_index_queues", "_worker_result_queue", "_workers_done_event",
-                 "_pin_memory_thread", "_pin_memory_thread_done_event", "_worker_pids_set",
-                 "_shutdown", "_in_order"),
+    "__init__": (
+        "_workers",
+        "_index_queues",
+        "_worker_result_queue",
+        "_workers_done_event",
+        "_pin_memory_thread",
+        "_pin_memory_thread_done_event",
+        "_worker_pids_set",
+        "_shutdown",
+        "_in_order",
+    ),
     "_reset": ("_task_info", "_rcvd_idx"),
     "_get_data": ("_timeout",),
-}  # fmt: skip
+}
 
 
 def _missing_worker_state(dataloader: object) -> list[str]:
@@ -96,10 +113,16 @@ def _missing_worker_state(dataloader: object) -> list[str]:
         seen = set(code.co_names) if code is not None else set()
         out += [f"_MultiProcessingDataLoaderIter.{n}" for n in names if n not in seen]
     signals = getattr(utils, "signal_handling", None)
-    out += [f"_utils.{n}" for n in ("MP_STATUS_CHECK_INTERVAL", "python_exit_status")
-            if not hasattr(utils, n)]  # fmt: skip
-    out += [f"_utils.signal_handling.{n}" for n in ("_remove_worker_pids", "_set_SIGCHLD_handler")
-            if not hasattr(signals, n)]  # fmt: skip
+    out += [
+        f"_utils.{n}"
+        for n in ("MP_STATUS_CHECK_INTERVAL", "python_exit_status")
+        if not hasattr(utils, n)
+    ]
+    out += [
+        f"_utils.signal_handling.{n}"
+        for n in ("_remove_worker_pids", "_set_SIGCHLD_handler")
+        if not hasattr(signals, n)
+    ]
     if not hasattr(getattr(utils, "pin_memory", None), "pin_memory"):
         out.append("_utils.pin_memory.pin_memory")
     loader = getattr(dataloader, "DataLoader", None)
@@ -198,8 +221,7 @@ def awaited_task(it: Any) -> tuple[int, int | None]:
 
 def tasks_held_by(it: Any, worker_id: int) -> list[int]:
     """The tasks sent to ``worker_id`` whose batch has not come back, in order."""
-    return sorted(i for i, info in it._task_info.items()
-                  if len(info) == 1 and info[0] == worker_id)  # fmt: skip
+    return sorted(i for i, info in it._task_info.items() if len(info) == 1 and info[0] == worker_id)
 
 
 def shut_down_workers(it: Any) -> None:

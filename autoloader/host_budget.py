@@ -104,8 +104,9 @@ class HostBudget:
         free, total = space if space is not None else (None, None)
         budget = int(free * SHM_MARGIN // ranks) if free is not None else None
         available = available_memory()
-        return cls(free, total, budget, available, worker_memory_budget(available),
-                   sharing_strategy())  # fmt: skip
+        return cls(
+            free, total, budget, available, worker_memory_budget(available), sharing_strategy()
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -159,8 +160,9 @@ class HostBudget:
                 return depth
         return None
 
-    def most_workers(self, prefetch: int, batch_bytes: float, per_worker_bytes: float,
-                     cap: int) -> int:  # fmt: skip
+    def most_workers(
+        self, prefetch: int, batch_bytes: float, per_worker_bytes: float, cap: int
+    ) -> int:
         """The most workers (up to ``cap``) both budgets hold at ``prefetch``."""
         most = cap
         if per_worker_bytes > 0:

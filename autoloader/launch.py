@@ -94,8 +94,14 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | N
     env = os.environ if environ is None else environ
     if env.get("WORLD_SIZE") and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         if _int_of(env, "WORLD_SIZE") > 1:
-            return _in_world({k: env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                  "MASTER_PORT") if k in env}, "RANK")  # fmt: skip
+            return _in_world(
+                {
+                    k: env[k]
+                    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                    if k in env
+                },
+                "RANK",
+            )
         return None
     if _int_of(env, "SLURM_NTASKS", 1) < 2 or "SLURM_PROCID" not in env:
         return None
@@ -119,8 +125,10 @@ def _in_world(out: dict[str, str], name: str) -> dict[str, str]:
     rendezvous that can never complete)."""
     rank, world = _int_of(out, "RANK", 0), _int_of(out, "WORLD_SIZE", 1)
     if not 0 <= rank < world:
-        raise UsageError(f"environment: {name}={out.get('RANK')} is not a rank of a world of "
-                         f"{world} (expected 0..{world - 1})")  # fmt: skip
+        raise UsageError(
+            f"environment: {name}={out.get('RANK')} is not a rank of a world of "
+            f"{world} (expected 0..{world - 1})"
+        )
     return out
 
 

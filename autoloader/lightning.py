@@ -101,10 +101,20 @@ class LoaderStatsCallback(pl.Callback):  # type: ignore[misc,name-defined]
             }
             for name, value in figures.items():
                 reduce = "max" if name == "worst_batch_bytes" else "sum"
-                pl_module.log(f"{self.prefix}{name}", float(value), on_epoch=True,
-                              sync_dist=True, reduce_fx=reduce)  # fmt: skip
-        pl_module.log(f"{self.prefix}data_wait_seconds_epoch", getattr(self, "_wait_epoch", 0.0),
-                      on_epoch=True, sync_dist=True, reduce_fx="max")  # fmt: skip
+                pl_module.log(
+                    f"{self.prefix}{name}",
+                    float(value),
+                    on_epoch=True,
+                    sync_dist=True,
+                    reduce_fx=reduce,
+                )
+        pl_module.log(
+            f"{self.prefix}data_wait_seconds_epoch",
+            getattr(self, "_wait_epoch", 0.0),
+            on_epoch=True,
+            sync_dist=True,
+            reduce_fx="max",
+        )
 
 
 def step_factory(

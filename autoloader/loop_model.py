@@ -85,16 +85,23 @@ class Evidence:
         ok = [c for c in search.trace if c.ok] if search is not None else []
         if search is None or not ok:
             return None
-        counts = {c.workers: Timed(c.workers, c.seconds_per_batch or 0.0, c.stderr_seconds,
-                                   c.max_batch_seconds) for c in ok}  # fmt: skip
+        counts = {
+            c.workers: Timed(
+                c.workers, c.seconds_per_batch or 0.0, c.stderr_seconds, c.max_batch_seconds
+            )
+            for c in ok
+        }
         loops: dict[int, float] = {}
         for timed in search.loops:
             if timed.seconds_per_batch > 0:
                 loops.setdefault(timed.workers, timed.seconds_per_batch)
         memory = {c.workers: c.memory_bytes for c in ok}
         base = memory.get(0)
-        per_worker = [(m - base) / w for w, m in memory.items() if w > 0 and m is not None
-                      and base is not None and m > base]  # fmt: skip
+        per_worker = [
+            (m - base) / w
+            for w, m in memory.items()
+            if w > 0 and m is not None and base is not None and m > base
+        ]
         return cls(counts, search.step_seconds, loops, max(per_worker) if per_worker else None)
 
     def loop(self, workers: int) -> float | None:
@@ -147,8 +154,9 @@ class Evidence:
             "jitter, is the limit, and a deeper queue cannot help"
         )
 
-    def feeds_step(self, workers: int, step_now: float = 0.0, depth: int | None = None
-                   ) -> str | None:  # fmt: skip
+    def feeds_step(
+        self, workers: int, step_now: float = 0.0, depth: int | None = None
+    ) -> str | None:
         """Why ``workers`` already feed the step, by the tune's timing (None: they do not,
         or it was not measured): the loop model then has the loop step-bound, and no count
         can make it faster while loading stays as the tune measured it.
@@ -174,8 +182,9 @@ class Evidence:
             "cannot make the loop faster than its step"
         )
 
-    def rules_out(self, current: int, raised: int, min_gain: float, step_now: float = 0.0
-                  ) -> str | None:  # fmt: skip
+    def rules_out(
+        self, current: int, raised: int, min_gain: float, step_now: float = 0.0
+    ) -> str | None:
         """Why the tune's own timings say ``raised`` workers would not bring ``min_gain``
         over ``current`` (None: they do not say so, or were not measured); ``step_now`` as
         in ``feeds_step``."""
@@ -210,6 +219,8 @@ class Evidence:
         if current in self.counts and other in self.counts:
             a, b = self.counts[current], self.counts[other]
             step = self.step_seconds
-            return (loop_seconds(current, a.seconds_per_batch, step),
-                    loop_seconds(other, b.seconds_per_batch, step))  # fmt: skip
+            return (
+                loop_seconds(current, a.seconds_per_batch, step),
+                loop_seconds(other, b.seconds_per_batch, step),
+            )
         return self.loop(current), self.loop(other)

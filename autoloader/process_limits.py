@@ -66,10 +66,13 @@ class ProcessLimits:
         tasks = _soft(resource.RLIMIT_NPROC) if _nproc_applies() else None
         space = _soft(resource.RLIMIT_AS)
         return cls(
-            files, _open_files() if files is not None else 0,
-            tasks, _user_tasks(os.getuid()) if tasks is not None else 0,
-            space, _address_space() if space is not None else 0,
-        )  # fmt: skip
+            files,
+            _open_files() if files is not None else 0,
+            tasks,
+            _user_tasks(os.getuid()) if tasks is not None else 0,
+            space,
+            _address_space() if space is not None else 0,
+        )
 
     def refuses(self, workers: int, prefetch: int | None, tensors: int = 1) -> str | None:
         """Why ``workers`` x ``prefetch`` batches of ``tensors`` tensors each do not fit
@@ -78,27 +81,37 @@ class ProcessLimits:
             return None
         files = self.files_needed(workers, prefetch, tensors)
         if self.open_files is not None and files > self.open_files:
-            return (f"{workers} worker(s) would need about {files} open files in this process "
-                    f"({self.files_in_use} open now); RLIMIT_NOFILE (`ulimit -n`) is "
-                    f"{self.open_files}")  # fmt: skip
+            return (
+                f"{workers} worker(s) would need about {files} open files in this process "
+                f"({self.files_in_use} open now); RLIMIT_NOFILE (`ulimit -n`) is "
+                f"{self.open_files}"
+            )
         tasks = self.tasks_in_use + TASKS_PER_WORKER * workers + TASKS_MARGIN
         if self.tasks is not None and tasks > self.tasks:
-            return (f"{workers} worker(s) would bring this user's processes and threads to "
-                    f"about {tasks} ({self.tasks_in_use} now); RLIMIT_NPROC (`ulimit -u`) is "
-                    f"{self.tasks}")  # fmt: skip
+            return (
+                f"{workers} worker(s) would bring this user's processes and threads to "
+                f"about {tasks} ({self.tasks_in_use} now); RLIMIT_NPROC (`ulimit -u`) is "
+                f"{self.tasks}"
+            )
         space = self.address_space_in_use + SPACE_PER_WORKER * workers + SPACE_MARGIN
         if self.address_space is not None and space > self.address_space:
-            return (f"{workers} worker(s) would need about {format_bytes(space)} of address "
-                    f"space in this process ({format_bytes(self.address_space_in_use)} now); "
-                    f"RLIMIT_AS (`ulimit -v`) is {format_bytes(self.address_space)}")  # fmt: skip
+            return (
+                f"{workers} worker(s) would need about {format_bytes(space)} of address "
+                f"space in this process ({format_bytes(self.address_space_in_use)} now); "
+                f"RLIMIT_AS (`ulimit -v`) is {format_bytes(self.address_space)}"
+            )
         return None
 
     def files_needed(self, workers: int, prefetch: int | None, tensors: int = 1) -> int:
         """Descriptors this process holds with ``workers`` running: its own, each
         worker's pipes, and a descriptor per tensor of each batch in flight or held."""
         in_flight = workers * (prefetch or 2) + 2  # and the two the loop holds
-        return (self.files_in_use + FILES_PER_WORKER * workers + max(1, tensors) * in_flight
-                + FILES_MARGIN)  # fmt: skip
+        return (
+            self.files_in_use
+            + FILES_PER_WORKER * workers
+            + max(1, tensors) * in_flight
+            + FILES_MARGIN
+        )
 
     def most_workers(self, prefetch: int | None, cap: int, tensors: int = 1) -> int:
         """The most workers (up to ``cap``) the limits hold at ``prefetch``."""
@@ -160,9 +173,11 @@ def _nproc_applies() -> bool:
     host's user namespace, nor with CAP_SYS_RESOURCE or CAP_SYS_ADMIN there."""
     try:
         host_ns = Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]
-        caps = next(int(line.split()[1], 16) for line in
-                    Path("/proc/self/status").read_text().splitlines()
-                    if line.startswith("CapEff:"))  # fmt: skip
+        caps = next(
+            int(line.split()[1], 16)
+            for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith("CapEff:")
+        )
     except (OSError, ValueError, IndexError, StopIteration):
         return True
     if not host_ns:

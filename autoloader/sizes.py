@@ -133,9 +133,13 @@ def _measure(dataset: Any, n: int, progress: bool, timeout: float | None) -> np.
 
 
 def measure_sizes(
-    dataset: Any, indices: range, *, progress: bool = False, timeout: float | None = None,
+    dataset: Any,
+    indices: range,
+    *,
+    progress: bool = False,
+    timeout: float | None = None,
     desc: str = "measuring sample sizes",
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """The sizes of the samples at ``indices``, each loaded once (a failing or hanging
     sample raises ``SampleError`` naming it)."""
     from tqdm import tqdm
@@ -143,8 +147,9 @@ def measure_sizes(
     from autoloader.datasets.reads import read
 
     out = np.empty(len(indices), dtype=np.int64)
-    for k, i in enumerate(tqdm(indices, desc=desc, unit="sample", disable=not progress,
-                               leave=False)):  # fmt: skip
+    for k, i in enumerate(
+        tqdm(indices, desc=desc, unit="sample", disable=not progress, leave=False)
+    ):
         out[k] = nbytes_of(read(dataset, i, timeout=timeout))
     return out
 
@@ -188,8 +193,9 @@ def _load_stamped(path: Path, stamp: str, n: int, *, damaged: str) -> np.ndarray
             if str(saved["stamp"]) == stamp and saved["sizes"].shape == (n,):
                 return np.array(saved["sizes"], dtype=np.int64)
     except Exception as exc:  # truncated, flipped, not a zip: rebuilt
-        log.warning("autoloader: %s damaged (%s); measuring the sizes again",
-                    damaged, type(exc).__name__)  # fmt: skip
+        log.warning(
+            "autoloader: %s damaged (%s); measuring the sizes again", damaged, type(exc).__name__
+        )
     return None
 
 

@@ -87,6 +87,8 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_WAIT_SECONDS:
-        raise UsageError(f"environment variable {name}: expected seconds in (0, "
-                         f"{MAX_WAIT_SECONDS}], found {raw!r}")  # fmt: skip
+        raise UsageError(
+            f"environment variable {name}: expected seconds in (0, "
+            f"{MAX_WAIT_SECONDS}], found {raw!r}"
+        )
     return value

@@ -151,23 +151,32 @@ def long_epoch(samples: int) -> float:
         return (len(times) - half) * BATCH / (times[-1] - times[half - 1]), seen
 
     ds = IOLike(samples)
-    loader = DataLoader(ds, plan=plan(0), check_fingerprint=False,
-                        registry=CollectorRegistry(), adapt_max_workers=4)  # fmt: skip
+    loader = DataLoader(
+        ds, plan=plan(0), check_fingerprint=False, registry=CollectorRegistry(), adapt_max_workers=4
+    )
     rate, seen = halves(loader)
     scan = {}
     for w in range(5):
-        fixed_loader = DataLoader(ds, plan=plan(w), check_fingerprint=False, adapt=False,
-                                  registry=CollectorRegistry())  # fmt: skip
+        fixed_loader = DataLoader(
+            ds, plan=plan(w), check_fingerprint=False, adapt=False, registry=CollectorRegistry()
+        )
         scan[w], reference = halves(fixed_loader)
     best = max(scan, key=scan.__getitem__)
     print(f"\n[one long epoch: {samples} samples of 4 ms, batch {BATCH}, plan at 0 workers]")
     for c in loader.adaptations:
-        print(f"    epoch {c.epoch} batch {c.batch}: {c.setting} {c.before} -> {c.after} "
-              f"({c.reason})")  # fmt: skip
-    print("  second half, samples/s: adapted " + f"{rate:.0f}; fixed "
-          + ", ".join(f"{w}: {r:.0f}" for w, r in scan.items()) + f" (best {best})")  # fmt: skip
-    print(f"  adapted / best fixed over the second half: {rate / scan[best]:.2f}; the same "
-          f"indices as the unadapted loader: {seen == reference}")  # fmt: skip
+        print(
+            f"    epoch {c.epoch} batch {c.batch}: {c.setting} {c.before} -> {c.after} ({c.reason})"
+        )
+    print(
+        "  second half, samples/s: adapted "
+        + f"{rate:.0f}; fixed "
+        + ", ".join(f"{w}: {r:.0f}" for w, r in scan.items())
+        + f" (best {best})"
+    )
+    print(
+        f"  adapted / best fixed over the second half: {rate / scan[best]:.2f}; the same "
+        f"indices as the unadapted loader: {seen == reference}"
+    )
     return rate / scan[best]
 
 

@@ -62,12 +62,14 @@ def main() -> None:
 
         events = GraphEventsH5(generate(Path(tmp) / "events.h5", 2000))
         runs = [
-            ("demo", events, {"global_batch_size": GLOBAL_BATCH,
-                              "step": functools.partial(TrainStep, "cpu")}),
+            (
+                "demo",
+                events,
+                {"global_batch_size": GLOBAL_BATCH, "step": functools.partial(TrainStep, "cpu")},
+            ),
             ("io", Reads(2000, wait=0.002), {"global_batch_size": 32, "step": wait_step}),
-            ("cpu", Reads(2000, cpu=0.0015), {"global_batch_size": 32,
-                                                   "step": MatmulStep}),
-        ]  # fmt: skip
+            ("cpu", Reads(2000, cpu=0.0015), {"global_batch_size": 32, "step": MatmulStep}),
+        ]
         for name, dataset, kw in runs:
             start = time.perf_counter()
             plan = autoloader.tune(dataset, **common, **kw)

@@ -250,18 +250,35 @@ def _transfer(figures: dict[str, Any]) -> list[tuple[str, str, str, bool | None]
     for pinned in (True, False):
         rate = size / copy_seconds(size, pinned=pinned) / 1e9
         figures["pinned_gbps" if pinned else "pageable_gbps"] = rate
-        out.append((f"host-to-device {'pinned' if pinned else 'pageable'}", f"{rate:.1f} GB/s",
-                    "H100: 54" if pinned else "H100: 17", None))  # fmt: skip
+        out.append(
+            (
+                f"host-to-device {'pinned' if pinned else 'pageable'}",
+                f"{rate:.1f} GB/s",
+                "H100: 54" if pinned else "H100: 17",
+                None,
+            )
+        )
     return out
 
 
 def _gpu_tests(figures: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-         str(root / "tests")],
-        capture_output=True, text=True, cwd=root,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            str(root / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     last = (done.stdout.strip().splitlines() or ["no output"])[-1]
     figures["gpu_tests"] = last
     return [("pytest -m gpu", last, "all pass", done.returncode == 0)]

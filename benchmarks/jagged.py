@@ -70,8 +70,10 @@ def files(cache: Path, n: int) -> dict[str, str]:
             tmp = path.with_name(path.name + ".tmp" + path.suffix)
             write(tmp, ev)
             tmp.rename(path)
-            print(f"wrote     {layout:8s} {path} ({path.stat().st_size / 2**20:.0f} MiB) "
-                  f"in {time.perf_counter() - start:.1f} s")
+            print(
+                f"wrote     {layout:8s} {path} ({path.stat().st_size / 2**20:.0f} MiB) "
+                f"in {time.perf_counter() - start:.1f} s"
+            )
     return {k: v.format(d=cache, n=n) for k, v in SPECS.items()}
 
 
@@ -123,8 +125,20 @@ def batched_vs_one_by_one(ds, batches: int = 15) -> tuple[float, float]:
 def tune_seconds(spec: str, plan: Path) -> float:
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "autoloader", "tune", spec, "--global-batch-size", str(BATCH),
-         "-o", str(plan), "--quiet"], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "tune",
+            spec,
+            "--global-batch-size",
+            str(BATCH),
+            "-o",
+            str(plan),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
     )
     took = time.perf_counter() - start
     if done.returncode != 0:
@@ -161,8 +175,10 @@ def order_batches(ds, read_order, count: int) -> list[list[int]]:
 def whole(ds, count: int) -> float:
     """Seconds per event reading ``count`` events in storage order, 4,096 at a time."""
     start = len(ds) // 3
-    return per_event(ds, [list(range(a, min(a + 4096, start + count)))
-                          for a in range(start, start + count, 4096)])
+    return per_event(
+        ds,
+        [list(range(a, min(a + 4096, start + count))) for a in range(start, start + count, 4096)],
+    )
 
 
 def one_by_one(ds) -> float:
@@ -186,8 +202,9 @@ def loop_seconds(ds, read_order) -> float:
     from autoloader.samplers import RandomBatchSampler
 
     sampler = RandomBatchSampler(ds.autoloader_sizes(), BATCH, seed=1, read_order=read_order)
-    loader = DataLoader(fresh(ds), batch_sampler=sampler, num_workers=LOOP_WORKERS,
-                        collate_fn=collate)
+    loader = DataLoader(
+        fresh(ds), batch_sampler=sampler, num_workers=LOOP_WORKERS, collate_fn=collate
+    )
     it = iter(loader)
     next(it)
     start, count = time.perf_counter(), 0
@@ -209,19 +226,25 @@ def windows_of(ds):
 
     bounds = ro.storage_blocks(ds)
     block = max(1, int(np.median(np.diff(bounds))))
-    cap = min(int(ro.cache_bytes(ds) * ro.CACHE_SHARE),
-              HostBudget.probe().memory_budget_bytes // ro.HOST_SHARE)
+    cap = min(
+        int(ro.cache_bytes(ds) * ro.CACHE_SHARE),
+        HostBudget.probe().memory_budget_bytes // ro.HOST_SHARE,
+    )
     return Windows(block, ro.plan_window(ds.autoloader_sizes(), block, BATCH, cap))
 
 
 def read_orders(specs: dict[str, str]) -> None:
     import autoloader
 
-    print(f"\nread order: ms per event, {READ_EVENTS} events each, fresh copies; "
-          f"loop: {LOOP_WORKERS} workers, {LOOP_BATCHES} batches of {BATCH}")
-    print(f"{'layout':8s} {'window':>13s} {'plan':>7s} {'1 by 1':>7s} {'shuffle':>8s} "
-          f"{'whole':>7s} {'vs 1by1':>8s} {'vs shuf':>8s} {'/whole':>7s} "
-          f"{'loop plan':>10s} {'loop shuf':>10s} {'ratio':>6s}")
+    print(
+        f"\nread order: ms per event, {READ_EVENTS} events each, fresh copies; "
+        f"loop: {LOOP_WORKERS} workers, {LOOP_BATCHES} batches of {BATCH}"
+    )
+    print(
+        f"{'layout':8s} {'window':>13s} {'plan':>7s} {'1 by 1':>7s} {'shuffle':>8s} "
+        f"{'whole':>7s} {'vs 1by1':>8s} {'vs shuf':>8s} {'/whole':>7s} "
+        f"{'loop plan':>10s} {'loop shuf':>10s} {'ratio':>6s}"
+    )
     for layout, spec in specs.items():
         ds = autoloader.open_dataset(spec)
         w = windows_of(ds)
@@ -229,10 +252,12 @@ def read_orders(specs: dict[str, str]) -> None:
         shuffled = per_event(ds, order_batches(ds, None, READ_EVENTS))
         single, limit = one_by_one(ds), whole(ds, READ_EVENTS)
         loop_w, loop_s = loop_seconds(ds, w), loop_seconds(ds, None)
-        print(f"{layout:8s} {w.block:>5d}/{w.window:<7d} {plan * 1e3:7.3f} {single * 1e3:7.3f} "
-              f"{shuffled * 1e3:8.3f} {limit * 1e3:7.3f} {single / plan:7.2f}x "
-              f"{shuffled / plan:7.2f}x {limit / plan:6.2f}x {loop_w * 1e3:8.1f}ms "
-              f"{loop_s * 1e3:8.1f}ms {loop_s / loop_w:5.2f}x")
+        print(
+            f"{layout:8s} {w.block:>5d}/{w.window:<7d} {plan * 1e3:7.3f} {single * 1e3:7.3f} "
+            f"{shuffled * 1e3:8.3f} {limit * 1e3:7.3f} {single / plan:7.2f}x "
+            f"{shuffled / plan:7.2f}x {limit / plan:6.2f}x {loop_w * 1e3:8.1f}ms "
+            f"{loop_s * 1e3:8.1f}ms {loop_s / loop_w:5.2f}x"
+        )
 
 
 def tuned_order(plan: Path) -> str:
@@ -252,23 +277,29 @@ def main() -> int:
 
     specs = files(Path(args.cache), args.events)
     print(f"\n{args.events} events, batch {BATCH}; ratios measured in this run\n")
-    print(f"{'layout':8s} {'sizes cold':>10s} {'by loading':>11s} {'ratio':>8s}   "
-          f"{'batch':>9s} {'1 by 1':>9s} {'ratio':>6s}")
+    print(
+        f"{'layout':8s} {'sizes cold':>10s} {'by loading':>11s} {'ratio':>8s}   "
+        f"{'batch':>9s} {'1 by 1':>9s} {'ratio':>6s}"
+    )
     for layout, spec in specs.items():
         cold = sizes_cold(spec)
         ds = autoloader.open_dataset(spec)
         loading = sizes_by_loading(ds)
         many, single = batched_vs_one_by_one(ds)
-        print(f"{layout:8s} {cold:9.2f}s {loading:10.1f}s {loading / cold:7.0f}x   "
-              f"{many * 1e3:7.1f}ms {single * 1e3:7.1f}ms {single / many:5.2f}x")
+        print(
+            f"{layout:8s} {cold:9.2f}s {loading:10.1f}s {loading / cold:7.0f}x   "
+            f"{many * 1e3:7.1f}ms {single * 1e3:7.1f}ms {single / many:5.2f}x"
+        )
     read_orders(specs)
     if not args.no_tune:
         print()
         for layout, spec in specs.items():
             plan = Path(args.cache) / f"jagged-plan-{layout}.toml"
             took = tune_seconds(spec, plan)
-            print(f"autoloader tune ({layout}, all stages): {took:.1f} s (goal < 60 s on 2 "
-                  f"cores); read order: {tuned_order(plan)}")
+            print(
+                f"autoloader tune ({layout}, all stages): {took:.1f} s (goal < 60 s on 2 "
+                f"cores); read order: {tuned_order(plan)}"
+            )
     return 0
 
 

@@ -47,8 +47,10 @@ def _generate(path: Path, events: int) -> None:
 
     start = time.perf_counter()
     generate_nugraph(path, events, median_hits=12)
-    print(f"file      {path} ({events} events, {path.stat().st_size / 2**20:.0f} MiB; "
-          f"ready in {time.perf_counter() - start:.0f} s)")  # fmt: skip
+    print(
+        f"file      {path} ({events} events, {path.stat().st_size / 2**20:.0f} MiB; "
+        f"ready in {time.perf_counter() - start:.0f} s)"
+    )
 
 
 def sizes_benchmark(path: Path, events: int, *, load: bool = True) -> None:
@@ -98,8 +100,10 @@ def sizes_benchmark(path: Path, events: int, *, load: bool = True) -> None:
     ratio = np.median(meta / np.maximum(loaded, 1))
     speedup = times["metadata, 1 process"] / times[parallel]
     print(f"  metadata on {usable_cpus()} CPUs: {speedup:.2f}x faster than in 1 process")
-    print(f"  agreement: datasize = loaded bytes for {same:.1%} of events; "
-          f"itemsize / loaded bytes median {ratio:.3f}")  # fmt: skip
+    print(
+        f"  agreement: datasize = loaded bytes for {same:.1%} of events; "
+        f"itemsize / loaded bytes median {ratio:.3f}"
+    )
 
 
 def _nugraph_balance_sampler() -> Any:
@@ -140,9 +144,12 @@ def loader_benchmark(path: Path, events: int) -> None:
     sizes = autoloader.sizes.sample_sizes(ds)
     np.random.seed(0)
     nugraph = torch_geometric.loader.DataLoader(
-        ds, batch_size=64, sampler=BalanceSampler(sizes, 64, 0.1), drop_last=True,
+        ds,
+        batch_size=64,
+        sampler=BalanceSampler(sizes, 64, 0.1),
+        drop_last=True,
         pin_memory=True,
-    )  # fmt: skip
+    )
     _epoch(nugraph)  # warm the page cache for both
     base_rate, base_worst, base_n = _epoch(nugraph)
     # The memory NuGraph's worst batch needs under the default model, less 10%: a GPU
@@ -150,9 +157,13 @@ def loader_benchmark(path: Path, events: int) -> None:
     budget = int(DEFAULT_SLOPE * base_worst * 0.9)
     start = time.perf_counter()
     plan = autoloader.tune(
-        ds, global_batch_size=64, memory_budget=budget, safety=0.0, progress=False,
+        ds,
+        global_batch_size=64,
+        memory_budget=budget,
+        safety=0.0,
+        progress=False,
         iterations=30,
-    )  # fmt: skip
+    )
     tune_seconds = time.perf_counter() - start
     ours = autoloader.DataLoader(ds, plan=plan, registry=CollectorRegistry())
     ours.set_epoch(0)
@@ -162,13 +173,19 @@ def loader_benchmark(path: Path, events: int) -> None:
         f"\none epoch of {len(ds)} train events, global batch 64, memory budget "
         f"{budget / 2**20:.2f} MiB (tune took {tune_seconds:.1f} s)"
     )
-    print(f"  NuGraph (0 workers, BalanceSampler 0.1, drop_last): {base_rate:8.0f} samples/s, "
-          f"worst batch {base_worst / 2**20:.2f} MiB, {base_n} samples")  # fmt: skip
-    print(f"  tuned ({b.strategy}, local {b.local_batch_size} x {b.grad_accum_steps}, "
-          f"{lp.num_workers} workers):      {rate:8.0f} samples/s, "
-          f"worst batch {worst / 2**20:.2f} MiB, {n} samples")  # fmt: skip
-    print(f"  ratio tuned / NuGraph: samples/s {rate / base_rate:.2f}x, "
-          f"worst batch bytes {worst / base_worst:.2f}x")  # fmt: skip
+    print(
+        f"  NuGraph (0 workers, BalanceSampler 0.1, drop_last): {base_rate:8.0f} samples/s, "
+        f"worst batch {base_worst / 2**20:.2f} MiB, {base_n} samples"
+    )
+    print(
+        f"  tuned ({b.strategy}, local {b.local_batch_size} x {b.grad_accum_steps}, "
+        f"{lp.num_workers} workers):      {rate:8.0f} samples/s, "
+        f"worst batch {worst / 2**20:.2f} MiB, {n} samples"
+    )
+    print(
+        f"  ratio tuned / NuGraph: samples/s {rate / base_rate:.2f}x, "
+        f"worst batch bytes {worst / base_worst:.2f}x"
+    )
 
 
 if __name__ == "__main__":

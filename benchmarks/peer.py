@@ -76,8 +76,20 @@ def env_for(name: str, data: str) -> dict[str, str]:
 def tune_autoloader(name: str, data: str, workdir: Path) -> tuple[Path, float]:
     plan = workdir / f"{name}.toml"
     spec = data if name == "demo" else "peer_workloads:dataset"
-    cmd = [sys.executable, "-m", "autoloader", "tune", spec, "-o", str(plan), "--quiet",
-           "--global-batch-size", str(wl.batch()), "--step", "peer_workloads:step"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoloader",
+        "tune",
+        spec,
+        "-o",
+        str(plan),
+        "--quiet",
+        "--global-batch-size",
+        str(wl.batch()),
+        "--step",
+        "peer_workloads:step",
+    ]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env_for(name, data))
     return plan, time.perf_counter() - start
@@ -89,8 +101,17 @@ def tune_loadtune(peer: str, name: str, data: str, workdir: Path) -> tuple[dict[
     # loadtune writes its snippet beside the workload file: give it a copy of its own
     workload = out / "peer_workloads.py"
     workload.write_text((HERE / "peer_workloads.py").read_text())
-    cmd = [peer, "-m", "loadtune.cli", "tune", str(workload), "--apply", "--no-plots",
-           "--out", str(out / "report.md")]  # fmt: skip
+    cmd = [
+        peer,
+        "-m",
+        "loadtune.cli",
+        "tune",
+        str(workload),
+        "--apply",
+        "--no-plots",
+        "--out",
+        str(out / "report.md"),
+    ]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env_for(name, data), stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
@@ -110,14 +131,21 @@ def tune_loadtune(peer: str, name: str, data: str, workdir: Path) -> tuple[dict[
 def startup(name: str, data: str, plan: Path) -> tuple[float, float]:
     """Seconds a new process takes to build the planned loader: with the sizes the tune
     recorded beside the plan, and without them (every sample read, as before)."""
-    code = ("import time, sys, autoloader, peer_workloads as w; d = w.dataset(); "
-            "t = time.perf_counter(); autoloader.DataLoader(d, plan=sys.argv[1]); "
-            "print(time.perf_counter() - t)")  # fmt: skip
+    code = (
+        "import time, sys, autoloader, peer_workloads as w; d = w.dataset(); "
+        "t = time.perf_counter(); autoloader.DataLoader(d, plan=sys.argv[1]); "
+        "print(time.perf_counter() - t)"
+    )
     recorded = plan.with_name(plan.name + ".sizes.npz")
 
     def timed() -> float:
-        out = subprocess.run([sys.executable, "-c", code, str(plan)], check=True,
-                             capture_output=True, text=True, env=env_for(name, data))  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(plan)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env_for(name, data),
+        )
         return float(out.stdout.split()[-1])
 
     fast = timed()
@@ -175,8 +203,9 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     dataset, step, size, collate = wl.dataset(), wl.step(), wl.batch(), wl.collate()
 
     def torch_defaults() -> Any:
-        return torch.utils.data.DataLoader(dataset, batch_size=size, shuffle=True,
-                                           collate_fn=collate)  # fmt: skip
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=size, shuffle=True, collate_fn=collate
+        )
 
     def ours() -> Any:
         return autoloader.DataLoader(dataset, plan=plan_path)
@@ -188,8 +217,9 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
         assert theirs is not None
         if theirs["threads"]:
             torch.set_num_threads(theirs["threads"])
-        return torch.utils.data.DataLoader(dataset, batch_size=size, shuffle=True,
-                                           collate_fn=collate, **theirs["kwargs"])  # fmt: skip
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=size, shuffle=True, collate_fn=collate, **theirs["kwargs"]
+        )
 
     arms = {"torch": torch_defaults, "autoloader": ours, "fixed": ours_fixed}
     if theirs is not None:
@@ -205,8 +235,10 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     lp = plan.loader
     n = lp.num_threads
     mine = f"{lp.num_workers} workers" + (f", {n} thread{'' if n == 1 else 's'}" if n else "")
-    print(f"\n{name}: samples/s " + ", ".join(
-        f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in got.items()))  # fmt: skip
+    print(
+        f"\n{name}: samples/s "
+        + ", ".join(f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in got.items())
+    )
     print(f"  autoloader: {mine}; {plan.tuning['workers'].get('reach', '')}")
     if fast is not None and slow is not None:
         print(

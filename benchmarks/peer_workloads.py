@@ -97,8 +97,11 @@ def get_workload() -> Any:
         return torch.zeros(())
 
     return loadtune.Workload(
-        name=f"autoloader-peer-{name()}", make_dataset=dataset,
+        name=f"autoloader-peer-{name()}",
+        make_dataset=dataset,
         make_model=lambda: torch.nn.Linear(1, 1),
-        train_step=train_step, make_optimizer=lambda m: torch.optim.SGD(m.parameters(), 0.1),
-        default_batch_size=batch(), collate_fn=collate(),
-    )  # fmt: skip
+        train_step=train_step,
+        make_optimizer=lambda m: torch.optim.SGD(m.parameters(), 0.1),
+        default_batch_size=batch(),
+        collate_fn=collate(),
+    )

@@ -79,8 +79,11 @@ def make_step() -> Any:
 
 def dataset() -> Dataset:
     """``MODULE:ATTR`` factory for the tune: the first conditions, from the environment."""
-    return Shifting(int(os.environ["REGIME_SAMPLES"]), cpu=float(os.environ["REGIME_CPU"]),
-                    wait=float(os.environ["REGIME_WAIT"]))  # fmt: skip
+    return Shifting(
+        int(os.environ["REGIME_SAMPLES"]),
+        cpu=float(os.environ["REGIME_CPU"]),
+        wait=float(os.environ["REGIME_WAIT"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -95,19 +98,43 @@ class Scenario:
 SCENARIOS = [
     Scenario("slower", "reads wait 10x longer after epoch 1", (0.0, 0.0002), (0.0, 0.002)),
     Scenario("faster", "reads wait 5x less after epoch 1", (0.0, 0.002), (0.0, 0.0004)),
-    Scenario("neighbour", "1 ms reads of Python; a neighbour takes a core after epoch 1",
-             (0.001, 0.0), (0.001, 0.0), neighbour=True),
-]  # fmt: skip
+    Scenario(
+        "neighbour",
+        "1 ms reads of Python; a neighbour takes a core after epoch 1",
+        (0.001, 0.0),
+        (0.001, 0.0),
+        neighbour=True,
+    ),
+]
 
 
 def tune(sc: Scenario, samples: int, workdir: Path) -> Path:
     plan = workdir / f"{sc.name}.toml"
-    env = {**os.environ, "REGIME_SAMPLES": str(samples), "REGIME_CPU": str(sc.before[0]),
-           "REGIME_WAIT": str(sc.before[1]),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "autoloader", "tune", "regimes:dataset", "-o",
-                    str(plan), "--quiet", "--global-batch-size", str(BATCH), "--step",
-                    "regimes:make_step"], check=True, env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "REGIME_SAMPLES": str(samples),
+        "REGIME_CPU": str(sc.before[0]),
+        "REGIME_WAIT": str(sc.before[1]),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "tune",
+            "regimes:dataset",
+            "-o",
+            str(plan),
+            "--quiet",
+            "--global-batch-size",
+            str(BATCH),
+            "--step",
+            "regimes:make_step",
+        ],
+        check=True,
+        env=env,
+    )
     return plan
 
 
@@ -152,8 +179,13 @@ def run(sc: Scenario, samples: int, epochs: int, workdir: Path) -> float:
     plan_path = tune(sc, samples, workdir)
     planned = Plan.load(plan_path).loader
     data = Shifting(samples, cpu=sc.before[0], wait=sc.before[1])
-    loader = DataLoader(data, plan=plan_path, check_fingerprint=False,
-                        registry=CollectorRegistry(), adapt_max_workers=MAX_WORKERS)  # fmt: skip
+    loader = DataLoader(
+        data,
+        plan=plan_path,
+        check_fingerprint=False,
+        registry=CollectorRegistry(),
+        adapt_max_workers=MAX_WORKERS,
+    )
     rates = [epoch(loader, 0), epoch(loader, 1)]
     data.set(cpu=sc.after[0], wait=sc.after[1])
     with neighbour(sc.neighbour):
@@ -162,25 +194,38 @@ def run(sc: Scenario, samples: int, epochs: int, workdir: Path) -> float:
         del loader
         scan = {}
         for w in range(MAX_WORKERS + 1):
-            held = DataLoader(data, plan=fixed_plan(plan_path, w), check_fingerprint=False,
-                              adapt=False, registry=CollectorRegistry())  # fmt: skip
+            held = DataLoader(
+                data,
+                plan=fixed_plan(plan_path, w),
+                check_fingerprint=False,
+                adapt=False,
+                registry=CollectorRegistry(),
+            )
             epoch(held, 0)  # warm-up: workers start
             scan[w] = epoch(held, 1)
             del held
     best = max(scan, key=scan.__getitem__)
-    print(f"\n[{sc.name}: {sc.what}] the tune planned {planned.num_workers} workers, "
-          f"prefetch {planned.prefetch_factor}")  # fmt: skip
+    print(
+        f"\n[{sc.name}: {sc.what}] the tune planned {planned.num_workers} workers, "
+        f"prefetch {planned.prefetch_factor}"
+    )
     print("  adapted, samples/s per epoch: " + ", ".join(f"{r:.0f}" for r in rates))
     for c in changes:
-        print(f"    epoch {c.epoch} batch {c.batch}: {c.setting} {c.before} -> {c.after} "
-              f"({c.reason})")  # fmt: skip
+        print(
+            f"    epoch {c.epoch} batch {c.batch}: {c.setting} {c.before} -> {c.after} ({c.reason})"
+        )
     if not changes:
         print("    no changes")
-    print("  held fixed under the new conditions, samples/s: "
-          + ", ".join(f"{w}: {r:.0f}" for w, r in scan.items()) + f" (best {best})")  # fmt: skip
+    print(
+        "  held fixed under the new conditions, samples/s: "
+        + ", ".join(f"{w}: {r:.0f}" for w, r in scan.items())
+        + f" (best {best})"
+    )
     first, ratio = rates[2] / scan[best], rates[3] / scan[best]
-    print(f"  adapted / best fixed: epoch 2 {first:.2f}, epoch 3 {ratio:.2f}; "
-          f"{'met' if ratio >= 0.9 else 'MISSED'} (goal 0.90 in epoch 3)")  # fmt: skip
+    print(
+        f"  adapted / best fixed: epoch 2 {first:.2f}, epoch 3 {ratio:.2f}; "
+        f"{'met' if ratio >= 0.9 else 'MISSED'} (goal 0.90 in epoch 3)"
+    )
     return ratio
 
 
@@ -194,13 +239,20 @@ def main() -> None:
         parser.error("--epochs must be at least 4: two before the change, two after")
     # torch's note on workers past the CPU count: these reads wait, which is the point
     warnings.filterwarnings("ignore", message="This DataLoader will create")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.samples} samples an "
-          f"epoch, batch {BATCH}, a 10 ms step")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.samples} samples an "
+        f"epoch, batch {BATCH}, a 10 ms step"
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        got = {sc.name: run(sc, args.samples, args.epochs, Path(tmp))
-               for sc in SCENARIOS if args.only in (None, sc.name)}  # fmt: skip
-    print("\nadapted / best fixed in the second epoch after the change: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))  # fmt: skip
+        got = {
+            sc.name: run(sc, args.samples, args.epochs, Path(tmp))
+            for sc in SCENARIOS
+            if args.only in (None, sc.name)
+        }
+    print(
+        "\nadapted / best fixed in the second epoch after the change: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in got.items())
+    )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,14 @@ class Small(Dataset):
         return torch.full((64,), float(i))
 
 
-PLAN = Plan.from_dict({"schema": 1, "loader": {"num_workers": 2, "prefetch_factor": 2},
-                       "batching": {"strategy": "random", "local_batch_size": 16}},
-                      source="bench")  # fmt: skip
+PLAN = Plan.from_dict(
+    {
+        "schema": 1,
+        "loader": {"num_workers": 2, "prefetch_factor": 2},
+        "batching": {"strategy": "random", "local_batch_size": 16},
+    },
+    source="bench",
+)
 
 
 def epoch_rate(survive: bool) -> float:
@@ -77,8 +82,10 @@ def main() -> None:
     print(f"healthy loop, 2 workers, batch 16 of 256 B samples, median of {args.rounds} rounds:")
     print(f"  survival on {a:,.0f} samples/s, off {b:,.0f} samples/s: {a / b:.3f}x")
     stall, typical = death_stall()
-    print(f"one worker SIGKILLed: the next() that met it took {stall:.2f} s "
-          f"(a typical next() {typical * 1e3:.2f} ms); the epoch went on")
+    print(
+        f"one worker SIGKILLed: the next() that met it took {stall:.2f} s "
+        f"(a typical next() {typical * 1e3:.2f} ms); the epoch went on"
+    )
 
 
 if __name__ == "__main__":

@@ -125,18 +125,29 @@ def main() -> int:
     from autoloader import DataLoader, Plan
 
     batch, per_sample = 8, 8 * MiB  # 64 MiB batches
+
     def plan(workers: int) -> Plan:
         return Plan.from_dict(
-            {"schema": 1, "loader": {"num_workers": workers, "pin_memory": True,
-                                     "persistent_workers": workers > 0},
-             "batching": {"strategy": "random", "local_batch_size": batch}}
-        )  # fmt: skip
+            {
+                "schema": 1,
+                "loader": {
+                    "num_workers": workers,
+                    "pin_memory": True,
+                    "persistent_workers": workers > 0,
+                },
+                "batching": {"strategy": "random", "local_batch_size": batch},
+            }
+        )
 
     copy = copy_seconds(batch * per_sample)
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: a 64 MiB pinned batch "
-          f"copies in {copy * 1000:.2f} ms")  # fmt: skip
-    print(f"{'case':<28}{'steps s':>8}{'sync s':>8}{'pipeline s':>11}{'speed-up':>10}"
-          f"{'GPU idle sync':>15}{'pipe':>7}{'CPU wait pipe':>15}")  # fmt: skip
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: a 64 MiB pinned batch "
+        f"copies in {copy * 1000:.2f} ms"
+    )
+    print(
+        f"{'case':<28}{'steps s':>8}{'sync s':>8}{'pipeline s':>11}{'speed-up':>10}"
+        f"{'GPU idle sync':>15}{'pipe':>7}{'CPU wait pipe':>15}"
+    )
     cases = {  # name: (step / copy, batch bytes, the host collates for real, workers)
         "copy ~ step": (1.0, batch * per_sample, False, 0),
         "step = 2x copy": (2.0, batch * per_sample, False, 0),
@@ -152,16 +163,24 @@ def main() -> int:
         if not collates:
             given["collate_fn"] = Pinned(batch_bytes)
         host = DataLoader(data, plan=plan(workers), registry=CollectorRegistry(), **given)
-        fed = DataLoader(data, plan=plan(workers), device="cuda", device_prefetch=1,
-                         registry=CollectorRegistry(), **given)  # fmt: skip
+        fed = DataLoader(
+            data,
+            plan=plan(workers),
+            device="cuda",
+            device_prefetch=1,
+            registry=CollectorRegistry(),
+            **given,
+        )
         epoch(fed, step, sync=False)  # warm up both paths and the allocator
         epoch(host, step, sync=True)
         sync_s, _ = epoch(host, step, sync=True)
         pipe_s, pipe_wait = epoch(fed, step, sync=False)
         step_s = steps_alone(step, batch_bytes, args.batches)
-        print(f"{name:<28}{step_s:8.3f}{sync_s:8.3f}{pipe_s:11.3f}{sync_s / pipe_s:9.2f}x"
-              f"{sync_s / step_s - 1:15.1%}{pipe_s / step_s - 1:7.1%}"
-              f"{pipe_wait / step_s:15.1%}")  # fmt: skip
+        print(
+            f"{name:<28}{step_s:8.3f}{sync_s:8.3f}{pipe_s:11.3f}{sync_s / pipe_s:9.2f}x"
+            f"{sync_s / step_s - 1:15.1%}{pipe_s / step_s - 1:7.1%}"
+            f"{pipe_wait / step_s:15.1%}"
+        )
     return 0
 
 

@@ -103,8 +103,12 @@ def compare_default(name: str, dataset: Dataset, batch: int, iterations: int) ->
     rule = Rule(tolerance=0.05)
     run = partial(measure, dataset, sizes, batch, device=torch.device("cpu"))
     full = exhaustive(lambda w, s: run(w, timing=Timing(iterations, precision=None)), 2 * cpus)
-    extent = Extent(cpus=cpus, budget=HostBudget.probe(), batch_bytes=int(batch * sizes.max()),
-                    hard_cap=Extent.default_cap(cpus))
+    extent = Extent(
+        cpus=cpus,
+        budget=HostBudget.probe(),
+        batch_bytes=int(batch * sizes.max()),
+        hard_cap=Extent.default_cap(cpus),
+    )
     quick, reach = fast_search(
         lambda w, s: run(w, timing=Timing(iterations), slower_than=s), cpus, rule, extent
     )
@@ -112,11 +116,15 @@ def compare_default(name: str, dataset: Dataset, batch: int, iterations: int) ->
     best = min(full, key=lambda c: c.seconds_per_batch)
     mine = next(c for c in quick if c.workers == chosen)
     print(f"\n{name}: the default search ({cpus} CPUs) against every count 0..{2 * cpus}")
-    print(f"  default search: {[c.workers for c in quick]} timed, chose {chosen} "
-          f"({mine.seconds_per_batch:.5f} s/batch); {reach}")
+    print(
+        f"  default search: {[c.workers for c in quick]} timed, chose {chosen} "
+        f"({mine.seconds_per_batch:.5f} s/batch); {reach}"
+    )
     print(f"  exhaustive 0..{2 * cpus}: best {best.workers} ({best.seconds_per_batch:.5f} s/batch)")
-    print(f"  throughput of the choice / the exhaustive best: "
-          f"{best.seconds_per_batch / mine.seconds_per_batch:.3f}")
+    print(
+        f"  throughput of the choice / the exhaustive best: "
+        f"{best.seconds_per_batch / mine.seconds_per_batch:.3f}"
+    )
 
 
 def modelled() -> None:
@@ -148,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--skip-real", action="store_true", help="only the modelled node")
-    parser.add_argument("--default-only", action="store_true",
-                        help="only the default search against 0..2x the CPUs")
+    parser.add_argument(
+        "--default-only", action="store_true", help="only the default search against 0..2x the CPUs"
+    )
     args = parser.parse_args(argv)
     if args.default_only:
         compare_default("cpu-bound", CPUBound(), 16, args.iterations)

@@ -36,8 +36,7 @@ class NuGraphData(pl.LightningDataModule):
 
     def val_dataloader(self) -> autoloader.DataLoader:
         val = autoloader.open_dataset(f"{self.path}#validation")
-        return autoloader.DataLoader(val, plan=self.plan, check_fingerprint=False,
-                                     shuffle=False)  # fmt: skip
+        return autoloader.DataLoader(val, plan=self.plan, check_fingerprint=False, shuffle=False)
 
 
 class EventClassifier(pl.LightningModule):
@@ -50,8 +49,9 @@ class EventClassifier(pl.LightningModule):
         )
 
     def forward(self, batch: object) -> torch.Tensor:
-        pooled = [global_mean_pool(batch[p].x, batch[p].batch, size=batch.num_graphs)
-                  for p in PLANES]  # fmt: skip
+        pooled = [
+            global_mean_pool(batch[p].x, batch[p].batch, size=batch.num_graphs) for p in PLANES
+        ]
         return self.head(torch.cat(pooled, dim=1))
 
     def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
@@ -81,15 +81,25 @@ def main() -> None:
 
         generate_nugraph(args.data, 1200)
     if not Path(args.plan).exists():
-        plan = autoloader.tune(autoloader.open_dataset(args.data), progress=False,
-                               global_batch_size=args.global_batch_size,
-                               world_size=args.devices, max_workers=1, iterations=10)  # fmt: skip
+        plan = autoloader.tune(
+            autoloader.open_dataset(args.data),
+            progress=False,
+            global_batch_size=args.global_batch_size,
+            world_size=args.devices,
+            max_workers=1,
+            iterations=10,
+        )
         plan.save(args.plan)
     trainer = pl.Trainer(
-        accelerator="auto", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.epochs, callbacks=[LoaderStatsCallback()], enable_progress_bar=False,
-        enable_checkpointing=False, default_root_dir=str(Path(args.plan).parent),
-    )  # fmt: skip
+        accelerator="auto",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.epochs,
+        callbacks=[LoaderStatsCallback()],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=str(Path(args.plan).parent),
+    )
     trainer.fit(EventClassifier(), datamodule=NuGraphData(args.data, args.plan))
 
 

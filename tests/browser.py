@@ -78,10 +78,20 @@ def _browser(profile: Path) -> Iterator[str]:
     """Start Chromium; yield the DevTools URL of its first page."""
     exe = chromium()
     assert exe is not None
-    args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--no-default-browser-check", "--disable-extensions", "--remote-debugging-port=0",
-            "--remote-allow-origins=*", f"--user-data-dir={profile}", "--window-size=1200,900",
-            "about:blank"]  # fmt: skip
+    args = [
+        exe,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-extensions",
+        "--remote-debugging-port=0",
+        "--remote-allow-origins=*",
+        f"--user-data-dir={profile}",
+        "--window-size=1200,900",
+        "about:blank",
+    ]
     proc = spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port_file = profile / "DevToolsActivePort"

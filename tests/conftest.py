@@ -142,8 +142,9 @@ def run_reaped(
     """``subprocess.run(cmd, capture_output=True, text=True)`` that kills the whole
     process group, not only ``cmd``, on a timeout or any other failure."""
     stdin = subprocess.PIPE if input is not None else kwargs.pop("stdin", None)
-    proc = spawn(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                 **kwargs)  # fmt: skip
+    proc = spawn(
+        cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
     with reaped(proc):
         out, err = proc.communicate(input=input, timeout=timeout)
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
@@ -186,8 +187,16 @@ def torchrun(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> 
     """Run ``script`` under torchrun with ``ranks`` local processes (gloo); fail with its
     stderr if it fails."""
     done = run_reaped(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-         str(ranks), str(script), *args],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            str(script),
+            *args,
+        ],
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -30,8 +30,11 @@ class Grown(Dataset):
 
 def plan(worst: int = 64) -> Plan:
     """Batches of 4 graphs of 16 bytes: the tune's replayed worst batch is 64 bytes."""
-    return Plan.from_dict({
-        "schema": 1, "loader": {"num_workers": 0},
-        "batching": {"strategy": "random", "local_batch_size": 4, "world_size": 1},
-        "tuning": {"strategies": {"random": {"worst_batch_bytes": worst}}},
-    })  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4, "world_size": 1},
+            "tuning": {"strategies": {"random": {"worst_batch_bytes": worst}}},
+        }
+    )

@@ -12,8 +12,11 @@ PEAK_PER_BATCH_BYTE = 64
 
 def graph_bytes(batch: Any) -> int:
     """The bytes of a collated PyG batch's own tensors (what sample sizes add up to)."""
-    return sum(batch[k].numel() * batch[k].element_size()
-               for k in ("x", "edge_index", "edge_attr", "y") if k in batch)  # fmt: skip
+    return sum(
+        batch[k].numel() * batch[k].element_size()
+        for k in ("x", "edge_index", "edge_attr", "y")
+        if k in batch
+    )
 
 
 class KnownPeak:

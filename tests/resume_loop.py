@@ -44,9 +44,17 @@ class Logged(Dataset):
         return torch.full((4,), float(i))
 
 
-PLAN = {"schema": 1, "loader": {"num_workers": 0, "pin_memory": False},
-        "batching": {"strategy": "balance", "local_batch_size": 4, "world_size": 1,
-                     "global_batch_size": 4, "seed": 3}}  # fmt: skip
+PLAN = {
+    "schema": 1,
+    "loader": {"num_workers": 0, "pin_memory": False},
+    "batching": {
+        "strategy": "balance",
+        "local_batch_size": 4,
+        "world_size": 1,
+        "global_batch_size": 4,
+        "seed": 3,
+    },
+}
 
 
 def main() -> None:
@@ -54,8 +62,13 @@ def main() -> None:
     persistent = sys.argv[3] == "1"
     resume = len(sys.argv) > 5
     kw = {"num_workers": workers, "persistent_workers": persistent} if workers else {}
-    loader = DataLoader(Logged(str(work / "reads.txt")), plan=Plan.from_dict(PLAN),
-                        check_fingerprint=False, metrics=False, **kw)  # fmt: skip
+    loader = DataLoader(
+        Logged(str(work / "reads.txt")),
+        plan=Plan.from_dict(PLAN),
+        check_fingerprint=False,
+        metrics=False,
+        **kw,
+    )
     start = 0
     if resume:
         state = torch.load(work / "state.pt", weights_only=True)

@@ -29,9 +29,16 @@ def measure(epoch: int, wait: float, sps: float, memory: int | None = None) -> E
     return EpochMeasure(epoch, 50, int(sps * 10), wait * 10, 10.0, memory)
 
 
-def adapter(workers: int = 0, prefetch: int | None = None, *, cap: int = 8,
-            memory: int = 2**40, device: int | None = None, device_max: int = 0,
-            **kw: Any) -> Adapter:  # fmt: skip
+def adapter(
+    workers: int = 0,
+    prefetch: int | None = None,
+    *,
+    cap: int = 8,
+    memory: int = 2**40,
+    device: int | None = None,
+    device_max: int = 0,
+    **kw: Any,
+) -> Adapter:
     return Adapter(Settings(workers, prefetch, device), Limits(cap, memory, device_max), **kw)
 
 
@@ -43,8 +50,9 @@ def test_persistent_workers_are_restarted_only_where_the_next_epoch_repays_it() 
     6% for data: removing all of it saves under 0.07 s an epoch, and restarting the 8
     persistent workers cost 0.3 s when they started (an undo as much again). Declined,
     and said why; without persistent workers (new ones every epoch anyway) it raises."""
-    epoch = EpochMeasure(0, 32, 1024, 0.3 + 0.036, 1.1, None, 0.3, 8, warm_batches=16,
-                         warm_seconds=0.5)  # fmt: skip
+    epoch = EpochMeasure(
+        0, 32, 1024, 0.3 + 0.036, 1.1, None, 0.3, 8, warm_batches=16, warm_seconds=0.5
+    )
     assert round(epoch.steady_wait_fraction, 2) == 0.06
     kept = adapter(8, 2, cap=8, persistent=True)
     assert kept.decide(epoch) == []
@@ -53,14 +61,17 @@ def test_persistent_workers_are_restarted_only_where_the_next_epoch_repays_it() 
     assert [c.setting for c in raised.decide(epoch)] == ["prefetch_factor"]
 
 
-
 def test_a_starved_loop_climbs_the_worker_grid_and_says_why() -> None:
     a = adapter(cap=6)
     steps = []
     for epoch, sps in enumerate([100, 180, 300, 400]):
         steps += [(c.setting, c.before, c.after) for c in a.decide(measure(epoch, 0.4, sps))]
-    assert steps == [("num_workers", 0, 1), ("num_workers", 1, 2), ("num_workers", 2, 4),
-                     ("num_workers", 4, 6)]  # fmt: skip
+    assert steps == [
+        ("num_workers", 0, 1),
+        ("num_workers", 1, 2),
+        ("num_workers", 2, 4),
+        ("num_workers", 4, 6),
+    ]
     first = a.history[0]
     assert first.reason == "the loop waited 40% of its time for data"
     assert (first.epoch, first.wait_fraction, first.samples_per_second) == (0, 0.4, 100.0)
@@ -97,11 +108,15 @@ def loaded(epoch: int, wait: float, sps: float, workers: int, loading: float) ->
 
 
 # a GNN step of 60 ms, loading 20 ms in the main process, 1 worker timed no faster
-GNN_TUNE = {"step_seconds": 0.060, "max_workers": 2, "trace": [
-    {"workers": 0, "seconds_per_batch": 0.020, "stderr_seconds": 0.0005, "status": "ok"},
-    {"workers": 1, "seconds_per_batch": 0.090, "stderr_seconds": 0.002, "status": "ok"},
-    {"workers": 2, "seconds_per_batch": 0.080, "stderr_seconds": 0.002, "status": "ok"},
-]}  # fmt: skip
+GNN_TUNE = {
+    "step_seconds": 0.060,
+    "max_workers": 2,
+    "trace": [
+        {"workers": 0, "seconds_per_batch": 0.020, "stderr_seconds": 0.0005, "status": "ok"},
+        {"workers": 1, "seconds_per_batch": 0.090, "stderr_seconds": 0.002, "status": "ok"},
+        {"workers": 2, "seconds_per_batch": 0.080, "stderr_seconds": 0.002, "status": "ok"},
+    ],
+}
 
 
 def test_a_raise_the_tune_timed_no_faster_is_not_paid_for(caplog: Any) -> None:
@@ -110,8 +125,10 @@ def test_a_raise_the_tune_timed_no_faster_is_not_paid_for(caplog: Any) -> None:
         for epoch in range(4):
             assert a.decide(loaded(epoch, 0.25, 100, 0, 0.0201)) == []
     assert a.history == [] and len(a.declined) == 1
-    reason = ("the tune timed 1 (0.0990 s) workers against 0 (0.0800 s per batch of the loop): "
-              "not +5% faster, and loading is as the tune measured it")  # fmt: skip
+    reason = (
+        "the tune timed 1 (0.0990 s) workers against 0 (0.0800 s per batch of the loop): "
+        "not +5% faster, and loading is as the tune measured it"
+    )
     assert (a.declined[0].setting, a.declined[0].reason) == ("num_workers", reason)
     assert caplog.text.count("not raising num_workers") == 1
 
@@ -132,38 +149,57 @@ def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> No
 def test_workers_the_tune_timed_feeding_the_step_are_not_raised_for_the_loops_overheads() -> None:
     # 2 workers hand over a batch every 5.2 ms against a 10 ms step; the loop still spends
     # 13% of its time inside next() (receiving batches): no count can remove that
-    fed = {"step_seconds": 0.010, "trace": [
-        {"workers": 0, "seconds_per_batch": 0.064, "stderr_seconds": 0.001},
-        {"workers": 1, "seconds_per_batch": 0.034, "stderr_seconds": 0.001},
-        {"workers": 2, "seconds_per_batch": 0.0052, "stderr_seconds": 0.0001,
-         "max_batch_seconds": 0.012}]}  # fmt: skip
+    fed = {
+        "step_seconds": 0.010,
+        "trace": [
+            {"workers": 0, "seconds_per_batch": 0.064, "stderr_seconds": 0.001},
+            {"workers": 1, "seconds_per_batch": 0.034, "stderr_seconds": 0.001},
+            {
+                "workers": 2,
+                "seconds_per_batch": 0.0052,
+                "stderr_seconds": 0.0001,
+                "max_batch_seconds": 0.012,
+            },
+        ],
+    }
     a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(fed))
     assert a.decide(loaded(0, 0.13, 100, 2, 0.0015)) == []
     assert a.declined[0].reason.startswith(
         "the tune timed 2 workers handing over a batch every 0.0052 s against a 0.0100 s "
-        "step: they feed it")
+        "step: they feed it"
+    )
     # the loop timed with the step at 2 (11 ms) is not held against the model's ideal
     # loop at 4 (10 ms): both from the model, the same loop
-    both = {**fed, "loops": [{"workers": 2, "seconds_per_batch": 0.011}], "trace": [
-        *fed["trace"], {"workers": 4, "seconds_per_batch": 0.003, "stderr_seconds": 0.0001}]}
+    both = {
+        **fed,
+        "loops": [{"workers": 2, "seconds_per_batch": 0.011}],
+        "trace": [
+            *fed["trace"],
+            {"workers": 4, "seconds_per_batch": 0.003, "stderr_seconds": 0.0001},
+        ],
+    }
     b = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(both))
     assert b.decide(loaded(0, 0.13, 100, 2, 0.0015)) == []
     assert b.declined[0].reason.startswith(
-        "the tune timed 4 (0.0100 s) workers against 2 (0.0100 s per batch of the loop)")
+        "the tune timed 4 (0.0100 s) workers against 2 (0.0100 s per batch of the loop)"
+    )
     # fed on average, but the tune saw a batch take 60 ms, longer than the queue of 2 x 2
     # batches lasts (40 ms): size jitter, which a deeper queue absorbs
     jitter = {**fed, "trace": [*fed["trace"][:2], {**fed["trace"][2], "max_batch_seconds": 0.06}]}
     c = adapter(workers=2, prefetch=2, cap=2, evidence=Evidence.from_plan(jitter))
     assert [(ch.setting, ch.after) for ch in c.decide(loaded(0, 0.13, 100, 2, 0.0015))] == [
-        ("prefetch_factor", 4)]  # fmt: skip
+        ("prefetch_factor", 4)
+    ]
     # a step that became 3x faster since the tune: 2 workers no longer feed it
     d = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(fed))
     assert [ch.after for ch in d.decide(loaded(0, 0.47, 100, 2, 0.0027))] == [8]
 
 
 def test_a_deeper_queue_is_not_tried_where_the_workers_are_too_slow_on_average() -> None:
-    tuned = {"step_seconds": 0.002, "trace": [
-        {"workers": 2, "seconds_per_batch": 0.0127, "stderr_seconds": 0.0002}]}  # fmt: skip
+    tuned = {
+        "step_seconds": 0.002,
+        "trace": [{"workers": 2, "seconds_per_batch": 0.0127, "stderr_seconds": 0.0002}],
+    }
     a = adapter(workers=2, prefetch=2, cap=2, evidence=Evidence.from_plan(tuned))
     # a batch every 0.0128 s over 50 batches, half of it waiting: as the tune measured
     assert a.decide(EpochMeasure(0, 50, 3200, 0.32, 0.64, None, 0.0128, 2)) == []
@@ -176,10 +212,18 @@ def test_a_deeper_queue_is_not_tried_where_the_workers_are_too_slow_on_average()
 def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
     # 7 workers timed at 0.0079 s a batch, a 0.0102 s step; at run time the loop takes
     # 0.0124 s a batch, 7% of it waiting: the step, not loading, sets the pace
-    tuned = {"step_seconds": 0.0102, "trace": [
-        {"workers": 7, "seconds_per_batch": 0.0079, "stderr_seconds": 0.0001,
-         "max_batch_seconds": 0.02},
-        {"workers": 8, "seconds_per_batch": 0.0075, "stderr_seconds": 0.0001}]}  # fmt: skip
+    tuned = {
+        "step_seconds": 0.0102,
+        "trace": [
+            {
+                "workers": 7,
+                "seconds_per_batch": 0.0079,
+                "stderr_seconds": 0.0001,
+                "max_batch_seconds": 0.02,
+            },
+            {"workers": 8, "seconds_per_batch": 0.0075, "stderr_seconds": 0.0001},
+        ],
+    }
     evidence = Evidence.from_plan(tuned)
     assert evidence is not None
     assert evidence.changed(7, 0.0124, 0.0124 * 0.93) is None
@@ -194,7 +238,8 @@ def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
     assert a.history == []
     why = {d.setting: d.reason for d in a.declined}
     assert why["num_workers"].startswith(
-        "the tune timed 8 (0.0102 s) workers against 7 (0.0102 s per batch of the loop)")
+        "the tune timed 8 (0.0102 s) workers against 7 (0.0102 s per batch of the loop)"
+    )
     assert "they feed it" in why["prefetch_factor"]
 
 
@@ -202,8 +247,9 @@ def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
     a = adapter(workers=2, prefetch=2, cap=4)
     # 8 batches of 0.1 s, 10% waiting, 0.2 s to start the workers, 16 batches left:
     # at most 0.16 s to save against 0.4 s of restarts
-    window = EpochMeasure(0, 8, 256, 0.08, 0.8, None, 0.0, 2, batch=16, remaining=16,
-                          restart_seconds=0.2)  # fmt: skip
+    window = EpochMeasure(
+        0, 8, 256, 0.08, 0.8, None, 0.0, 2, batch=16, remaining=16, restart_seconds=0.2
+    )
     assert a.decide(window) == []
     assert a.declined[0].reason == (
         "a change inside the epoch restarts its iterator (~0.40 s with an undo); the 10% wait "
@@ -222,8 +268,9 @@ def test_start_up_is_not_starvation() -> None:
 def test_a_raise_that_cannot_reach_the_gain_it_must_bring_is_not_tried() -> None:
     a = adapter(threshold=0.01)
     assert a.decide(measure(0, 0.04, 100)) == []  # all of the 4% wait is at most +4.2%
-    assert a.declined[0].reason == ("the loop waited 4.0% of its time: a raise could gain at "
-                                    "most +4.2%, not the +5% it must")  # fmt: skip
+    assert a.declined[0].reason == (
+        "the loop waited 4.0% of its time: a raise could gain at most +4.2%, not the +5% it must"
+    )
     assert [c.after for c in a.decide(measure(1, 0.06, 100))] == [1]
 
 
@@ -232,8 +279,7 @@ def test_a_raise_is_sized_by_the_loading_it_measured_not_one_doubling() -> None:
     # slower): each takes 64 ms a batch, so the step needs 1.1 x 64 / 10 -> 8 of them
     a = adapter(workers=2, prefetch=2, cap=8)
     starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
-    assert [(c.setting, c.before, c.after) for c in a.decide(starved)] == [
-        ("num_workers", 2, 8)]  # fmt: skip
+    assert [(c.setting, c.before, c.after) for c in a.decide(starved)] == [("num_workers", 2, 8)]
     # a little short of feeding it (a batch every 12 ms): the next count, as before
     b = adapter(workers=2, prefetch=2, cap=8)
     short = EpochMeasure(3, 50, 1600, 50 * 0.002, 50 * 0.012, None, 0.002, 2)
@@ -246,10 +292,14 @@ def test_a_raise_is_sized_by_the_loading_it_measured_not_one_doubling() -> None:
 def test_a_sized_raise_the_tune_ruled_out_falls_back_to_the_next_count() -> None:
     # 8 workers timed no faster than 2, 4 timed feeding the step: a starved loop at 2
     # asks for 8; the tune rules 8 out, so 4 is tried
-    tuned = {"step_seconds": 0.010, "trace": [
-        {"workers": 2, "seconds_per_batch": 0.030, "stderr_seconds": 0.0005},
-        {"workers": 4, "seconds_per_batch": 0.012, "stderr_seconds": 0.0005},
-        {"workers": 8, "seconds_per_batch": 0.031, "stderr_seconds": 0.0005}]}  # fmt: skip
+    tuned = {
+        "step_seconds": 0.010,
+        "trace": [
+            {"workers": 2, "seconds_per_batch": 0.030, "stderr_seconds": 0.0005},
+            {"workers": 4, "seconds_per_batch": 0.012, "stderr_seconds": 0.0005},
+            {"workers": 8, "seconds_per_batch": 0.031, "stderr_seconds": 0.0005},
+        ],
+    }
     a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(tuned))
     starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
     assert [(c.setting, c.after) for c in a.decide(starved)] == [("num_workers", 4)]
@@ -259,9 +309,13 @@ def test_a_sized_raise_stays_within_the_host_memory_budget() -> None:
     # workers of 1 GiB each (as the tune's trace measured them), 3 GiB for all of them:
     # the loop asks for 8, and 2 -> 4 is over the budget too, so no raise of workers
     gib = 2**30
-    tuned = {"step_seconds": 0.010, "trace": [
-        {"workers": 0, "seconds_per_batch": 0.064, "memory_bytes": gib},
-        {"workers": 2, "seconds_per_batch": 0.032, "memory_bytes": 3 * gib}]}  # fmt: skip
+    tuned = {
+        "step_seconds": 0.010,
+        "trace": [
+            {"workers": 0, "seconds_per_batch": 0.064, "memory_bytes": gib},
+            {"workers": 2, "seconds_per_batch": 0.032, "memory_bytes": 3 * gib},
+        ],
+    }
     a = adapter(workers=2, prefetch=2, cap=8, evidence=Evidence.from_plan(tuned))
     a.limits = replace(a.limits, memory_budget_bytes=3 * gib)
     starved = EpochMeasure(3, 50, 1600, 50 * 0.022, 50 * 0.032, None, 0.022, 2)
@@ -276,8 +330,10 @@ def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:
     again = a.decide(loaded(3, 0.8, 30, 0, 0.100))  # reads became 10x slower
     # 0.1 s of loading a batch against 25 ms of step asks for 5 workers: the cap, 2
     assert [c.after for c in again] == [2]
-    assert again[0].reason.endswith("loading per batch moved 10.00x since the raise in vain "
-                                    "(0.0100 s -> 0.1000 s): trying again")  # fmt: skip
+    assert again[0].reason.endswith(
+        "loading per batch moved 10.00x since the raise in vain "
+        "(0.0100 s -> 0.1000 s): trying again"
+    )
 
 
 def test_conditions_that_keep_moving_undo_a_setting_at_most_twice_in_ten_epochs() -> None:
@@ -294,8 +350,10 @@ def test_conditions_that_keep_moving_undo_a_setting_at_most_twice_in_ten_epochs(
     assert all(sum(first <= e < first + 10 for e in epochs) <= 4 for first in range(30))
     assert a.settings.num_workers == (2 if a.on_trial else 0)
     held = [d.reason for d in a.declined if d.reason.startswith("it came back")]
-    assert held[0] == ("it came back down 2 times since epoch 1: at most 2 raises undone in "
-                       "10 epochs, so no raise before epoch 11")  # fmt: skip
+    assert held[0] == (
+        "it came back down 2 times since epoch 1: at most 2 raises undone in "
+        "10 epochs, so no raise before epoch 11"
+    )
     assert epochs[4] >= 11
 
 
@@ -362,8 +420,11 @@ def planned(workers: int = 0, persistent: bool = False, **memory: int) -> Plan:
     loader: dict[str, Any] = {"num_workers": workers}
     if workers:
         loader.update(prefetch_factor=2, persistent_workers=persistent)
-    tables: dict[str, Any] = {"schema": 1, "loader": loader,
-                              "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    tables: dict[str, Any] = {
+        "schema": 1,
+        "loader": loader,
+        "batching": {"strategy": "random", "local_batch_size": 4},
+    }
     if memory:
         tables["memory"] = memory
     return Plan.from_dict(tables)
@@ -402,8 +463,9 @@ def test_adaptation_never_changes_which_samples_an_epoch_yields(
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     registry = CollectorRegistry()
-    loader = DataLoader(Slow(), plan=planned(0), check_fingerprint=False, registry=registry,
-                        adapt_max_workers=2)  # fmt: skip
+    loader = DataLoader(
+        Slow(), plan=planned(0), check_fingerprint=False, registry=registry, adapt_max_workers=2
+    )
     run(loader, 2)
     first = loader.adaptations[0]
     # loading as slow as this asks for more workers than the cap: the cap, in one raise
@@ -411,8 +473,13 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     assert first.wait_fraction > 0.5 and "waited" in first.reason
     assert loader.num_workers == 2
     value = registry.get_sample_value
-    assert value("autoloader_adaptations_total",
-                 {"rank": "0", "setting": "num_workers", "direction": "up"}) >= 1  # fmt: skip
+    assert (
+        value(
+            "autoloader_adaptations_total",
+            {"rank": "0", "setting": "num_workers", "direction": "up"},
+        )
+        >= 1
+    )
     assert value("autoloader_num_workers", {"rank": "0"}) == loader.num_workers
     assert value("autoloader_epochs_total", {"rank": "0"}) == 2
     assert value("autoloader_data_wait_ratio", {"rank": "0"}) > 0
@@ -452,22 +519,33 @@ def test_workers_are_capped_by_host_memory(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_count_the_tune_saw_fail_is_never_raised_to(caplog: pytest.LogCaptureFixture) -> None:
     """A plan tuned under ``ulimit -n 64`` had its 1-worker count fail: run under the same
     limit, a starved loop must not raise to it (the epoch died of 'Too many open files')."""
-    failed = ("failed: 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too "
-              "many open files")  # fmt: skip
-    plan = Plan.from_dict({
-        "schema": 1, "loader": {"num_workers": 0},
-        "batching": {"strategy": "random", "local_batch_size": 4},
-        "tuning": {"workers": {"trace": [
-            {"workers": 0, "seconds_per_batch": 0.016, "batches": 10, "status": "ok"},
-            {"workers": 1, "batches": 0, "status": failed},
-        ]}},
-    })  # fmt: skip
+    failed = (
+        "failed: 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too "
+        "many open files"
+    )
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "tuning": {
+                "workers": {
+                    "trace": [
+                        {"workers": 0, "seconds_per_batch": 0.016, "batches": 10, "status": "ok"},
+                        {"workers": 1, "batches": 0, "status": failed},
+                    ]
+                }
+            },
+        }
+    )
     loader = make(Slow(), plan, adapt_max_workers=2)
     with caplog.at_level(logging.INFO, logger="autoloader"):
         run(loader, 3)
     assert loader.adaptations == [] and loader.num_workers == 0
-    assert (f"after epoch 0, not raising num_workers: the tune's worker search failed at 1 "
-            f"workers ({failed})") in caplog.text  # fmt: skip
+    assert (
+        f"after epoch 0, not raising num_workers: the tune's worker search failed at 1 "
+        f"workers ({failed})"
+    ) in caplog.text
 
 
 def test_adapt_false_is_the_plain_planned_loader() -> None:
@@ -516,8 +594,9 @@ def test_save_plan_round_trips_through_show_and_a_new_loader(
         DataLoader(Slow(), registry=CollectorRegistry()).save_plan(tmp_path / "x.toml")
 
 
-@pytest.mark.parametrize(("workers", "trying"), [(0, "num_workers 0 -> 1"),
-                                              (1, "prefetch_factor 2 -> 4")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("workers", "trying"), [(0, "num_workers 0 -> 1"), (1, "prefetch_factor 2 -> 4")]
+)
 def test_save_plan_never_saves_a_raise_still_on_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: int, trying: str
 ) -> None:
@@ -529,12 +608,14 @@ def test_save_plan_never_saves_a_raise_still_on_trial(
     path = tmp_path / "adapted.toml"
     loader.save_plan(path)
     saved = Plan.load(path)
-    assert (saved.loader.num_workers, saved.loader.prefetch_factor) == \
-        ((0, None) if workers == 0 else (1, 2))  # fmt: skip
+    assert (saved.loader.num_workers, saved.loader.prefetch_factor) == (
+        (0, None) if workers == 0 else (1, 2)
+    )
     runtime = saved.tuning["runtime"]
     before = trying.split()[1]
-    assert runtime["on_trial"] == (f"{trying} since epoch 0, not yet judged: the saved "
-                                   f"[loader] keeps {before}")  # fmt: skip
+    assert runtime["on_trial"] == (
+        f"{trying} since epoch 0, not yet judged: the saved [loader] keeps {before}"
+    )
     assert "tuned" not in runtime  # nothing the tune chose was changed
     assert main(["show", str(path)]) == 0
     text = " ".join(capsys.readouterr().out.split())
@@ -549,8 +630,12 @@ def test_a_raise_on_trial_stays_on_trial_across_a_resume(tmp_path: Path) -> None
     run(loader, 1)  # starved: 0 -> 1 worker, on trial
     state = loader.state_dict()
     assert state["settings"]["num_workers"] == 1
-    assert {k: state["trial"][k] for k in ("setting", "before", "after", "epoch")} == \
-        {"setting": "num_workers", "before": 0, "after": 1, "epoch": 0}  # fmt: skip
+    assert {k: state["trial"][k] for k in ("setting", "before", "after", "epoch")} == {
+        "setting": "num_workers",
+        "before": 0,
+        "after": 1,
+        "epoch": 0,
+    }
     assert len(json.dumps(state)) < 1024
     resumed = make(Slow(), planned(0), adapt_max_workers=1)
     resumed.load_state_dict(state)
@@ -573,18 +658,24 @@ def test_show_says_which_loader_values_a_run_set() -> None:
     plan = planned(2)
     plan.loader = replace(plan.loader, prefetch_factor=8)
     plan.tuning = {
-        "workers": {"prefetch_factor_why": "2 workers x 2 keep 4 batches queued",
-                    "trace": [{"workers": 0, "seconds_per_batch": 0.02},
-                              {"workers": 2, "seconds_per_batch": 0.01}]},
+        "workers": {
+            "prefetch_factor_why": "2 workers x 2 keep 4 batches queued",
+            "trace": [
+                {"workers": 0, "seconds_per_batch": 0.02},
+                {"workers": 2, "seconds_per_batch": 0.01},
+            ],
+        },
         "runtime": {"epochs": 3, "tuned": {"prefetch_factor": 2}, "adaptations": []},
-    }  # fmt: skip
+    }
     text = render(Plan.from_dict(plan.to_dict()))
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("loader    "))
     assert "prefetch_factor=8" in lines[at]
-    assert lines[at + 1] == ("          set while training: prefetch_factor 8 (tuned 2); the "
-                             "worker search below explains the tuned values, runtime the "
-                             "change")  # fmt: skip
+    assert lines[at + 1] == (
+        "          set while training: prefetch_factor 8 (tuned 2); the "
+        "worker search below explains the tuned values, runtime the "
+        "change"
+    )
     assert "  2 *" in text  # the search's choice is still the one marked
     bad = plan.to_dict()
     bad["tuning"]["runtime"]["tuned"] = {"prefetch_factor": "two"}
@@ -617,8 +708,7 @@ def test_memory_drift_warns_once_and_marks_the_plan_stale(
     monkeypatch.setattr(drift, "cuda_peak", lambda device: peak)
     registry = CollectorRegistry()
     plan = planned(0, predicted_peak_bytes=1000, budget_bytes=2000)
-    loader = DataLoader(Slow(n=24, delay=0), plan=plan, check_fingerprint=False,
-                        registry=registry)  # fmt: skip
+    loader = DataLoader(Slow(n=24, delay=0), plan=plan, check_fingerprint=False, registry=registry)
     with caplog.at_level(logging.WARNING, logger="autoloader"):
         run(loader, 2)
     warnings = [r.getMessage() for r in caplog.records if "prediction" in r.getMessage()]

@@ -67,7 +67,9 @@ def test_samples_and_splits_follow_the_first_dimension_or_the_graphs() -> None:
     assert all(isinstance(h, Pair) for h in halves) and num_samples(halves[1]) == 3
     sample = Sample(torch.arange(4), 1)
     assert [s.x.tolist() for s in split(Sample(torch.arange(4), torch.arange(4)), 2)] == [
-        [0, 1], [2, 3]]  # fmt: skip
+        [0, 1],
+        [2, 3],
+    ]
     assert num_samples(sample) == 4
     assert num_samples({"a": [torch.zeros(7, 2)]}) == 7
     with pytest.raises(TypeError, match="cannot split a batch of type object"):

@@ -328,8 +328,13 @@ def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(tmp_path: Path) -> N
     plan.write_text(GOOD_PLAN + "[tuning]\n" + "".join(f"k{i} = {i}\n" for i in range(5000)))
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written, as `| head -0`
-    proc = spawn([sys.executable, "-m", "autoloader", "show", str(plan), "--json"],
-                 stdout=write, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)  # fmt: skip
+    proc = spawn(
+        [sys.executable, "-m", "autoloader", "show", str(plan), "--json"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
     os.close(write)
     with reaped(proc):
         _, err = proc.communicate(timeout=60)
@@ -356,9 +361,12 @@ def test_a_missing_command_lists_the_commands(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize(
     ("typed", "meant"),
-    [("--global-batch", "--global-batch-size"), ("--global-bach-size", "--global-batch-size"),
-     ("--max-worker", "--max-workers")],
-)  # fmt: skip
+    [
+        ("--global-batch", "--global-batch-size"),
+        ("--global-bach-size", "--global-batch-size"),
+        ("--max-worker", "--max-workers"),
+    ],
+)
 def test_options_are_never_abbreviated_and_a_near_miss_is_named(
     capsys: pytest.CaptureFixture[str], typed: str, meant: str
 ) -> None:
@@ -382,8 +390,23 @@ def test_a_full_disk_keeps_the_old_plan_and_is_not_a_bug(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(files.os, "fsync", full)
-    code = main(["tune", "hostile_data:GOOD", "-o", str(out), "--global-batch-size", "4",
-                 "--max-workers", "1", "--iterations", "5", "--quiet", "--device", "cpu"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "-o",
+            str(out),
+            "--global-batch-size",
+            "4",
+            "--max-workers",
+            "1",
+            "--iterations",
+            "5",
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 2
     assert capsys.readouterr().err == (
         f"autoloader: error: {out}: cannot write the plan: No space left on device; the old "
@@ -398,8 +421,15 @@ def test_tune_takes_the_command_lines_byte_forms_and_refuses_others_at_once() ->
 
     import autoloader
 
-    plan = autoloader.tune(GOOD, global_batch_size=4, memory_budget="512MiB", progress=False,
-                           max_workers=1, iterations=5, device="cpu")  # fmt: skip
+    plan = autoloader.tune(
+        GOOD,
+        global_batch_size=4,
+        memory_budget="512MiB",
+        progress=False,
+        max_workers=1,
+        iterations=5,
+        device="cpu",
+    )
     assert plan.hardware["headroom_source"] == "override"
     assert plan.hardware["memory_free_bytes"] == 512 * 2**20
     for bad in (float("nan"), 1.5, 0, True):
@@ -430,10 +460,21 @@ def test_a_dataset_error_raised_in_a_worker_is_one_line(tmp_path: Path) -> None:
         "        if get_worker_info() is not None:\n"
         "            raise DatasetError(f'events.h5: event {i}: field hit_x has 3 rows, expected 5')\n"
         "        return torch.zeros(4)\n"
-    )  # fmt: skip
-    done = run_cli("tune", "worker_fails:D", "--global-batch-size", "4", "--max-workers", "1",
-                   "--iterations", "40", "--quiet", "-o", str(tmp_path / "p.toml"),
-                   cwd=tmp_path)  # fmt: skip
+    )
+    done = run_cli(
+        "tune",
+        "worker_fails:D",
+        "--global-batch-size",
+        "4",
+        "--max-workers",
+        "1",
+        "--iterations",
+        "40",
+        "--quiet",
+        "-o",
+        str(tmp_path / "p.toml"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert re.fullmatch(

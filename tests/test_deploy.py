@@ -83,8 +83,9 @@ def test_kubernetes_pods_give_dev_shm_memory(manifest: str) -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     shm = next(name for name, v in volumes.items() if v.get("emptyDir", {}).get("medium"))
     assert volumes[shm]["emptyDir"]["medium"] == "Memory"
-    for container in pod["initContainers"] + [c for c in pod["containers"]
-                                              if c["name"] == "trainer"]:  # fmt: skip
+    for container in pod["initContainers"] + [
+        c for c in pod["containers"] if c["name"] == "trainer"
+    ]:
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert mounts.get("/dev/shm") == shm, container["name"]
 
@@ -209,8 +210,17 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
             assert name in names | CUDA_ONLY, f"{name} in {expr!r} is not exported"
             used.add(name)
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
-    for topic in ("waiting for data", "throughput", "batch bytes", "budget", "out-of-memory",
-                  "adaptations", "drift", "worker restarts", "shared memory"):  # fmt: skip
+    for topic in (
+        "waiting for data",
+        "throughput",
+        "batch bytes",
+        "budget",
+        "out-of-memory",
+        "adaptations",
+        "drift",
+        "worker restarts",
+        "shared memory",
+    ):
         assert topic in titles
     assert {
         "autoloader_batch_wait_seconds_sum",

@@ -40,9 +40,12 @@ class Mixed(Dataset):
 
 def plan(**loader: Any) -> Plan:
     return Plan.from_dict(
-        {"schema": 1, "loader": {"num_workers": 0, **loader},
-         "batching": {"strategy": "random", "local_batch_size": 4}}
-    )  # fmt: skip
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0, **loader},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -62,8 +65,9 @@ def test_cpu_passes_batches_through_unchanged(num_workers: int) -> None:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_graph_batches_pass_through(events_h5: Path, num_workers: int) -> None:
     ds = GraphEventsH5(events_h5)
-    loader = DataLoader(ds, plan=plan(), device="cpu", num_workers=num_workers,
-                        registry=CollectorRegistry())  # fmt: skip
+    loader = DataLoader(
+        ds, plan=plan(), device="cpu", num_workers=num_workers, registry=CollectorRegistry()
+    )
     seen = sum(batch.num_graphs for batch in loader)
     assert seen == len(ds)
 
@@ -85,9 +89,12 @@ def test_move_keeps_every_container_type() -> None:
 
 
 def test_early_break_and_re_iteration_with_persistent_workers() -> None:
-    loader = DataLoader(Mixed(), plan=plan(num_workers=2, persistent_workers=True,
-                                           prefetch_factor=2),
-                        device="cpu", registry=CollectorRegistry())  # fmt: skip
+    loader = DataLoader(
+        Mixed(),
+        plan=plan(num_workers=2, persistent_workers=True, prefetch_factor=2),
+        device="cpu",
+        registry=CollectorRegistry(),
+    )
     for i, _ in enumerate(loader):
         if i == 1:
             break
@@ -103,29 +110,42 @@ def test_unavailable_devices_and_bad_settings_are_refused() -> None:
     with pytest.raises(DeviceError, match="device='tpu'"):
         DataLoader(Mixed(), plan=plan(), device="tpu", registry=CollectorRegistry())
     with pytest.raises(UsageError, match=r"device_prefetch should be an integer in \[0, 16\]"):
-        DataLoader(Mixed(), plan=plan(), device="cpu", device_prefetch=-1,
-                   registry=CollectorRegistry())  # fmt: skip
+        DataLoader(
+            Mixed(), plan=plan(), device="cpu", device_prefetch=-1, registry=CollectorRegistry()
+        )
     with pytest.raises(
         PlanError, match=r"'loader.device_prefetch': expected an integer in \[0, 16\]"
     ):
         plan(device_prefetch=99)
-    assert DataLoader(Mixed(), plan=plan(device_prefetch=3), registry=CollectorRegistry()
-                      ).device_prefetch == 3  # fmt: skip
+    assert (
+        DataLoader(
+            Mixed(), plan=plan(device_prefetch=3), registry=CollectorRegistry()
+        ).device_prefetch
+        == 3
+    )
 
 
 def test_depth_follows_copy_against_step_and_fits_the_budget() -> None:
     mib = 2**20
     kw = {"worst_batch_bytes": 10 * mib, "predicted_peak_bytes": 60 * mib}
-    assert choose_device_prefetch(copy_seconds=0.01, step_seconds=0.02, budget_bytes=200 * mib,
-                                  **kw).depth == 1  # fmt: skip
-    assert choose_device_prefetch(copy_seconds=0.05, step_seconds=0.02, budget_bytes=200 * mib,
-                                  **kw).depth == 3  # fmt: skip
-    tight = choose_device_prefetch(copy_seconds=0.05, step_seconds=0.02, budget_bytes=75 * mib,
-                                   **kw)  # fmt: skip
+    assert (
+        choose_device_prefetch(
+            copy_seconds=0.01, step_seconds=0.02, budget_bytes=200 * mib, **kw
+        ).depth
+        == 1
+    )
+    assert (
+        choose_device_prefetch(
+            copy_seconds=0.05, step_seconds=0.02, budget_bytes=200 * mib, **kw
+        ).depth
+        == 3
+    )
+    tight = choose_device_prefetch(
+        copy_seconds=0.05, step_seconds=0.02, budget_bytes=75 * mib, **kw
+    )
     assert tight.depth == 1 and tight.bytes == 10 * mib
     assert "lowered from 3 to 1" in tight.why
-    none = choose_device_prefetch(copy_seconds=0.01, step_seconds=None, budget_bytes=65 * mib,
-                                  **kw)  # fmt: skip
+    none = choose_device_prefetch(copy_seconds=0.01, step_seconds=None, budget_bytes=65 * mib, **kw)
     assert none.depth == 0 and "no --step" in none.why
 
 
@@ -181,8 +201,7 @@ def test_copies_run_ahead_on_a_side_stream_and_the_step_waits(
 
     registry = CollectorRegistry()
     recorder = BatchRecorder(loader_metrics(registry), 0, None)
-    feed = DeviceFeed(source(), torch.device("cuda", 0), 2, recorder,
-                      mover=lambda b, d: b + 100)  # fmt: skip
+    feed = DeviceFeed(source(), torch.device("cuda", 0), 2, recorder, mover=lambda b, d: b + 100)
     first = next(feed)
     assert first.item() == 100 and pulled == [0, 1, 2]  # two ahead, plus the next issued
     assert FakeEvent.log[:4] == ["record on side"] * 4  # copies of 0 and 1 (start, end)
@@ -208,8 +227,14 @@ def test_device_batches_equal_the_synchronous_copy(depth: int) -> None:
         def __getitem__(self, i: int) -> torch.Tensor:
             return torch.full((2**18,), float(i))
 
-    loader = DataLoader(Big(), plan=plan(), device="cuda", device_prefetch=depth,
-                        pin_memory=True, registry=CollectorRegistry())  # fmt: skip
+    loader = DataLoader(
+        Big(),
+        plan=plan(),
+        device="cuda",
+        device_prefetch=depth,
+        pin_memory=True,
+        registry=CollectorRegistry(),
+    )
     reference = [b.cuda() for b in DataLoader(Big(), plan=plan(), registry=CollectorRegistry())]
     for _ in range(2):  # a second pass: the feed re-iterates cleanly
         loader.set_epoch(0)

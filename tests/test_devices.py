@@ -145,9 +145,12 @@ def test_reserve_parts_name_their_sources(monkeypatch: pytest.MonkeyPatch) -> No
         "measured: reserved minus allocated at the calibration peaks (expandable_segments on)",
     )
     split = reserve_parts(
-        device_type="cuda", budget_overridden=True, context_in_probe=False, world_size=1,
+        device_type="cuda",
+        budget_overridden=True,
+        context_in_probe=False,
+        world_size=1,
         fragmentation=[70, 20],
-    )  # fmt: skip
+    )
     assert split[0].bytes == 70 and "split blocks the allocator cannot release" in split[0].source
     inside = reserve_parts(
         device_type="cuda", budget_overridden=True, context_in_probe=False, world_size=8

@@ -18,8 +18,17 @@ from autoloader.cli import main
 from autoloader.plan.model import tomllib
 
 TESTS = Path(__file__).parent
-FAST = ["--global-batch-size", "4", "--max-workers", "1", "--iterations", "5", "--quiet",
-        "--device", "cpu"]  # fmt: skip
+FAST = [
+    "--global-batch-size",
+    "4",
+    "--max-workers",
+    "1",
+    "--iterations",
+    "5",
+    "--quiet",
+    "--device",
+    "cpu",
+]
 
 
 def tune(dataset: str, out: str | Path, *extra: str) -> int:
@@ -108,8 +117,13 @@ def test_a_character_device_is_written_through_never_replaced(tmp_path: Path) ->
         pytest.skip("cannot create a device node here")
     assert tune("hostile_data:GOOD", null) == 0
     assert stat.S_ISCHR(os.lstat(null).st_mode)
-    Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                    "batching": {"strategy": "random", "local_batch_size": 4}}).save(null)  # fmt: skip
+    Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    ).save(null)
     assert stat.S_ISCHR(os.lstat(null).st_mode)
 
 
@@ -159,7 +173,6 @@ def test_plan_save_refuses_a_socket(tmp_path: Path) -> None:
             plan.save(sock)
 
 
-
 def test_save_plan_never_replaces_the_data_it_reads(tmp_path: Path, events_copy: Path) -> None:
     """One rule for every writer of plans: the loader's save_plan refuses as `tune -o`."""
     from prometheus_client import CollectorRegistry
@@ -168,15 +181,23 @@ def test_save_plan_never_replaces_the_data_it_reads(tmp_path: Path, events_copy:
     from autoloader.errors import UsageError
 
     data = open_dataset(str(events_copy))
-    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                           "batching": {"strategy": "random", "local_batch_size": 4}})  # fmt: skip
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
     loader = DataLoader(data, plan=plan, check_fingerprint=False, registry=CollectorRegistry())
     before = events_copy.read_bytes()
     link = tmp_path / "link.h5"
     link.symlink_to(events_copy)
     cache = data.autoloader_source().cache_path
-    for target, what in ((events_copy, "the dataset"), (link, "the dataset"),
-                         (cache, "the dataset's size cache")):  # fmt: skip
+    for target, what in (
+        (events_copy, "the dataset"),
+        (link, "the dataset"),
+        (cache, "the dataset's size cache"),
+    ):
         with pytest.raises(UsageError, match=f"save_plan: {target}: is {what} "):
             loader.save_plan(target)
     assert events_copy.read_bytes() == before
@@ -198,8 +219,9 @@ def _deep(root: Path, length: int, name_bytes: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("length", "name_bytes"), [(None, 240), (None, 255), (4082, 40),
-                                                    (4095, 60)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("length", "name_bytes"), [(None, 240), (None, 255), (4082, 40), (4095, 60)]
+)
 def test_plan_save_writes_every_path_the_os_accepts(
     tmp_path: Path, length: int | None, name_bytes: int
 ) -> None:
@@ -242,17 +264,28 @@ def odd_h5(tmp_path: Path, events_h5: Path) -> Path:
 
 @pytest.mark.parametrize(
     "locale",
-    [{"LC_ALL": "C"}, {"LC_ALL": "C", "PYTHONUTF8": "0"},
-     {"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict"}],  # as en_US.UTF-8 prints
-)  # fmt: skip
+    [
+        {"LC_ALL": "C"},
+        {"LC_ALL": "C", "PYTHONUTF8": "0"},
+        {"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict"},
+    ],  # as en_US.UTF-8 prints
+)
 def test_a_dataset_name_that_is_not_utf8_is_tuned_and_kept_exactly(
     tmp_path: Path, odd_h5: Path, locale: dict[str, str]
 ) -> None:
     out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xff.toml"))
     env = prepend_pythonpath(TESTS, env={**os.environ, **locale})
     loud = [a for a in FAST if a != "--quiet"]  # the summary prints the name
-    cmd = [sys.executable, "-m", "autoloader", "tune", os.fsencode(odd_h5), "-o", os.fsencode(out),
-           *loud]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoloader",
+        "tune",
+        os.fsencode(odd_h5),
+        "-o",
+        os.fsencode(out),
+        *loud,
+    ]
     done = run_reaped(cmd, timeout=300, env=env)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert f"dataset   {tmp_path}/ev\\xff\\xfe.h5: 300 samples" in done.stdout
@@ -260,8 +293,11 @@ def test_a_dataset_name_that_is_not_utf8_is_tuned_and_kept_exactly(
     assert plan.dataset["spec"] == str(odd_h5)
     assert f'spec_hex = "{os.fsencode(odd_h5).hex()}"' in out.read_text()
     assert "$'" + str(tmp_path) + "/ev\\xff\\xfe.h5'" in plan.meta["command"]
-    shown = run_reaped([sys.executable, "-m", "autoloader", "show", "--json", os.fsencode(out)],
-                       timeout=120, env=env)  # fmt: skip
+    shown = run_reaped(
+        [sys.executable, "-m", "autoloader", "show", "--json", os.fsencode(out)],
+        timeout=120,
+        env=env,
+    )
     assert shown.returncode == 0 and json.loads(shown.stdout)["dataset"]["spec_hex"]
 
 
@@ -273,21 +309,32 @@ def test_a_dataset_name_that_is_not_utf8_through_the_python_api(
     import autoloader
 
     data = autoloader.open_dataset(str(odd_h5))
-    plan = autoloader.tune(data, global_batch_size=4, max_workers=1, iterations=5, device="cpu",
-                           spec=str(odd_h5), progress=False)  # fmt: skip
+    plan = autoloader.tune(
+        data,
+        global_batch_size=4,
+        max_workers=1,
+        iterations=5,
+        device="cpu",
+        spec=str(odd_h5),
+        progress=False,
+    )
     out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/plan\xfe.toml"))
     plan.save(out)
     again = Plan.load(out)
     assert again == plan and again.dataset["spec"] == str(odd_h5)
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
-    loader = autoloader.DataLoader(autoloader.open_dataset(again.dataset["spec"]), plan=out,
-                                   registry=CollectorRegistry())  # fmt: skip
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(again.dataset["spec"]), plan=out, registry=CollectorRegistry()
+    )
     assert sum(len(batch) for batch in loader) > 0
 
 
 def test_a_spec_hex_that_is_not_hex_is_refused(tmp_path: Path) -> None:
     plan = tmp_path / "plan.toml"
     plan.write_text(GOOD_PLAN + '[dataset]\nspec = "x"\nspec_hex = "zz"\n')
-    with pytest.raises(PlanError, match=r"key 'dataset.spec_hex': expected the spec's bytes as "
-                                        r"hex digits, found 'zz'"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=r"key 'dataset.spec_hex': expected the spec's bytes as "
+        r"hex digits, found 'zz'",
+    ):
         Plan.load(plan)

@@ -128,8 +128,13 @@ def test_small_batches_by_value_arrive_pinned() -> None:
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
             return torch.full((16,), float(i)), torch.tensor(i)
 
-    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 2, "pin_memory": True},
-                           "batching": {"strategy": "random", "local_batch_size": 8}})  # fmt: skip
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 2, "pin_memory": True},
+            "batching": {"strategy": "random", "local_batch_size": 8},
+        }
+    )
     loader = DataLoader(Small(), plan=plan, adapt=False, registry=CollectorRegistry())
     seen = []
     for x, i in loader:

@@ -51,8 +51,10 @@ def test_the_fix_is_sized_for_the_need() -> None:
 
 
 def test_shared_memory_failures_are_recognised() -> None:
-    assert is_shm_failure("RuntimeError: unable to allocate shared memory(shm) for file "
-                          "</torch_1_2_0>: No space left on device (28)")  # fmt: skip
+    assert is_shm_failure(
+        "RuntimeError: unable to allocate shared memory(shm) for file "
+        "</torch_1_2_0>: No space left on device (28)"
+    )
     assert is_shm_failure("DataLoader worker (pid 12) is killed by signal: Bus error.")
     assert not is_shm_failure("ValueError: sample 3 is corrupt")
 
@@ -75,11 +77,15 @@ def _plan(workers: int, prefetch: int | None, batch_bytes: int) -> Plan:
     loader = {"num_workers": workers}
     if prefetch is not None:
         loader["prefetch_factor"] = prefetch
-    return Plan.from_dict({
-        "schema": 1, "loader": loader,
-        "batching": {"strategy": "random", "local_batch_size": 4},
-        "tuning": {"host": {"batch_bytes": batch_bytes, "memory_budget_bytes": 2**30}},
-    }, source="plan.toml")  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": loader,
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "tuning": {"host": {"batch_bytes": batch_bytes, "memory_budget_bytes": 2**30}},
+        },
+        source="plan.toml",
+    )
 
 
 def test_the_loader_lowers_a_plan_the_node_cannot_hold(caplog: pytest.LogCaptureFixture) -> None:
@@ -93,14 +99,22 @@ def test_the_loader_lowers_a_plan_the_node_cannot_hold(caplog: pytest.LogCapture
     )
     assert "--shm-size=" in caplog.text
     # Docker's 64 MiB and batches of 32 MiB: no worker fits, the training process loads
-    fitted = fit_to_host(_plan(2, 2, 32 * MiB), given | {"num_workers": 2, "prefetch_factor": 2},
-                         set(), budget(64 * MiB))  # fmt: skip
+    fitted = fit_to_host(
+        _plan(2, 2, 32 * MiB),
+        given | {"num_workers": 2, "prefetch_factor": 2},
+        set(),
+        budget(64 * MiB),
+    )
     assert fitted == {"num_workers": 0, "persistent_workers": False}
     # what the caller gave explicitly is kept, and warned about
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="autoloader"):
-        kept = fit_to_host(_plan(2, 2, 32 * MiB), {"num_workers": 2, "prefetch_factor": 2},
-                           {"num_workers"}, budget(64 * MiB))  # fmt: skip
+        kept = fit_to_host(
+            _plan(2, 2, 32 * MiB),
+            {"num_workers": 2, "prefetch_factor": 2},
+            {"num_workers"},
+            budget(64 * MiB),
+        )
     assert kept == {"num_workers": 2, "prefetch_factor": 2}
     assert "the num_workers/prefetch_factor given may not fit this node" in caplog.text
 
@@ -131,8 +145,14 @@ def _in_small_shm(
     what Docker and Kubernetes give a container by default)."""
     script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && {command}"
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=HERE)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=HERE,
+    )
 
 
 @needs_root
@@ -147,8 +167,10 @@ def test_docker_default_shm_torch_dies_and_the_planned_loader_serves(tmp_path: P
     # ("insufficient shared memory (shm)"): either way the job is dead
     assert is_shm_failure(torch_run.stderr), torch_run.stderr[-2000:]
     plan = tmp_path / "plan.toml"
-    tune = _in_small_shm(f"{py} -m autoloader tune shm_data:make --device cpu "
-                         f"--global-batch-size 4 --iterations 20 --baseline none -o {plan}")  # fmt: skip
+    tune = _in_small_shm(
+        f"{py} -m autoloader tune shm_data:make --device cpu "
+        f"--global-batch-size 4 --iterations 20 --baseline none -o {plan}"
+    )
     assert tune.returncode == 0, tune.stderr
     assert "could not be collated" not in tune.stderr  # never called bad data
     assert "the node's shared memory is the limit" in tune.stderr

@@ -41,10 +41,18 @@ def one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["tune", "--help"], ["show", "{plan}"], ["show", "{plan}", "--json"],
-     ["tune", "x.h5", "--global-batch-size", "ten"], ["tune", "x.h5", "--device", "tpu"],
-     ["tune", "x.h5", "--strategies", "magic"], ["devices", "--json"]],
-)  # fmt: skip
+    [
+        ["--help"],
+        ["--version"],
+        ["tune", "--help"],
+        ["show", "{plan}"],
+        ["show", "{plan}", "--json"],
+        ["tune", "x.h5", "--global-batch-size", "ten"],
+        ["tune", "x.h5", "--device", "tpu"],
+        ["tune", "x.h5", "--strategies", "magic"],
+        ["devices", "--json"],
+    ],
+)
 def test_quick_commands_import_no_torch(tmp_path: Path, argv: list[str]) -> None:
     plan = tmp_path / "plan.toml"
     plan.write_text(GOOD_PLAN)
@@ -72,8 +80,11 @@ def test_a_signal_in_the_first_moments_is_one_line(tmp_path: Path, sig: int, del
     out.write_text(GOOD_PLAN)
     proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
-        stderr=subprocess.PIPE, text=True, env=prepend_pythonpath(TESTS), cwd=TESTS,
-    )  # fmt: skip
+        stderr=subprocess.PIPE,
+        text=True,
+        env=prepend_pythonpath(TESTS),
+        cwd=TESTS,
+    )
     with reaped(proc):
         time.sleep(delay)  # still importing torch
         proc.send_signal(sig)
@@ -92,9 +103,11 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
     marks.mkdir()
     proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "slow_import:GOOD", "-o", str(tmp_path / "p")],
-        stderr=subprocess.PIPE, text=True, cwd=TESTS,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=TESTS,
         env={**prepend_pythonpath(TESTS), "SLOW_IMPORT_MARKS": str(marks)},
-    )  # fmt: skip
+    )
     with reaped(proc):
         deadline = time.monotonic() + 30
         while not (marks / "started").exists() and time.monotonic() < deadline:
@@ -114,16 +127,35 @@ def test_a_signal_inside_an_import_waits_for_the_import_to_finish(tmp_path: Path
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize(
     ("spec", "why"),
-    [("hostile_data:NONE_AT_7", "sample 7 is None"),
-     ("hostile_data:MIXED", "the samples are of different types: sample ")],
-)  # fmt: skip
+    [
+        ("hostile_data:NONE_AT_7", "sample 7 is None"),
+        ("hostile_data:MIXED", "the samples are of different types: sample "),
+    ],
+)
 def test_a_batch_that_cannot_be_collated_names_its_samples(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-    spec: str, why: str, workers: str,
-) -> None:  # fmt: skip
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    spec: str,
+    why: str,
+    workers: str,
+) -> None:
     monkeypatch.syspath_prepend(str(TESTS))
-    line = one_line(capsys, ["tune", spec, "-o", str(tmp_path / "p.toml"), "--global-batch-size",
-                             "16", "--max-workers", workers, "--iterations", "3"])  # fmt: skip
+    line = one_line(
+        capsys,
+        [
+            "tune",
+            spec,
+            "-o",
+            str(tmp_path / "p.toml"),
+            "--global-batch-size",
+            "16",
+            "--max-workers",
+            workers,
+            "--iterations",
+            "3",
+        ],
+    )
     assert line.startswith(f"DATASET {spec!r}: samples ")
     assert ", ... (16 in all) could not be collated into one batch: " + why in line
     assert "Traceback" not in line
@@ -132,25 +164,47 @@ def test_a_batch_that_cannot_be_collated_names_its_samples(
 @pytest.mark.parametrize(
     ("spec", "extra", "expected"),
     [
-        ("hostile_data:BAD_ITEM", [],
-         "DATASET 'hostile_data:BAD_ITEM': sample 137 raised ValueError: corrupt record 137"),
-        ("hostile_data:BAD_IN_TIMING", ["--max-workers", "1"],
-         "DATASET 'hostile_data:BAD_IN_TIMING': sample 5 raised ValueError: corrupt record 5"),
-        ("hostile_data:HANGS", ["--worker-timeout", "1"],
-         "DATASET 'hostile_data:HANGS': sample 3 did not return within 1 s (--worker-timeout)"),
-        ("hostile_data:HANGS_IN_WORKERS", ["--worker-timeout", "1", "--max-workers", "1"],
-         "DATASET 'hostile_data:HANGS_IN_WORKERS': sample 5 did not return within 1 s in a "
-         "worker process (--worker-timeout)"),
-        ("hostile_data:NEGATIVE_LEN", [],
-         "dataset BadLength: __len__ raised ValueError: __len__() should return >= 0"),
-        ("hostile_data:HUGE_LEN", [],
-         "dataset BadLength: __len__ returned 1000000000000: expected at most 4294967296 samples"),
+        (
+            "hostile_data:BAD_ITEM",
+            [],
+            "DATASET 'hostile_data:BAD_ITEM': sample 137 raised ValueError: corrupt record 137",
+        ),
+        (
+            "hostile_data:BAD_IN_TIMING",
+            ["--max-workers", "1"],
+            "DATASET 'hostile_data:BAD_IN_TIMING': sample 5 raised ValueError: corrupt record 5",
+        ),
+        (
+            "hostile_data:HANGS",
+            ["--worker-timeout", "1"],
+            "DATASET 'hostile_data:HANGS': sample 3 did not return within 1 s (--worker-timeout)",
+        ),
+        (
+            "hostile_data:HANGS_IN_WORKERS",
+            ["--worker-timeout", "1", "--max-workers", "1"],
+            "DATASET 'hostile_data:HANGS_IN_WORKERS': sample 5 did not return within 1 s in a "
+            "worker process (--worker-timeout)",
+        ),
+        (
+            "hostile_data:NEGATIVE_LEN",
+            [],
+            "dataset BadLength: __len__ raised ValueError: __len__() should return >= 0",
+        ),
+        (
+            "hostile_data:HUGE_LEN",
+            [],
+            "dataset BadLength: __len__ returned 1000000000000: expected at most 4294967296 samples",
+        ),
     ],
-)  # fmt: skip
+)
 def test_errors_in_the_users_data_exit_2_naming_the_sample(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-    spec: str, extra: list[str], expected: str,
-) -> None:  # fmt: skip
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    spec: str,
+    extra: list[str],
+    expected: str,
+) -> None:
     monkeypatch.syspath_prepend(str(TESTS))
     line = one_line(capsys, ["tune", spec, "-o", str(tmp_path / "p.toml"), *extra])
     assert line == expected
@@ -193,15 +247,34 @@ def test_corrupt_hdf5_metadata_is_bad_input(
 
 @pytest.mark.parametrize(
     ("budget", "expected"),
-    [("1e999", "--memory-budget: expected a byte count below 1152921504606846976 (1 EiB), but got '1e999'"),
-     ("1B", "no memory left to plan for: 1 bytes on cpu, less --safety 10%, leaves 0 bytes")],
-)  # fmt: skip
+    [
+        (
+            "1e999",
+            "--memory-budget: expected a byte count below 1152921504606846976 (1 EiB), but got '1e999'",
+        ),
+        ("1B", "no memory left to plan for: 1 bytes on cpu, less --safety 10%, leaves 0 bytes"),
+    ],
+)
 def test_memory_budget_extremes(
-    capsys: pytest.CaptureFixture[str], events_h5: Path, tmp_path: Path, budget: str,
+    capsys: pytest.CaptureFixture[str],
+    events_h5: Path,
+    tmp_path: Path,
+    budget: str,
     expected: str,
-) -> None:  # fmt: skip
-    line = one_line(capsys, ["tune", str(events_h5), "-o", str(tmp_path / "p.toml"),
-                             "--memory-budget", budget, "--max-workers", "1"])  # fmt: skip
+) -> None:
+    line = one_line(
+        capsys,
+        [
+            "tune",
+            str(events_h5),
+            "-o",
+            str(tmp_path / "p.toml"),
+            "--memory-budget",
+            budget,
+            "--max-workers",
+            "1",
+        ],
+    )
     assert line.startswith(expected)
 
 
@@ -209,9 +282,11 @@ def test_memory_budget_extremes(
 
 
 def test_an_unwritable_out_is_refused_before_tuning(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, events_h5: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    events_h5: Path,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     line = one_line(capsys, ["tune", str(events_h5), "-o", "/sys/plan.toml"])
     assert line == "--out /sys/plan.toml: cannot write the plan there: Permission denied"
 
@@ -230,14 +305,42 @@ def test_files_follow_the_umask_and_a_retune_keeps_the_mode(events_copy: Path) -
     plan = events_copy.with_name("plan.toml")
     previous = os.umask(0o022)
     try:
-        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "1",
-                     "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "tune",
+                    str(events_copy),
+                    "-o",
+                    str(plan),
+                    "--max-workers",
+                    "1",
+                    "--iterations",
+                    "2",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         assert plan.stat().st_mode & 0o777 == 0o644
         cache = next(events_copy.parent.glob("*.autoloader-sizes.npz"))
         assert cache.stat().st_mode & 0o777 == 0o644
         plan.chmod(0o640)
-        assert main(["tune", str(events_copy), "-o", str(plan), "--max-workers", "1",
-                     "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "tune",
+                    str(events_copy),
+                    "-o",
+                    str(plan),
+                    "--max-workers",
+                    "1",
+                    "--iterations",
+                    "2",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         assert plan.stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(previous)
@@ -293,8 +396,11 @@ def _address_space(limit: int) -> None:
 def test_an_address_space_too_small_for_torch_is_one_line(tmp_path: Path) -> None:
     """Under `ulimit -v 300M` torch cannot load: the host's limit, said as such (exit 2)."""
     limit = 300 * 2**20
-    probe = run_reaped([sys.executable, "-c", "import torch"], timeout=120,
-                       preexec_fn=lambda: _address_space(limit))  # fmt: skip
+    probe = run_reaped(
+        [sys.executable, "-c", "import torch"],
+        timeout=120,
+        preexec_fn=lambda: _address_space(limit),
+    )
     if probe.returncode == 0:
         pytest.skip("torch loads within 300 MiB of address space here")
     assert probe.stderr.rstrip().splitlines()[-1].startswith(("ImportError", "MemoryError"))
@@ -302,8 +408,10 @@ def test_an_address_space_too_small_for_torch_is_one_line(tmp_path: Path) -> Non
     out.write_text(GOOD_PLAN)
     done = run_reaped(
         [sys.executable, "-m", "autoloader", "tune", "hostile_data:GOOD", "-o", str(out)],
-        timeout=120, env=prepend_pythonpath(TESTS), preexec_fn=lambda: _address_space(limit),
-    )  # fmt: skip
+        timeout=120,
+        env=prepend_pythonpath(TESTS),
+        preexec_fn=lambda: _address_space(limit),
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(
@@ -352,15 +460,21 @@ def test_show_and_the_loader_refuse_the_same_plans(
     ("text", "expected"),
     [
         ("schema = 1\nx = " + "[" * 5000 + "]" * 5000, "its tables or arrays nest too deeply"),
-        (GOOD_PLAN + "[tuning.workers]\ntrace = [1, \"a\"]\n",
-         "key 'tuning.workers.trace[0]': expected a table, found 1 (integer)"),
-        (GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 'two'}]\n",
-         "key 'tuning.workers.trace[0].workers': expected an integer, found 'two' (string)"),
-        (GOOD_PLAN + "[memory]\nreserve = 3\n",
-         "key 'memory.reserve': expected a table, found 3 (integer)"),
+        (
+            GOOD_PLAN + '[tuning.workers]\ntrace = [1, "a"]\n',
+            "key 'tuning.workers.trace[0]': expected a table, found 1 (integer)",
+        ),
+        (
+            GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 'two'}]\n",
+            "key 'tuning.workers.trace[0].workers': expected an integer, found 'two' (string)",
+        ),
+        (
+            GOOD_PLAN + "[memory]\nreserve = 3\n",
+            "key 'memory.reserve': expected a table, found 3 (integer)",
+        ),
     ],
     ids=["nested", "trace-shape", "trace-type", "reserve-shape"],
-)  # fmt: skip
+)
 def test_malformed_plans_are_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, expected: str
 ) -> None:
@@ -410,29 +524,82 @@ def test_show_json_is_strict(capsys: pytest.CaptureFixture[str], tmp_path: Path)
 
 
 def test_words(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, events_h5: Path,
-) -> None:  # fmt: skip
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    events_h5: Path,
+) -> None:
     monkeypatch.syspath_prepend(str(TESTS))
     out = str(tmp_path / "p.toml")
-    assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--global-batch-size",
-                             "100000", "--max-workers", "1"]) == (
+    assert one_line(
+        capsys,
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "-o",
+            out,
+            "--global-batch-size",
+            "100000",
+            "--max-workers",
+            "1",
+        ],
+    ) == (
         "--global-batch-size 100000 is larger than the dataset (300 samples): one optimiser "
         "step would see samples twice"
-    )  # fmt: skip
-    assert one_line(capsys, ["tune", "hostile_data:GOOD", "-o", out, "--step",
-                             "hostile_data:returns_text", "--max-workers", "1"]) == (
-        "--step: the factory returned str, expected a callable step(batch)"
-    )  # fmt: skip
-    line = one_line(capsys, ["tune", str(events_h5), "-o", out, "--memory-budget", "90KiB",
-                             "--safety", "0", "--max-workers", "1"])  # fmt: skip
+    )
+    assert one_line(
+        capsys,
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "-o",
+            out,
+            "--step",
+            "hostile_data:returns_text",
+            "--max-workers",
+            "1",
+        ],
+    ) == ("--step: the factory returned str, expected a callable step(batch)")
+    line = one_line(
+        capsys,
+        [
+            "tune",
+            str(events_h5),
+            "-o",
+            out,
+            "--memory-budget",
+            "90KiB",
+            "--safety",
+            "0",
+            "--max-workers",
+            "1",
+        ],
+    )
     assert line.startswith("no batching fits the memory budget of 90.0 KiB (92160 bytes): even ")
     sizes = sample_sizes(GraphEventsH5(events_h5))
     largest = int(sizes.argmax())
-    assert f"; the largest sample, index {largest} ({describe_bytes(int(sizes[largest]))}), " \
-        "alone is predicted to peak at " in line  # fmt: skip
-    assert main(["-v", "tune", "hostile_data:GOOD", "-o", out, "--max-workers", "1",
-                 "--iterations", "2", "--quiet"]) == 0  # fmt: skip
+    assert (
+        f"; the largest sample, index {largest} ({describe_bytes(int(sizes[largest]))}), "
+        "alone is predicted to peak at " in line
+    )
+    assert (
+        main(
+            [
+                "-v",
+                "tune",
+                "hostile_data:GOOD",
+                "-o",
+                out,
+                "--max-workers",
+                "1",
+                "--iterations",
+                "2",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     said = caplog.text  # on a terminal: stderr
     for stage in ("sizes: 300 samples", "memory: ", "replaying", "batching: ", "worker search"):
         assert stage in said
@@ -480,9 +647,11 @@ def test_the_worker_state_we_read_is_checked_at_import(monkeypatch: pytest.Monke
     monkeypatch.delattr(dataloader._MultiProcessingDataLoaderIter, "_try_get_data")
     with pytest.raises(UnsupportedTorchError) as refused:
         check_torch_internals()
-    assert ("lacks _MultiProcessingDataLoaderIter._try_get_data, "
-            "_MultiProcessingDataLoaderIter._workers, "
-            "_MultiProcessingDataLoaderIter._index_queues,") in str(refused.value)  # fmt: skip
+    assert (
+        "lacks _MultiProcessingDataLoaderIter._try_get_data, "
+        "_MultiProcessingDataLoaderIter._workers, "
+        "_MultiProcessingDataLoaderIter._index_queues,"
+    ) in str(refused.value)
 
 
 def test_the_check_reads_torchs_code_under_a_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:

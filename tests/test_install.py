@@ -28,8 +28,11 @@ def _tracked_text_files() -> list[Path]:
     ).stdout.split(b"\0")
     files = [ROOT / name.decode() for name in listed if name]
     here = Path(__file__).resolve()  # quotes the old commands, to test the pattern
-    return [f for f in files if f.is_file() and f.suffix not in (".h5", ".png", ".npz")
-            and f.resolve() != here]  # fmt: skip
+    return [
+        f
+        for f in files
+        if f.is_file() and f.suffix not in (".h5", ".png", ".npz") and f.resolve() != here
+    ]
 
 
 def test_no_text_tells_users_to_install_the_unrelated_autoloader_package() -> None:
@@ -44,11 +47,17 @@ def test_no_text_tells_users_to_install_the_unrelated_autoloader_package() -> No
 
 
 def test_the_pattern_would_catch_the_old_instructions() -> None:
-    for text in ("pip install autoloader", "pip install 'autoloader[plot]'",
-                 "`pip install -U autoloader`"):  # fmt: skip
+    for text in (
+        "pip install autoloader",
+        "pip install 'autoloader[plot]'",
+        "`pip install -U autoloader`",
+    ):
         assert STRANGER.search(text), text
-    for text in ("pip install torch-autoloader", "pip install 'torch-autoloader[plot]'",
-                 "pip install autoloader_plugins/"):  # fmt: skip
+    for text in (
+        "pip install torch-autoloader",
+        "pip install 'torch-autoloader[plot]'",
+        "pip install autoloader_plugins/",
+    ):
         assert not STRANGER.search(text), text
 
 

@@ -22,8 +22,19 @@ from conftest import GOOD_PLAN, prepend_pythonpath, reaped, spawn
 from autoloader import Plan
 
 TESTS = Path(__file__).parent
-SEARCH = ["--max-workers", "2", "--iterations", "20", "--baseline", "none", "--device", "cpu",
-          "--global-batch-size", "4", "--quiet"]  # fmt: skip
+SEARCH = [
+    "--max-workers",
+    "2",
+    "--iterations",
+    "20",
+    "--baseline",
+    "none",
+    "--device",
+    "cpu",
+    "--global-batch-size",
+    "4",
+    "--quiet",
+]
 STOPPED = "autoloader: interrupted; nothing was written\n"
 
 
@@ -35,8 +46,13 @@ def start(tmp_path: Path, spec: str, code: str | None = None) -> tuple[subproces
     (tmp_path / "marks").mkdir()
     env = {**prepend_pythonpath(TESTS), "SIGNAL_MARKS": str(tmp_path / "marks")}
     program = ["-m", "autoloader"] if code is None else ["-c", code]
-    proc = spawn([sys.executable, *program, "tune", spec, "-o", str(out), *SEARCH],
-                 stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS)  # fmt: skip
+    proc = spawn(
+        [sys.executable, *program, "tune", spec, "-o", str(out), *SEARCH],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=TESTS,
+    )
     return proc, out
 
 
@@ -142,5 +158,8 @@ def test_a_signal_once_the_plan_is_in_place_changes_nothing(
         _, err = proc.communicate(timeout=300)
     assert (proc.returncode, err) == (0, "")
     assert Plan.load(out).batching.global_batch_size == 4 and out.read_text() != GOOD_PLAN
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["marks", "plan.toml",
-                                                         "plan.toml.sizes.npz"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "marks",
+        "plan.toml",
+        "plan.toml.sizes.npz",
+    ]

@@ -88,8 +88,9 @@ def test_blocks_are_decoded_whole_where_asks_come_back_and_events_read_alone_whe
     ds = autoloader.open_dataset(_specs(files)["km3"])
     reads: list[tuple[int, int]] = []
     real = H5Table._read_items
-    monkeypatch.setattr(H5Table, "_read_items",
-                        lambda self, a, z: reads.append((a, z)) or real(self, a, z))  # fmt: skip
+    monkeypatch.setattr(
+        H5Table, "_read_items", lambda self, a, z: reads.append((a, z)) or real(self, a, z)
+    )
     batch = [900, 3, 4, 5, 700, 6]
     bounds = ds.autoloader_blocks()
     blocks = set(np.searchsorted(bounds, batch, side="right").tolist())
@@ -125,18 +126,17 @@ def test_event_fields_ride_along_as_attributes(files: dict[str, Path], ev: Event
 def test_without_fields_a_file_with_one_collection_takes_every_numeric_field(
     files: dict[str, Path],
 ) -> None:
-    assert autoloader.open_dataset(str(files["km3"])).fields == [
-        "channel_id", "pos", "time", "tot"
-    ]
+    assert autoloader.open_dataset(str(files["km3"])).fields == ["channel_id", "pos", "time", "tot"]
     assert len(autoloader.open_dataset(str(files["root"])).fields) == 6
     assert autoloader.open_dataset(str(files["parquet"])).fields == [
-        "hits.time", "hits.tot", "hits.channel_id", "hits.pos"
+        "hits.time",
+        "hits.tot",
+        "hits.channel_id",
+        "hits.pos",
     ]
 
 
-def test_a_directory_or_a_glob_is_one_dataset_with_one_index(
-    tmp_path: Path, ev: Events
-) -> None:
+def test_a_directory_or_a_glob_is_one_dataset_with_one_index(tmp_path: Path, ev: Events) -> None:
     first, second = make_events(50, seed=1), make_events(70, seed=2)
     (tmp_path / "pq").mkdir()
     for k, part in enumerate((first, second)):
@@ -176,8 +176,19 @@ def test_a_transform_runs_in_the_workers_and_sizes_stay_the_stored_ones(
 def test_tune_on_a_km3pipe_file_opens_its_table(files: dict[str, Path], tmp_path: Path) -> None:
     """The report that opened this: the file's groups were taken for events."""
     plan = tmp_path / "plan.toml"
-    done = run_cli("tune", str(files["km3"]), "--global-batch-size", "64", "--max-workers",
-                   "1", "--iterations", "4", "--quiet", "-o", str(plan))
+    done = run_cli(
+        "tune",
+        str(files["km3"]),
+        "--global-batch-size",
+        "64",
+        "--max-workers",
+        "1",
+        "--iterations",
+        "4",
+        "--quiet",
+        "-o",
+        str(plan),
+    )
     assert done.returncode == 0, done.stderr
     loaded = autoloader.Plan.load(plan)
     assert loaded.to_dict()["dataset"]["num_samples"] == N
@@ -189,8 +200,19 @@ def test_tune_and_a_planned_loader_on_root_and_parquet(
 ) -> None:
     spec = _specs(files)[layout]
     plan = tmp_path / "plan.toml"
-    done = run_cli("tune", spec, "--global-batch-size", "32", "--max-workers", "1",
-                   "--iterations", "4", "--quiet", "-o", str(plan))
+    done = run_cli(
+        "tune",
+        spec,
+        "--global-batch-size",
+        "32",
+        "--max-workers",
+        "1",
+        "--iterations",
+        "4",
+        "--quiet",
+        "-o",
+        str(plan),
+    )
     assert done.returncode == 0, done.stderr
     loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
     seen = sum(int(b.num_graphs) for b in loader)
@@ -213,15 +235,25 @@ def _table(f, **extents) -> None:
 
 
 BAD_H5 = {
-    "offsets descend": (lambda f: _table(f, offsets=np.array([0, 5, 3, 10])),
-                        "offsets: event 1 has a negative item count"),
-    "offsets past the end": (lambda f: _table(f, offsets=np.array([0, 5, 12])),
-                             "event 1 ends at item 12, past the columns' end (10 rows)"),
-    "negative count": (lambda f: _table(f, counts=np.array([4, -1, 7])),
-                       "counts: event 1 has a negative count -1"),
-    "unequal columns": (lambda f: (_table(f, counts=np.array([5, 5])),
-                                   f["hits"].create_dataset("e", data=np.zeros(9))),
-                        "columns of unequal lengths: 'e' has 9 rows, 'q' has 10"),
+    "offsets descend": (
+        lambda f: _table(f, offsets=np.array([0, 5, 3, 10])),
+        "offsets: event 1 has a negative item count",
+    ),
+    "offsets past the end": (
+        lambda f: _table(f, offsets=np.array([0, 5, 12])),
+        "event 1 ends at item 12, past the columns' end (10 rows)",
+    ),
+    "negative count": (
+        lambda f: _table(f, counts=np.array([4, -1, 7])),
+        "counts: event 1 has a negative count -1",
+    ),
+    "unequal columns": (
+        lambda f: (
+            _table(f, counts=np.array([5, 5])),
+            f["hits"].create_dataset("e", data=np.zeros(9)),
+        ),
+        "columns of unequal lengths: 'e' has 9 rows, 'q' has 10",
+    ),
 }
 
 
@@ -247,8 +279,11 @@ def test_a_field_that_is_not_numeric_or_matches_nothing_is_named(
     assert autoloader.open_dataset(spec).fields == ["q", "t"]  # skipped when not named
     with pytest.raises(DatasetError, match=r"field 'label' is not a numeric column"):
         autoloader.open_dataset(spec + "?fields=t,label")
-    with pytest.raises(DatasetError, match=r"field pattern 'nope\*' matches nothing; found "
-                                           r"hits_time, hits_tot"):
+    with pytest.raises(
+        DatasetError,
+        match=r"field pattern 'nope\*' matches nothing; found "
+        r"hits_time, hits_tot",
+    ):
         autoloader.open_dataset(f"{files['root']}?fields=nope*")
     with pytest.raises(DatasetError, match=r"field pattern 'x' matches nothing; found hits.time"):
         autoloader.open_dataset(f"{files['parquet']}?fields=x")
@@ -262,8 +297,11 @@ def test_several_tables_or_trees_without_a_choice_are_listed(tmp_path: Path, ev:
         g["counts"] = np.array([1, 1, 1])
 
     spec = _h5(tmp_path / "two.h5", two)
-    with pytest.raises(DatasetError, match=r"holds 2 jagged tables: 'hits' \(2 events\), "
-                                           r"'mc_hits' \(3 events\); choose one with"):
+    with pytest.raises(
+        DatasetError,
+        match=r"holds 2 jagged tables: 'hits' \(2 events\), "
+        r"'mc_hits' \(3 events\); choose one with",
+    ):
         autoloader.open_dataset(spec)
     assert len(autoloader.open_dataset(spec + "#mc_hits")) == 3
     with pytest.raises(DatasetError, match=r"no group 'nope'; its jagged tables: 'hits'"):
@@ -279,8 +317,11 @@ def test_fields_of_different_collections_are_refused_naming_both(tmp_path: Path)
     with uproot.recreate(tmp_path / "two.root") as f:
         f.mktree("T", {"a": ak.Array([[1.0]]).type, "b": ak.Array([[1.0]]).type})
         f["T"].extend({"a": ak.Array([[1.0, 2.0], [3.0]]), "b": ak.Array([[1.0], [2.0, 3.0]])})
-    with pytest.raises(DatasetError, match=r"the tree has 2 jagged collections: a \[counted by na "
-                                           r"\(3 items in the first 2 events\)\]; b \[counted by nb"):
+    with pytest.raises(
+        DatasetError,
+        match=r"the tree has 2 jagged collections: a \[counted by na "
+        r"\(3 items in the first 2 events\)\]; b \[counted by nb",
+    ):
         autoloader.open_dataset(str(tmp_path / "two.root"))
     with pytest.raises(DatasetError, match="the fields belong to different collections"):
         autoloader.open_dataset(f"{tmp_path / 'two.root'}?fields=a*,b*")
@@ -304,8 +345,11 @@ def test_an_empty_table_is_refused_naming_the_file_and_its_group_or_tree(
     import uproot
 
     spec = _h5(tmp_path / "e.h5", lambda f: _table(f, counts=np.zeros(0, dtype=np.int64)))
-    with pytest.raises(DatasetError, match=rf"^DATASET '{spec}#hits': empty: group 'hits' "
-                                           "has no events$"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"^DATASET '{spec}#hits': empty: group 'hits' "
+        "has no events$",
+    ):
         autoloader.open_dataset(spec)
     with uproot.recreate(tmp_path / "e.root") as f:
         f.mktree("Events", {"a": ak.Array([[1.0]]).type})
@@ -319,31 +363,44 @@ def test_a_root_file_of_an_rntuple_or_not_root_at_all_says_what_it_found(tmp_pat
     with uproot.recreate(tmp_path / "nt.root") as f:
         f["Events"] = {"x": np.arange(3.0)}  # uproot 5.7 writes an RNTuple
     for spec in (str(tmp_path / "nt.root"), f"{tmp_path / 'nt.root'}#Events"):
-        with pytest.raises(DatasetError, match=r"found an RNTuple named 'Events'; autoloader "
-                                               r"reads TTrees \(uproot writes one with f.mktree"):
+        with pytest.raises(
+            DatasetError,
+            match=r"found an RNTuple named 'Events'; autoloader "
+            r"reads TTrees \(uproot writes one with f.mktree",
+        ):
             autoloader.open_dataset(spec)
     (tmp_path / "zero.root").write_bytes(b"")
     (tmp_path / "text.root").write_text("hello, not ROOT\n")
     for name, found in (("zero", "an empty file"), ("text", "b'hell'")):
-        done = run_cli("tune", str(tmp_path / f"{name}.root"), "--global-batch-size", "2",
-                       "-o", str(tmp_path / "p.toml"))
+        done = run_cli(
+            "tune",
+            str(tmp_path / f"{name}.root"),
+            "--global-batch-size",
+            "2",
+            "-o",
+            str(tmp_path / "p.toml"),
+        )
         assert done.returncode == 2
         (line,) = done.stderr.strip().splitlines()
-        assert line == (f"autoloader: error: DATASET '{tmp_path / name}.root': not a ROOT file "
-                        f"(expected b'root' as its first 4 bytes, found {found})")
+        assert line == (
+            f"autoloader: error: DATASET '{tmp_path / name}.root': not a ROOT file "
+            f"(expected b'root' as its first 4 bytes, found {found})"
+        )
 
 
-@pytest.mark.parametrize(("module", "extra", "layout"),
-                         [("uproot", "root", "root"), ("pyarrow", "parquet", "parquet")])
+@pytest.mark.parametrize(
+    ("module", "extra", "layout"), [("uproot", "root", "root"), ("pyarrow", "parquet", "parquet")]
+)
 def test_a_missing_optional_library_names_the_extra(
     files: dict[str, Path], module: str, extra: str, layout: str
 ) -> None:
-    code = (f"import sys; sys.modules[{module!r}] = None\n"
-            "from autoloader.cli import main\n"
-            f"raise SystemExit(main(['tune', {str(files[layout])!r}, '--global-batch-size', '2',"
-            " '-o', '-']))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from autoloader.cli import main\n"
+        f"raise SystemExit(main(['tune', {str(files[layout])!r}, '--global-batch-size', '2',"
+        " '-o', '-']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert f"pip install 'torch-autoloader[{extra}]'" in done.stderr.strip().splitlines()[-1]
 
@@ -351,8 +408,9 @@ def test_a_missing_optional_library_names_the_extra(
 def test_workers_read_through_their_own_handles(files: dict[str, Path]) -> None:
     ds = autoloader.open_dataset(_specs(files)["root"])
     ds[0]  # the parent opened its file first
-    loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2,
-                                         collate_fn=lambda b: [d.num_nodes for d in b])
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, num_workers=2, collate_fn=lambda b: [d.num_nodes for d in b]
+    )
     assert sum(sum(b) for b in loader) == int(autoloader.sizes.sample_sizes(ds).sum() - 8 * N) // 24
 
 
@@ -377,8 +435,12 @@ def _unsigned_files(d: Path) -> dict[str, str]:
     import pyarrow.parquet as pq
     import uproot
 
-    ints = {"event": np.array([3, 2**40], np.uint64), "big": U64_BIG,
-            "run": np.array([7, 2**32 - 1], np.uint32), "lumi": np.array([1, 65535], np.uint16)}
+    ints = {
+        "event": np.array([3, 2**40], np.uint64),
+        "big": U64_BIG,
+        "run": np.array([7, 2**32 - 1], np.uint32),
+        "lumi": np.array([1, 65535], np.uint16),
+    }
     items = ak.Array([[1.0, 2.0], [3.0]])
 
     def h5(f):
@@ -391,9 +453,11 @@ def _unsigned_files(d: Path) -> dict[str, str]:
         f["Events"].extend({"a": items, **ints})
     pq.write_table(pa.table({"a": pa.array(items.to_list()), **ints}), d / "u.parquet")
     fields = "&event_fields=event,big,run,lumi"
-    return {"hdf5": _h5(d / "u.h5", h5) + "?fields=t" + fields,
-            "root": f"{d / 'u.root'}?fields=a{fields}",
-            "parquet": f"{d / 'u.parquet'}?fields=a{fields}"}
+    return {
+        "hdf5": _h5(d / "u.h5", h5) + "?fields=t" + fields,
+        "root": f"{d / 'u.root'}?fields=a{fields}",
+        "parquet": f"{d / 'u.parquet'}?fields=a{fields}",
+    }
 
 
 @pytest.mark.parametrize("layout", ["hdf5", "root", "parquet"])
@@ -431,8 +495,10 @@ def test_a_fixed_size_array_per_item_is_a_jagged_numeric_branch_as_wide_as_its_a
 def test_a_group_of_columns_without_extents_says_the_extents_are_missing(
     tmp_path: Path, events_h5: Path
 ) -> None:
-    expected = ("group 'hits' has per-item columns of one length (10 rows: q, t) but no "
-                "_indices, offsets or counts dataset for the events' extents")
+    expected = (
+        "group 'hits' has per-item columns of one length (10 rows: q, t) but no "
+        "_indices, offsets or counts dataset for the events' extents"
+    )
     only = _h5(tmp_path / "only.h5", _table)
     done = run_cli("tune", only, "--global-batch-size", "2", "-o", str(tmp_path / "p.toml"))
     assert done.returncode == 2
@@ -464,10 +530,12 @@ def test_a_mistyped_first_query_key_is_an_unknown_key_not_a_missing_file(
 ) -> None:
     few = make_events(50, seed=1)
     write_root(tmp_path / "run_0.root", few)
-    for spec, key in ((f"{files['km3']}?field=time", "field"),
-                      (f"{files['root']}?Fields=hits_time", "Fields"),
-                      (f"{files['km3']}#hits?feilds=t&fields=time", "feilds"),
-                      (f"{tmp_path}/run_*.root?field=x", "field")):
+    for spec, key in (
+        (f"{files['km3']}?field=time", "field"),
+        (f"{files['root']}?Fields=hits_time", "Fields"),
+        (f"{files['km3']}#hits?feilds=t&fields=time", "feilds"),
+        (f"{tmp_path}/run_*.root?field=x", "field"),
+    ):
         with pytest.raises(DatasetError, match=rf"unknown query key '{key}': expected fields="):
             autoloader.open_dataset(spec)
     odd = write_root(tmp_path / "odd#name?x=1.root", few)
@@ -488,10 +556,14 @@ def test_a_value_beyond_float32_is_inf_without_a_warning(tmp_path: Path, layout:
 
     values = [[1.0, 1e300], [-1e300]]
     if layout == "hdf5":
-        spec = _h5(tmp_path / "big.h5", lambda f: (
-            f.create_group("hits").create_dataset("a", data=np.array([1.0, 1e300, -1e300])),
-            f["hits"].create_dataset("b", data=np.zeros(3)),
-            f["hits"].create_dataset("counts", data=np.array([2, 1]))))
+        spec = _h5(
+            tmp_path / "big.h5",
+            lambda f: (
+                f.create_group("hits").create_dataset("a", data=np.array([1.0, 1e300, -1e300])),
+                f["hits"].create_dataset("b", data=np.zeros(3)),
+                f["hits"].create_dataset("counts", data=np.array([2, 1])),
+            ),
+        )
     elif layout == "root":
         spec = str(tmp_path / "big.root")
         with uproot.recreate(spec) as f:

@@ -67,8 +67,19 @@ def test_nodes_without_a_shared_file_system(tmp_path: Path, each_node: bool) -> 
         port = s.getsockname()[1]
     extra = ["--save-on-each-node"] if each_node else []
     env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
     nodes = [
         spawn(
             [*torchrun, "--node-rank", str(k), str(SCRIPT), "nodes", str(tmp_path), *extra],
@@ -102,9 +113,12 @@ def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         env.pop(name, None)
     env.update(
-        SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost",
-        SLURM_JOB_ID="4242", MASTER_PORT=str(port),
-    )  # fmt: skip
+        SLURM_NTASKS="2",
+        SLURM_NTASKS_PER_NODE="2",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_ID="4242",
+        MASTER_PORT=str(port),
+    )
     procs = [
         spawn(
             [sys.executable, str(SCRIPT), "tune", str(tmp_path)],
@@ -162,14 +176,23 @@ def test_first_host_and_the_srun_rendezvous() -> None:
     assert first_host("node1,node2") == "node1"
     assert first_host("a[001]") == "a001"
     env = launcher_env(
-        {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3",
-         "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[10-11]",
-         "SLURM_JOB_ID": "123456"}
-    )  # fmt: skip
+        {
+            "SLURM_PROCID": "3",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "3",
+            "SLURM_NTASKS_PER_NODE": "4(x2)",
+            "SLURM_JOB_NODELIST": "gpu[10-11]",
+            "SLURM_JOB_ID": "123456",
+        }
+    )
     assert env == {
-        "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "gpu10",
-        "MASTER_PORT": "29956", "LOCAL_WORLD_SIZE": "4",
-    }  # fmt: skip
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "3",
+        "MASTER_ADDR": "gpu10",
+        "MASTER_PORT": "29956",
+        "LOCAL_WORLD_SIZE": "4",
+    }
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
     assert launcher_env({}) is None
 
@@ -182,16 +205,27 @@ def test_each_node_takes_its_own_loader_table() -> None:
     from autoloader import DataLoader, PlanError
 
     host = socket.gethostname()
-    base = {"schema": 1, "loader": {"num_workers": 0},
-            "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    base = {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 4},
+    }
     mine = Plan.from_dict(
-        {**base, "tuning": {"nodes": {host: {"num_workers": 2, "prefetch_factor": 3},
-                                      "other-node": {"num_workers": 7}}}}
-    )  # fmt: skip
+        {
+            **base,
+            "tuning": {
+                "nodes": {
+                    host: {"num_workers": 2, "prefetch_factor": 3},
+                    "other-node": {"num_workers": 7},
+                }
+            },
+        }
+    )
     loader = DataLoader(list(range(16)), plan=mine, registry=CollectorRegistry())
     assert (loader.num_workers, loader.prefetch_factor) == (2, 3)
-    bad = Plan.from_dict({**base, "tuning": {"nodes": {host: {"num_workers": 0,
-                                                              "prefetch_factor": 3}}}})  # fmt: skip
+    bad = Plan.from_dict(
+        {**base, "tuning": {"nodes": {host: {"num_workers": 0, "prefetch_factor": 3}}}}
+    )
     with pytest.raises(
         PlanError,
         match=rf"key 'tuning\.nodes\.{host}\.prefetch_factor': only valid with num_workers > 0",
@@ -204,10 +238,20 @@ def test_ranks_given_different_options_all_stop_with_one_line(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     done = run_reaped(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(SCRIPT), "options", str(tmp_path)],
-        timeout=240, env=prepend_pythonpath(SCRIPT.parent, Path(__file__).parent),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(SCRIPT),
+            "options",
+            str(tmp_path),
+        ],
+        timeout=240,
+        env=prepend_pythonpath(SCRIPT.parent, Path(__file__).parent),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["code"] for r in results(tmp_path, 2)] == [2, 2]
     expected = (
@@ -219,9 +263,12 @@ def test_ranks_given_different_options_all_stop_with_one_line(
 
 
 def srun_ranks(
-    tmp_path: Path, world: int, *args: str, env_extra: dict[str, str],
+    tmp_path: Path,
+    world: int,
+    *args: str,
+    env_extra: dict[str, str],
     started: Sequence[int] | None = None,
-) -> list[Any]:  # fmt: skip
+) -> list[Any]:
     """Ranks of ``autoloader tune`` in a job of ``world`` started as srun starts them (no
     torchrun agent), each with its own stderr file ``rankR.log``: the ranks ``started``
     (default all)."""
@@ -231,9 +278,14 @@ def srun_ranks(
     env = prepend_pythonpath(Path(__file__).parent)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         env.pop(name, None)
-    env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=str(world),
-               SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4243", MASTER_PORT=str(port),
-               **env_extra)  # fmt: skip
+    env.update(
+        SLURM_NTASKS=str(world),
+        SLURM_NTASKS_PER_NODE=str(world),
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_ID="4243",
+        MASTER_PORT=str(port),
+        **env_extra,
+    )
     cmd = [sys.executable, "-m", "autoloader", "-v", "tune", *args]
     procs = []
     for r in range(world) if started is None else started:
@@ -248,9 +300,19 @@ def srun_ranks(
 def test_a_rank_killed_mid_tune_is_named_and_the_others_stop(tmp_path: Path, victim: int) -> None:
     """Under srun no agent stops the job when a rank dies: the survivor must not wait for
     gloo's hour-long timeout, nor call it a bug."""
-    procs = srun_ranks(tmp_path, 2, "loop_steps:slow", "--global-batch-size", "32",
-                       "--iterations", "300", "--max-workers", "1", "--quiet",
-                       env_extra={"AUTOLOADER_PEER_TIMEOUT": "3"})  # fmt: skip
+    procs = srun_ranks(
+        tmp_path,
+        2,
+        "loop_steps:slow",
+        "--global-batch-size",
+        "32",
+        "--iterations",
+        "300",
+        "--max-workers",
+        "1",
+        "--quiet",
+        env_extra={"AUTOLOADER_PEER_TIMEOUT": "3"},
+    )
     survivor = 1 - victim
     with reaped(*procs):
         deadline = time.monotonic() + 120
@@ -274,8 +336,16 @@ def test_a_rank_killed_mid_tune_is_named_and_the_others_stop(tmp_path: Path, vic
 
 @pytest.mark.slow
 def test_a_rank_that_never_joins_is_named_after_the_join_timeout(tmp_path: Path) -> None:
-    procs = srun_ranks(tmp_path, 3, "conftest:DATASET", "--global-batch-size", "6", "--quiet",
-                       env_extra={"AUTOLOADER_JOIN_TIMEOUT": "4"}, started=[0, 1])  # fmt: skip
+    procs = srun_ranks(
+        tmp_path,
+        3,
+        "conftest:DATASET",
+        "--global-batch-size",
+        "6",
+        "--quiet",
+        env_extra={"AUTOLOADER_JOIN_TIMEOUT": "4"},
+        started=[0, 1],
+    )
     with reaped(*procs):
         codes = [p.wait(timeout=120) for p in procs]
     for r in range(2):
@@ -296,8 +366,9 @@ def test_a_stop_while_waiting_at_the_rendezvous_is_prompt(
 ) -> None:
     """A rank whose peers never come waits up to the join timeout (300 s): Ctrl-C or the
     scheduler's SIGTERM must end it at once, not when torch's store client gives up."""
-    (proc,) = srun_ranks(tmp_path, 2, "conftest:DATASET", "--global-batch-size", "4",
-                         env_extra={}, started=[alone])  # fmt: skip
+    (proc,) = srun_ranks(
+        tmp_path, 2, "conftest:DATASET", "--global-batch-size", "4", env_extra={}, started=[alone]
+    )
     log = tmp_path / f"rank{alone}.log"
     with reaped(proc):
         deadline = time.monotonic() + 60
@@ -329,6 +400,9 @@ def test_the_job_timeouts_from_the_environment_are_checked(
     assert peer_limit() == 2.5
     for bad in ("soon", "0", "-3", "inf", "1e308", "nan"):
         monkeypatch.setenv("AUTOLOADER_JOIN_TIMEOUT", bad)
-        with pytest.raises(UsageError, match=r"AUTOLOADER_JOIN_TIMEOUT: expected seconds in "
-                           r"\(0, 2147483\], found"):  # fmt: skip
+        with pytest.raises(
+            UsageError,
+            match=r"AUTOLOADER_JOIN_TIMEOUT: expected seconds in "
+            r"\(0, 2147483\], found",
+        ):
             join_timeout()

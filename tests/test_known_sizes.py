@@ -37,9 +37,17 @@ class Counted(Dataset):
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.toml"
-    plan = autoloader.tune(Counted(), global_batch_size=8, max_workers=1, iterations=5,
-                           strategies=["kk"], progress=False, baseline=None, device="cpu",
-                           collate_fn=list)  # fmt: skip
+    plan = autoloader.tune(
+        Counted(),
+        global_batch_size=8,
+        max_workers=1,
+        iterations=5,
+        strategies=["kk"],
+        progress=False,
+        baseline=None,
+        device="cpu",
+        collate_fn=list,
+    )
     plan.save(path)
     return path
 
@@ -84,8 +92,10 @@ def test_stale_sizes_are_measured_again_and_say_why(tuned: Path, caplog: Any) ->
     ):
         DataLoader(changed, plan=tuned, adapt=False, metrics=False, collate_fn=list)
     assert changed.reads.value >= 96
-    assert ("measuring every sample's size once: the plan's recorded sizes do not match this "
-            "dataset: sample 6 is 48 bytes, recorded 28") in caplog.text  # fmt: skip
+    assert (
+        "measuring every sample's size once: the plan's recorded sizes do not match this "
+        "dataset: sample 6 is 48 bytes, recorded 28"
+    ) in caplog.text
 
 
 def test_damaged_or_foreign_records_are_measured_again(tuned: Path, tmp_path: Path) -> None:
@@ -99,10 +109,20 @@ def test_damaged_or_foreign_records_are_measured_again(tuned: Path, tmp_path: Pa
 
 
 def test_random_batches_on_one_rank_need_no_sizes(tmp_path: Path) -> None:
-    table = {"schema": 1, "loader": {"num_workers": 0, "pin_memory": False},
-             "batching": {"strategy": "random", "local_batch_size": 8, "world_size": 1,
-                          "grad_accum_steps": 1, "global_batch_size": 8, "seed": 0,
-                          "drop_last": False, "options": {}}}  # fmt: skip
+    table = {
+        "schema": 1,
+        "loader": {"num_workers": 0, "pin_memory": False},
+        "batching": {
+            "strategy": "random",
+            "local_batch_size": 8,
+            "world_size": 1,
+            "grad_accum_steps": 1,
+            "global_batch_size": 8,
+            "seed": 0,
+            "drop_last": False,
+            "options": {},
+        },
+    }
     data = Counted()
     loader = DataLoader(
         data, plan=Plan.from_dict(table), adapt=False, metrics=False, collate_fn=list

@@ -15,13 +15,16 @@ from autoloader.launch import launcher_env, local_world_size, rank_and_world_siz
 @pytest.mark.parametrize("value", ["²", "٣", "2x"])
 def test_a_digit_that_is_not_0_to_9_is_named(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
-    with pytest.raises(UsageError, match="environment variable LOCAL_WORLD_SIZE: expected an "
-                       f"integer >= 1, found {value!r}"):  # fmt: skip
+    with pytest.raises(
+        UsageError,
+        match=f"environment variable LOCAL_WORLD_SIZE: expected an integer >= 1, found {value!r}",
+    ):
         local_world_size()
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setenv("WORLD_SIZE", value)
-    with pytest.raises(UsageError, match=f"environment variable WORLD_SIZE: expected an integer, "
-                       f"found {value!r}"):  # fmt: skip
+    with pytest.raises(
+        UsageError, match=f"environment variable WORLD_SIZE: expected an integer, found {value!r}"
+    ):
         rank_and_world_size()
 
 
@@ -36,9 +39,22 @@ def test_a_superscript_world_size_is_named_by_the_rendezvous() -> None:
 def test_tune_names_the_variable_and_exits_2(tmp_path: Path) -> None:
     env = prepend_pythonpath(Path(__file__).parent)
     env["LOCAL_WORLD_SIZE"] = "²"
-    done = run_reaped([sys.executable, "-m", "autoloader", "tune", "conftest:DATASET", "-o",
-                       str(tmp_path / "p.toml"), "--global-batch-size", "4", "--quiet"],
-                      timeout=120, env=env)  # fmt: skip
+    done = run_reaped(
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "tune",
+            "conftest:DATASET",
+            "-o",
+            str(tmp_path / "p.toml"),
+            "--global-batch-size",
+            "4",
+            "--quiet",
+        ],
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         "autoloader: error: environment variable LOCAL_WORLD_SIZE: expected an integer >= 1, "
@@ -53,8 +69,21 @@ def test_a_rank_outside_the_world_is_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="SLURM_PROCID=3 is not a rank of a world of 2"):
         launcher_env({"SLURM_NTASKS": "2", "SLURM_PROCID": "3"})
     run = prepend_pythonpath(Path(__file__).parent) | env | {"AUTOLOADER_JOIN_TIMEOUT": "300"}
-    done = run_reaped([sys.executable, "-m", "autoloader", "tune", "conftest:DATASET", "-o",
-                       str(tmp_path / "p.toml"), "--global-batch-size", "4", "--quiet"],
-                      timeout=60, env=run)  # fmt: skip
+    done = run_reaped(
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "tune",
+            "conftest:DATASET",
+            "-o",
+            str(tmp_path / "p.toml"),
+            "--global-batch-size",
+            "4",
+            "--quiet",
+        ],
+        timeout=60,
+        env=run,
+    )
     assert done.returncode == 2, done.stderr
     assert "RANK=5 is not a rank of a world of 2" in done.stderr

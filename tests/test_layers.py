@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME = ("autoloader.guard", "autoloader.loader", "autoloader.metrics", "autoloader.samplers",
-           "autoloader.plan", "autoloader.feed", "autoloader.job", "autoloader_plugins")  # fmt: skip
+RUNTIME = (
+    "autoloader.guard",
+    "autoloader.loader",
+    "autoloader.metrics",
+    "autoloader.samplers",
+    "autoloader.plan",
+    "autoloader.feed",
+    "autoloader.job",
+    "autoloader_plugins",
+)
 # What the tuner and the loader both need lives below both: neither may be imported here.
 BELOW = ("autoloader.feed", "autoloader.job", "autoloader.thresholds")
 
@@ -47,8 +55,11 @@ def _imports(name: str) -> set[str]:
 
 
 def test_runtime_code_never_imports_the_tuner() -> None:
-    offenders = {name: sorted(m for m in _imports(name) if m.startswith("autoloader.tuning"))
-                 for name in MODULES if name.startswith(RUNTIME)}  # fmt: skip
+    offenders = {
+        name: sorted(m for m in _imports(name) if m.startswith("autoloader.tuning"))
+        for name in MODULES
+        if name.startswith(RUNTIME)
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
@@ -63,8 +74,11 @@ def test_runtime_code_never_imports_the_tuner() -> None:
     ],
 )
 def test_layers_point_one_way(importer: str | tuple[str, ...], imported: str) -> None:
-    offenders = {name: sorted(m for m in _imports(name) if m.startswith(imported))
-                 for name in MODULES if name.startswith(importer)}  # fmt: skip
+    offenders = {
+        name: sorted(m for m in _imports(name) if m.startswith(imported))
+        for name in MODULES
+        if name.startswith(importer)
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
@@ -87,23 +101,20 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert cycles == []
 
 
-@pytest.mark.parametrize(("prefix", "limit"), [("autoloader.tuning", 70), ("", 120)])
+@pytest.mark.parametrize(("prefix", "limit"), [("autoloader.tuning", 40), ("", 60)])
 def test_functions_stay_readable(prefix: str, limit: int) -> None:
-    """Lines of code per function, its docstring not counted (what documents a function
-    does not make it harder to read)."""
+    """Statements per function, nested ones included: what a reader must follow, however
+    the formatter lays them out (a line count rewarded packing several onto one line).
+    The tuner's stages stay shorter: the conductor calls them, they do one thing each."""
     long = []
     for name, tree in TREES.items():
         if not name.startswith(prefix):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                doc = node.body[0] if node.body else None
-                if (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
-                        and isinstance(doc.value.value, str)):  # fmt: skip
-                    lines -= (doc.end_lineno or doc.lineno) - doc.lineno + 1
-                if lines > limit:
-                    long.append(f"{name}.{node.name}: {lines} lines")
+                count = sum(isinstance(n, ast.stmt) for n in ast.walk(node)) - 1
+                if count > limit:
+                    long.append(f"{name}.{node.name}: {count} statements")
     assert long == []
 
 
@@ -119,11 +130,25 @@ def test_the_conductor_does_not_branch_on_being_alone() -> None:
 
 
 # the state of torch's iterators and DataLoader that autoloader reads or sets
-TORCH_STATE = {"_task_info", "_rcvd_idx", "_workers", "_worker_pids_set", "_shutdown",
-               "_timeout", "_in_order", "_iterator", "_index_queues", "_worker_result_queue",
-               "_pin_memory_thread", "_workers_done_event", "_pin_memory_thread_done_event",
-               "python_exit_status", "_remove_worker_pids", "_set_SIGCHLD_handler",
-               "MP_STATUS_CHECK_INTERVAL"}  # fmt: skip
+TORCH_STATE = {
+    "_task_info",
+    "_rcvd_idx",
+    "_workers",
+    "_worker_pids_set",
+    "_shutdown",
+    "_timeout",
+    "_in_order",
+    "_iterator",
+    "_index_queues",
+    "_worker_result_queue",
+    "_pin_memory_thread",
+    "_workers_done_event",
+    "_pin_memory_thread_done_event",
+    "python_exit_status",
+    "_remove_worker_pids",
+    "_set_SIGCHLD_handler",
+    "MP_STATUS_CHECK_INTERVAL",
+}
 
 
 def test_torchs_private_api_is_reached_through_one_module() -> None:

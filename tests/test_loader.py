@@ -248,8 +248,13 @@ def test_a_loader_pickles_and_deep_copies_as_torchs_does(planned: bool) -> None:
     import copy
     import pickle
 
-    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                           "batching": {"strategy": "kk", "local_batch_size": 4}})  # fmt: skip
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "kk", "local_batch_size": 4},
+        }
+    )
     data = [torch.full((i % 5 + 1,), float(i)) for i in range(16)]
     kw: dict = {"plan": plan, "check_fingerprint": False} if planned else {"batch_size": 4}
     loader = DataLoader(data, collate_fn=list, registry=CollectorRegistry(), **kw)
@@ -260,11 +265,16 @@ def test_a_loader_pickles_and_deep_copies_as_torchs_does(planned: bool) -> None:
 
 
 def test_accumulation_marks_the_optimiser_steps_and_a_plain_loop_is_warned_once() -> None:
-    plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                           "batching": {"strategy": "random", "local_batch_size": 2,
-                                        "grad_accum_steps": 3}})  # fmt: skip
-    loader = DataLoader(list(range(14)), plan=plan, check_fingerprint=False,
-                        registry=CollectorRegistry())  # fmt: skip
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 2, "grad_accum_steps": 3},
+        }
+    )
+    loader = DataLoader(
+        list(range(14)), plan=plan, check_fingerprint=False, registry=CollectorRegistry()
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # accumulate() itself never warns
         steps = [step for _, step in loader.accumulate()]
@@ -286,13 +296,16 @@ def test_torchs_worker_count_warning_is_said_once_and_never_against_a_timed_plan
     ds = VariableTensors(16)
     many = len(os.sched_getaffinity(0)) + 2
     timed = plan_for(ds, workers=many)
-    timed.tuning["workers"] = {"max_workers": many, "trace": [
-        {"workers": many, "seconds_per_batch": 0.01, "status": "ok"}]}  # fmt: skip
+    timed.tuning["workers"] = {
+        "max_workers": many,
+        "trace": [{"workers": many, "seconds_per_batch": 0.01, "status": "ok"}],
+    }
     for plan, warned in ((timed, 0), (plan_for(ds, workers=many), 1)):
         with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO):
             warnings.simplefilter("always")
-            loader = DataLoader(ds, plan=plan, adapt=False, collate_fn=list,
-                                registry=CollectorRegistry())  # fmt: skip
+            loader = DataLoader(
+                ds, plan=plan, adapt=False, collate_fn=list, registry=CollectorRegistry()
+            )
             for _ in range(2):
                 assert sum(len(b) for b in loader) == 16
         said = [w for w in seen if "suggested max number of worker" in str(w.message)]

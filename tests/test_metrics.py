@@ -287,8 +287,12 @@ def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
 
     from autoloader.metrics.multiproc import merged_registry
 
-    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
-           "RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    env = {
+        **prepend_pythonpath(Path(__file__).parent),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     (tmp_path / "counter_123.db").write_bytes(b"garbage")
@@ -309,8 +313,12 @@ def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
 def test_a_fifo_or_a_huge_metric_file_never_blocks_a_scrape(tmp_path: Path) -> None:
     """A FIFO named like a metric file would block its reader forever (and every scrape
     behind it); a huge one would be read whole. Neither is opened."""
-    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
-           "RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    env = {
+        **prepend_pythonpath(Path(__file__).parent),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     os.mkfifo(tmp_path / "counter_222.db")

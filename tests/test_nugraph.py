@@ -100,9 +100,20 @@ def test_planned_loader_yields_heterogeneous_batches(
 ) -> None:
     plan = tmp_path / "plan.toml"
     code = main(
-        ["tune", str(nugraph_h5), "-o", str(plan), "--global-batch-size", "32",
-         "--max-workers", "1", "--iterations", "3", "--quiet"]
-    )  # fmt: skip
+        [
+            "tune",
+            str(nugraph_h5),
+            "-o",
+            str(plan),
+            "--global-batch-size",
+            "32",
+            "--max-workers",
+            "1",
+            "--iterations",
+            "3",
+            "--quiet",
+        ]
+    )
     assert code == 0
     ds = open_dataset(str(nugraph_h5))
     loader = autoloader.DataLoader(
@@ -263,14 +274,17 @@ def test_the_size_pass_checks_field_names_of_every_layout(nugraph_copy: Path) ->
     name = ds.names[7]
     with h5py.File(nugraph_copy, "r+") as f:
         del f["dataset"][name]
-        f.create_dataset(f"dataset/{name}", shape=(),
-                         dtype=np.dtype([("hits", "f4", (3,)), ("y", "i8")]))  # fmt: skip
+        f.create_dataset(
+            f"dataset/{name}", shape=(), dtype=np.dtype([("hits", "f4", (3,)), ("y", "i8")])
+        )
     expected = (
         f"DATASET '{nugraph_copy}': event '{name}': field 'hits': expected a name 'store/attr' "
         "(node store u, edge store u_plane_u, ...)"
     )
-    for read in (lambda: read_itemsizes(ds.path, ds.names),
-                 lambda: itemsizes(ds.path, ds.names, processes=2)):  # fmt: skip
+    for read in (
+        lambda: read_itemsizes(ds.path, ds.names),
+        lambda: itemsizes(ds.path, ds.names, processes=2),
+    ):
         with pytest.raises(DatasetError) as caught:
             read()
         assert str(caught.value) == expected

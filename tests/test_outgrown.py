@@ -20,8 +20,11 @@ TESTS = Path(__file__).parent
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and "predicted worst" in r.getMessage()]  # fmt: skip
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "predicted worst" in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

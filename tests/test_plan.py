@@ -198,16 +198,25 @@ def test_the_loaders_evidence_is_read_once_and_typed() -> None:
     """What a planned loader takes limits from: numbers where the tables hold them, None
     or 0 where a hand-built plan holds anything else (never an error mid-run)."""
     tuning = {
-        "workers": {"max_workers": 8, "step_seconds": 0.01, "trace": [
-            {"workers": 0, "seconds_per_batch": 0.02, "status": "ok", "memory_bytes": 100},
-            {"workers": 2, "seconds_per_batch": 0.01, "max_batch_seconds": 0.05},
-            {"workers": 4, "status": "failed: could not start"},
-        ], "loops": [{"workers": 2, "seconds_per_batch": 0.012, "num_threads": 1}]},
+        "workers": {
+            "max_workers": 8,
+            "step_seconds": 0.01,
+            "trace": [
+                {"workers": 0, "seconds_per_batch": 0.02, "status": "ok", "memory_bytes": 100},
+                {"workers": 2, "seconds_per_batch": 0.01, "max_batch_seconds": 0.05},
+                {"workers": 4, "status": "failed: could not start"},
+            ],
+            "loops": [{"workers": 2, "seconds_per_batch": 0.012, "num_threads": 1}],
+        },
         "strategies": {"kk": {"worst_batch_bytes": 4096}},
         "host": {"batch_bytes": 5000, "memory_budget_bytes": 10**9, "shm_free_bytes": 10**8},
     }
-    plan = Plan(LoaderPlan(2), BatchingPlan("kk", 8), tuning=tuning,
-                memory={"budget_bytes": 2**30, "predicted_peak_bytes": 2**29})  # fmt: skip
+    plan = Plan(
+        LoaderPlan(2),
+        BatchingPlan("kk", 8),
+        tuning=tuning,
+        memory={"budget_bytes": 2**30, "predicted_peak_bytes": 2**29},
+    )
     e = plan.evidence
     assert e.workers is not None and e.workers.max_workers == 8
     assert [(c.workers, c.ok) for c in e.workers.trace] == [(0, True), (2, True), (4, False)]
@@ -218,12 +227,24 @@ def test_the_loaders_evidence_is_read_once_and_typed() -> None:
     assert e.host is not None and e.host.memory_budget_bytes == 10**9
     assert (e.budget_bytes, e.predicted_peak_bytes) == (2**30, 2**29)
 
-    junk = Plan(LoaderPlan(2), BatchingPlan("kk", 8), tuning={
-        "workers": {"max_workers": True, "trace": [{"workers": "2"}, "x", {"workers": -1},
-                                                   {"workers": 1, "seconds_per_batch": "1"}]},
-        "strategies": {"kk": {"worst_batch_bytes": float("inf")}},
-        "host": {"batch_bytes": -5, "memory_budget_bytes": 1.5},
-    }, memory={"budget_bytes": "1 GiB"})  # fmt: skip
+    junk = Plan(
+        LoaderPlan(2),
+        BatchingPlan("kk", 8),
+        tuning={
+            "workers": {
+                "max_workers": True,
+                "trace": [
+                    {"workers": "2"},
+                    "x",
+                    {"workers": -1},
+                    {"workers": 1, "seconds_per_batch": "1"},
+                ],
+            },
+            "strategies": {"kk": {"worst_batch_bytes": float("inf")}},
+            "host": {"batch_bytes": -5, "memory_budget_bytes": 1.5},
+        },
+        memory={"budget_bytes": "1 GiB"},
+    )
     j = junk.evidence
     assert j.workers is not None and j.workers.max_workers is None
     assert [(c.workers, c.ok) for c in j.workers.trace] == [(1, False)]

@@ -78,7 +78,9 @@ def test_non_hdf5_file_with_h5_suffix_and_unknown_file(tmp_path: Path) -> None:
         open_dataset(str(fake))
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
-    with pytest.raises(DatasetError, match=r"no dataset plugin recognises it; expected a jagged event table"):
+    with pytest.raises(
+        DatasetError, match=r"no dataset plugin recognises it; expected a jagged event table"
+    ):
         open_dataset(str(notes))
 
 
@@ -236,8 +238,9 @@ def test_pt_files_load_weights_only_unless_the_user_opts_in(
     graphs.mkdir()
     hetero = HeteroData()
     hetero["hit"].x = torch.zeros(3, 2)
-    torch.save(Data(x=torch.zeros(4, 2), edge_index=torch.zeros(2, 5, dtype=torch.long)),
-               graphs / "0.pt")  # fmt: skip
+    torch.save(
+        Data(x=torch.zeros(4, 2), edge_index=torch.zeros(2, 5, dtype=torch.long)), graphs / "0.pt"
+    )
     torch.save(hetero, graphs / "1.pt")
     ds = open_dataset(str(graphs))
     assert [type(ds[i]).__name__ for i in range(2)] == ["Data", "HeteroData"]

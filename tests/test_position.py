@@ -24,8 +24,19 @@ LOOP = TESTS / "resume_loop.py"
 
 
 def run_loop(work: Path, workers: int, persistent: bool, kill_at: int, *resume: str) -> int:
-    done = run_reaped([sys.executable, str(LOOP), str(work), str(workers), str(int(persistent)),
-                       str(kill_at), *resume], timeout=120, env=prepend_pythonpath(TESTS))  # fmt: skip
+    done = run_reaped(
+        [
+            sys.executable,
+            str(LOOP),
+            str(work),
+            str(workers),
+            str(int(persistent)),
+            str(kill_at),
+            *resume,
+        ],
+        timeout=120,
+        env=prepend_pythonpath(TESTS),
+    )
     assert done.returncode in (0, -9), done.stderr[-2000:]
     return done.returncode
 
@@ -35,8 +46,9 @@ def batches(work: Path) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
-def test_a_loop_killed_mid_epoch_resumes_where_it_was(tmp_path: Path, workers: int,
-                                                      persistent: bool) -> None:  # fmt: skip
+def test_a_loop_killed_mid_epoch_resumes_where_it_was(
+    tmp_path: Path, workers: int, persistent: bool
+) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir(), killed.mkdir()
     assert run_loop(whole, workers, persistent, 0) == 0
@@ -57,9 +69,18 @@ def test_a_loop_killed_mid_epoch_resumes_where_it_was(tmp_path: Path, workers: i
 
 
 def planned(batch: int = 4, strategy: str = "random", seed: int = 0) -> Plan:
-    return Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                           "batching": {"strategy": strategy, "local_batch_size": batch,
-                                        "world_size": 1, "seed": seed}})  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {
+                "strategy": strategy,
+                "local_batch_size": batch,
+                "world_size": 1,
+                "seed": seed,
+            },
+        }
+    )
 
 
 def test_the_state_is_small_plain_data_that_torch_load_takes() -> None:
@@ -107,8 +128,9 @@ def test_set_epoch_keeps_the_saved_epoch_and_restarts_another() -> None:
         ({"format": "x"}, r"expected a state from autoloader.DataLoader.state_dict\(\)"),
     ],
 )
-def test_a_state_of_another_plan_or_data_is_refused(change: dict[str, object],
-                                                    message: str) -> None:  # fmt: skip
+def test_a_state_of_another_plan_or_data_is_refused(
+    change: dict[str, object], message: str
+) -> None:
     loader = DataLoader(Plain(40), plan=planned(), check_fingerprint=False)
     state = {**loader.state_dict(), **change}
     with pytest.raises(PlanError, match=message):
@@ -134,11 +156,13 @@ def test_a_planned_loader_with_the_callers_batch_sampler_keeps_no_position() -> 
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize(("adapt", "metrics"), [(True, True), (False, True), (False, False)])
-def test_prefetched_batches_are_not_counted_as_served(workers: int, adapt: bool,
-                                                      metrics: bool) -> None:  # fmt: skip
+def test_prefetched_batches_are_not_counted_as_served(
+    workers: int, adapt: bool, metrics: bool
+) -> None:
     kw = {"num_workers": workers, "prefetch_factor": 4} if workers else {}
-    loader = DataLoader(Plain(64), plan=planned(), check_fingerprint=False, adapt=adapt,
-                        metrics=metrics, **kw)  # fmt: skip
+    loader = DataLoader(
+        Plain(64), plan=planned(), check_fingerprint=False, adapt=adapt, metrics=metrics, **kw
+    )
     it = iter(loader)
     got = [next(it).tolist() for _ in range(5)]
     assert loader.state_dict()["batches"] == 5  # the workers hold up to 8 more
@@ -164,15 +188,30 @@ def test_a_job_killed_mid_epoch_resumes_on_every_rank_under_torchrun(tmp_path: P
 
     script = TESTS / "distributed" / "position_ranks.py"
     torchrun(script, str(tmp_path), "whole", ranks=2)
-    killed = run_reaped([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                         "--nproc_per_node", "2", str(script), str(tmp_path), "killed"],
-                        timeout=240)  # fmt: skip
+    killed = run_reaped(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tmp_path),
+            "killed",
+        ],
+        timeout=240,
+    )
     assert killed.returncode != 0  # the ranks died after their 5th batch
     torchrun(script, str(tmp_path), "resume", ranks=2)
     for rank in (0, 1):
-        runs = {mode: [json.loads(line) for line in
-                       (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()]
-                for mode in ("whole", "killed", "resume")}  # fmt: skip
+        runs = {
+            mode: [
+                json.loads(line)
+                for line in (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()
+            ]
+            for mode in ("whole", "killed", "resume")
+        }
         assert len(runs["whole"]) == 24 and runs["killed"] == runs["whole"][:5]
         assert runs["resume"] == runs["whole"][5:]
 
@@ -198,29 +237,46 @@ def served(loader: DataLoader, count: int) -> list[list[int]]:
     ],
 )
 def test_a_state_of_other_batches_is_refused_naming_the_key_and_both_values(
-    saver: tuple[Plan, dict[str, object]], resumer: tuple[Plan, dict[str, object]], key: str,
+    saver: tuple[Plan, dict[str, object]],
+    resumer: tuple[Plan, dict[str, object]],
+    key: str,
     values: tuple[object, object],
-) -> None:  # fmt: skip
+) -> None:
     first = loader_of(saver[0], **saver[1])
     served(first, 3)
     state = first.state_dict()
     resumed = loader_of(resumer[0], **resumer[1])
     saved, this = values
-    with pytest.raises(PlanError, match=f"key '{key}': the state was saved by a loader with "
-                                        f"{key}={saved}; this one has {key}={this}: "):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=f"key '{key}': the state was saved by a loader with "
+        f"{key}={saved}; this one has {key}={this}: ",
+    ):
         resumed.load_state_dict(state)
 
 
 def test_a_state_of_other_strategy_options_is_refused() -> None:
     def balance(fraction: float) -> Plan:
-        return Plan.from_dict({"schema": 1, "loader": {"num_workers": 0}, "batching": {
-            "strategy": "balance", "options": {"fraction": fraction}, "local_batch_size": 4,
-            "world_size": 1}})  # fmt: skip
+        return Plan.from_dict(
+            {
+                "schema": 1,
+                "loader": {"num_workers": 0},
+                "batching": {
+                    "strategy": "balance",
+                    "options": {"fraction": fraction},
+                    "local_batch_size": 4,
+                    "world_size": 1,
+                },
+            }
+        )
 
     first = loader_of(balance(0.1))
-    with pytest.raises(PlanError, match=r"key 'options': the state was saved by a loader with "
-                                        r"options=\{'fraction': 0.1\}; this one has "
-                                        r"options=\{'fraction': 0.2\}"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=r"key 'options': the state was saved by a loader with "
+        r"options=\{'fraction': 0.1\}; this one has "
+        r"options=\{'fraction': 0.2\}",
+    ):
         loader_of(balance(0.2)).load_state_dict(first.state_dict())
 
 
@@ -250,13 +306,19 @@ def test_a_state_of_other_data_is_refused_whatever_check_fingerprint_says(check:
     state = first.state_dict()
     assert state["data"] == {"samples": 200, "fingerprint": plan.fingerprint}
     more = DataLoader(SizedAs(300), plan=plan, check_fingerprint=False)
-    with pytest.raises(PlanError, match=r"key 'data\.samples': the state was saved over 200 "
-                                        r"samples; this dataset has 300: "):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=r"key 'data\.samples': the state was saved over 200 "
+        r"samples; this dataset has 300: ",
+    ):
         more.load_state_dict(state)
     other = DataLoader(SizedAs(200, size=16), plan=plan, check_fingerprint=False)
-    with pytest.raises(PlanError, match=rf"key 'data\.fingerprint': the state was saved over "
-                                        f"data of fingerprint {plan.fingerprint}; this "
-                                        "dataset has sha256:200:"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=rf"key 'data\.fingerprint': the state was saved over "
+        f"data of fingerprint {plan.fingerprint}; this "
+        "dataset has sha256:200:",
+    ):
         other.load_state_dict(state)
     if check:  # the same data resumes, the check on or off
         same = DataLoader(SizedAs(200), plan=plan)
@@ -269,9 +331,15 @@ def test_a_state_of_other_data_is_refused_whatever_check_fingerprint_says(check:
 def earlier_state(loader: DataLoader, batches: int, data: str) -> dict[str, object]:
     """A state as autoloader wrote it before states carried their batches and data."""
     now = loader.state_dict()
-    return {"format": "autoloader.position/1", "epoch": 0, "batches": batches,
-            "settings": now["settings"], "plan": now["plan"], "data": data,
-            "world_size": 1}  # fmt: skip
+    return {
+        "format": "autoloader.position/1",
+        "epoch": 0,
+        "batches": batches,
+        "settings": now["settings"],
+        "plan": now["plan"],
+        "data": data,
+        "world_size": 1,
+    }
 
 
 def test_a_state_of_an_earlier_autoloader_resumes_where_it_can_be_checked() -> None:
@@ -280,10 +348,13 @@ def test_a_state_of_an_earlier_autoloader_resumes_where_it_can_be_checked() -> N
     resumed.load_state_dict(earlier_state(resumed, 3, "40 samples"))
     assert [b.tolist() for b in resumed] == whole[3:]
     overridden = loader_of(planned(4), batch_size=8)
-    with pytest.raises(PlanError, match="key 'batch_size': the state was saved by a loader with "
-                                        r"batch_size=4 \(a state of an earlier autoloader, "
-                                        "which did not record it: the plan's\\); this one has "
-                                        "batch_size=8"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match="key 'batch_size': the state was saved by a loader with "
+        r"batch_size=4 \(a state of an earlier autoloader, "
+        "which did not record it: the plan's\\); this one has "
+        "batch_size=8",
+    ):
         overridden.load_state_dict(earlier_state(overridden, 3, "40 samples"))
     plan = tuned_for(SizedAs(200))
     more = DataLoader(SizedAs(300), plan=plan, check_fingerprint=False)
@@ -303,9 +374,14 @@ def test_a_state_round_trips_through_torch_load_with_its_meaning() -> None:
     state = torch.load(buffer, weights_only=True)
     keys = ("strategy", "options", "batch_size", "shuffle", "seed", "drop_last", "world_size")
     assert {k: state[k] for k in keys} == {
-        "strategy": "balance", "options": {"fraction": 0.1}, "batch_size": 4, "shuffle": True,
-        "seed": 0, "drop_last": True, "world_size": 1,
-    }  # fmt: skip
+        "strategy": "balance",
+        "options": {"fraction": 0.1},
+        "batch_size": 4,
+        "shuffle": True,
+        "seed": 0,
+        "drop_last": True,
+        "world_size": 1,
+    }
     resumed = loader_of(planned(4, "balance"), drop_last=True)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == [b.tolist() for b in loader][2:]

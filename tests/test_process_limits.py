@@ -33,8 +33,11 @@ def user_tasks(uid: int) -> int:
     total = 0
     for entry in Path("/proc").iterdir():
         try:
-            status = dict(line.split(":", 1) for line in
-                          (entry / "status").read_text().splitlines() if ":" in line)  # fmt: skip
+            status = dict(
+                line.split(":", 1)
+                for line in (entry / "status").read_text().splitlines()
+                if ":" in line
+            )
             if int(status["Uid"].split()[0]) == uid:
                 total += int(status["Threads"])
         except (OSError, KeyError, ValueError):
@@ -63,18 +66,26 @@ def limited(*, files: int | None = None, tasks: int | None = None) -> Callable[[
     return apply
 
 
-def run_limited(args: list[str], preexec: Callable[[], None], *, timeout: float = 240,
-                python: list[str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_limited(
+    args: list[str],
+    preexec: Callable[[], None],
+    *,
+    timeout: float = 240,
+    python: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, *(python or ["-m", "autoloader"]), *args]
-    return run_reaped(cmd, timeout=timeout, env=prepend_pythonpath(TESTS), cwd=TESTS,
-                      preexec_fn=preexec)  # fmt: skip
+    return run_reaped(
+        cmd, timeout=timeout, env=prepend_pythonpath(TESTS), cwd=TESTS, preexec_fn=preexec
+    )
 
 
 def require_nproc_limit() -> None:
     """Skip where RLIMIT_NPROC cannot be made to bind a child here."""
-    code = ("import threading, time\nn = 0\ntry:\n    for _ in range(64):\n"
-            "        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n"
-            "        n += 1\nexcept RuntimeError:\n    pass\nprint(n)")  # fmt: skip
+    code = (
+        "import threading, time\nn = 0\ntry:\n    for _ in range(64):\n"
+        "        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n"
+        "        n += 1\nexcept RuntimeError:\n    pass\nprint(n)"
+    )
     done = run_reaped([sys.executable, "-c", code], timeout=60, preexec_fn=limited(tasks=8))
     if done.returncode != 0 or int(done.stdout or 64) >= 64:
         pytest.skip("RLIMIT_NPROC does not bind a child process here")
@@ -92,8 +103,19 @@ def assert_quiet(done: subprocess.CompletedProcess[str]) -> None:
 
 def test_the_search_stays_within_the_open_files_limit_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "plan.toml"
-    done = run_limited(["tune", "hostile_data:GOOD", "--max-workers", "16",
-                        "--global-batch-size", "8", "-o", str(out)], limited(files=64))  # fmt: skip
+    done = run_limited(
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "--max-workers",
+            "16",
+            "--global-batch-size",
+            "8",
+            "-o",
+            str(out),
+        ],
+        limited(files=64),
+    )
     assert_quiet(done)
     counts = trace(out)
     assert not counts[16]["status"].startswith("ok")
@@ -105,16 +127,32 @@ def test_workers_that_cannot_start_are_a_failed_count_not_a_traceback(tmp_path: 
     """Past what the limits were estimated to hold (here: no estimate at all), the count
     whose workers cannot open their pipes fails, and nothing of it is left on stderr."""
     out = tmp_path / "plan.toml"
-    blind = ["-c", "import sys\nfrom autoloader.process_limits import ProcessLimits\n"
-             "ProcessLimits.refuses = lambda self, *a, **k: None\n"
-             "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))"]  # fmt: skip
-    done = run_limited(["tune", "hostile_data:GOOD", "--max-workers", "16",
-                        "--global-batch-size", "8", "-o", str(out)], limited(files=64),
-                       python=blind)  # fmt: skip
+    blind = [
+        "-c",
+        "import sys\nfrom autoloader.process_limits import ProcessLimits\n"
+        "ProcessLimits.refuses = lambda self, *a, **k: None\n"
+        "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))",
+    ]
+    done = run_limited(
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "--max-workers",
+            "16",
+            "--global-batch-size",
+            "8",
+            "-o",
+            str(out),
+        ],
+        limited(files=64),
+        python=blind,
+    )
     assert_quiet(done)
     status = trace(out)[16]["status"]
-    assert status == ("failed: 16 DataLoader worker(s) could not be started: OSError: "
-                      "[Errno 24] Too many open files"), status  # fmt: skip
+    assert status == (
+        "failed: 16 DataLoader worker(s) could not be started: OSError: "
+        "[Errno 24] Too many open files"
+    ), status
 
 
 def test_the_search_stays_within_the_address_space_limit(tmp_path: Path) -> None:
@@ -122,13 +160,27 @@ def test_the_search_stays_within_the_address_space_limit(tmp_path: Path) -> None
     space in this process: 16 workers could not start their threads 400 MiB above the
     size torch loaded at, and their count is not run."""
     out = tmp_path / "plan.toml"
-    tight = ["-c", "import resource, sys, torch\n"
-             "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
-             "resource.setrlimit(resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))\n"
-             "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))"]  # fmt: skip
-    done = run_limited(["tune", "hostile_data:GOOD", "--max-workers", "16",
-                        "--global-batch-size", "8", "-o", str(out)], lambda: None,
-                       python=tight)  # fmt: skip
+    tight = [
+        "-c",
+        "import resource, sys, torch\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))\n"
+        "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))",
+    ]
+    done = run_limited(
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "--max-workers",
+            "16",
+            "--global-batch-size",
+            "8",
+            "-o",
+            str(out),
+        ],
+        lambda: None,
+        python=tight,
+    )
     assert_quiet(done)
     counts = trace(out)
     assert "RLIMIT_AS (`ulimit -v`) is" in counts[16]["status"], counts[16]
@@ -140,9 +192,22 @@ def test_the_search_under_a_process_limit_ends_and_records_why(tmp_path: Path) -
     waiting for ever; the counts the limit cannot hold are not started."""
     require_nproc_limit()
     out = tmp_path / "plan.toml"
-    done = run_limited(["tune", "hostile_data:GOOD", "--max-workers", "8", "--worker-timeout",
-                        "1", "--global-batch-size", "8", "-o", str(out)],
-                       limited(tasks=24), timeout=180)  # fmt: skip
+    done = run_limited(
+        [
+            "tune",
+            "hostile_data:GOOD",
+            "--max-workers",
+            "8",
+            "--worker-timeout",
+            "1",
+            "--global-batch-size",
+            "8",
+            "-o",
+            str(out),
+        ],
+        limited(tasks=24),
+        timeout=180,
+    )
     assert_quiet(done)
     counts = trace(out)
     assert "RLIMIT_NPROC (`ulimit -u`)" in counts[8]["status"], counts[8]
@@ -184,14 +249,19 @@ plan = Plan.from_dict({"schema": 1, "loader": loader_table,
 
 
 def run_loader(body: str, workers: int) -> subprocess.CompletedProcess[str]:
-    return run_reaped([sys.executable, "-c", LOADER + body, str(workers)], timeout=240,
-                      env=prepend_pythonpath(TESTS), cwd=TESTS)  # fmt: skip
+    return run_reaped(
+        [sys.executable, "-c", LOADER + body, str(workers)],
+        timeout=240,
+        env=prepend_pythonpath(TESTS),
+        cwd=TESTS,
+    )
 
 
 def test_the_adapter_raises_no_further_than_the_open_files_limit_holds() -> None:
     """Under ``ulimit -n`` a starved loop raised its 4 workers to 8 and the epoch died of
     'Too many open files'; the raise the limit cannot hold is declined, with why."""
-    done = run_loader("""
+    done = run_loader(
+        """
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (open_files() + 36, hard))
 loader = DataLoader(Slow(), plan=plan, check_fingerprint=False, registry=CollectorRegistry(),
@@ -199,7 +269,9 @@ loader = DataLoader(Slow(), plan=plan, check_fingerprint=False, registry=Collect
 for n in range(4):
     epoch(loader, n)
 print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
-""", 4)  # fmt: skip
+""",
+        4,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "CHANGES []" in done.stdout, done.stdout
     assert "after epoch 0, not raising num_workers: 8 worker(s) would need about" in done.stderr
@@ -211,7 +283,8 @@ def test_a_raise_whose_workers_cannot_start_falls_back_and_the_epoch_goes_on() -
     """The files the loop opened after the loader was built leave no room for the workers
     a raise adds: back to the count before it, in the same epoch; the counts below the one
     that failed stay open, and once none starts, no raise is tried again."""
-    done = run_loader("""
+    done = run_loader(
+        """
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (open_files() + 64, hard))
 loader = DataLoader(Slow(), plan=plan, check_fingerprint=False, registry=CollectorRegistry(),
@@ -230,11 +303,17 @@ for fd in held[:-3]:
     os.close(fd)
 print("CHANGES", [(a.setting, a.before, a.after) for a in loader.adaptations])
 print("WHY", loader.adaptations[-1].reason)
-""", 0)  # fmt: skip
+""",
+        0,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # the raise sized for 2 cannot start: back to 0, and 1 (between) is still tried
-    assert ("CHANGES [('num_workers', 0, 2), ('num_workers', 2, 0), ('num_workers', 0, 1), "
-            "('num_workers', 1, 0)]") in done.stdout, done.stdout  # fmt: skip
-    assert ("WHY 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too many "
-            "open files; back to 0, never raised to 1 or past it again") in done.stdout  # fmt: skip
+    assert (
+        "CHANGES [('num_workers', 0, 2), ('num_workers', 2, 0), ('num_workers', 0, 1), "
+        "('num_workers', 1, 0)]"
+    ) in done.stdout, done.stdout
+    assert (
+        "WHY 1 DataLoader worker(s) could not be started: OSError: [Errno 24] Too many "
+        "open files; back to 0, never raised to 1 or past it again"
+    ) in done.stdout
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

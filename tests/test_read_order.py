@@ -160,19 +160,25 @@ def test_a_planned_loader_reads_in_the_plans_windows_and_its_state_says_so() -> 
     from autoloader import DataLoader
     from autoloader.errors import PlanError
 
-    loader = DataLoader(Indices(2_000), plan=_plan({"block": 50, "window": 400}),
-                        check_fingerprint=False, adapt=False)  # fmt: skip
+    loader = DataLoader(
+        Indices(2_000),
+        plan=_plan({"block": 50, "window": 400}),
+        check_fingerprint=False,
+        adapt=False,
+    )
     got = [b.flatten().tolist() for b in loader]
-    expected = STRATEGIES["random"](np.zeros(2_000, dtype=np.int64), 8,
-                                    read_order=Windows(50, 400))  # fmt: skip
+    expected = STRATEGIES["random"](np.zeros(2_000, dtype=np.int64), 8, read_order=Windows(50, 400))
     assert got == list(expected)
     assert sorted(i for b in got for i in b) == list(range(2_000))
     state = loader.state_dict()
     assert state["read_order"] == {"block": 50, "window": 400}
     shuffled = DataLoader(Indices(2_000), plan=_plan(), check_fingerprint=False, adapt=False)
-    with pytest.raises(PlanError, match="key 'read_order': the state was saved by a loader with "
-                                        r"read_order=\{'block': 50, 'window': 400\}; this one "
-                                        "has read_order=None"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match="key 'read_order': the state was saved by a loader with "
+        r"read_order=\{'block': 50, 'window': 400\}; this one "
+        "has read_order=None",
+    ):
         shuffled.load_state_dict(state)
 
 
@@ -204,8 +210,15 @@ from autoloader_plugins.jagged.reader import BlockCache  # noqa: E402
 def _tuned(dataset, **kw):
     import autoloader
 
-    return autoloader.tune(dataset, global_batch_size=32, max_workers=1, iterations=8,
-                           progress=False, baseline=None, **kw)  # fmt: skip
+    return autoloader.tune(
+        dataset,
+        global_batch_size=32,
+        max_workers=1,
+        iterations=8,
+        progress=False,
+        baseline=None,
+        **kw,
+    )
 
 
 def test_the_tune_reads_a_chunked_file_in_windows_where_it_measures_them_faster(

@@ -54,8 +54,11 @@ def test_baseline_takes_the_users_settings_and_refuses_what_torch_would() -> Non
         ("prefetch_factor=4", "need num_workers > 0"),
         ("num_workers", "expected key=value pairs"),
         ("num_threads=0", "num_threads: expected an integer in [1, 1024]"),
-        ("num_workers=0,num-workers=1", "--baseline: num_workers is given twice "
-         "(num_workers=0 and num_workers=1): give each setting once"),
+        (
+            "num_workers=0,num-workers=1",
+            "--baseline: num_workers is given twice "
+            "(num_workers=0 and num_workers=1): give each setting once",
+        ),
     ]:
         with pytest.raises(UsageError, match=None) as err:
             parse_baseline(bad)
@@ -63,8 +66,15 @@ def test_baseline_takes_the_users_settings_and_refuses_what_torch_would() -> Non
 
 
 def test_a_bad_baseline_is_refused_at_once_with_one_line(tmp_path: Path) -> None:
-    done = run_cli("tune", "conftest:DATASET", "--baseline", "workers=2", "-o",
-                   str(tmp_path / "p.toml"), timeout=60)  # fmt: skip
+    done = run_cli(
+        "tune",
+        "conftest:DATASET",
+        "--baseline",
+        "workers=2",
+        "-o",
+        str(tmp_path / "p.toml"),
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         "autoloader: error: --baseline: unknown setting 'workers': expected some of "
@@ -85,15 +95,17 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
         "input-bound: the baseline loop waited for data 60% of its time; the plan (2.00x "
         "samples/s) cut the wait for data from 6 ms to 0.15 ms per sample with 2 worker(s) "
         "and ran the step 1.21x slower per sample beside its 2 worker(s) on the same cores; "
-        "its loop waits for data 3% of its time: the step is the limit")  # fmt: skip
+        "its loop waits for data 3% of its time: the step is the limit"
+    )
     # the plan could not help: said so, with what to try
     stuck = diagnose(side(100.0, 0.6), side(101.0, 0.59, workers=1), budget, plan_batching="x")
     assert stuck.kind == "input-bound" and "moved neither the wait nor the step" in stuck.text
     assert "still waits for data 59% of its time: loading is the limit" in stuck.text
     assert "noise" not in stuck.text
     same = diagnose(side(100.0, 0.6), side(91.0, 0.62), budget, plan_batching="x").text
-    assert "0.91x samples/s: the plan's loader is the baseline's, so that is measurement " \
-        "noise" in same  # fmt: skip
+    assert (
+        "0.91x samples/s: the plan's loader is the baseline's, so that is measurement noise" in same
+    )
     assert diagnose(side(100.0, 0.04), fed, budget, plan_batching="x").kind == "compute-bound"
     # a worst batch over the budget comes first, however fast
     over = side(300.0, 0.6, peak=12 * MIB)
@@ -102,13 +114,17 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
     assert "12.0 MiB" in mem.text and "10.0 MiB budget" in mem.text and "kk x 2" in mem.text
     oom = Side({}, loop(0.0, None, status="out of memory: CUDA"), MIB, MIB)
     assert diagnose(oom, fed, budget, plan_batching="x").kind == "memory-bound"
-    assert diagnose(side(100.0, None), side(150.0, None), budget,
-                    plan_batching="x").kind == "loading-only"  # fmt: skip
+    assert (
+        diagnose(side(100.0, None), side(150.0, None), budget, plan_batching="x").kind
+        == "loading-only"
+    )
     # loading alone (no --step), the same loader both sides: noise, said so
     alone = diagnose(side(100.0, None), side(94.0, None), budget, plan_batching="x")
     assert alone.kind == "loading-only"
-    assert "0.94x samples/s: the plan's loader is the baseline's, so that is measurement " \
-        "noise" in alone.text  # fmt: skip
+    assert (
+        "0.94x samples/s: the plan's loader is the baseline's, so that is measurement "
+        "noise" in alone.text
+    )
 
 
 def test_the_verdict_advises_only_what_the_plan_has_not_done() -> None:
@@ -130,23 +146,33 @@ def test_the_verdict_names_where_the_plans_time_went() -> None:
     budget = 10 * MIB
     # torch's 2 threads beside 2 busy workers: the step crawled; on 1 thread it did not
     base = Side({"num_workers": 2}, LoopResult(20, 190.0, 0.05, 0.1, 0.0836, 0.09, 2), MIB, MIB)
-    plan = Side({"num_workers": 2, "num_threads": 1},
-                LoopResult(20, 4021.0, 0.88, 0.1, 0.0005, 0.0006, 1), MIB, MIB)  # fmt: skip
+    plan = Side(
+        {"num_workers": 2, "num_threads": 1},
+        LoopResult(20, 4021.0, 0.88, 0.1, 0.0005, 0.0006, 1),
+        MIB,
+        MIB,
+    )
     text = diagnose(base, plan, budget, plan_batching="x").text
-    assert text.startswith("compute-bound: the baseline loop waited for data only 5% of its "
-                           "time; the plan (21.16x samples/s) ran the step ")  # fmt: skip
+    assert text.startswith(
+        "compute-bound: the baseline loop waited for data only 5% of its "
+        "time; the plan (21.16x samples/s) ran the step "
+    )
     assert "faster per sample on 1 intra-op thread(s) against the baseline's 2" in text
     assert "buys little" not in text and "cut the wait" not in text
-    assert text.endswith("still waits for data 88% of its time: loading is the limit; for reads "
-                         "that wait on storage try --max-workers above the CPU count, else "
-                         "faster storage or cheaper samples")  # fmt: skip
+    assert text.endswith(
+        "still waits for data 88% of its time: loading is the limit; for reads "
+        "that wait on storage try --max-workers above the CPU count, else "
+        "faster storage or cheaper samples"
+    )
     # workers that slow the step on a 2-core node: the loss is named, not hidden
     base = Side({"num_workers": 0}, loop(372.6, 0.32), MIB, MIB)
     slower = Side({"num_workers": 2}, loop(234.0, 0.38), MIB, MIB)
     text = diagnose(base, slower, budget, plan_batching="x").text
-    assert "the plan (0.63x samples/s) raised the wait for data from 0.859 ms to 1.62 ms per " \
-        "sample with 2 worker(s) and ran the step 1.45x slower per sample beside its 2 " \
-        "worker(s) on the same cores" in text  # fmt: skip
+    assert (
+        "the plan (0.63x samples/s) raised the wait for data from 0.859 ms to 1.62 ms per "
+        "sample with 2 worker(s) and ran the step 1.45x slower per sample beside its 2 "
+        "worker(s) on the same cores" in text
+    )
     # the share of waiting rose, yet the wait per sample fell: the wait was cut
     base = Side({"num_workers": 2}, loop(639.5, 0.79), MIB, MIB)
     text = diagnose(base, side(1191.2, 0.92), budget, plan_batching="x").text
@@ -182,15 +208,33 @@ def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path
     """Reads that wait on storage and a 10 ms step: torch's defaults (no workers) leave
     the loop waiting; the plan's workers overlap the reads with the step."""
     out = tmp_path / "plan.toml"
-    done = run_cli("tune", "loop_steps:slow", "--step", "loop_steps:busy_step",
-                   "--global-batch-size", "32", "--max-workers", "2", "--iterations", "20",
-                   "--baseline", "num_workers=0,pin_memory=false", "-o", str(out))  # fmt: skip
+    done = run_cli(
+        "tune",
+        "loop_steps:slow",
+        "--step",
+        "loop_steps:busy_step",
+        "--global-batch-size",
+        "32",
+        "--max-workers",
+        "2",
+        "--iterations",
+        "20",
+        "--baseline",
+        "num_workers=0,pin_memory=false",
+        "-o",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     summary = done.stdout
-    assert "baseline (num_workers=0,pin_memory=false,persistent_workers=false, torch's "\
-        "defaults) against the plan, timed in the same run" in summary  # fmt: skip
-    assert summary.strip().splitlines()[-1].startswith("verdict   input-bound: the baseline "
-                                                       "loop waited for data")  # fmt: skip
+    assert (
+        "baseline (num_workers=0,pin_memory=false,persistent_workers=false, torch's "
+        "defaults) against the plan, timed in the same run" in summary
+    )
+    assert (
+        summary.strip()
+        .splitlines()[-1]
+        .startswith("verdict   input-bound: the baseline loop waited for data")
+    )
     found = Plan.load(out).tuning["baseline"]
     base, plan = found["measured"]["baseline"], found["measured"]["plan"]
     assert found["diagnosis"] == "input-bound"
@@ -212,8 +256,10 @@ def test_tune_times_the_users_loader_beside_the_plan_and_says_why(tmp_path: Path
     shown = run_cli("show", str(out), timeout=60).stdout
     assert "plan/baseline" in shown and "samples/s" in shown and "verdict   input-bound" in shown
     # the search kept a step fed as it was timed then: alone, on torch's threads
-    assert f"keep a {times_step(out)} s step (timed alone on {threads['default']} thread(s)) " \
-        "fed" in shown  # fmt: skip
+    assert (
+        f"keep a {times_step(out)} s step (timed alone on {threads['default']} thread(s)) "
+        "fed" in shown
+    )
 
 
 def times_step(plan: Path) -> str:
@@ -227,9 +273,20 @@ def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
     the loop with the step. The plan never ships a loader measured slower than the
     user's own in the same run, and the adapter reads the loops as evidence."""
     out = tmp_path / "plan.toml"
-    done = run_cli("tune", "loop_steps:slow", "--step", "loop_steps:crowded_step",
-                   "--global-batch-size", "8", "--max-workers", "2", "--iterations", "20",
-                   "-o", str(out))  # fmt: skip
+    done = run_cli(
+        "tune",
+        "loop_steps:slow",
+        "--step",
+        "loop_steps:crowded_step",
+        "--global-batch-size",
+        "8",
+        "--max-workers",
+        "2",
+        "--iterations",
+        "20",
+        "-o",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     plan = Plan.load(out)
     found = plan.tuning["baseline"]
@@ -251,8 +308,15 @@ def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
 
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:
     ds = VariableTensors(400)
-    plan = autoloader.tune(ds, global_batch_size=64, memory_budget=30_000, iterations=10,
-                           progress=False, max_workers=1, collate_fn=list)  # fmt: skip
+    plan = autoloader.tune(
+        ds,
+        global_batch_size=64,
+        memory_budget=30_000,
+        iterations=10,
+        progress=False,
+        max_workers=1,
+        collate_fn=list,
+    )
     found = plan.tuning["baseline"]
     assert plan.batching.grad_accum_steps > 1
     assert found["diagnosis"] == "memory-bound" and found["given"].endswith("torch's defaults")
@@ -280,8 +344,11 @@ def test_no_baseline_and_no_step_times_nothing_more() -> None:
 
 def test_the_loader_applies_the_plans_threads_and_none_leaves_torch_alone() -> None:
     before = torch.get_num_threads()
-    data = {"schema": 1, "loader": {"num_workers": 0, "num_threads": 1},
-            "batching": {"strategy": "random", "local_batch_size": 4}}  # fmt: skip
+    data = {
+        "schema": 1,
+        "loader": {"num_workers": 0, "num_threads": 1},
+        "batching": {"strategy": "random", "local_batch_size": 4},
+    }
     plan = Plan.from_dict(data)
     ds = VariableTensors(20)
     try:
@@ -308,9 +375,23 @@ def test_the_loader_applies_the_plans_threads_and_none_leaves_torch_alone() -> N
 def shown_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tuned plan with a calibrated step, a baseline, and batches far below the budget."""
     out = tmp_path_factory.mktemp("report") / "plan.toml"
-    done = run_cli("tune", "pyg:FakeDataset?num_graphs=120", "--step", "memory_steps:make_step",
-                   "--global-batch-size", "16", "--max-workers", "1", "--iterations", "8",
-                   "--memory-budget", "20GiB", "--quiet", "-o", str(out))  # fmt: skip
+    done = run_cli(
+        "tune",
+        "pyg:FakeDataset?num_graphs=120",
+        "--step",
+        "memory_steps:make_step",
+        "--global-batch-size",
+        "16",
+        "--max-workers",
+        "1",
+        "--iterations",
+        "8",
+        "--memory-budget",
+        "20GiB",
+        "--quiet",
+        "-o",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -338,12 +419,16 @@ def test_the_html_report_loads_alone_with_its_tables_and_images(
 ) -> None:
     page = tmp_path / "report.html"
     assert main(["show", str(shown_plan), "--html", str(page)]) == 0
-    seen = load(page, tmp_path / "profile", {
-        "tables": "document.querySelectorAll('table').length",
-        "images": "[...document.images].map(i => [i.complete, i.naturalWidth])",
-        "verdict": "document.getElementById('verdict').textContent",
-        "text": "document.body.innerText",
-    })  # fmt: skip
+    seen = load(
+        page,
+        tmp_path / "profile",
+        {
+            "tables": "document.querySelectorAll('table').length",
+            "images": "[...document.images].map(i => [i.complete, i.naturalWidth])",
+            "verdict": "document.getElementById('verdict').textContent",
+            "text": "document.body.innerText",
+        },
+    )
     assert seen.errors == [], seen.console
     fetched = [u for u in seen.requests if not u.startswith("data:")]
     assert fetched == [page.resolve().as_uri()], fetched  # the page itself, nothing else
@@ -360,8 +445,9 @@ def test_the_html_report_loads_alone_with_its_tables_and_images(
 def test_the_browser_check_sees_a_request_and_a_console_error(tmp_path: Path) -> None:
     """The check above can fail: a page that fetches or logs an error is caught."""
     page = tmp_path / "leaky.html"
-    page.write_text("<!DOCTYPE html><img src='http://127.0.0.1:9/x.png'>"
-                    "<script>console.error('boom')</script>")  # fmt: skip
+    page.write_text(
+        "<!DOCTYPE html><img src='http://127.0.0.1:9/x.png'><script>console.error('boom')</script>"
+    )
     seen = load(page, tmp_path / "profile", {})
     assert "http://127.0.0.1:9/x.png" in seen.requests
     assert "boom" in seen.errors
@@ -380,13 +466,21 @@ def test_show_never_writes_a_chart_or_report_over_the_plan(shown_plan: Path) -> 
 def test_a_baseline_table_without_measurements_hides_no_other_table() -> None:
     from autoloader.cli.render import render
 
-    report = {"local_batch_size": 4, "worst_batch_bytes": 64, "mean_batch_bytes": 60.0,
-              "std_batch_bytes": 2.0, "epochs": 3}  # fmt: skip
-    plan = Plan.from_dict({
-        "schema": 1, "loader": {"num_workers": 0},
-        "batching": {"strategy": "random", "local_batch_size": 4},
-        "tuning": {"strategies": {"random": report}, "baseline": {"given": "hand-written"}},
-    })  # fmt: skip
+    report = {
+        "local_batch_size": 4,
+        "worst_batch_bytes": 64,
+        "mean_batch_bytes": 60.0,
+        "std_batch_bytes": 2.0,
+        "epochs": 3,
+    }
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "tuning": {"strategies": {"random": report}, "baseline": {"given": "hand-written"}},
+        }
+    )
     text = render(plan)
     assert "strategies (3 epochs" in text and "verdict" not in text
 
@@ -408,6 +502,7 @@ def _set(path: str, value: Any) -> Any:
         for key in head:
             data = data.setdefault(key, {})
         data[last] = value
+
     return edit
 
 
@@ -469,12 +564,15 @@ def test_a_plan_path_that_is_not_utf8_reports(shown_plan: Path, tmp_path: Path) 
     assert "plan\\xff.toml" in page.read_text() or "plan\ufffd.toml" in page.read_text()
 
 
-def test_show_prints_control_characters_escaped(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_show_prints_control_characters_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = tmp_path / "plan.toml"
-    plan.write_text('schema = 1\n[meta]\ncommand = "tune \\u001b]0;owned\\u0007 \\u001b[2J"\n'
-                    '[dataset]\nspec = "events\\u001b[31m.h5"\n[loader]\nnum_workers = 0\n'
-                    '[batching]\nstrategy = "random"\nlocal_batch_size = 4\n')  # fmt: skip
+    plan.write_text(
+        'schema = 1\n[meta]\ncommand = "tune \\u001b]0;owned\\u0007 \\u001b[2J"\n'
+        '[dataset]\nspec = "events\\u001b[31m.h5"\n[loader]\nnum_workers = 0\n'
+        '[batching]\nstrategy = "random"\nlocal_batch_size = 4\n'
+    )
     assert main(["show", str(plan)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
@@ -482,15 +580,29 @@ def test_show_prints_control_characters_escaped(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("batch", "ranks"), [(120, 4), (121, 1), (31, 4)])
-def test_a_baseline_batch_past_the_dataset_is_refused_alike(tmp_path: Path, batch: int,
-                                                             ranks: int) -> None:  # fmt: skip
+def test_a_baseline_batch_past_the_dataset_is_refused_alike(
+    tmp_path: Path, batch: int, ranks: int
+) -> None:
     """A baseline whose batches over all ranks pass the dataset cannot be timed: refused
     in one line, whatever the ranks (a whole dataset's batch x 4 ranks was a silent "could
     not be timed", one sample more an error)."""
-    done = run_cli("tune", "pyg:FakeDataset?num_graphs=120", "--global-batch-size", "8",
-                   "--world-size", str(ranks), "--baseline", f"batch_size={batch}",
-                   "--max-workers", "1",
-                   "--iterations", "8", "--quiet", "-o", str(tmp_path / "p.toml"))  # fmt: skip
+    done = run_cli(
+        "tune",
+        "pyg:FakeDataset?num_graphs=120",
+        "--global-batch-size",
+        "8",
+        "--world-size",
+        str(ranks),
+        "--baseline",
+        f"batch_size={batch}",
+        "--max-workers",
+        "1",
+        "--iterations",
+        "8",
+        "--quiet",
+        "-o",
+        str(tmp_path / "p.toml"),
+    )
     assert done.returncode == 2, done.stderr
     assert f"--baseline batch_size={batch}" in done.stderr
     assert "is larger than the dataset (120 samples)" in done.stderr

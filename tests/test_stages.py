@@ -61,8 +61,11 @@ def test_the_budget_names_what_is_left_when_nothing_is() -> None:
     room = stages.headroom(CPU, options(memory_budget=1000))
     budget = stages.budget(Solo(), room, options(memory_budget=1000), [], CPU)
     assert budget.bytes == 900 and budget.ranks == [] and budget.limit.budget_bytes == 900
-    with pytest.raises(DeviceError, match=r"no memory left to plan for: 1000 bytes on cpu, less "
-                       r"--safety 100%"):  # fmt: skip
+    with pytest.raises(
+        DeviceError,
+        match=r"no memory left to plan for: 1000 bytes on cpu, less "
+        r"--safety 100%",
+    ):
         stages.budget(Solo(), room, options(memory_budget=1000, safety=0.99999999), [], CPU)
 
 
@@ -92,8 +95,25 @@ def test_the_worker_search_stage_and_the_report() -> None:
     assert tried.comparison.baseline.settings["batch_size"] == 8
     order = stages.read_order(Solo(), work, opts, model, budget.bytes, choice)
     assert order.windows is None and "names no storage blocks" in order.evidence["reason"]
-    plan = plan_of(GOOD, opts, CPU, Findings(work.sizes, room, model, [], budget, choice, order,
-                                             stages.Timings(), None, where, found, tried))  # fmt: skip
+    plan = plan_of(
+        GOOD,
+        opts,
+        CPU,
+        Findings(
+            work.sizes,
+            room,
+            model,
+            [],
+            budget,
+            choice,
+            order,
+            stages.Timings(),
+            None,
+            where,
+            found,
+            tried,
+        ),
+    )
     assert plan.batching.global_batch_size == 8
     assert plan.tuning["baseline"]["measured"]["plan"]["samples_per_second"] > 0
     assert plan.dataset["num_samples"] == 300 and "trace" in plan.tuning["workers"]

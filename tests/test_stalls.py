@@ -52,8 +52,13 @@ class Numbers(Dataset):
 
 
 def plan() -> Plan:
-    return Plan.from_dict({"schema": 1, "loader": {"num_workers": 2, "prefetch_factor": 2},
-                           "batching": {"strategy": "random", "local_batch_size": 4}})  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 2, "prefetch_factor": 2},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
 
 
 class Resume(logging.Handler):
@@ -79,8 +84,9 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
     order = [b.flatten().tolist() for b in DataLoader(Numbers(tmp_path), plan=p, adapt=False)]
     hang = order[6][0] if how == "sleeping" else None  # batch 6's worker sleeps 3 stalls
     registry = CollectorRegistry()
-    loader = DataLoader(Numbers(tmp_path, hang, hang_for=3 * STALL), plan=p, registry=registry,
-                        adapt=False)  # fmt: skip
+    loader = DataLoader(
+        Numbers(tmp_path, hang, hang_for=3 * STALL), plan=p, registry=registry, adapt=False
+    )
     resume = Resume()
     logging.getLogger("autoloader").addHandler(resume)
     others = {c.pid for c in psutil.Process().children()}
@@ -95,8 +101,11 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
                     resume.pid = workers[0].pid
                     os.kill(resume.pid, signal.SIGSTOP)
                     # never hang the suite: resumed anyway long after the stall is due
-                    safety = threading.Timer(60, resume.emit, [logging.makeLogRecord(
-                        {"msg": "the loop has waited (not named)"})])  # fmt: skip
+                    safety = threading.Timer(
+                        60,
+                        resume.emit,
+                        [logging.makeLogRecord({"msg": "the loop has waited (not named)"})],
+                    )
                     safety.daemon = True
                     safety.start()
     finally:
@@ -108,9 +117,12 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
                 os.kill(resume.pid, signal.SIGCONT)
     assert got == order  # nothing lost, nothing killed: the worker went on
     (said,) = [r.getMessage() for r in caplog.records if "the loop has waited" in r.getMessage()]
-    found = re.search(r"for batch (\d+) of epoch 0 \(samples ([\d, ]+)\), held by DataLoader "
-                      r"worker \d \(pid (\d+), (\w+)\), past the 2 s a batch of this plan may "
-                      r"take: a stopped or hung worker\? Nothing is killed", said)  # fmt: skip
+    found = re.search(
+        r"for batch (\d+) of epoch 0 \(samples ([\d, ]+)\), held by DataLoader "
+        r"worker \d \(pid (\d+), (\w+)\), past the 2 s a batch of this plan may "
+        r"take: a stopped or hung worker\? Nothing is killed",
+        said,
+    )
     assert found, said
     batch, samples, pid, state = found.groups()
     assert [int(i) for i in samples.split(", ")] == order[int(batch)]
@@ -128,14 +140,21 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
 
 def test_the_stall_threshold_is_a_generous_multiple_of_the_plans_slowest_batch() -> None:
     def traced(*entries: dict[str, object]) -> Plan:
-        return Plan.from_dict({"schema": 1, "loader": {"num_workers": 2},
-                               "batching": {"strategy": "random", "local_batch_size": 4},
-                               "tuning": {"workers": {"trace": list(entries)}}})  # fmt: skip
+        return Plan.from_dict(
+            {
+                "schema": 1,
+                "loader": {"num_workers": 2},
+                "batching": {"strategy": "random", "local_batch_size": 4},
+                "tuning": {"workers": {"trace": list(entries)}},
+            }
+        )
 
     assert stalls.stall_after(plan()) == 60.0  # no timings: at least a minute
-    slow = traced({"workers": 0, "max_batch_seconds": 4.0, "status": "ok"},
-                  {"workers": 2, "max_batch_seconds": 2.5, "status": "ok"},
-                  {"workers": 4, "batches": 0, "status": "failed: no"})  # fmt: skip
+    slow = traced(
+        {"workers": 0, "max_batch_seconds": 4.0, "status": "ok"},
+        {"workers": 2, "max_batch_seconds": 2.5, "status": "ok"},
+        {"workers": 4, "batches": 0, "status": "failed: no"},
+    )
     assert stalls.stall_after(slow) == 100.0  # 20 x 2 workers x 2.5 s
 
 
@@ -171,13 +190,17 @@ def test_timeout_names_the_batch_comes_in_time_and_the_program_exits() -> None:
     """Worker 1 hands in batches 3 and 5 while the loop waits for worker 0's batch 2:
     torch restarted its 4 s wait at each (7 s in all), named no sample, and the program
     then hung at exit on the stopped worker."""
-    done = run_reaped([sys.executable, "-c", STOPPED], timeout=120,
-                      env=prepend_pythonpath(TESTS), cwd=TESTS)  # fmt: skip
+    done = run_reaped(
+        [sys.executable, "-c", STOPPED], timeout=120, env=prepend_pythonpath(TESTS), cwd=TESTS
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     waited = float(re.search(r"WAITED ([\d.]+)", done.stdout)[1])  # type: ignore[index]
     pid = re.search(r"PID (\d+)", done.stdout)[1]  # type: ignore[index]
     assert 3.9 <= waited < 6.0, done.stdout
-    assert re.search(r"ERROR DataLoader timed out after 4 seconds waiting for batch 2 of epoch "
-                     rf"0 \(samples [\d, ]+\), held by DataLoader worker 0 \(pid {pid}, "
-                     r"stopped\)", done.stdout), done.stdout  # fmt: skip
+    assert re.search(
+        r"ERROR DataLoader timed out after 4 seconds waiting for batch 2 of epoch "
+        rf"0 \(samples [\d, ]+\), held by DataLoader worker 0 \(pid {pid}, "
+        r"stopped\)",
+        done.stdout,
+    ), done.stdout
     assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == "zombie"

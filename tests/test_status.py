@@ -47,8 +47,11 @@ for epoch in range(2):
 @pytest.fixture(scope="module")
 def metrics(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("metrics")
-    env = {**prepend_pythonpath(TESTS), "PROMETHEUS_MULTIPROC_DIR": str(directory),
-           "WORLD_SIZE": "2"}  # fmt: skip
+    env = {
+        **prepend_pythonpath(TESTS),
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+        "WORLD_SIZE": "2",
+    }
     for rank in ("0", "1"):
         done = run_reaped([sys.executable, "-c", TRAINER], env={**env, "RANK": rank}, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -133,10 +136,20 @@ def test_the_agent_serves_the_same_status(metrics: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     agent = spawn(
-        [sys.executable, "-m", "autoloader", "agent", "--port", str(port),
-         "--metrics-dir", str(metrics)],
-        stdout=-1, text=True, env=prepend_pythonpath(TESTS),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autoloader",
+            "agent",
+            "--port",
+            str(port),
+            "--metrics-dir",
+            str(metrics),
+        ],
+        stdout=-1,
+        text=True,
+        env=prepend_pythonpath(TESTS),
+    )
     with reaped(agent):
         assert agent.stdout is not None and "serving" in agent.stdout.readline()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as resp:
@@ -153,8 +166,12 @@ def test_adaptation_counters_that_never_moved_are_not_listed() -> None:
     from autoloader.metrics.status import read_status
 
     registry = CollectorRegistry()
-    adapted = Counter("autoloader_adaptations_total", "changes", ["rank", "setting", "direction"],
-                      registry=registry)  # fmt: skip
+    adapted = Counter(
+        "autoloader_adaptations_total",
+        "changes",
+        ["rank", "setting", "direction"],
+        registry=registry,
+    )
     adapted.labels(rank="0", setting="num_workers", direction="up")  # declared, never moved
     adapted.labels(rank="0", setting="prefetch_factor", direction="up").inc()
     Gauge("autoloader_num_workers", "workers", ["rank"], registry=registry).labels(rank="0").set(2)
@@ -175,12 +192,14 @@ def test_an_ended_rank_odd_labels_and_far_timestamps_render() -> None:
     Counter("autoloader_batches", "batches", ["rank"], registry=registry).labels(rank="0").inc(40)
     workers = Gauge("autoloader_num_workers", "workers", ["rank"], registry=registry)
     workers.labels(rank="²").set(2)
-    since = Gauge("autoloader_num_workers_since_timestamp_seconds", "since", ["rank"],
-                  registry=registry)  # fmt: skip
+    since = Gauge(
+        "autoloader_num_workers_since_timestamp_seconds", "since", ["rank"], registry=registry
+    )
     since.labels(rank="²").set(1e300)
     status = read_status(registry)
     ended = next(r for r in status["ranks"] if r["rank"] == 0)
-    assert ended["verdict"] == ("ended: rank 0 delivered 2 epoch(s), 40 batches; its process "
-                                "has exited")  # fmt: skip
+    assert ended["verdict"] == (
+        "ended: rank 0 delivered 2 epoch(s), 40 batches; its process has exited"
+    )
     text = render(status, Path("/metrics"))
     assert "rank ²: starting" in text and "    2 workers\n" in text

@@ -34,9 +34,17 @@ class Numbers(Dataset):
     with ``sys.exit()`` (status 0), its process lingering ``linger`` seconds after its
     exit handlers ran; ``leak`` bytes are kept per read."""
 
-    def __init__(self, n: int = 64, *, delay: float = 0.005, kills: tuple[int, ...] = (),
-                 once: Path | None = None, leak: int = 0, exits: tuple[int, ...] = (),
-                 linger: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n: int = 64,
+        *,
+        delay: float = 0.005,
+        kills: tuple[int, ...] = (),
+        once: Path | None = None,
+        leak: int = 0,
+        exits: tuple[int, ...] = (),
+        linger: float = 0.0,
+    ) -> None:
         self.n, self.delay, self.kills, self.once, self.leak = n, delay, kills, once, leak
         self.exits, self.linger = exits, linger
         self.kept: list[np.ndarray] = []
@@ -68,10 +76,15 @@ class Numbers(Dataset):
 
 
 def plan(workers: int = 2, **tuning: Any) -> Plan:
-    return Plan.from_dict({
-        "schema": 1, "loader": {"num_workers": workers, "prefetch_factor": 2},
-        "batching": {"strategy": "random", "local_batch_size": 4}, "tuning": tuning,
-    }, source="plan.toml")  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers, "prefetch_factor": 2},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "tuning": tuning,
+        },
+        source="plan.toml",
+    )
 
 
 def reference(p: Plan, n: int = 64) -> list[list[int]]:
@@ -80,13 +93,15 @@ def reference(p: Plan, n: int = 64) -> list[list[int]]:
 
 
 def restarts(registry: CollectorRegistry, reason: str) -> float:
-    value = registry.get_sample_value("autoloader_worker_restarts_total",
-                                      {"rank": "0", "reason": reason})  # fmt: skip
+    value = registry.get_sample_value(
+        "autoloader_worker_restarts_total", {"rank": "0", "reason": reason}
+    )
     return value or 0.0
 
 
-def test_a_worker_killed_mid_epoch_is_survived(caplog: pytest.LogCaptureFixture,
-                                               registry: CollectorRegistry) -> None:  # fmt: skip
+def test_a_worker_killed_mid_epoch_is_survived(
+    caplog: pytest.LogCaptureFixture, registry: CollectorRegistry
+) -> None:
     p = plan()
     loader = DataLoader(Numbers(), plan=p, registry=registry)
     got = []
@@ -115,10 +130,13 @@ def test_a_worker_killed_mid_epoch_is_survived(caplog: pytest.LogCaptureFixture,
 def test_a_poison_sample_is_named_within_seconds() -> None:
     loader = DataLoader(Numbers(kills=(13,)), plan=plan())
     start = time.monotonic()
-    with pytest.raises(SampleError, match=r"^sample 13 kills the DataLoader worker that reads "
-                       r"it: workers holding it died twice in epoch 0 \(was killed by "
-                       r"signal 9 \(SIGKILL\)\), and a fresh worker reading sample 13 alone "
-                       r"was killed by signal 9"):  # fmt: skip
+    with pytest.raises(
+        SampleError,
+        match=r"^sample 13 kills the DataLoader worker that reads "
+        r"it: workers holding it died twice in epoch 0 \(was killed by "
+        r"signal 9 \(SIGKILL\)\), and a fresh worker reading sample 13 alone "
+        r"was killed by signal 9",
+    ):
         for _ in loader:
             pass
     assert time.monotonic() - start < 90
@@ -136,8 +154,9 @@ def test_a_worker_that_exits_with_status_0_mid_epoch_is_a_dead_worker(
     p = plan()
     order = reference(p)
     culprit = order[3][0]  # worker 1's second batch: its first, batch 1, is then in flight
-    loader = DataLoader(Numbers(exits=(culprit,), once=tmp_path, linger=linger), plan=p,
-                        registry=registry)  # fmt: skip
+    loader = DataLoader(
+        Numbers(exits=(culprit,), once=tmp_path, linger=linger), plan=p, registry=registry
+    )
     got = []
     with caplog.at_level(logging.WARNING, logger="autoloader"):
         for batch in loader:
@@ -145,24 +164,30 @@ def test_a_worker_that_exits_with_status_0_mid_epoch_is_a_dead_worker(
             time.sleep(0.05)  # the loop is slower than the workers: their batches wait
     assert got == order
     (death,) = [r.getMessage() for r in caplog.records if "exited with status 0" in r.getMessage()]
-    assert re.search(r"DataLoader worker 1 \(pid \d+\) exited with status 0, holding batch"
-                     r"(es)? [\d, ]*\b3\b[\d, ]* of epoch 0 \(samples [\d, ]*\b" + str(culprit) + r"\b",
-                     death), death  # fmt: skip
+    assert re.search(
+        r"DataLoader worker 1 \(pid \d+\) exited with status 0, holding batch"
+        r"(es)? [\d, ]*\b3\b[\d, ]* of epoch 0 \(samples [\d, ]*\b" + str(culprit) + r"\b",
+        death,
+    ), death
     assert restarts(registry, "died") == 1
 
 
 def test_a_sample_that_always_exits_its_worker_is_named() -> None:
     loader = DataLoader(Numbers(exits=(13,)), plan=plan())
-    with pytest.raises(SampleError, match=r"^sample 13 kills the DataLoader worker that reads "
-                       r"it: workers holding it died twice in epoch 0 \(exited with status 0\), "
-                       r"and a fresh worker reading sample 13 alone exited with status 0$"):  # fmt: skip
+    with pytest.raises(
+        SampleError,
+        match=r"^sample 13 kills the DataLoader worker that reads "
+        r"it: workers holding it died twice in epoch 0 \(exited with status 0\), "
+        r"and a fresh worker reading sample 13 alone exited with status 0$",
+    ):
         for _ in loader:
             pass
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
-def test_deaths_without_a_culprit_step_the_workers_down(tmp_path: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_deaths_without_a_culprit_step_the_workers_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     p = plan(workers=4)
     # two samples in different batches each kill their worker once: no single culprit
     order = reference(p)
@@ -174,7 +199,9 @@ def test_deaths_without_a_culprit_step_the_workers_down(tmp_path: Path,
     assert loader.num_workers == 2
     (change,) = [a for a in loader.adaptations if a.setting == "num_workers"]
     assert (change.before, change.after, change.direction) == (4, 2, "down")
-    assert "2 workers died in epoch 0, holding different batches (memory pressure?)" in change.reason
+    assert (
+        "2 workers died in epoch 0, holding different batches (memory pressure?)" in change.reason
+    )
     assert loader.stats.worker_restarts == 2
 
 
@@ -185,8 +212,9 @@ def test_workers_that_leak_are_recycled_at_the_position(
     budget = 300 * 2**20
     p = plan(host={"memory_budget_bytes": budget})
     if persistent:  # a leak across epochs: persistent workers keep what they leaked
-        p = Plan.from_dict({**p.to_dict(), "loader": {**p.to_dict()["loader"],
-                                                      "persistent_workers": True}})  # fmt: skip
+        p = Plan.from_dict(
+            {**p.to_dict(), "loader": {**p.to_dict()["loader"], "persistent_workers": True}}
+        )
     epochs = 3 if persistent else 1
     n = 256 // epochs
     leaky = Numbers(n, delay=0.02, leak=4 * 2**20)  # 4 MiB more per sample read

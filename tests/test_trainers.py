@@ -19,9 +19,11 @@ SCRIPTS = HERE / "distributed"
 
 def run_script(*args: str, timeout: float = 300, package: str = "pytorch_lightning") -> None:
     done = run_reaped(
-        [sys.executable, *args], timeout=timeout,
-        env={**prepend_pythonpath(SCRIPTS, HERE), "LIGHTNING_PACKAGE": package}, cwd=SCRIPTS,
-    )  # fmt: skip
+        [sys.executable, *args],
+        timeout=timeout,
+        env={**prepend_pythonpath(SCRIPTS, HERE), "LIGHTNING_PACKAGE": package},
+        cwd=SCRIPTS,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -80,9 +82,18 @@ def test_accelerate_prepare_keeps_the_plan(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_nugraph_example_trains_under_ddp(tmp_path: Path) -> None:
     data = tmp_path / "events.gnn.h5"
-    run_script(str(HERE.parent / "examples" / "nugraph_lightning.py"), str(data), "--demo",
-               "--plan", str(tmp_path / "plan.toml"), "--devices", "2", "--epochs", "1",
-               timeout=400)  # fmt: skip
+    run_script(
+        str(HERE.parent / "examples" / "nugraph_lightning.py"),
+        str(data),
+        "--demo",
+        "--plan",
+        str(tmp_path / "plan.toml"),
+        "--devices",
+        "2",
+        "--epochs",
+        "1",
+        timeout=400,
+    )
     assert (tmp_path / "plan.toml").exists()
     assert any(tmp_path.glob("lightning_logs/version_0/*"))
 
@@ -109,9 +120,15 @@ def test_tune_calibrates_on_a_lightning_modules_real_step(
     before = made[0].layer.weight.detach().clone()
     step(torch.tensor([[1.0, 1.0], [2.0, 1.0]]))
     assert not torch.equal(made[0].layer.weight, before)  # backward and optimiser ran
-    plan = tune(Skewed(), global_batch_size=32, device="cpu", step=step_factory(
-        lambda: _with_epoch(Model()), device="cpu"), max_workers=1, iterations=2,
-        progress=False)  # fmt: skip
+    plan = tune(
+        Skewed(),
+        global_batch_size=32,
+        device="cpu",
+        step=step_factory(lambda: _with_epoch(Model()), device="cpu"),
+        max_workers=1,
+        iterations=2,
+        progress=False,
+    )
     assert plan.memory["model"]["source"] == "step"
     with pytest.raises(UsageError, match="expected a LightningModule from the factory, found int"):
         step_factory(lambda: 3)()
@@ -133,9 +150,13 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_at_its_batch_under_ddp(tmp_pat
         done = run_reaped([sys.executable, str(script), mode, str(tmp_path)], timeout=300)
         assert done.returncode == code, done.stderr[-3000:]
     for rank in (0, 1):
-        runs = {mode: [json.loads(line) for line in
-                       (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()]
-                for mode in ("whole", "killed", "resume")}  # fmt: skip
+        runs = {
+            mode: [
+                json.loads(line)
+                for line in (tmp_path / f"{mode}-rank{rank}.jsonl").read_text().splitlines()
+            ]
+            for mode in ("whole", "killed", "resume")
+        }
         assert len(runs["whole"]) == 24  # 2 epochs of 12 batches a rank
         assert runs["killed"] == runs["whole"][:7]
         assert runs["resume"] == runs["whole"][5:]

@@ -40,8 +40,13 @@ class Mixed(Dataset):
 
 
 def _plan(workers: int) -> Plan:
-    return Plan.from_dict({"schema": 1, "loader": {"num_workers": workers, "pin_memory": False},
-                           "batching": {"strategy": "random", "local_batch_size": 4}})  # fmt: skip
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers, "pin_memory": False},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
 
 
 def _epoch(loader: Any) -> list[Any]:

@@ -132,8 +132,10 @@ def test_computing_workers_stop_the_search_at_the_cores() -> None:
     node = ModelledNode(saturating(3), seed=0, share=lambda w: 0.97)
     trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), extent())
     assert max(c.workers for c in trace) == 2
-    assert reach == ("stopped at 2 (this rank's CPUs): 2 workers were busy 97% of their time "
-                     "(1.9 of 2 CPUs): more would compete for the cores")  # fmt: skip
+    assert reach == (
+        "stopped at 2 (this rank's CPUs): 2 workers were busy 97% of their time "
+        "(1.9 of 2 CPUs): more would compete for the cores"
+    )
 
 
 def test_host_memory_and_shared_memory_bound_the_search() -> None:
@@ -144,12 +146,15 @@ def test_host_memory_and_shared_memory_bound_the_search() -> None:
     assert max(c.workers for c in trace) == 4
     assert reach is not None and reach.endswith(
         "stopped: 8 workers would hold about 800.0 MiB of host memory (100.0 MiB each, measured); "
-        "500.0 MiB is the workers' budget")
+        "500.0 MiB is the workers' budget"
+    )
     trace, reach = fast_search(measure_w, 2, Rule(), extent(shm=64 * 2**20, batch=8 * 2**20))
     assert max(c.workers for c in trace) == 2
-    assert reach == ("stopped at 2 (this rank's CPUs): 4 worker(s) x 2 batch(es) of up to 8.0 MiB "
-                     "in flight need about 80.0 MiB of shared memory; /dev/shm has 64.0 MiB "
-                     "free (budget 32.0 MiB)")
+    assert reach == (
+        "stopped at 2 (this rank's CPUs): 4 worker(s) x 2 batch(es) of up to 8.0 MiB "
+        "in flight need about 80.0 MiB of shared memory; /dev/shm has 64.0 MiB "
+        "free (budget 32.0 MiB)"
+    )
 
 
 def test_doubling_grid() -> None:

@@ -100,9 +100,12 @@ def build_parser() -> Parser:
         module.register(sub)
     for command in sub.choices.values():  # global options work after the command too
         command.add_argument(
-            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
             help="as 'autoloader -v COMMAND'",
-        )  # fmt: skip
+        )
     return parser
 
 

@@ -327,16 +327,24 @@ def reap_children() -> None:
 # (file name ending, function names; empty: any function of the file) where an
 # exception must not be raised: process start and stop, fork handlers, worker start-up.
 _UNSAFE: tuple[tuple[str, set[str]], ...] = (
-    ("logging/__init__.py", {"_acquireLock", "_releaseLock", "_at_fork_reinit",
-                             "_after_at_fork_child_reinit_locks", "_prepareFork",
-                             "_afterFork"}),
+    (
+        "logging/__init__.py",
+        {
+            "_acquireLock",
+            "_releaseLock",
+            "_at_fork_reinit",
+            "_after_at_fork_child_reinit_locks",
+            "_prepareFork",
+            "_afterFork",
+        },
+    ),
     ("multiprocessing/popen_fork.py", set()),
     ("multiprocessing/popen_spawn_posix.py", set()),
     ("multiprocessing/process.py", {"start", "_bootstrap", "close", "join"}),
     ("multiprocessing/resource_sharer.py", set()),
     ("multiprocessing/util.py", {"_run_finalizers", "_exit_function", "_run_after_forkers"}),
     ("torch/utils/data/dataloader.py", {"__init__", "_shutdown_workers", "__del__", "_reset"}),
-)  # fmt: skip
+)
 
 
 def _unsafe(frame: FrameType | None) -> bool:

@@ -108,8 +108,9 @@ def worker_speed(ax: Any, plan: Plan) -> None:
     ax.plot(ws, rate, "o-", color="tab:blue", label="samples/s loaded (no step)")
     step = plan.tuning.get("workers", {}).get("step_seconds")
     if isinstance(step, (int, float)) and step > 0:
-        ax.axhline(local / step, color="tab:purple", linestyle=":",
-                   label="samples/s the step takes")  # fmt: skip
+        ax.axhline(
+            local / step, color="tab:purple", linestyle=":", label="samples/s the step takes"
+        )
     _per_worker_count(ax, plan, ws, "samples per second")
     return None
 
@@ -121,8 +122,13 @@ def worker_memory(ax: Any, plan: Plan) -> None:
     if not trace:
         return _none(ax, "no worker search recorded")
     ws = [c["workers"] for c in trace]
-    ax.plot(ws, [c["memory_bytes"] / MIB for c in trace], "s-", color="tab:orange",
-            label="PSS of the loading processes")  # fmt: skip
+    ax.plot(
+        ws,
+        [c["memory_bytes"] / MIB for c in trace],
+        "s-",
+        color="tab:orange",
+        label="PSS of the loading processes",
+    )
     _per_worker_count(ax, plan, ws, "MiB")
     return None
 
@@ -151,8 +157,12 @@ def strategies(ax: Any, plan: Plan) -> None:
     base = plan.tuning.get("baseline", {}).get("measured", {}).get("baseline", {})
     if isinstance(base.get("worst_batch_bytes"), (int, float)) and base["worst_batch_bytes"] > 0:
         worst = base["worst_batch_bytes"] / MIB
-        ax.axhline(worst, color="tab:gray", linestyle=":",
-                   label=f"baseline's worst batch ({format_bytes(worst * MIB)})")  # fmt: skip
+        ax.axhline(
+            worst,
+            color="tab:gray",
+            linestyle=":",
+            label=f"baseline's worst batch ({format_bytes(worst * MIB)})",
+        )
         values.append(worst)
     if max(values) / min(values) > LOG_SPAN:
         ax.set_yscale("log")
@@ -184,14 +194,28 @@ def memory_model(ax: Any, plan: Plan) -> None:
     worst_bytes = worst.get("worst_batch_bytes") if isinstance(worst, dict) else None
     right = max([b for b, _ in points] + [worst_bytes or 0, 1]) * 1.1
     xs = [0.0, right / MIB]
-    ax.plot(xs, [fitted.predict(x * MIB) / MIB for x in xs], "-", color="tab:blue",
-            label=f"model: {model.get('source', 'step')}")  # fmt: skip
+    ax.plot(
+        xs,
+        [fitted.predict(x * MIB) / MIB for x in xs],
+        "-",
+        color="tab:blue",
+        label=f"model: {model.get('source', 'step')}",
+    )
     if points:
-        ax.plot([b / MIB for b, _ in points], [p / MIB for _, p in points], "o", color="black",
-                label=f"calibration steps ({len(points)})")  # fmt: skip
+        ax.plot(
+            [b / MIB for b, _ in points],
+            [p / MIB for _, p in points],
+            "o",
+            color="black",
+            label=f"calibration steps ({len(points)})",
+        )
     if isinstance(worst_bytes, (int, float)):
-        ax.axvline(worst_bytes / MIB, color="tab:green", linestyle="--",
-                   label=f"plan's worst batch ({format_bytes(worst_bytes)})")  # fmt: skip
+        ax.axvline(
+            worst_bytes / MIB,
+            color="tab:green",
+            linestyle="--",
+            label=f"plan's worst batch ({format_bytes(worst_bytes)})",
+        )
     budget = plan.memory.get("budget_bytes")
     top = fitted.predict(right) / MIB
     if isinstance(budget, int) and budget / MIB <= top * LOG_SPAN:
@@ -209,9 +233,13 @@ def memory_model(ax: Any, plan: Plan) -> None:
 def _box(x: float, low: float, high: float, chosen: bool) -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle((x - 0.25, low), 0.5, max(high - low, 0.0),
-                     facecolor="tab:green" if chosen else "lightsteelblue",
-                     edgecolor="black")  # fmt: skip
+    return Rectangle(
+        (x - 0.25, low),
+        0.5,
+        max(high - low, 0.0),
+        facecolor="tab:green" if chosen else "lightsteelblue",
+        edgecolor="black",
+    )
 
 
 PANELS: list[tuple[str, Panel]] = [

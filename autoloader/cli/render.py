@@ -21,8 +21,7 @@ class Section:
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        return [f"\n{self.title}", *table(self.header, self.rows),
-                *(f"  {n}" for n in self.notes)]  # fmt: skip
+        return [f"\n{self.title}", *table(self.header, self.rows), *(f"  {n}" for n in self.notes)]
 
 
 def sections(plan: Plan) -> list[Section]:
@@ -176,8 +175,10 @@ def _set_while_training(plan: Plan) -> list[str]:
     changed = ", ".join(
         f"{k} {_value(getattr(plan.loader, k, None))} (tuned {_value(v)})" for k, v in tuned.items()
     )
-    return [f"          set while training: {changed}; the worker search below explains the "
-            "tuned values, runtime the change"]  # fmt: skip
+    return [
+        f"          set while training: {changed}; the worker search below explains the "
+        "tuned values, runtime the change"
+    ]
 
 
 def _value(v: Any) -> str:
@@ -198,16 +199,21 @@ def baseline_section(found: Any) -> Section | None:
     base, plan = found["measured"].get("baseline"), found["measured"].get("plan")
     if not isinstance(base, dict) or not isinstance(plan, dict):
         return None
-    rows = [[label, fmt(base), fmt(plan), _ratio(base, plan, key)]
-            for label, fmt, key in BASELINE_ROWS]  # fmt: skip
+    rows = [
+        [label, fmt(base), fmt(plan), _ratio(base, plan, key)] for label, fmt, key in BASELINE_ROWS
+    ]
     notes = []
     if isinstance(found.get("adopted"), str):
-        notes.append("the plan column is the worker search's pick; the plan runs the "
-                     "baseline's loader (see the loader line)")  # fmt: skip
+        notes.append(
+            "the plan column is the worker search's pick; the plan runs the "
+            "baseline's loader (see the loader line)"
+        )
     return Section(
         f"baseline ({found.get('given', '?')}) against the plan, timed in the same run",
-        ["", "baseline", "plan", "plan/baseline"], rows, notes,
-    )  # fmt: skip
+        ["", "baseline", "plan", "plan/baseline"],
+        rows,
+        notes,
+    )
 
 
 def _get(key: str, fmt: str) -> Any:
@@ -333,8 +339,12 @@ def _workers(search: Any, chosen: int) -> Section | None:
         for key in ("reach", "prefetch_factor_why", "persistent_workers_why")
         if isinstance(search.get(key), str)
     ]
-    return Section(head, ["workers", "s/batch", "start-up s", "memory (PSS)", "CPU busy",
-                          "batches", "status"], rows, notes)  # fmt: skip
+    return Section(
+        head,
+        ["workers", "s/batch", "start-up s", "memory (PSS)", "CPU busy", "batches", "status"],
+        rows,
+        notes,
+    )
 
 
 def _share(value: Any) -> str:
@@ -358,9 +368,11 @@ def _batching(choice: Any) -> Section | None:
         ]
         for c in choice["candidates"]
     ]
-    return Section(f"batch size and strategy ({choice.get('rule', '')})",
-                   ["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"],
-                   rows)  # fmt: skip
+    return Section(
+        f"batch size and strategy ({choice.get('rule', '')})",
+        ["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"],
+        rows,
+    )
 
 
 def _strategies(reports: Any, chosen: str) -> Section | None:
@@ -379,19 +391,26 @@ def _strategies(reports: Any, chosen: str) -> Section | None:
             ]
         )
     epochs = next(iter(reports.values())).get("epochs", "?")
-    return Section(f"strategies ({epochs} epochs replayed over all ranks; * chosen)",
-                   ["strategy", "local batch", "worst batch", "mean batch", "std",
-                    "predicted peak"], rows)  # fmt: skip
+    return Section(
+        f"strategies ({epochs} epochs replayed over all ranks; * chosen)",
+        ["strategy", "local batch", "worst batch", "mean batch", "std", "predicted peak"],
+        rows,
+    )
 
 
 def _order(windows: dict[str, int] | None, samples: Any) -> str:
     """The plan's read order in words."""
     if windows is None:
         return "a global shuffle"
-    share = (f" ({int(windows['window']) / samples:.1%} of the data)"
-             if isinstance(samples, int) and samples > 0 else "")  # fmt: skip
-    return (f"shuffled windows of storage blocks: blocks of {windows['block']} samples, "
-            f"a batch drawn from a window of {windows['window']}{share}")
+    share = (
+        f" ({int(windows['window']) / samples:.1%} of the data)"
+        if isinstance(samples, int) and samples > 0
+        else ""
+    )
+    return (
+        f"shuffled windows of storage blocks: blocks of {windows['block']} samples, "
+        f"a batch drawn from a window of {windows['window']}{share}"
+    )
 
 
 def _read_order(found: Any, windows: dict[str, int] | None) -> Section | None:
@@ -409,13 +428,21 @@ def _read_order(found: Any, windows: dict[str, int] | None) -> Section | None:
 
     window = found.get("window", "?")
     rows = [
-        ["global shuffle" + ("" if windows else " *"), ms("random_seconds_per_sample"),
-         "1.00x", str(found.get("shuffle_blocks_per_batch", "-")),
-         _b(found.get("shuffle_worst_batch_bytes")) if "worst_batch_bytes" in found else "-"],
-        [f"windows of {window}" + (" *" if windows else ""), ms("windowed_seconds_per_sample"),
-         f"{found.get('speedup', 0):.2f}x", str(found.get("blocks_per_batch", "-")),
-         _b(found.get("worst_batch_bytes")) if "worst_batch_bytes" in found else "-"],
-    ]  # fmt: skip
+        [
+            "global shuffle" + ("" if windows else " *"),
+            ms("random_seconds_per_sample"),
+            "1.00x",
+            str(found.get("shuffle_blocks_per_batch", "-")),
+            _b(found.get("shuffle_worst_batch_bytes")) if "worst_batch_bytes" in found else "-",
+        ],
+        [
+            f"windows of {window}" + (" *" if windows else ""),
+            ms("windowed_seconds_per_sample"),
+            f"{found.get('speedup', 0):.2f}x",
+            str(found.get("blocks_per_batch", "-")),
+            _b(found.get("worst_batch_bytes")) if "worst_batch_bytes" in found else "-",
+        ],
+    ]
     notes.append(
         f"{found.get('storage_blocks', '?')} storage blocks of about {found.get('block', '?')} "
         "samples; reads timed in a fresh copy of the dataset, as a worker reads; turn "
@@ -434,18 +461,30 @@ def _host(host: Any, workers: int, prefetch: int | None) -> Section | None:
     per_worker = host.get("worker_bytes")
     held = per_worker * workers if isinstance(per_worker, int) and _finite(per_worker) else None
     batch = host.get("batch_bytes")
-    in_flight = (HostBudget.shm_need(workers, prefetch, batch)
-                 if isinstance(batch, (int, float)) and _finite(batch) else None)  # fmt: skip
+    in_flight = (
+        HostBudget.shm_need(workers, prefetch, batch)
+        if isinstance(batch, (int, float)) and _finite(batch)
+        else None
+    )
     rows = [
-        ["shared memory (/dev/shm)",
-         f"{_b(host.get('shm_free_bytes'))} free of {_b(host.get('shm_total_bytes'))}",
-         _b(host.get("shm_budget_bytes")), f"{_b(in_flight)} in flight"],
-        ["host memory", f"{_b(host.get('memory_available_bytes'))} available",
-         _b(host.get("memory_budget_bytes")), f"{_b(held)} in {workers} worker(s)"],
-    ]  # fmt: skip
-    notes = [f"sharing strategy {host.get('sharing_strategy', '?')}; batches of up to "
-             f"{_b(host.get('batch_bytes'))}; at most {host.get('max_workers', '?')} workers "
-             "fit both budgets at the planned prefetch_factor"]  # fmt: skip
+        [
+            "shared memory (/dev/shm)",
+            f"{_b(host.get('shm_free_bytes'))} free of {_b(host.get('shm_total_bytes'))}",
+            _b(host.get("shm_budget_bytes")),
+            f"{_b(in_flight)} in flight",
+        ],
+        [
+            "host memory",
+            f"{_b(host.get('memory_available_bytes'))} available",
+            _b(host.get("memory_budget_bytes")),
+            f"{_b(held)} in {workers} worker(s)",
+        ],
+    ]
+    notes = [
+        f"sharing strategy {host.get('sharing_strategy', '?')}; batches of up to "
+        f"{_b(host.get('batch_bytes'))}; at most {host.get('max_workers', '?')} workers "
+        "fit both budgets at the planned prefetch_factor"
+    ]
     if isinstance(host.get("limit"), str):
         notes.append(f"limit: {host['limit']}")
     return Section(

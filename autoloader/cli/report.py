@@ -61,19 +61,23 @@ def report_html(plan: Plan, *, path: str) -> str:
     body.append('<h2>charts</h2><div class="charts">')
     for title, png in panel_pngs(plan):
         data = base64.b64encode(png).decode("ascii")
-        body.append(f"<figure><img alt=\"{e(title)}\" src=\"data:image/png;base64,{data}\">"
-                    f"<figcaption>{e(title)}</figcaption></figure>")  # fmt: skip
+        body.append(
+            f'<figure><img alt="{e(title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{e(title)}</figcaption></figure>"
+        )
     body.append("</div>")
     body += [_table(s) for s in sections(plan)]
-    body.append(f"<h2>the plan as <code>show</code> prints it</h2><pre>"
-                f"{e(render(plan, path=path))}</pre>")  # fmt: skip
+    body.append(
+        f"<h2>the plan as <code>show</code> prints it</h2><pre>{e(render(plan, path=path))}</pre>"
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>autoloader plan: {e(spec)}</title><style>{STYLE}</style></head>\n<body>\n"
-        + "\n".join(body) + "\n</body></html>\n"
-    )  # fmt: skip
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def _settings(plan: Plan) -> list[tuple[str, Any]]:
@@ -102,7 +106,8 @@ def _value(key: str, value: Any) -> str:
 def _table(section: Section) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in section.header)
-    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-                   for row in section.rows)  # fmt: skip
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in section.rows
+    )
     notes = "".join(f"<p>{e(n)}</p>" for n in section.notes)
     return f"<h2>{e(section.title)}</h2><table><tr>{head}</tr>{rows}</table>{notes}"

@@ -50,8 +50,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         )
     status = read_status(merged_registry(directory))
     if args.json:
-        sys.stdout.write(json.dumps({"metrics_dir": str(directory), **status}, indent=2,
-                                    allow_nan=False) + "\n")  # fmt: skip
+        sys.stdout.write(
+            json.dumps({"metrics_dir": str(directory), **status}, indent=2, allow_nan=False) + "\n"
+        )
         return 0
     sys.stdout.write(render(status, directory))
     return 0
@@ -65,15 +66,19 @@ def render(status: dict[str, Any], directory: Path) -> str:
         lines.append(f"  rank {r['rank']}: {r['verdict']}")
         facts = []
         if r.get("wait_fraction") is not None:
-            facts.append(f"last epoch waited {r['wait_fraction']:.0%}, "
-                         f"{r.get('samples_per_second', 0):.1f} samples/s")  # fmt: skip
+            facts.append(
+                f"last epoch waited {r['wait_fraction']:.0%}, "
+                f"{r.get('samples_per_second', 0):.1f} samples/s"
+            )
         if r.get("num_workers") is not None:
             when = _since(r.get("workers_since"))
             cap = f" (cap {r['max_workers']})" if r.get("max_workers") is not None else ""
             facts.append(f"{r['num_workers']} workers{when}{cap}")
         if r["adaptations"]:
-            facts.append("adaptations: " + ", ".join(
-                f"{k} x{v}" for k, v in sorted(r["adaptations"].items())))  # fmt: skip
+            facts.append(
+                "adaptations: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(r["adaptations"].items()))
+            )
         if r.get("memory_peak_bytes") is not None:
             pred = r.get("predicted_peak_bytes")
             facts.append(
@@ -89,13 +94,16 @@ def render(status: dict[str, Any], directory: Path) -> str:
             facts.append(f"{r['oom_total']} OOMs")
         if r.get("outgrown_batch_bytes"):
             pred = r.get("predicted_worst_batch_bytes")
-            facts.append(f"a batch of {format_bytes(r['outgrown_batch_bytes'])}"
-                         + (f" against a predicted worst of {format_bytes(pred)}" if pred else "")
-                         + f" (samples {r.get('outgrown_samples', '?')})")  # fmt: skip
+            facts.append(
+                f"a batch of {format_bytes(r['outgrown_batch_bytes'])}"
+                + (f" against a predicted worst of {format_bytes(pred)}" if pred else "")
+                + f" (samples {r.get('outgrown_samples', '?')})"
+            )
         restarts = r.get("worker_restarts") or {}
         if restarts:
-            facts.append("workers restarted: " + ", ".join(
-                f"{k} x{v}" for k, v in sorted(restarts.items())))  # fmt: skip
+            facts.append(
+                "workers restarted: " + ", ".join(f"{k} x{v}" for k, v in sorted(restarts.items()))
+            )
         if r.get("worker_stalls"):
             facts.append(f"stalled waits for a worker: {r['worker_stalls']} (named in the log)")
         if r.get("shm_used_bytes"):

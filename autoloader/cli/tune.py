@@ -101,8 +101,12 @@ def register(sub: Any) -> None:
         metavar="MODULE:CALLABLE",
         help="a training step step(batch) (or a zero-argument factory of one)",
     )
-    p.add_argument("--transform", metavar="MODULE:FN", help="a picklable function applied to "
-                   "each sample in the workers (sizes stay the stored samples')")  # fmt: skip
+    p.add_argument(
+        "--transform",
+        metavar="MODULE:FN",
+        help="a picklable function applied to "
+        "each sample in the workers (sizes stay the stored samples')",
+    )
     p.add_argument(
         "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
     )
@@ -204,16 +208,25 @@ def _run(
     # Every option checked once, before the dataset is opened or torch imported: a typo
     # answers at once, and the tune runs on exactly these.
     opts = tune_options(
-        global_batch_size=args.global_batch_size, world_size=args.world_size,
-        device=args.device, strategies=None if args.strategies is None else _names(args.strategies),
+        global_batch_size=args.global_batch_size,
+        world_size=args.world_size,
+        device=args.device,
+        strategies=None if args.strategies is None else _names(args.strategies),
         memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
-        iterations=args.iterations, seed=args.seed, max_workers=args.max_workers,
-        alpha=args.alpha, tolerance=args.tolerance, safety=args.safety,
-        worker_timeout=args.worker_timeout, search=args.search,
-        progress=not args.quiet and sys.stderr.isatty(), spec=args.dataset,
-        command=command_line(["autoloader", *argv]), baseline=args.baseline,
+        iterations=args.iterations,
+        seed=args.seed,
+        max_workers=args.max_workers,
+        alpha=args.alpha,
+        tolerance=args.tolerance,
+        safety=args.safety,
+        worker_timeout=args.worker_timeout,
+        search=args.search,
+        progress=not args.quiet and sys.stderr.isatty(),
+        spec=args.dataset,
+        command=command_line(["autoloader", *argv]),
+        baseline=args.baseline,
         read_order=args.read_order,
-    )  # fmt: skip
+    )
     from autoloader.cli.render import render
     from autoloader.cli.text import printable
     from autoloader.plan import Plan
@@ -287,8 +300,11 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
     if spec_path.exists():
         inputs.append((spec_path, "the dataset"))
     inputs += dataset_files(dataset)
-    for spec, what in ((args.dataset, "the dataset's module"), (args.step, "the --step module"),
-                       (args.transform, "the --transform module")):  # fmt: skip
+    for spec, what in (
+        (args.dataset, "the dataset's module"),
+        (args.step, "the --step module"),
+        (args.transform, "the --transform module"),
+    ):
         module = sys.modules.get(spec.split(":", 1)[0]) if spec and ":" in spec else None
         path = getattr(module, "__file__", None)
         if path:
@@ -307,8 +323,9 @@ def _shell_word(word: str) -> str:
     raw = foreign_name(word)
     if raw is None:
         return shlex.quote(word)
-    kept = b"".join(bytes([b]) if 0x20 <= b < 0x7F and b not in b"'\\" else b"\\x%02x" % b
-                    for b in raw)  # fmt: skip
+    kept = b"".join(
+        bytes([b]) if 0x20 <= b < 0x7F and b not in b"'\\" else b"\\x%02x" % b for b in raw
+    )
     return f"$'{kept.decode('ascii')}'"
 
 

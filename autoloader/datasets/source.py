@@ -81,6 +81,8 @@ def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
         found = source()
     except Exception:  # a dataset that cannot say where it lives has nothing to protect
         return []
-    return [(Path(found.path), "the dataset"),
-            (Path(found.cache_path), "the dataset's size cache"),
-            (Path(found.fallback_cache_path), "the dataset's size cache")]  # fmt: skip
+    return [
+        (Path(found.path), "the dataset"),
+        (Path(found.cache_path), "the dataset's size cache"),
+        (Path(found.fallback_cache_path), "the dataset's size cache"),
+    ]

@@ -108,8 +108,10 @@ def failure_text(exc: BaseException) -> str:
     """One line for a loader's failure: torch's own, or, for a worker that exited with
     ``NO_THREAD_EXIT``, what it could not do."""
     if f"exit code {NO_THREAD_EXIT}" in str(exc):
-        return ("a DataLoader worker could not start a thread (RLIMIT_NPROC, `ulimit -u`, or "
-                "RLIMIT_AS, `ulimit -v`)")  # fmt: skip
+        return (
+            "a DataLoader worker could not start a thread (RLIMIT_NPROC, `ulimit -u`, or "
+            "RLIMIT_AS, `ulimit -v`)"
+        )
     return one_line(exc)
 
 

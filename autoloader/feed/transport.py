@@ -26,10 +26,21 @@ from autoloader.compat import pin_memory
 BY_VALUE_BYTES = 256 * 1024
 
 # dtypes numpy holds exactly (bfloat16, the float8 types and complex32 it has not)
-_NUMPY_DTYPES = frozenset({
-    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-})  # fmt: skip
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    }
+)
 
 
 class _Keep(Exception):
@@ -90,10 +101,16 @@ def unpacked(batch: Any) -> Any:
 
 def _eligible(t: torch.Tensor) -> bool:
     return (
-        type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
-        and t.dtype in _NUMPY_DTYPES and not t.requires_grad and not t.is_quantized
-        and not any(getattr(t, "names", None) or ()) and not t.is_conj() and not t.is_neg()
-    )  # fmt: skip
+        type(t) is torch.Tensor
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and t.dtype in _NUMPY_DTYPES
+        and not t.requires_grad
+        and not t.is_quantized
+        and not any(getattr(t, "names", None) or ())
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 def _pack(obj: Any, budget: list[int]) -> Any:

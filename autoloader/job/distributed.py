@@ -64,8 +64,7 @@ def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
     # Watched from here on: a rank that vanishes during gloo's own handshake is named too.
     watch = Liveness(addr, port, rank, world, prefix=prefix).start()
     try:
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=timeout)  # fmt: skip
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     except Exception as exc:
         watch.stop()
         raise UsageError(
@@ -114,9 +113,14 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
     if rank != 0 or agent:
         _await_store(addr, port, rank, world, deadline, timeout)
     try:
-        server = dist.TCPStore(addr, port, is_master=rank == 0 and not agent,
-                              wait_for_workers=False, timeout=timedelta(seconds=timeout),
-                              multi_tenant=True)  # fmt: skip
+        server = dist.TCPStore(
+            addr,
+            port,
+            is_master=rank == 0 and not agent,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout),
+            multi_tenant=True,
+        )
     except Exception as exc:
         raise UsageError(
             f"cannot join the job's ranks at {addr}:{port} (rank {rank} of {world}): rank 0 "
@@ -138,8 +142,14 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
         if not missing:
             return store
         if not told:
-            log.info("rank %d of %d: waiting for rank(s) %s to join (up to %.0f s, %s)", rank,
-                     world, ", ".join(map(str, missing)), timeout, JOIN_TIMEOUT_ENV)  # fmt: skip
+            log.info(
+                "rank %d of %d: waiting for rank(s) %s to join (up to %.0f s, %s)",
+                rank,
+                world,
+                ", ".join(map(str, missing)),
+                timeout,
+                JOIN_TIMEOUT_ENV,
+            )
             told = True
         if time.monotonic() > deadline:
             raise JobError(
@@ -150,8 +160,9 @@ def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix:
         time.sleep(0.1)
 
 
-def _await_store(addr: str, port: int, rank: int, world: int, deadline: float,
-                 timeout: float) -> None:  # fmt: skip
+def _await_store(
+    addr: str, port: int, rank: int, world: int, deadline: float, timeout: float
+) -> None:
     """Wait, in Python, until something accepts connections at the store's address.
 
     torch's store client retries its connection inside C++, where neither Ctrl-C nor
@@ -180,9 +191,16 @@ def _await_store(addr: str, port: int, rank: int, world: int, deadline: float,
                     f"no plan is written: rerun the job"
                 ) from None
             if not told:
-                log.info("rank %d of %d: waiting for rank 0 to open the job's store at %s:%d "
-                         "(up to %.0f s, %s)", rank, world, addr, port, timeout,
-                         JOIN_TIMEOUT_ENV)  # fmt: skip
+                log.info(
+                    "rank %d of %d: waiting for rank 0 to open the job's store at %s:%d "
+                    "(up to %.0f s, %s)",
+                    rank,
+                    world,
+                    addr,
+                    port,
+                    timeout,
+                    JOIN_TIMEOUT_ENV,
+                )
                 told = True
             time.sleep(0.2)
 

@@ -51,10 +51,17 @@ class Liveness:
     """
 
     def __init__(
-        self, addr: str, port: int, rank: int, world_size: int, *,
-        prefix: str = "", limit: float | None = None, interval: float = INTERVAL,
+        self,
+        addr: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        *,
+        prefix: str = "",
+        limit: float | None = None,
+        interval: float = INTERVAL,
         on_lost: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.prefix = prefix
         self.addr, self.port, self.rank, self.world = addr, port, rank, world_size
         self.limit = limit if limit is not None else peer_limit()
@@ -63,8 +70,7 @@ class Liveness:
         self.lost: str | None = None  # why a peer is called gone, once it is
         self._stop = threading.Event()
         self._found = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="autoloader-liveness",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="autoloader-liveness", daemon=True)
         self._done: set[int] = set()
 
     def start(self) -> Liveness:
@@ -87,9 +93,13 @@ class Liveness:
         try:
             import torch.distributed as dist
 
-            client = dist.TCPStore(self.addr, self.port, is_master=False,
-                                   timeout=timedelta(seconds=max(2.0, self.limit / 2)),
-                                   wait_for_workers=False)  # fmt: skip
+            client = dist.TCPStore(
+                self.addr,
+                self.port,
+                is_master=False,
+                timeout=timedelta(seconds=max(2.0, self.limit / 2)),
+                wait_for_workers=False,
+            )
             store = dist.PrefixStore(self.prefix, client)
         except Exception as exc:  # cannot watch: say so, never fail the tune for it
             log.warning(
@@ -131,8 +141,10 @@ class Liveness:
             if self._stop.wait(min(3.0, self.limit)):
                 return None  # this rank finished meanwhile
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return (f"rank 0 stopped: the job's store at {self.addr}:{self.port}, which rank 0 "
-                    f"holds, went away ({first})")  # fmt: skip
+            return (
+                f"rank 0 stopped: the job's store at {self.addr}:{self.port}, which rank 0 "
+                f"holds, went away ({first})"
+            )
         return None
 
     def _report(self, why: str) -> None:

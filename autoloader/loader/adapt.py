@@ -248,10 +248,17 @@ class RaiseOnTrial:
             return None
         ints = (trial.before, trial.after, trial.workers, trial.epoch)
         numbers = (trial.baseline_samples_per_second, trial.loading_seconds)
-        ok = (trial.setting in SETTINGS
-              and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                      and math.isfinite(v) and v >= 0 for v in numbers))  # fmt: skip
+        ok = (
+            trial.setting in SETTINGS
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
+            and all(
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v >= 0
+                for v in numbers
+            )
+        )
         return trial if ok else None
 
 
@@ -270,10 +277,16 @@ class Adapter:
     """
 
     def __init__(
-        self, settings: Settings, limits: Limits, *, threshold: float = WAIT_THRESHOLD,
-        min_gain: float = 0.05, fixed: tuple[str, ...] = (), evidence: Evidence | None = None,
+        self,
+        settings: Settings,
+        limits: Limits,
+        *,
+        threshold: float = WAIT_THRESHOLD,
+        min_gain: float = 0.05,
+        fixed: tuple[str, ...] = (),
+        evidence: Evidence | None = None,
         persistent: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
             raise TypeError(f"adapt_threshold should be a number, but got {threshold!r}")
         if not 0 < threshold < 1:
@@ -316,26 +329,39 @@ class Adapter:
             if gain < self.min_gain:
                 self._settled[trial.setting] = (trial.workers, trial.loading_seconds)
                 return self._change(
-                    m, trial.setting, trial.before,
+                    m,
+                    trial.setting,
+                    trial.before,
                     f"the raise to {trial.after} brought {gain:+.1%} samples/s "
                     f"(needs {self.min_gain:+.0%}); back to {trial.before}, no more raises "
                     "while loading stays as it is",
-                )  # fmt: skip
+                )
         wait = m.steady_wait_fraction
         if wait <= self.threshold:
             return []
         best = wait / (1 - wait) if wait < 1 else math.inf
         if best < self.min_gain:
-            self._decline(m, "all", (
-                f"the loop waited {wait:.1%} of its time: a raise could gain at "
-                f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"))  # fmt: skip
+            self._decline(
+                m,
+                "all",
+                (
+                    f"the loop waited {wait:.1%} of its time: a raise could gain at "
+                    f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"
+                ),
+            )
             return []
         if not self._repays(m, wait):
             return []
         for setting, after, why in self._raises(m):
-            self._trial = RaiseOnTrial(setting, self._value(setting), after,
-                                m.steady_samples_per_second, m.loading_seconds,
-                                self.settings.num_workers, m.epoch)  # fmt: skip
+            self._trial = RaiseOnTrial(
+                setting,
+                self._value(setting),
+                after,
+                m.steady_samples_per_second,
+                m.loading_seconds,
+                self.settings.num_workers,
+                m.epoch,
+            )
             return self._change(m, setting, after, why)
         return []
 
@@ -366,15 +392,23 @@ class Adapter:
         if saving >= cost:
             return True
         if inside:
-            key, why = "a change inside the epoch", (
-                f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
-                f"undo); the {wait:.0%} wait over the {m.remaining} batches left saves at "
-                f"most {saving:.2f} s: left to the epoch's end")  # fmt: skip
+            key, why = (
+                "a change inside the epoch",
+                (
+                    f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
+                    f"undo); the {wait:.0%} wait over the {m.remaining} batches left saves at "
+                    f"most {saving:.2f} s: left to the epoch's end"
+                ),
+            )
         else:
-            key, why = "a change restarts the persistent workers", (
-                f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
-                f"their start measured); the {wait:.0%} wait over an epoch like this one "
-                f"saves at most {saving:.2f} s: kept as they are")  # fmt: skip
+            key, why = (
+                "a change restarts the persistent workers",
+                (
+                    f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
+                    f"their start measured); the {wait:.0%} wait over an epoch like this one "
+                    f"saves at most {saving:.2f} s: kept as they are"
+                ),
+            )
         self._decline(m, "all", why, key=key)
         return False
 
@@ -389,8 +423,9 @@ class Adapter:
             keep.pop("device_prefetch", None)
         keep, why = within_caps(keep, self.settings, self.limits)
         if why:
-            log.warning("autoloader: the resumed state's settings pass this host's caps: %s",
-                        "; ".join(why))  # fmt: skip
+            log.warning(
+                "autoloader: the resumed state's settings pass this host's caps: %s", "; ".join(why)
+            )
         if keep.get("num_workers", self.settings.num_workers) == 0:
             keep["prefetch_factor"] = self.settings.prefetch_factor
         self.settings = replace(self.settings, **keep)
@@ -433,20 +468,26 @@ class Adapter:
         that keep moving, such as reads alternating between a cache and storage, lift the
         settle each time and would otherwise have it follow them every epoch."""
         since = m.epoch - CHANGE_EPOCHS
-        downs = [c.epoch for c in self.history
-                 if c.setting == setting and c.direction == "down" and c.epoch > since]  # fmt: skip
+        downs = [
+            c.epoch
+            for c in self.history
+            if c.setting == setting and c.direction == "down" and c.epoch > since
+        ]
         if len(downs) < MAX_UNDONE:
             return None
         until = downs[len(downs) - MAX_UNDONE] + CHANGE_EPOCHS  # one leaves the window
-        return (f"it came back down {len(downs)} times since epoch {downs[0]}: at most "
-                f"{MAX_UNDONE} raises undone in {CHANGE_EPOCHS} epochs, so no raise before "
-                f"epoch {until}")  # fmt: skip
+        return (
+            f"it came back down {len(downs)} times since epoch {downs[0]}: at most "
+            f"{MAX_UNDONE} raises undone in {CHANGE_EPOCHS} epochs, so no raise before "
+            f"epoch {until}"
+        )
 
     def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
         """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
         current, evidence = self.settings.num_workers, self.evidence
-        ruled = (evidence.rules_out(current, nxt, self.min_gain, m.compute_seconds)
-                 if evidence else None)  # fmt: skip
+        ruled = (
+            evidence.rules_out(current, nxt, self.min_gain, m.compute_seconds) if evidence else None
+        )
         return self._unless_ruled(
             m,
             "num_workers",
@@ -465,11 +506,19 @@ class Adapter:
         if evidence is not None:  # too slow on average, or fast enough: no queue helps
             depth = self.settings.prefetch_factor or 2
             ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(
-                workers, m.compute_seconds, depth)
+                workers, m.compute_seconds, depth
+            )
         return self._unless_ruled(m, "prefetch_factor", waited, ruled, "", "")
 
-    def _unless_ruled(self, m: EpochMeasure, setting: str, waited: str, ruled: str | None,
-                      declined: str, trying: str) -> str | None:  # fmt: skip
+    def _unless_ruled(
+        self,
+        m: EpochMeasure,
+        setting: str,
+        waited: str,
+        ruled: str | None,
+        declined: str,
+        trying: str,
+    ) -> str | None:
         """Why ``setting`` may be raised, or None: settled after a raise in vain while
         loading stays as it was, or ``ruled`` out by the tune's timings while the loop is
         as the tune measured it (then declined: ``ruled`` and ``declined`` say why)."""
@@ -481,8 +530,9 @@ class Adapter:
         current = self.settings.num_workers
         changed = None
         if m.workers == current:
-            changed = self.evidence.changed(current, m.loading_seconds, m.compute_seconds,
-                                            m.batches)  # fmt: skip
+            changed = self.evidence.changed(
+                current, m.loading_seconds, m.compute_seconds, m.batches
+            )
         if changed is None:
             self._decline(m, setting, ruled + declined)
             return None
@@ -513,21 +563,29 @@ class Adapter:
             s.num_workers > 0
             and depth < MAX_PREFETCH_FACTOR
             and lim.shm_refuses(s.num_workers, deeper) is None
-            and (lim.process is None
-                 or lim.process.refuses(s.num_workers, deeper, self.batch_tensors) is None)
-        ):  # fmt: skip
+            and (
+                lim.process is None
+                or lim.process.refuses(s.num_workers, deeper, self.batch_tensors) is None
+            )
+        ):
             held = "at their cap" if capped else "not to be raised"
             why = self._prefetch_raise(m, f"{waited}, with workers {held}")
             if why is not None:
                 out.append(("prefetch_factor", deeper, why))
         if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
             if s.device_prefetch < lim.device_prefetch_max:
-                out.append(("device_prefetch", s.device_prefetch + 1,
-                            f"{waited}, with workers and prefetch at their caps"))  # fmt: skip
+                out.append(
+                    (
+                        "device_prefetch",
+                        s.device_prefetch + 1,
+                        f"{waited}, with workers and prefetch at their caps",
+                    )
+                )
         return out
 
-    def _workers_refused(self, m: EpochMeasure, workers: int, per_worker: float | None,
-                         quiet: bool = False) -> str | None:  # fmt: skip
+    def _workers_refused(
+        self, m: EpochMeasure, workers: int, per_worker: float | None, quiet: bool = False
+    ) -> str | None:
         """Why ``workers`` cannot run here: the host-memory budget (``per_worker`` bytes
         each, where known), /dev/shm, or what this process may start (declined, unless
         ``quiet``); None where nothing refuses them."""
@@ -576,9 +634,15 @@ class Adapter:
 
     def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
         change = Adaptation(
-            m.epoch, setting, self._value(setting), after, m.steady_wait_fraction,
-            m.steady_samples_per_second, reason, m.batch,
-        )  # fmt: skip
+            m.epoch,
+            setting,
+            self._value(setting),
+            after,
+            m.steady_wait_fraction,
+            m.steady_samples_per_second,
+            reason,
+            m.batch,
+        )
         if after > change.before:
             self._settled.pop(setting, None)  # tried again: judged afresh
         if setting != "device_prefetch":
@@ -589,13 +653,15 @@ class Adapter:
         self.history.append(change)
         return [change]
 
-    def hold_down(self, workers: int, epoch: int, batch: int | None, reason: str,
-                  cap: int | None = None) -> Adaptation:  # fmt: skip
+    def hold_down(
+        self, workers: int, epoch: int, batch: int | None, reason: str, cap: int | None = None
+    ) -> Adaptation:
         """Workers died (memory pressure), or a raise's could not start (a host limit): run
         ``workers`` from now on, and never raise past ``cap`` (default ``workers``) again.
         The change is in ``history`` like any other."""
-        change = Adaptation(epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0,
-                            reason, batch)  # fmt: skip
+        change = Adaptation(
+            epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0, reason, batch
+        )
         self.settings = replace(self.settings, num_workers=workers)
         most = workers if cap is None else max(workers, cap)
         self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, most))

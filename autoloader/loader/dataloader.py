@@ -242,8 +242,14 @@ class DataLoader(tud.DataLoader):
         if self.plan is None or not isinstance(sampler, SizeBatchSampler):
             return {}
         adapter = self._runtime.adapter if self._runtime is not None else None
-        return position_state(self._position, self.plan, self._data, meaning(sampler),
-                              self._settings(), adapter.on_trial if adapter else None)  # fmt: skip
+        return position_state(
+            self._position,
+            self.plan,
+            self._data,
+            meaning(sampler),
+            self._settings(),
+            adapter.on_trial if adapter else None,
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position: the next ``iter()`` yields exactly the batches an
@@ -263,8 +269,10 @@ class DataLoader(tud.DataLoader):
         """
         if self.plan is None:
             if state_dict:
-                raise UsageError("load_state_dict: this DataLoader was built without a plan "
-                                 "and keeps no position")  # fmt: skip
+                raise UsageError(
+                    "load_state_dict: this DataLoader was built without a plan "
+                    "and keeps no position"
+                )
             return
         sampler = self.batch_sampler
         if not isinstance(sampler, SizeBatchSampler):
@@ -406,10 +414,13 @@ class DataLoader(tud.DataLoader):
         if search is not None and any(c.ok and c.workers >= workers for c in search.trace):
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             if workers > cpus:
-                log.info("autoloader: %d workers on %d CPU(s), as the plan's worker search "
-                         "timed them (workers waiting on reads leave their cores free); "
-                         "torch's warning on more workers than CPUs does not apply",
-                         workers, cpus)  # fmt: skip
+                log.info(
+                    "autoloader: %d workers on %d CPU(s), as the plan's worker search "
+                    "timed them (workers waiting on reads leave their cores free); "
+                    "torch's warning on more workers than CPUs does not apply",
+                    workers,
+                    cpus,
+                )
             return
         super().check_worker_number_rationality()
 
@@ -480,9 +491,14 @@ def _runtime(
     settings = _settings_of(loader)
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
-    adapter = Adapter(settings, limits, threshold=threshold, fixed=tuple(fixed),
-                      evidence=Evidence.from_search(plan.evidence.workers),
-                      persistent=bool(loader.persistent_workers))  # fmt: skip
+    adapter = Adapter(
+        settings,
+        limits,
+        threshold=threshold,
+        fixed=tuple(fixed),
+        evidence=Evidence.from_search(plan.evidence.workers),
+        persistent=bool(loader.persistent_workers),
+    )
     predicted, budget = plan.evidence.predicted_peak_bytes, plan.evidence.budget_bytes
     watch = None
     if predicted:

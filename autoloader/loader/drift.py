@@ -80,9 +80,11 @@ class MemoryWatch:
     """
 
     def __init__(
-        self, predicted_bytes: int, budget_bytes: int | None,
+        self,
+        predicted_bytes: int,
+        budget_bytes: int | None,
         reader: Callable[[], CudaPeak | None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.predicted_bytes = predicted_bytes
         self.budget_bytes = budget_bytes
         self._reader = reader

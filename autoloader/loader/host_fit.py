@@ -34,8 +34,11 @@ def fit_to_host(
         return given
     fix = budget.shm_limit(budget.shm_need(workers, prefetch, batch), say_need=False)
     if explicit:
-        log.warning("autoloader: the num_workers/prefetch_factor given may not fit this node: "
-                    "%s; %s", why, fix)  # fmt: skip
+        log.warning(
+            "autoloader: the num_workers/prefetch_factor given may not fit this node: %s; %s",
+            why,
+            fix,
+        )
         return given
     out = dict(given)
     out["num_workers"], depth = within_shm(budget, workers, prefetch, batch)
@@ -45,10 +48,14 @@ def fit_to_host(
         out.pop("prefetch_factor", None)
         out["persistent_workers"] = False
     log.warning(
-        "autoloader: running %d worker(s)%s instead of the plan's %d x prefetch_factor %s: "
-        "%s; %s", out["num_workers"], f" x prefetch_factor {depth}" if out["num_workers"]
-        else "", workers, prefetch or 2, why, fix,
-    )  # fmt: skip
+        "autoloader: running %d worker(s)%s instead of the plan's %d x prefetch_factor %s: %s; %s",
+        out["num_workers"],
+        f" x prefetch_factor {depth}" if out["num_workers"] else "",
+        workers,
+        prefetch or 2,
+        why,
+        fix,
+    )
     return out
 
 

@@ -159,17 +159,26 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
         except (IndexError, RuntimeError):  # moved on meanwhile
             worker, pid, indices = None, None, []
         sampler = getattr(self._loader(), "batch_sampler", None)
-        return Stall(worker, pid, getattr(sampler, "epoch", 0), self._start + self._yielded,
-                     indices, waited, process_state(pid))  # fmt: skip
+        return Stall(
+            worker,
+            pid,
+            getattr(sampler, "epoch", 0),
+            self._start + self._yielded,
+            indices,
+            waited,
+            process_state(pid),
+        )
 
     def _shutdown_workers(self) -> None:
         """torch's shutdown, which a stopped worker (SIGSTOP) survives: it hears neither
         the done event nor SIGTERM, and the interpreter's exit then waits for it for ever.
         A planned loader's are resumed first (SIGCONT), and killed where they still live
         after (without a plan, torch's own shutdown, exactly)."""
-        ending = (getattr(self, "_survival", None) is not None
-                  and not compat.is_shut_down(self)
-                  and not compat.interpreter_exiting())  # fmt: skip
+        ending = (
+            getattr(self, "_survival", None) is not None
+            and not compat.is_shut_down(self)
+            and not compat.interpreter_exiting()
+        )
         workers = compat.workers(self)
         for w in workers if ending else []:
             if w.pid is not None and w.is_alive():
@@ -218,8 +227,10 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
         stall = self._expired or self._awaited(time.monotonic() - self._wait_began)
         self._kill_workers()  # at once: a stopped or hung one would hold the shutdown
         self._shutdown_workers()
-        raise RuntimeError(f"DataLoader timed out after {compat.timeout(self):g} seconds "
-                           f"waiting for {stall.describe()}") from None  # fmt: skip
+        raise RuntimeError(
+            f"DataLoader timed out after {compat.timeout(self):g} seconds "
+            f"waiting for {stall.describe()}"
+        ) from None
 
     def _kill_workers(self) -> None:
         for w in compat.workers(self):
@@ -257,8 +268,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
                 ahead = task - awaited  # the pending queue starts at the awaited task
                 if 0 <= ahead < len(self._pending):
                     indices.extend(int(i) for i in self._pending[ahead])
-            out.append(Death(worker_id, w.pid, w.exitcode, epoch,
-                             [self._start + t for t in tasks], indices))  # fmt: skip
+            out.append(
+                Death(
+                    worker_id, w.pid, w.exitcode, epoch, [self._start + t for t in tasks], indices
+                )
+            )
         return out
 
     def _watch(self) -> None:

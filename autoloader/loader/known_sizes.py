@@ -57,8 +57,11 @@ def known_sizes(
     if carried is None and plan.source != "<dict>":
         carried = recorded_sizes(plan.source, plan.fingerprint)
     if carried is None:
-        why = (f"no sizes are recorded beside the plan ({recorded_path(plan.source)})"
-               if plan.source != "<dict>" else "the plan carries no sizes")  # fmt: skip
+        why = (
+            f"no sizes are recorded beside the plan ({recorded_path(plan.source)})"
+            if plan.source != "<dict>"
+            else "the plan carries no sizes"
+        )
     else:
         stale = spot_check(dataset, carried)
         if stale is None:
@@ -78,9 +81,11 @@ def _measure(dataset: Any, progress: bool) -> np.ndarray:
         return sample_sizes(dataset, progress=progress)
     rank, world, n = dist.get_rank(), dist.get_world_size(), len(dataset)
     measured = measure_sizes(
-        dataset, range(rank, n, world), progress=progress,
+        dataset,
+        range(rank, n, world),
+        progress=progress,
         desc=f"measuring sample sizes (rank {rank}, 1/{world} of them)",
-    ).tolist()  # fmt: skip
+    ).tolist()
     # Gathered over gloo whatever the job's backend: NCCL would need a device per rank.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=agreement_timeout()))
     shares: list[Any] = [None] * world

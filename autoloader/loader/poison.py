@@ -18,10 +18,15 @@ def find_poison(loader: Any, indices: list[int]) -> tuple[int, int] | None:
     """The first of ``indices`` that kills a worker reading it alone, with that worker's
     exit code (negative: the signal); None where each is read without a death."""
     reader = DataLoader(
-        loader.dataset, batch_sampler=[[i] for i in indices], num_workers=1, prefetch_factor=1,
-        collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, timeout=loader.timeout,
-    )  # fmt: skip
+        loader.dataset,
+        batch_sampler=[[i] for i in indices],
+        num_workers=1,
+        prefetch_factor=1,
+        collate_fn=loader.collate_fn,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        timeout=loader.timeout,
+    )
     read = 0
     batches = iter(reader)
     try:

@@ -113,9 +113,13 @@ class Served:
 
 
 def state(
-    position: Position, plan: Plan, data: Data, means: Mapping[str, Any],
-    settings: dict[str, Any], trial: RaiseOnTrial | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    position: Position,
+    plan: Plan,
+    data: Data,
+    means: Mapping[str, Any],
+    settings: dict[str, Any],
+    trial: RaiseOnTrial | None = None,
+) -> dict[str, Any]:
     """The plain-data state: numbers and strings, under 1 KiB whatever the epoch's size.
     ``means``: ``meaning(sampler)``. ``trial``: a raise in force but not yet judged,
     judged after resuming as it would have been."""
@@ -181,8 +185,11 @@ def check_state(
             f"{batches_in_epoch} batches of an epoch, found {found['batches']}"
         )
     if earlier:
-        log.info("autoloader: resuming a state of an earlier autoloader (%s): its batching "
-                 "is taken as the plan's, its data checked by sample count", EARLIER)  # fmt: skip
+        log.info(
+            "autoloader: resuming a state of an earlier autoloader (%s): its batching "
+            "is taken as the plan's, its data checked by sample count",
+            EARLIER,
+        )
     return Position(found["epoch"], found["batches"])
 
 
@@ -191,8 +198,13 @@ def _as_planned(found: Mapping[str, Any], plan: Plan, means: Mapping[str, Any]) 
     only overrides change, batch_size, shuffle and drop_last, from the plan; the rest
     always is the plan's), and its recorded world size."""
     bp = plan.batching
-    return {**means, "batch_size": bp.local_batch_size, "shuffle": True,
-            "drop_last": bp.drop_last, "world_size": found["world_size"]}  # fmt: skip
+    return {
+        **means,
+        "batch_size": bp.local_batch_size,
+        "shuffle": True,
+        "drop_last": bp.drop_last,
+        "world_size": found["world_size"],
+    }
 
 
 def _check_data(found: Mapping[str, Any], plan: Plan, data: Data, earlier: bool) -> None:
@@ -211,8 +223,10 @@ def _check_data(found: Mapping[str, Any], plan: Plan, data: Data, earlier: bool)
             )
         return
     if not isinstance(table, Mapping):
-        raise PlanError(f"{source}: load_state_dict: key 'data': expected a table of the "
-                        f"data the state was taken on, found {table!r}")  # fmt: skip
+        raise PlanError(
+            f"{source}: load_state_dict: key 'data': expected a table of the "
+            f"data the state was taken on, found {table!r}"
+        )
     if table.get("samples") != data.samples:
         raise PlanError(
             f"{source}: load_state_dict: key 'data.samples': the state was saved over "

@@ -47,9 +47,12 @@ log = logging.getLogger("autoloader")
 
 
 def default_limits(
-    plan: Plan, settings: Settings, max_workers: int | None, host: HostBudget,
+    plan: Plan,
+    settings: Settings,
+    max_workers: int | None,
+    host: HostBudget,
     process: ProcessLimits | None = None,
-) -> Limits:  # fmt: skip
+) -> Limits:
     """The caps: workers as far as the tune's search went (this rank's CPUs, or past them
     where the tune found the workers waiting on reads; never below the plan's count) and
     below the fewest it saw fail, half the available RAM split over the node's ranks for
@@ -62,8 +65,15 @@ def default_limits(
         searched = (search.max_workers or 0) if search is not None else 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
     failed = search.failed_past(settings.num_workers) if search is not None else None
-    return Limits(max_workers, host.memory_budget_bytes, _device_prefetch_max(plan, settings),
-                  host, evidence.worst_batch_bytes, process, failed)  # fmt: skip
+    return Limits(
+        max_workers,
+        host.memory_budget_bytes,
+        _device_prefetch_max(plan, settings),
+        host,
+        evidence.worst_batch_bytes,
+        process,
+        failed,
+    )
 
 
 def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
@@ -82,9 +92,13 @@ class Runtime:
     """Adaptation and drift for one loader on one rank."""
 
     def __init__(
-        self, plan: Plan, adapter: Adapter | None, watch: MemoryWatch | None,
-        recorder: BatchRecorder | None, rank: int,
-    ) -> None:  # fmt: skip
+        self,
+        plan: Plan,
+        adapter: Adapter | None,
+        watch: MemoryWatch | None,
+        recorder: BatchRecorder | None,
+        rank: int,
+    ) -> None:
         self.plan = plan
         self.adapter = adapter
         self.watch = watch
@@ -131,10 +145,13 @@ class Runtime:
         assert adapter is not None
         position = loader._position
         # the counts between stay open: a sized raise may have jumped past ones that start
-        change = adapter.hold_down(trial.before, position.epoch, position.batches or None,
-                                   f"{why}; back to {trial.before}, never raised to "
-                                   f"{trial.after} or past it again",
-                                   cap=trial.after - 1)  # fmt: skip
+        change = adapter.hold_down(
+            trial.before,
+            position.epoch,
+            position.batches or None,
+            f"{why}; back to {trial.before}, never raised to {trial.after} or past it again",
+            cap=trial.after - 1,
+        )
         self._record(change)
         self.begin(loader)
         return True
@@ -142,8 +159,9 @@ class Runtime:
     def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
         return EpochIter(batches, self, loader)
 
-    def end(self, m: EpochMeasure, last_bytes: int | None, batches: int, *,
-            judged: bool = False) -> None:  # fmt: skip
+    def end(
+        self, m: EpochMeasure, last_bytes: int | None, batches: int, *, judged: bool = False
+    ) -> None:
         """A complete epoch: export it, judge it (unless its windows were), check the
         memory."""
         self.epoch += 1
@@ -168,9 +186,14 @@ class Runtime:
         when = f"epoch {change.epoch}" + (f" batch {change.batch}" if change.batch else "")
         log.info(
             "autoloader: rank %d, after %s: %s %d -> %d (%s; %.1f samples/s)",
-            self.rank, when, change.setting, change.before, change.after,
-            change.reason, change.samples_per_second,
-        )  # fmt: skip
+            self.rank,
+            when,
+            change.setting,
+            change.before,
+            change.after,
+            change.reason,
+            change.samples_per_second,
+        )
         if self.recorder is not None:
             self.recorder.adapted(change.setting, change.direction)
 
@@ -375,11 +398,17 @@ class EpochIter:
         self._worker_memory = self._memory_read.wait(timeout=0.0) or self._worker_memory
         warm = min(self._warm_batches, self._count)
         measure = EpochMeasure(
-            runtime.epoch, self._count, self._samples(), self._wait, loop, self._worker_memory,
-            self._warm_wait if self._warm_seconds is not None else self._wait, self._window_workers,
+            runtime.epoch,
+            self._count,
+            self._samples(),
+            self._wait,
+            loop,
+            self._worker_memory,
+            self._warm_wait if self._warm_seconds is not None else self._wait,
+            self._window_workers,
             warm_batches=warm,
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
-        )  # fmt: skip
+        )
         runtime.end(measure, self._last_bytes, self._count, judged=self._window is not None)
 
 

@@ -35,8 +35,11 @@ def stall_after(plan: Plan) -> float:
     batches), and at least ``STALL_MIN_SECONDS``."""
     search = plan.evidence.workers
     trace = search.trace if search is not None else ()
-    timed = [c.max_batch_seconds * max(1, c.workers) for c in trace
-             if c.status == "ok" and c.max_batch_seconds is not None]  # fmt: skip
+    timed = [
+        c.max_batch_seconds * max(1, c.workers)
+        for c in trace
+        if c.status == "ok" and c.max_batch_seconds is not None
+    ]
     slowest = max(timed, default=0.0)
     return max(STALL_MIN_SECONDS, STALL_FACTOR * slowest)
 
@@ -67,8 +70,11 @@ class Stall:
         shown = ", ".join(map(str, self.indices[:8]))
         more = f", ... ({len(self.indices)} in all)" if len(self.indices) > 8 else ""
         samples = f" (samples {shown}{more})" if self.indices else ""
-        who = (f"DataLoader worker {self.worker} (pid {self.pid}, {self.state})"
-               if self.worker is not None else "no worker")  # fmt: skip
+        who = (
+            f"DataLoader worker {self.worker} (pid {self.pid}, {self.state})"
+            if self.worker is not None
+            else "no worker"
+        )
         return f"batch {self.batch} of epoch {self.epoch}{samples}, held by {who}"
 
 
@@ -84,9 +90,12 @@ class StallWatch:
         log.warning(
             "autoloader: rank %d: the loop has waited %.0f s for %s, past the %.0f s a batch "
             "of this plan may take: a stopped or hung worker? Nothing is killed (`kill -CONT "
-            "%s` resumes a stopped one; timeout= ends such a wait with an error)", self.rank,
-            stall.waited, stall.describe(), self.after,
+            "%s` resumes a stopped one; timeout= ends such a wait with an error)",
+            self.rank,
+            stall.waited,
+            stall.describe(),
+            self.after,
             stall.pid if stall.pid is not None else "PID",
-        )  # fmt: skip
+        )
         if self.recorder is not None:
             self.recorder.worker_stalled()

@@ -81,9 +81,12 @@ class Death:
         return exit_text(self.exitcode)
 
     def describe(self) -> str:
-        held = (f"holding batch{'es' if len(self.batches) > 1 else ''} "
-                f"{', '.join(map(str, self.batches))} of epoch {self.epoch}"
-                if self.batches else f"holding no batch (epoch {self.epoch})")  # fmt: skip
+        held = (
+            f"holding batch{'es' if len(self.batches) > 1 else ''} "
+            f"{', '.join(map(str, self.batches))} of epoch {self.epoch}"
+            if self.batches
+            else f"holding no batch (epoch {self.epoch})"
+        )
         if self.indices:
             shown = ", ".join(map(str, self.indices[:8]))
             more = f", ... ({len(self.indices)} in all)" if len(self.indices) > 8 else ""
@@ -123,22 +126,35 @@ class Survival:
         self.deaths.extend(deaths)
         count = len(before) + len(deaths)
         if count > MAX_DEATHS:
-            raise RuntimeError(f"autoloader: {count} DataLoader workers died in epoch {epoch}; "
-                               f"the last: {deaths[-1].describe()}; giving up")  # fmt: skip
+            raise RuntimeError(
+                f"autoloader: {count} DataLoader workers died in epoch {epoch}; "
+                f"the last: {deaths[-1].describe()}; giving up"
+            )
         seen = {i for d in before for i in d.indices}
         suspects = list(dict.fromkeys(i for d in deaths for i in d.indices if i in seen))
         for death in deaths:
-            log.warning("autoloader: rank %d: %s; %s", self.rank, death.describe(),
-                        f"reading the {len(suspects)} sample(s) an earlier death held too one at "
-                        "a time in a fresh worker" if suspects else
-                        f"restarting the workers at batch {at}")  # fmt: skip
+            log.warning(
+                "autoloader: rank %d: %s; %s",
+                self.rank,
+                death.describe(),
+                f"reading the {len(suspects)} sample(s) an earlier death held too one at "
+                "a time in a fresh worker"
+                if suspects
+                else f"restarting the workers at batch {at}",
+            )
         if suspects:
             self._poison(loader, suspects, deaths[0])
-            self._step_down(loader, f"{count} workers died in epoch {epoch}, and no sample "
-                            "they held kills a worker read alone (memory pressure?)")  # fmt: skip
+            self._step_down(
+                loader,
+                f"{count} workers died in epoch {epoch}, and no sample "
+                "they held kills a worker read alone (memory pressure?)",
+            )
         elif count >= STEP_DOWN_AFTER:
-            self._step_down(loader, f"{count} workers died in epoch {epoch}, holding different "
-                            "batches (memory pressure?)")  # fmt: skip
+            self._step_down(
+                loader,
+                f"{count} workers died in epoch {epoch}, holding different "
+                "batches (memory pressure?)",
+            )
         self._restarted("died")
 
     def _poison(self, loader: Any, suspects: list[int], death: Death) -> None:
@@ -180,11 +196,12 @@ class Survival:
         if held <= budget or held < GROWTH * self._first_held:
             return None
         grown = held / max(1, self._first_held)
-        why = (f"the {len(pids)} DataLoader workers hold {format_bytes(held)}, past their "
-               f"budget of {format_bytes(budget)} and {grown:.1f}x what they "
-               "held at start (a leak in the dataset or the collate function?)")  # fmt: skip
-        log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why,
-                    batch)  # fmt: skip
+        why = (
+            f"the {len(pids)} DataLoader workers hold {format_bytes(held)}, past their "
+            f"budget of {format_bytes(budget)} and {grown:.1f}x what they "
+            "held at start (a leak in the dataset or the collate function?)"
+        )
+        log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why, batch)
         self._restarted("memory")
         return why
 
@@ -200,8 +217,9 @@ class Survival:
             change = adapter.hold_down(fewer, position.epoch, position.batches, why)
             runtime._record(change)
         else:
-            log.warning("autoloader: rank %d: num_workers %d -> %d (%s)", self.rank, workers,
-                        fewer, why)  # fmt: skip
+            log.warning(
+                "autoloader: rank %d: num_workers %d -> %d (%s)", self.rank, workers, fewer, why
+            )
         loader.num_workers = fewer
         if self.recorder is not None:
             self.recorder.workers_changed(fewer)

@@ -43,5 +43,13 @@ class Window:
 
     def measure(self, epoch: int, samples: int, worker_memory: int | None) -> EpochMeasure:
         loop = time.perf_counter() - self.start
-        return EpochMeasure(epoch, self.count, samples - self.samples_at_start, self.wait, loop,
-                            worker_memory, self.first_wait, self.workers)  # fmt: skip
+        return EpochMeasure(
+            epoch,
+            self.count,
+            samples - self.samples_at_start,
+            self.wait,
+            loop,
+            worker_memory,
+            self.first_wait,
+            self.workers,
+        )

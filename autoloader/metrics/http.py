@@ -42,9 +42,11 @@ class MetricsApp:
     """A WSGI app serving a registry at ``/metrics``, generated at most every ``max_age``."""
 
     def __init__(
-        self, registry: CollectorRegistry, max_age: float = MAX_AGE,
+        self,
+        registry: CollectorRegistry,
+        max_age: float = MAX_AGE,
         status: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.registry = registry
         self.max_age = max_age
         # also serve /status (the node agent), these fields first (as `status --json`)
@@ -63,14 +65,18 @@ class MetricsApp:
 
     def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
-        if self.status is not None and path in ("/status", "/status/") and method in (
-                "GET", "HEAD"):  # fmt: skip
+        if (
+            self.status is not None
+            and path in ("/status", "/status/")
+            and method in ("GET", "HEAD")
+        ):
             from autoloader.metrics.status import read_status
 
             found = {**self.status, **read_status(self.registry)}
             body = json.dumps(found, allow_nan=False).encode()
-            start("200 OK", [("Content-Type", "application/json"),
-                             ("Content-Length", str(len(body)))])  # fmt: skip
+            start(
+                "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            )
             return [b"" if method == "HEAD" else body]
         if path not in ("/metrics", "/metrics/"):
             start("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])

@@ -88,8 +88,9 @@ class TolerantCollector(MultiProcessCollector):
         if not stat.S_ISREG(st.st_mode):
             return self._skip(path, "not a regular file")
         if st.st_size > MAX_FILE_BYTES:
-            return self._skip(path, f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a "
-                              "metric file may hold")  # fmt: skip
+            return self._skip(
+                path, f"{st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a metric file may hold"
+            )
         return True
 
     def _skip(self, path: str, why: str) -> bool:

@@ -38,9 +38,19 @@ _FIELDS = {
     "autoloader_predicted_worst_batch_bytes": "predicted_worst_batch_bytes",
     "autoloader_worker_stalls_total": "worker_stalls",
 }
-_INTS = {"batches", "epochs", "num_workers", "max_workers", "oom_total", "memory_peak_bytes",
-         "predicted_peak_bytes", "memory_budget_bytes", "shm_used_bytes",
-         "predicted_worst_batch_bytes", "worker_stalls"}  # fmt: skip
+_INTS = {
+    "batches",
+    "epochs",
+    "num_workers",
+    "max_workers",
+    "oom_total",
+    "memory_peak_bytes",
+    "predicted_peak_bytes",
+    "memory_budget_bytes",
+    "shm_used_bytes",
+    "predicted_worst_batch_bytes",
+    "worker_stalls",
+}
 
 
 def read_status(registry: CollectorRegistry) -> dict[str, Any]:
@@ -102,8 +112,10 @@ def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
     wait = r.get("wait_fraction")
     if wait is None and r.get("epochs"):
         # its counters stay, its live gauges went with its process (agent start-up cleans)
-        return 0, (f"ended: {who} delivered {r['epochs']} epoch(s), {r.get('batches', 0)} "
-                   "batches; its process has exited")  # fmt: skip
+        return 0, (
+            f"ended: {who} delivered {r['epochs']} epoch(s), {r.get('batches', 0)} "
+            "batches; its process has exited"
+        )
     if wait is None or not r.get("epochs"):
         return 1, f"starting: {who} has not finished an epoch ({r.get('batches', 0)} batches)"
     workers, cap = r.get("num_workers"), r.get("max_workers")

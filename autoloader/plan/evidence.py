@@ -27,18 +27,27 @@ def ranks_table(
     """A collective tune's evidence: each rank's device and budget, and which limited."""
     if not ranks:
         return {}
-    return {"ranks": [dict(r) for r in ranks], "limiting_rank": limiting_rank,
-            "limiting_host": limiting_host}  # fmt: skip
+    return {
+        "ranks": [dict(r) for r in ranks],
+        "limiting_rank": limiting_rank,
+        "limiting_host": limiting_host,
+    }
 
 
 def tuning_table(
-    *, workers: Mapping[str, Any], strategies: Mapping[str, Mapping[str, Any]],
-    candidates: Sequence[Mapping[str, Any]], step_seconds: float | None,
-    placement: tuple[str, list[int]] | None, device_prefetch: Mapping[str, Any] | None,
-    nodes: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None = None,
-    threads: Mapping[str, Any] | None = None, host: Mapping[str, Any] | None = None,
+    *,
+    workers: Mapping[str, Any],
+    strategies: Mapping[str, Mapping[str, Any]],
+    candidates: Sequence[Mapping[str, Any]],
+    step_seconds: float | None,
+    placement: tuple[str, list[int]] | None,
+    device_prefetch: Mapping[str, Any] | None,
+    nodes: Mapping[str, Mapping[str, Any]],
+    baseline: Mapping[str, Any] | None = None,
+    threads: Mapping[str, Any] | None = None,
+    host: Mapping[str, Any] | None = None,
     read_order: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
     (where they apply) the step time, the worker pinning, the device feed, each node, the
     baseline measured beside the plan, the intra-op threads choice, the host's
@@ -68,16 +77,26 @@ def tuning_table(
 
 
 def memory_table(
-    *, budget_bytes: int, safety: float, reserve: Mapping[str, Any], reserve_bytes: int,
-    predicted_peak_bytes: int, device_prefetch_bytes: int | None,
-    model: Mapping[str, Any], notes: Sequence[str], out_of_memory_at: Sequence[int],
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    budget_bytes: int,
+    safety: float,
+    reserve: Mapping[str, Any],
+    reserve_bytes: int,
+    predicted_peak_bytes: int,
+    device_prefetch_bytes: int | None,
+    model: Mapping[str, Any],
+    notes: Sequence[str],
+    out_of_memory_at: Sequence[int],
+) -> dict[str, Any]:
     """``[memory]``: the budget, the reserve and what it holds, the predicted peak, and
     the memory model with what calibration found (a DataParallel imbalance, OOMs)."""
     table: dict[str, Any] = {
-        "budget_bytes": budget_bytes, "safety": safety, "reserve_bytes": reserve_bytes,
-        "reserve": dict(reserve), "predicted_peak_bytes": predicted_peak_bytes,
-    }  # fmt: skip
+        "budget_bytes": budget_bytes,
+        "safety": safety,
+        "reserve_bytes": reserve_bytes,
+        "reserve": dict(reserve),
+        "predicted_peak_bytes": predicted_peak_bytes,
+    }
     if device_prefetch_bytes is not None:
         table["device_prefetch_bytes"] = device_prefetch_bytes
     table["model"] = dict(model)

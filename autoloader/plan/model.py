@@ -98,8 +98,9 @@ class Plan:
         validate_loader(table, self.source, key=f"tuning.nodes.{host}")
         return LoaderPlan(**table)
 
-    def with_runtime(self, runtime: dict[str, Any], host: str, started: LoaderPlan,
-                     saved: LoaderPlan) -> Plan:  # fmt: skip
+    def with_runtime(
+        self, runtime: dict[str, Any], host: str, started: LoaderPlan, saved: LoaderPlan
+    ) -> Plan:
         """This plan as a run on ``host`` saves it: its ``[loader]`` (and ``host``'s
         ``[tuning.nodes]`` table) at ``saved``, and ``runtime`` as ``[tuning.runtime]``
         with the tune's values of the settings run time changed from ``started`` kept in

@@ -90,23 +90,36 @@ class WorkerSearch:
             workers, status = _int(e.get("workers")), e.get("status", "ok")
             if workers is None or not isinstance(status, str):
                 continue
-            trace.append(TimedCount(workers, status, _number(e.get("seconds_per_batch")),
-                                    _number(e.get("stderr_seconds")) or 0.0,
-                                    _number(e.get("max_batch_seconds")),
-                                    _number(e.get("memory_bytes"))))  # fmt: skip
+            trace.append(
+                TimedCount(
+                    workers,
+                    status,
+                    _number(e.get("seconds_per_batch")),
+                    _number(e.get("stderr_seconds")) or 0.0,
+                    _number(e.get("max_batch_seconds")),
+                    _number(e.get("memory_bytes")),
+                )
+            )
         loops = []
         for e in _entries(table.get("loops")):
             workers, spb = _int(e.get("workers")), _number(e.get("seconds_per_batch"))
             if workers is not None and spb is not None:
                 loops.append(LoopTiming(workers, spb, _int(e.get("num_threads"))))
-        return cls(_int(table.get("max_workers")), tuple(trace), tuple(loops),
-                   _number(table.get("step_seconds")))  # fmt: skip
+        return cls(
+            _int(table.get("max_workers")),
+            tuple(trace),
+            tuple(loops),
+            _number(table.get("step_seconds")),
+        )
 
     def failed_past(self, planned: int) -> tuple[int, str] | None:
         """The fewest workers past ``planned`` the search saw fail, and how: a count whose
         workers could not start, died or hung there will not run here either."""
-        failed = [(c.workers, c.status) for c in self.trace
-                  if c.workers > planned and c.status.startswith("failed")]  # fmt: skip
+        failed = [
+            (c.workers, c.status)
+            for c in self.trace
+            if c.workers > planned and c.status.startswith("failed")
+        ]
         return min(failed, default=None)
 
 
@@ -140,8 +153,9 @@ class PlanEvidence:
         return self.host_batch_bytes or self.replayed_worst_batch_bytes
 
     @classmethod
-    def from_tables(cls, tuning: Mapping[str, Any], memory: Mapping[str, Any],
-                    strategy: str) -> PlanEvidence:  # fmt: skip
+    def from_tables(
+        cls, tuning: Mapping[str, Any], memory: Mapping[str, Any], strategy: str
+    ) -> PlanEvidence:
         host = _table(tuning.get("host"))
         replay = _table(_table(tuning.get("strategies")).get(strategy))
         return cls(
@@ -156,13 +170,22 @@ class PlanEvidence:
 
 def _host_budget(table: Mapping[str, Any]) -> HostBudget | None:
     """The budgets in ``[tuning.host]`` (None where it lacks the RAM budget)."""
-    keys = ("shm_free_bytes", "shm_total_bytes", "shm_budget_bytes", "memory_available_bytes",
-            "memory_budget_bytes")  # fmt: skip
+    keys = (
+        "shm_free_bytes",
+        "shm_total_bytes",
+        "shm_budget_bytes",
+        "memory_available_bytes",
+        "memory_budget_bytes",
+    )
     found = {key: _int(table.get(key)) for key in keys}
     if found["memory_budget_bytes"] is None:
         return None
     strategy = table.get("sharing_strategy")
-    return HostBudget(found["shm_free_bytes"], found["shm_total_bytes"],
-                      found["shm_budget_bytes"], found["memory_available_bytes"] or 0,
-                      found["memory_budget_bytes"],
-                      strategy if isinstance(strategy, str) else "file_descriptor")  # fmt: skip
+    return HostBudget(
+        found["shm_free_bytes"],
+        found["shm_total_bytes"],
+        found["shm_budget_bytes"],
+        found["memory_available_bytes"] or 0,
+        found["memory_budget_bytes"],
+        strategy if isinstance(strategy, str) else "file_descriptor",
+    )

@@ -279,74 +279,194 @@ def _validate_options(batching: Mapping[str, Any], source: str) -> None:
 # present; anything else there is free.
 _NUM, _STR, _FIN = ("int", "number"), ("str",), ("finite",)
 EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
-    ("tuning.workers.trace", "array", {
-        "workers": ("int",), "seconds_per_batch": _NUM, "startup_seconds": _NUM,
-        "memory_bytes": _NUM, "batches": ("int",), "status": _STR, "cpu_share": _NUM,
-    }),
-    ("tuning.workers.loops", "array", {
-        "workers": ("int",), "seconds_per_batch": _FIN, "num_threads": ("int",),
-    }),
-    ("tuning.batching.candidates", "array", {
-        "local_batch_size": ("int",), "grad_accum_steps": ("int",), "strategy": _STR,
-        "worst_batch_bytes": _NUM, "predicted_peak_bytes": _NUM, "verdict": _STR,
-    }),
-    ("tuning.strategies", "table", {
-        "local_batch_size": ("int",), "worst_batch_bytes": _FIN, "mean_batch_bytes": _FIN,
-        "std_batch_bytes": _FIN, "predicted_peak_bytes": _FIN, "epochs": ("int",),
-        "quantiles": ("finites",),
-    }),
+    (
+        "tuning.workers.trace",
+        "array",
+        {
+            "workers": ("int",),
+            "seconds_per_batch": _NUM,
+            "startup_seconds": _NUM,
+            "memory_bytes": _NUM,
+            "batches": ("int",),
+            "status": _STR,
+            "cpu_share": _NUM,
+        },
+    ),
+    (
+        "tuning.workers.loops",
+        "array",
+        {
+            "workers": ("int",),
+            "seconds_per_batch": _FIN,
+            "num_threads": ("int",),
+        },
+    ),
+    (
+        "tuning.batching.candidates",
+        "array",
+        {
+            "local_batch_size": ("int",),
+            "grad_accum_steps": ("int",),
+            "strategy": _STR,
+            "worst_batch_bytes": _NUM,
+            "predicted_peak_bytes": _NUM,
+            "verdict": _STR,
+        },
+    ),
+    (
+        "tuning.strategies",
+        "table",
+        {
+            "local_batch_size": ("int",),
+            "worst_batch_bytes": _FIN,
+            "mean_batch_bytes": _FIN,
+            "std_batch_bytes": _FIN,
+            "predicted_peak_bytes": _FIN,
+            "epochs": ("int",),
+            "quantiles": ("finites",),
+        },
+    ),
     ("tuning.nodes", "table", {}),
     # the changes a loader made while training (DataLoader.save_plan)
-    ("tuning.runtime.adaptations", "array", {
-        "epoch": ("int",), "setting": _STR, "from": ("int",), "to": ("int",),
-        "direction": _STR, "wait_fraction": _NUM, "samples_per_second": _NUM, "reason": _STR,
-    }),
+    (
+        "tuning.runtime.adaptations",
+        "array",
+        {
+            "epoch": ("int",),
+            "setting": _STR,
+            "from": ("int",),
+            "to": ("int",),
+            "direction": _STR,
+            "wait_fraction": _NUM,
+            "samples_per_second": _NUM,
+            "reason": _STR,
+        },
+    ),
     # the user's own loader timed beside the plan (tune --baseline)
-    ("tuning.baseline.measured", "table", {
-        "samples_per_second": _NUM, "wait_share": _NUM, "startup_seconds": _NUM,
-        "step_p50_seconds": _NUM, "step_p90_seconds": _NUM, "worst_batch_bytes": _NUM,
-        "predicted_peak_bytes": _NUM, "batches": ("int",), "status": _STR,
-        "settings": ("table",),
-    }),
+    (
+        "tuning.baseline.measured",
+        "table",
+        {
+            "samples_per_second": _NUM,
+            "wait_share": _NUM,
+            "startup_seconds": _NUM,
+            "step_p50_seconds": _NUM,
+            "step_p90_seconds": _NUM,
+            "worst_batch_bytes": _NUM,
+            "predicted_peak_bytes": _NUM,
+            "batches": ("int",),
+            "status": _STR,
+            "settings": ("table",),
+        },
+    ),
     ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
     ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
     ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
-)  # fmt: skip
-_KINDS = {"int": Key("int"), "number": Key("number"), "str": Key("str"), "table": Key("table"),
-          "bool": Key("bool")}  # fmt: skip
-_EXPECTED = {"finite": "a finite number", "finites": "an array of finite numbers",
-             "pairs": "an array of [x, y] pairs of finite numbers"}  # fmt: skip
+)
+_KINDS = {
+    "int": Key("int"),
+    "number": Key("number"),
+    "str": Key("str"),
+    "table": Key("table"),
+    "bool": Key("bool"),
+}
+_EXPECTED = {
+    "finite": "a finite number",
+    "finites": "an array of finite numbers",
+    "pairs": "an array of [x, y] pairs of finite numbers",
+}
 # Keys each entry of an evidence container must hold.
-REQUIRED = {"tuning.workers.trace": ("workers",),
-            "tuning.workers.loops": ("workers", "seconds_per_batch")}  # fmt: skip
+REQUIRED = {
+    "tuning.workers.trace": ("workers",),
+    "tuning.workers.loops": ("workers", "seconds_per_batch"),
+}
 # Evidence tables of plain values that ``show`` and the loader read: (path, key kinds).
 SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("memory.model", {"slope": _FIN, "intercept": _FIN, "pcc": _FIN, "points": ("pairs",),
-                      "description": _STR, "source": _STR}),
-    ("tuning.workers", {"max_workers": ("int",), "reach": _STR, "rule": _STR, "method": _STR,
-                        "trace": ("array",), "prefetch_factor_why": _STR,
-                        "persistent_workers_why": _STR, "loops": ("array",)}),
-    ("tuning.baseline", {"verdict": _STR, "diagnosis": _STR, "measured": ("table",),
-                         "adopted": _STR}),
-    ("tuning.runtime", {"adaptations": ("array",), "declined": ("array",), "stale": _STR,
-                        "last_epoch": ("table",), "tuned": ("table",), "on_trial": _STR}),
-    ("tuning.runtime.tuned", {"num_workers": ("int",), "prefetch_factor": ("int",),
-                              "persistent_workers": ("bool",), "device_prefetch": ("int",)}),
+    (
+        "memory.model",
+        {
+            "slope": _FIN,
+            "intercept": _FIN,
+            "pcc": _FIN,
+            "points": ("pairs",),
+            "description": _STR,
+            "source": _STR,
+        },
+    ),
+    (
+        "tuning.workers",
+        {
+            "max_workers": ("int",),
+            "reach": _STR,
+            "rule": _STR,
+            "method": _STR,
+            "trace": ("array",),
+            "prefetch_factor_why": _STR,
+            "persistent_workers_why": _STR,
+            "loops": ("array",),
+        },
+    ),
+    (
+        "tuning.baseline",
+        {"verdict": _STR, "diagnosis": _STR, "measured": ("table",), "adopted": _STR},
+    ),
+    (
+        "tuning.runtime",
+        {
+            "adaptations": ("array",),
+            "declined": ("array",),
+            "stale": _STR,
+            "last_epoch": ("table",),
+            "tuned": ("table",),
+            "on_trial": _STR,
+        },
+    ),
+    (
+        "tuning.runtime.tuned",
+        {
+            "num_workers": ("int",),
+            "prefetch_factor": ("int",),
+            "persistent_workers": ("bool",),
+            "device_prefetch": ("int",),
+        },
+    ),
     ("tuning.runtime.last_epoch", {"wait_fraction": _FIN, "samples_per_second": _FIN}),
-    ("tuning.read_order", {
-        "chosen": _STR, "reason": _STR, "storage_blocks": ("int",), "block": ("int",),
-        "window": ("int",), "window_share": _FIN, "random_seconds_per_sample": _FIN,
-        "windowed_seconds_per_sample": _FIN, "speedup": _FIN, "blocks_per_batch": _FIN,
-        "shuffle_blocks_per_batch": _FIN, "worst_batch_bytes": ("int",),
-        "shuffle_worst_batch_bytes": ("int",), "cache_share": _FIN,
-    }),
-    ("tuning.host", {
-        "shm_free_bytes": ("int",), "shm_total_bytes": ("int",), "shm_budget_bytes": ("int",),
-        "memory_available_bytes": ("int",), "memory_budget_bytes": ("int",),
-        "sharing_strategy": _STR, "batch_bytes": ("int",), "worker_bytes": ("int",),
-        "shm_need_bytes": ("int",), "max_workers": ("int",), "limit": _STR,
-    }),
-)  # fmt: skip
+    (
+        "tuning.read_order",
+        {
+            "chosen": _STR,
+            "reason": _STR,
+            "storage_blocks": ("int",),
+            "block": ("int",),
+            "window": ("int",),
+            "window_share": _FIN,
+            "random_seconds_per_sample": _FIN,
+            "windowed_seconds_per_sample": _FIN,
+            "speedup": _FIN,
+            "blocks_per_batch": _FIN,
+            "shuffle_blocks_per_batch": _FIN,
+            "worst_batch_bytes": ("int",),
+            "shuffle_worst_batch_bytes": ("int",),
+            "cache_share": _FIN,
+        },
+    ),
+    (
+        "tuning.host",
+        {
+            "shm_free_bytes": ("int",),
+            "shm_total_bytes": ("int",),
+            "shm_budget_bytes": ("int",),
+            "memory_available_bytes": ("int",),
+            "memory_budget_bytes": ("int",),
+            "sharing_strategy": _STR,
+            "batch_bytes": ("int",),
+            "worker_bytes": ("int",),
+            "shm_need_bytes": ("int",),
+            "max_workers": ("int",),
+            "limit": _STR,
+        },
+    ),
+)
 
 
 def _validate_evidence(data: Mapping[str, Any], source: str) -> None:

@@ -39,8 +39,9 @@ class LoopSettings:
         return ",".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None}  # fmt: skip
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
 
 
 TORCH_DEFAULTS = LoopSettings()
@@ -69,8 +70,10 @@ def parse_baseline(text: Any) -> LoopSettings | None:
                 raise UsageError(f"--baseline: expected key=value pairs, but got {item!r}")
             name = key.strip().replace("-", "_")
             if name in pairs:
-                raise UsageError(f"--baseline: {name} is given twice ({name}={pairs[name]} and "
-                                 f"{name}={value.strip()}): give each setting once")  # fmt: skip
+                raise UsageError(
+                    f"--baseline: {name} is given twice ({name}={pairs[name]} and "
+                    f"{name}={value.strip()}): give each setting once"
+                )
             pairs[name] = value.strip()
     elif isinstance(text, dict):
         pairs = dict(text)

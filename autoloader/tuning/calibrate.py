@@ -136,8 +136,12 @@ def data_parallel_devices(step: Any) -> list[int]:
     candidates = [step, *vars(step).values()] if hasattr(step, "__dict__") else [step]
     for obj in candidates:
         if isinstance(obj, torch.nn.DataParallel) and len(obj.device_ids) > 1:
-            return [int(torch.device("cuda", d).index or 0) if isinstance(d, int) else
-                    int(torch.device(d).index or 0) for d in obj.device_ids]  # fmt: skip
+            return [
+                int(torch.device("cuda", d).index or 0)
+                if isinstance(d, int)
+                else int(torch.device(d).index or 0)
+                for d in obj.device_ids
+            ]
     return []
 
 
@@ -169,8 +173,15 @@ def _cuda_peaks(factory: StepFactory, batches: Batches, device: torch.device) ->
             allocated = max(torch.cuda.max_memory_allocated(d) - allocated_base[d] for d in devices)
             reserved = max(torch.cuda.max_memory_reserved(d) - baseline[d] for d in devices)
             detail = f"heaviest of {len(devices)} DataParallel devices" if len(devices) > 1 else ""
-            out.append(Point(nbytes, allocated, detail, reserved_bytes=max(reserved, allocated),
-                             split_bytes=_split_peak(devices)))  # fmt: skip
+            out.append(
+                Point(
+                    nbytes,
+                    allocated,
+                    detail,
+                    reserved_bytes=max(reserved, allocated),
+                    split_bytes=_split_peak(devices),
+                )
+            )
         else:
             out.append(Point(nbytes, None, note))
         gc.collect()

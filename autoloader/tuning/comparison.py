@@ -30,9 +30,12 @@ class Side:
     predicted_peak_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"settings": dict(self.settings), **self.loop.to_dict(),
-                "worst_batch_bytes": self.worst_batch_bytes,
-                "predicted_peak_bytes": self.predicted_peak_bytes}  # fmt: skip
+        return {
+            "settings": dict(self.settings),
+            **self.loop.to_dict(),
+            "worst_batch_bytes": self.worst_batch_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -82,30 +85,42 @@ def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: st
     b, p = baseline.loop, plan.loop
     speed = (
         f"{p.samples_per_second / b.samples_per_second:.2f}x samples/s"
-        if b.ok and p.ok and b.samples_per_second > 0 else "speed not compared"
-    )  # fmt: skip
+        if b.ok and p.ok and b.samples_per_second > 0
+        else "speed not compared"
+    )
     if b.ok and p.ok and _same_loader(baseline.settings, plan.settings):
         speed += ": the plan's loader is the baseline's, so that is measurement noise"
     if baseline.predicted_peak_bytes > budget_bytes or b.status.startswith("out of memory"):
         cause = (
-            "ran out of memory" if b.status.startswith("out of memory") else
-            f"has a worst batch of {describe_bytes(baseline.worst_batch_bytes)}, predicted to "
+            "ran out of memory"
+            if b.status.startswith("out of memory")
+            else f"has a worst batch of {describe_bytes(baseline.worst_batch_bytes)}, predicted to "
             f"peak at {describe_bytes(baseline.predicted_peak_bytes)}"
-        )  # fmt: skip
-        return Diagnosis("memory-bound", (
-            f"memory-bound: the baseline {cause}, over the {describe_bytes(budget_bytes)} "
-            f"budget; the plan's {plan_batching} peaks at "
-            f"{describe_bytes(plan.predicted_peak_bytes)} ({speed})"))  # fmt: skip
+        )
+        return Diagnosis(
+            "memory-bound",
+            (
+                f"memory-bound: the baseline {cause}, over the {describe_bytes(budget_bytes)} "
+                f"budget; the plan's {plan_batching} peaks at "
+                f"{describe_bytes(plan.predicted_peak_bytes)} ({speed})"
+            ),
+        )
     if not b.ok:
         return Diagnosis("unknown", f"the baseline could not be timed: {b.status}")
     if b.wait_share is None:
-        return Diagnosis("loading-only", (
-            f"loading only (no --step), {speed}; give --step to tell "
-            "input-bound from compute-bound"))  # fmt: skip
+        return Diagnosis(
+            "loading-only",
+            (
+                f"loading only (no --step), {speed}; give --step to tell "
+                "input-bound from compute-bound"
+            ),
+        )
     kind = "input-bound" if b.wait_share > WAIT_LIMIT else "compute-bound"
-    held = (f"input-bound: the baseline loop waited for data {b.wait_share:.0%} of its time"
-            if kind == "input-bound" else "compute-bound: the baseline loop waited for data "
-            f"only {b.wait_share:.0%} of its time")  # fmt: skip
+    held = (
+        f"input-bound: the baseline loop waited for data {b.wait_share:.0%} of its time"
+        if kind == "input-bound"
+        else f"compute-bound: the baseline loop waited for data only {b.wait_share:.0%} of its time"
+    )
     if not p.ok or p.wait_share is None or min(b.samples_per_second, p.samples_per_second) <= 0:
         return Diagnosis(kind, f"{held}; the plan's loop could not be timed: {p.status}")
     if _same_loader(baseline.settings, plan.settings):
@@ -133,8 +148,10 @@ def _changes(baseline: Side, plan: Side) -> str:
     parts = []
     if abs(bw - pw) >= CUT * total:
         verb = "cut" if pw < bw else "raised"
-        parts.append(f"{verb} the wait for data from {_ms(bw)} to {_ms(pw)} per sample "
-                     f"with {workers} worker(s)")  # fmt: skip
+        parts.append(
+            f"{verb} the wait for data from {_ms(bw)} to {_ms(pw)} per sample "
+            f"with {workers} worker(s)"
+        )
     if abs(bs - ps) >= CUT * total:
         faster = ps < bs
         ratio = bs / ps if faster else ps / bs
@@ -145,8 +162,9 @@ def _changes(baseline: Side, plan: Side) -> str:
             why = f" beside its {workers} worker(s) on the same cores"
         else:
             why = ""
-        parts.append(f"ran the step {ratio:.2f}x {'faster' if faster else 'slower'} per "
-                     f"sample{why}")  # fmt: skip
+        parts.append(
+            f"ran the step {ratio:.2f}x {'faster' if faster else 'slower'} per sample{why}"
+        )
     if not parts:
         parts.append(f"moved neither the wait nor the step by {CUT:.0%} of the baseline's loop")
     if plan.settings.get("read_order"):
@@ -166,11 +184,15 @@ def _limit(wait_share: float, workers: int, cpus: int | None = None) -> str:
     cpus = cpus_per_rank() if cpus is None else cpus
     waits = f"its loop still waits for data {wait_share:.0%} of its time"
     if workers <= cpus:
-        return (f"{waits}: loading is the limit; for reads that wait on storage try "
-                "--max-workers above the CPU count, else faster storage or cheaper samples")
-    return (f"{waits}: loading is the limit, with {workers} workers on {cpus} CPUs "
-            "already; faster storage or cheaper samples (a cheaper transform, a smaller "
-            "read) would move it")
+        return (
+            f"{waits}: loading is the limit; for reads that wait on storage try "
+            "--max-workers above the CPU count, else faster storage or cheaper samples"
+        )
+    return (
+        f"{waits}: loading is the limit, with {workers} workers on {cpus} CPUs "
+        "already; faster storage or cheaper samples (a cheaper transform, a smaller "
+        "read) would move it"
+    )
 
 
 def _ms(seconds: float) -> str:
@@ -193,14 +215,23 @@ def baseline_wins(c: Comparison, local_batch_size: int) -> str | None:
     ratio = b.samples_per_second / p.samples_per_second
     if ratio < 1 + ADOPT_GAIN:
         return None
-    return (f"the baseline's loader ran the loop with the step {ratio:.2f}x faster than the "
-            f"worker search's pick ({c.plan.settings.get('num_workers', 0)} worker(s)) in the "
-            "same run: the plan takes the baseline's")  # fmt: skip
+    return (
+        f"the baseline's loader ran the loop with the step {ratio:.2f}x faster than the "
+        f"worker search's pick ({c.plan.settings.get('num_workers', 0)} worker(s)) in the "
+        "same run: the plan takes the baseline's"
+    )
 
 
 def _same_loader(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keys = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
-            "batch_size", "num_threads", "read_order")  # fmt: skip
+    keys = (
+        "num_workers",
+        "pin_memory",
+        "prefetch_factor",
+        "persistent_workers",
+        "batch_size",
+        "num_threads",
+        "read_order",
+    )
     return all(a.get(k) == b.get(k) for k in keys)
 
 
@@ -233,7 +264,7 @@ class ThreadsChoice:
             out["chosen"] = self.chosen
         if self.candidate_loop is not None:
             out["candidate_samples_per_second"] = self.candidate_loop.samples_per_second
-        return out  # fmt: skip
+        return out
 
 
 def choose_threads(
@@ -248,22 +279,38 @@ def choose_threads(
     """Set ``num_threads`` only when the cores left after the workers were measurably
     faster than torch's default; otherwise leave torch alone. ``busy_cores``: the cores
     the workers were measured to use, where fewer than their count (they wait on reads)."""
-    used = (f"{workers} worker(s) busy on {busy_cores}" if busy_cores is not None
-            and busy_cores < workers else f"{workers} worker(s)")  # fmt: skip
+    used = (
+        f"{workers} worker(s) busy on {busy_cores}"
+        if busy_cores is not None and busy_cores < workers
+        else f"{workers} worker(s)"
+    )
     left = f"{cpus} CPU(s) less {used} leave {candidate}"
     if candidate_loop is None:
-        return ThreadsChoice(default, candidate, None, default_loop, None,
-                             f"{left}, torch's default already: left alone")  # fmt: skip
+        return ThreadsChoice(
+            default,
+            candidate,
+            None,
+            default_loop,
+            None,
+            f"{left}, torch's default already: left alone",
+        )
     d, c = default_loop.samples_per_second, candidate_loop.samples_per_second
     faster = candidate_loop.ok and default_loop.ok and c > d * (1 + THREADS_GAIN)
     if not default_loop.ok and candidate_loop.ok:
         faster = True
     verdict = (
         f"{c / d:.2f}x samples/s with {candidate} against torch's {default}"
-        if d > 0 and c > 0 else "one of the two loops failed"
-    )  # fmt: skip
+        if d > 0 and c > 0
+        else "one of the two loops failed"
+    )
     if faster:
-        return ThreadsChoice(default, candidate, candidate, default_loop, candidate_loop,
-                             f"{left}: {verdict}; set num_threads = {candidate}")  # fmt: skip
+        return ThreadsChoice(
+            default,
+            candidate,
+            candidate,
+            default_loop,
+            candidate_loop,
+            f"{left}: {verdict}; set num_threads = {candidate}",
+        )
     why = f"{left}: {verdict}, not {THREADS_GAIN:.0%} faster: left alone"
     return ThreadsChoice(default, candidate, None, default_loop, candidate_loop, why)

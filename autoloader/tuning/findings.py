@@ -86,12 +86,16 @@ def _loader(found: Findings) -> LoaderPlan:
     if base is None:
         return LoaderPlan(**found.workers.loader, num_threads=chosen)
     workers = base.num_workers
-    return LoaderPlan(**{
-        **found.workers.loader, "num_workers": workers, "pin_memory": base.pin_memory,
-        "prefetch_factor": (base.prefetch_factor or 2) if workers else None,
-        "persistent_workers": base.persistent_workers and workers > 0,
-        "num_threads": base.num_threads,
-    })  # fmt: skip
+    return LoaderPlan(
+        **{
+            **found.workers.loader,
+            "num_workers": workers,
+            "pin_memory": base.pin_memory,
+            "prefetch_factor": (base.prefetch_factor or 2) if workers else None,
+            "persistent_workers": base.persistent_workers and workers > 0,
+            "num_threads": base.num_threads,
+        }
+    )
 
 
 def _baseline(trials: Trials) -> dict[str, Any] | None:
@@ -121,14 +125,16 @@ def _hardware(found: Findings) -> dict[str, Any]:
 def _memory(opts: TuneOptions, found: Findings) -> dict[str, Any]:
     model, budget = found.model, found.budget
     return memory_table(
-        budget_bytes=budget.bytes, safety=opts.safety, reserve=reserve_table(budget.reserve),
+        budget_bytes=budget.bytes,
+        safety=opts.safety,
+        reserve=reserve_table(budget.reserve),
         reserve_bytes=budget.reserve_bytes,
         predicted_peak_bytes=found.batching.predicted_peak_bytes,
         device_prefetch_bytes=found.prefetch.bytes if found.prefetch is not None else None,
         model={**model.to_dict(), "description": model.describe()},
         notes=[p.note for p in found.calibration],
         out_of_memory_at=[p.batch_bytes for p in found.calibration if p.peak_bytes is None],
-    )  # fmt: skip
+    )
 
 
 def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
@@ -139,9 +145,12 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
     }
     pinned = found.placement.pinned
     return tuning_table(
-        workers={"iterations": opts.iterations, "max_workers": found.workers.max_workers,
-                 **found.workers.choice.to_dict(),
-                 **({"loops": found.trials.loops} if found.trials.loops else {})},
+        workers={
+            "iterations": opts.iterations,
+            "max_workers": found.workers.max_workers,
+            **found.workers.choice.to_dict(),
+            **({"loops": found.trials.loops} if found.trials.loops else {}),
+        },
         strategies=strategies,
         candidates=[c.to_dict() for c in found.batching.candidates],
         step_seconds=found.times.step,
@@ -152,4 +161,4 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
         host=found.workers.host,
         read_order=found.read_order.evidence,
-    )  # fmt: skip
+    )

@@ -27,8 +27,11 @@ MAX_WORKERS = 1024
 def search_batch_bytes(choice: BatchingChoice) -> int:
     """The largest batch the worker search and the plan's loader may hand over: the plan's
     strategy's worst, or the random sampler's (the search's own batches) where larger."""
-    worst = [r.worst_batch_bytes for name, r in choice.replays.items()
-             if name in (choice.strategy, "random")]  # fmt: skip
+    worst = [
+        r.worst_batch_bytes
+        for name, r in choice.replays.items()
+        if name in (choice.strategy, "random")
+    ]
     return int(max(worst, default=0))
 
 
@@ -53,8 +56,9 @@ def host_table(
     return out
 
 
-def limit_note(budget: HostBudget, batch_bytes: int, workers: int,
-               trace: list[Candidate]) -> str | None:  # fmt: skip
+def limit_note(
+    budget: HostBudget, batch_bytes: int, workers: int, trace: list[Candidate]
+) -> str | None:
     """Where shared memory held the worker search back, one line saying so: how many
     workers were planned, what they would have needed, what /dev/shm has, and the fix."""
     held = [c for c in trace if not c.ok and is_shm_failure(c.status)]
@@ -65,5 +69,7 @@ def limit_note(budget: HostBudget, batch_bytes: int, workers: int,
     planned = f"planned {workers} worker(s)" + (
         " (batches are loaded in the training process)" if workers == 0 else ""
     )
-    return (f"{planned}: {first.workers} worker(s) did not fit in shared memory (batches of "
-            f"up to {format_bytes(batch_bytes)}); {budget.shm_limit(need)}")  # fmt: skip
+    return (
+        f"{planned}: {first.workers} worker(s) did not fit in shared memory (batches of "
+        f"up to {format_bytes(batch_bytes)}); {budget.shm_limit(need)}"
+    )

@@ -53,9 +53,13 @@ class TuneOptions:
 
     def batching_options(self) -> dict[str, Any]:
         """What every rank of a collective tune must have been given alike."""
-        return {"global_batch_size": self.global_batch_size, "strategies": list(self.strategies),
-                "seed": self.seed, "safety": self.safety,
-                "world_size": self.world_size if self.world_size_given else None}  # fmt: skip
+        return {
+            "global_batch_size": self.global_batch_size,
+            "strategies": list(self.strategies),
+            "seed": self.seed,
+            "safety": self.safety,
+            "world_size": self.world_size if self.world_size_given else None,
+        }
 
     def for_job(self, world_size: int) -> TuneOptions:
         """These options in a job of ``world_size`` ranks (the global batch rechecked)."""
@@ -90,10 +94,19 @@ def tune_options(
         UsageError: naming the option, what was expected and what was found.
     """
     checked = check_options(
-        global_batch_size=global_batch_size, world_size=world_size, iterations=iterations,
-        seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance, safety=safety,
-        worker_timeout=worker_timeout, search=search, strategies=strategies, device=device,
-    )  # fmt: skip
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        iterations=iterations,
+        seed=seed,
+        max_workers=max_workers,
+        alpha=alpha,
+        tolerance=tolerance,
+        safety=safety,
+        worker_timeout=worker_timeout,
+        search=search,
+        strategies=strategies,
+        device=device,
+    )
     if read_order not in READ_ORDERS:
         raise UsageError(
             f"--read-order: expected one of {', '.join(READ_ORDERS)}, but got {read_order!r}"
@@ -175,11 +188,18 @@ def check_options(
     if device is not None:
         parse_device(device)
     return TuneOptions(
-        global_batch_size=global_batch_size, world_size=world_size, iterations=iterations,
-        seed=seed, max_workers=max_workers, alpha=alpha, tolerance=tolerance,
-        safety=float(safety), worker_timeout=float(worker_timeout), method=method,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        iterations=iterations,
+        seed=seed,
+        max_workers=max_workers,
+        alpha=alpha,
+        tolerance=tolerance,
+        safety=float(safety),
+        worker_timeout=float(worker_timeout),
+        method=method,
         strategies=tuple(names),
-    )  # fmt: skip
+    )
 
 
 def check_budget(value: Any) -> int | None:

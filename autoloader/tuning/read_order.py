@@ -78,26 +78,37 @@ class ReadOrder:
 
 
 def choose_read_order(
-    work: Workload, *, strategy: str, options: dict[str, Any], shuffled: Replay,
-    model: MemoryModel, budget_bytes: int, memory_budget_bytes: int,
-) -> ReadOrder:  # fmt: skip
+    work: Workload,
+    *,
+    strategy: str,
+    options: dict[str, Any],
+    shuffled: Replay,
+    model: MemoryModel,
+    budget_bytes: int,
+    memory_budget_bytes: int,
+) -> ReadOrder:
     """Measure the dataset's reads in a global shuffle and in windows; keep the faster
     where it pays (the module's notes). ``shuffled``: the batching stage's replay of
     ``strategy`` in a global shuffle, which the windowed replay is held against."""
     local_batch_size = shuffled.local_batch_size
     blocks = storage_blocks(work.dataset)
     if blocks is None:
-        return _shuffle("the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
-                        "ROOT clusters, Parquet row groups)")  # fmt: skip
+        return _shuffle(
+            "the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
+            "ROOT clusters, Parquet row groups)"
+        )
     count = len(blocks) - 1
     if count < MIN_BLOCKS:
-        return _shuffle(f"the data is {count} storage block{'s' * (count != 1)}: nothing to "
-                        "shuffle between")  # fmt: skip
+        return _shuffle(
+            f"the data is {count} storage block{'s' * (count != 1)}: nothing to shuffle between"
+        )
     cache = cache_bytes(work.dataset)
     total = int(work.sizes.sum())
     if total <= cache:
-        return _shuffle(f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
-                        "a global shuffle decodes each block once too")  # fmt: skip
+        return _shuffle(
+            f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
+            "a global shuffle decodes each block once too"
+        )
     block = max(1, int(np.median(np.diff(blocks))))
     g = local_batch_size * work.world_size
     n = len(work.sizes)
@@ -121,25 +132,42 @@ def choose_read_order(
     windows = Windows(block, window)
     evidence.update(shuffle_quality(work, local_batch_size, blocks, windows))
     if speedup < KEEP_SPEEDUP:
-        return _shuffle(f"windows read {speedup:.2f}x as fast as a global shuffle here, under "
-                        f"the {KEEP_SPEEDUP}x that would pay for the shuffle they cost",
-                        evidence)  # fmt: skip
-    windowed = replay(strategy, work.sizes, local_batch_size, world_size=work.world_size,
-                      epochs=shuffled.epochs, seed=work.seed, options=options,
-                      read_order=windows)  # fmt: skip
+        return _shuffle(
+            f"windows read {speedup:.2f}x as fast as a global shuffle here, under "
+            f"the {KEEP_SPEEDUP}x that would pay for the shuffle they cost",
+            evidence,
+        )
+    windowed = replay(
+        strategy,
+        work.sizes,
+        local_batch_size,
+        world_size=work.world_size,
+        epochs=shuffled.epochs,
+        seed=work.seed,
+        options=options,
+        read_order=windows,
+    )
     evidence["worst_batch_bytes"] = windowed.worst_batch_bytes
     evidence["shuffle_worst_batch_bytes"] = shuffled.worst_batch_bytes
     balancing = strategy != "random"  # random's worst batch is chance in either order
     if balancing and windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
-        return _shuffle(f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
-                        f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
-                        f"({shuffled.worst_batch_bytes})", evidence)  # fmt: skip
+        return _shuffle(
+            f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
+            f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
+            f"({shuffled.worst_batch_bytes})",
+            evidence,
+        )
     if model.predict(windowed.worst_batch_bytes) > budget_bytes:
-        return _shuffle(f"{strategy}'s worst batch in windows ({windowed.worst_batch_bytes} "
-                        "bytes) is predicted over the memory budget", evidence)  # fmt: skip
+        return _shuffle(
+            f"{strategy}'s worst batch in windows ({windowed.worst_batch_bytes} "
+            "bytes) is predicted over the memory budget",
+            evidence,
+        )
     evidence["chosen"] = "windows"
-    evidence["reason"] = (f"windows of {window} samples read {speedup:.2f}x as fast as a "
-                          "global shuffle, measured on this data")  # fmt: skip
+    evidence["reason"] = (
+        f"windows of {window} samples read {speedup:.2f}x as fast as a "
+        "global shuffle, measured on this data"
+    )
     return ReadOrder(windows, evidence, windowed)
 
 
@@ -177,14 +205,21 @@ def shuffle_quality(
     one epoch's batches), in windows and in a global shuffle."""
 
     def blocks_per_batch(order: Windows | None) -> float:
-        batches = all_local_batches("random", work.sizes, local_batch_size,
-                                    world_size=work.world_size, seed=work.seed,
-                                    read_order=order)  # fmt: skip
+        batches = all_local_batches(
+            "random",
+            work.sizes,
+            local_batch_size,
+            world_size=work.world_size,
+            seed=work.seed,
+            read_order=order,
+        )
         counts = [len(np.unique(np.searchsorted(bounds, b, side="right"))) for b in batches]
         return round(float(np.mean(counts)), 2)
 
-    return {"blocks_per_batch": blocks_per_batch(windows),
-            "shuffle_blocks_per_batch": blocks_per_batch(None)}  # fmt: skip
+    return {
+        "blocks_per_batch": blocks_per_batch(windows),
+        "shuffle_blocks_per_batch": blocks_per_batch(None),
+    }
 
 
 def _mib(n: int) -> str:
@@ -205,8 +240,11 @@ def _measure(work: Workload, local_batch_size: int, probe: Windows) -> tuple[flo
     windowed = RandomBatchSampler(work.sizes, local_batch_size, seed=work.seed, read_order=probe)
     random_s = _seconds_per_sample(work, _batches(shuffled), MEASURE_SECONDS)
     windowed_s = _seconds_per_sample(work, _batches(windowed), MEASURE_SECONDS)
-    log.info("read order: %.3g ms a sample in a global shuffle, %.3g ms in windows",
-             random_s * 1e3, windowed_s * 1e3)  # fmt: skip
+    log.info(
+        "read order: %.3g ms a sample in a global shuffle, %.3g ms in windows",
+        random_s * 1e3,
+        windowed_s * 1e3,
+    )
     return random_s, windowed_s
 
 

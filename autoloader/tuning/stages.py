@@ -76,8 +76,9 @@ def sizes(team: Team, dataset: Any, opts: TuneOptions) -> np.ndarray:
 def headroom(device: torch.device, opts: TuneOptions) -> Headroom:
     """This rank's free memory (NVML, torch, or the host), or the given budget."""
     room = probe_headroom(device, opts.memory_budget)
-    log.info("memory: %s free on %s (%s)",
-             describe_bytes(room.free_bytes), room.device, room.source)  # fmt: skip
+    log.info(
+        "memory: %s free on %s (%s)", describe_bytes(room.free_bytes), room.device, room.source
+    )
     return room
 
 
@@ -122,12 +123,15 @@ def budget(
     """
     gaps = [p.fragmentation_bytes() for p in calibration]
     reserve = reserve_parts(
-        device_type=device.type, budget_overridden=opts.memory_budget is not None,
-        context_in_probe=room.context_in_probe, world_size=opts.world_size,
+        device_type=device.type,
+        budget_overridden=opts.memory_budget is not None,
+        context_in_probe=room.context_in_probe,
+        world_size=opts.world_size,
         fragmentation=[g for g in gaps if g is not None],
-        split_blocks=all(p.split_bytes is not None for p in calibration
-                         if p.peak_bytes is not None),
-    )  # fmt: skip
+        split_blocks=all(
+            p.split_bytes is not None for p in calibration if p.peak_bytes is not None
+        ),
+    )
     reserved = sum(p.bytes for p in reserve)
     mine = int(room.free_bytes * (1 - opts.safety)) - reserved
     limit, ranks = team.tightest(
@@ -150,8 +154,12 @@ def batching(
     team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, limit: int
 ) -> BatchingChoice:
     """The sampler and local batch whose worst replayed batch fits (chosen by rank 0)."""
-    log.info("replaying %s over %d epochs against a budget of %s", ", ".join(opts.strategies),
-             REPLAY_EPOCHS, describe_bytes(limit))  # fmt: skip
+    log.info(
+        "replaying %s over %d epochs against a budget of %s",
+        ", ".join(opts.strategies),
+        REPLAY_EPOCHS,
+        describe_bytes(limit),
+    )
     choice: BatchingChoice = team.once(
         lambda: choose_batching(
             work.sizes,
@@ -164,15 +172,23 @@ def batching(
             epochs=REPLAY_EPOCHS,
         )
     )
-    log.info("batching: %s, local batch %d x %d accumulation",
-             choice.strategy, choice.local_batch_size, choice.grad_accum_steps)  # fmt: skip
+    log.info(
+        "batching: %s, local batch %d x %d accumulation",
+        choice.strategy,
+        choice.local_batch_size,
+        choice.grad_accum_steps,
+    )
     return choice
 
 
 def read_order(
-    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    model: MemoryModel,
+    budget_bytes: int,
     choice: BatchingChoice,
-) -> ReadOrder:  # fmt: skip
+) -> ReadOrder:
     """A global shuffle, or windows of storage blocks where rank 0 measured them reading
     faster on this data (``autoloader.tuning.read_order``); ``--read-order shuffle``
     keeps the global shuffle without measuring."""
@@ -227,10 +243,12 @@ def device_prefetch(
     if device.type != "cuda":
         return None
     return choose_device_prefetch(
-        copy_seconds=times.copy, step_seconds=times.step,
+        copy_seconds=times.copy,
+        step_seconds=times.step,
         worst_batch_bytes=choice.replays[choice.strategy].worst_batch_bytes,
-        predicted_peak_bytes=choice.predicted_peak_bytes, budget_bytes=limit,
-    )  # fmt: skip
+        predicted_peak_bytes=choice.predicted_peak_bytes,
+        budget_bytes=limit,
+    )
 
 
 @dataclass(frozen=True)
@@ -249,8 +267,12 @@ def placement(device: torch.device) -> Placement:
 
 def _extent(budget: HostBudget, batch_bytes: int, where: Placement) -> workers.Extent:
     """How far past the CPUs the search may go: host memory, /dev/shm, 8 per CPU."""
-    return workers.Extent(cpus=where.cpus, budget=budget, batch_bytes=batch_bytes,
-                          hard_cap=workers.Extent.default_cap(where.cpus))  # fmt: skip
+    return workers.Extent(
+        cpus=where.cpus,
+        budget=budget,
+        batch_bytes=batch_bytes,
+        hard_cap=workers.Extent.default_cap(where.cpus),
+    )
 
 
 @dataclass(frozen=True)
@@ -265,9 +287,14 @@ class WorkerStage:
 
 
 def worker_search(
-    team: Team, work: Workload, opts: TuneOptions, choice: BatchingChoice, times: Timings,
-    where: Placement, prefetch: PrefetchChoice | None,
-) -> WorkerStage:  # fmt: skip
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    choice: BatchingChoice,
+    times: Timings,
+    where: Placement,
+    prefetch: PrefetchChoice | None,
+) -> WorkerStage:
     """NWT over ``0..max_workers`` on every rank; each node keeps its first rank's choice.
     Without ``--max-workers`` the search covers this rank's CPUs and goes past them while
     the workers mostly wait (``workers.Extent``).
@@ -279,23 +306,45 @@ def worker_search(
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
     budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
     extent = _extent(budget, batch_bytes, where) if opts.max_workers is None else None
-    rule = workers.Rule(tolerance=opts.tolerance, alpha=opts.alpha, step_seconds=times.step,
-                        step_threads=torch.get_num_threads())  # fmt: skip
-    timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout,
-                            precision=None if opts.method == "exhaustive" else 0.03)  # fmt: skip
-    log.info("worker search (%s): 0..%d workers%s, up to %d batches each", opts.method, n_max,
-             " (further while the workers wait)" if extent and opts.method == "fast" else "",
-             opts.iterations)  # fmt: skip
+    rule = workers.Rule(
+        tolerance=opts.tolerance,
+        alpha=opts.alpha,
+        step_seconds=times.step,
+        step_threads=torch.get_num_threads(),
+    )
+    timing = workers.Timing(
+        iterations=opts.iterations,
+        timeout=opts.worker_timeout,
+        precision=None if opts.method == "exhaustive" else 0.03,
+    )
+    log.info(
+        "worker search (%s): 0..%d workers%s, up to %d batches each",
+        opts.method,
+        n_max,
+        " (further while the workers wait)" if extent and opts.method == "fast" else "",
+        opts.iterations,
+    )
     result: dict[str, Any] | Exception
     found = None
     try:
         found = workers.search(
-            work.dataset, work.sizes, local, max_workers=n_max, timing=timing, rule=rule,
-            device=work.device, method=opts.method, seed=opts.seed, progress=opts.progress,
+            work.dataset,
+            work.sizes,
+            local,
+            max_workers=n_max,
+            timing=timing,
+            rule=rule,
+            device=work.device,
+            method=opts.method,
+            seed=opts.seed,
+            progress=opts.progress,
             worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
-            collate_fn=work.collate_fn, extent=extent, budget=budget, batch_bytes=batch_bytes,
+            collate_fn=work.collate_fn,
+            extent=extent,
+            budget=budget,
+            batch_bytes=batch_bytes,
             read_order=work.read_order,
-        )  # fmt: skip
+        )
         result = {
             "num_workers": found.num_workers,
             "pin_memory": work.device.type != "cpu",
@@ -334,9 +383,15 @@ class Trials:
 
 
 def trials(
-    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
-    choice: BatchingChoice, stage: WorkerStage, where: Placement,
-) -> Trials:  # fmt: skip
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    model: MemoryModel,
+    budget_bytes: int,
+    choice: BatchingChoice,
+    stage: WorkerStage,
+    where: Placement,
+) -> Trials:
     """The training loop timed with the plan's settings and the baseline's (by rank 0).
 
     Raises:
@@ -348,15 +403,19 @@ def trials(
     ranks = opts.world_size
     if base is not None and (base.batch_size or 0) * ranks > len(work.sizes):
         over = f" x {ranks} ranks" if ranks > 1 else ""
-        raise UsageError(f"--baseline batch_size={base.batch_size}{over} is larger than the "
-                         f"dataset ({len(work.sizes)} samples): each rank's batch is "
-                         "batch_size")  # fmt: skip
+        raise UsageError(
+            f"--baseline batch_size={base.batch_size}{over} is larger than the "
+            f"dataset ({len(work.sizes)} samples): each rank's batch is "
+            "batch_size"
+        )
     lp = stage.loader
     planned = LoopSettings(
-        num_workers=lp["num_workers"], pin_memory=lp["pin_memory"],
-        prefetch_factor=lp["prefetch_factor"], persistent_workers=lp["persistent_workers"],
+        num_workers=lp["num_workers"],
+        pin_memory=lp["pin_memory"],
+        prefetch_factor=lp["prefetch_factor"],
+        persistent_workers=lp["persistent_workers"],
         batch_size=choice.local_batch_size,
-    )  # fmt: skip
+    )
     log.info(
         "timing the training loop: the plan%s%s",
         " and the baseline" if base else "",
@@ -366,11 +425,24 @@ def trials(
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout)
 
     def measured() -> Trials:  # on rank 0 alone: the others wait for its result
-        plan_batches = [list(b) for b in make_sampler(
-            choice.strategy, work.sizes, choice.local_batch_size, seed=opts.seed,
-            num_replicas=opts.world_size, rank=0, read_order=work.read_order)]  # fmt: skip
-        plan_trial = trial.Trial(plan_batches, planned, lp["device_prefetch"] or 0,
-                                 PinWorkers(where.pinned) if where.pinned else None)  # fmt: skip
+        plan_batches = [
+            list(b)
+            for b in make_sampler(
+                choice.strategy,
+                work.sizes,
+                choice.local_batch_size,
+                seed=opts.seed,
+                num_replicas=opts.world_size,
+                rank=0,
+                read_order=work.read_order,
+            )
+        ]
+        plan_trial = trial.Trial(
+            plan_batches,
+            planned,
+            lp["device_prefetch"] or 0,
+            PinWorkers(where.pinned) if where.pinned else None,
+        )
         step = work.step() if work.step is not None else None
         loop = trial.run_trial(work, plan_trial, step, timing)
         threads, timed = None, []
@@ -380,8 +452,12 @@ def trials(
             loop = threads.chosen_loop
             # both thread counts: the plan may end up running the baseline's threads
             timed = [threads.default_loop, threads.candidate_loop]
-        loops = [e for t in timed if t is not None
-                 for e in _loop_entry(planned.num_workers, choice.local_batch_size, t)]  # fmt: skip
+        loops = [
+            e
+            for t in timed
+            if t is not None
+            for e in _loop_entry(planned.num_workers, choice.local_batch_size, t)
+        ]
         if base is None:
             return Trials(threads, None, loops=_at_threads(loops, loop.num_threads))
         ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
@@ -389,16 +465,30 @@ def trials(
         worst = choice.replays[choice.strategy].worst_batch_bytes
         plan_side = Side({**ran.to_dict(), **read}, loop, worst, choice.predicted_peak_bytes)
         compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
-        return _judged(threads, compared, loops, loop, choice.local_batch_size,
-                       stepped=step is not None, one_node=len(stage.nodes) <= 1)  # fmt: skip
+        return _judged(
+            threads,
+            compared,
+            loops,
+            loop,
+            choice.local_batch_size,
+            stepped=step is not None,
+            one_node=len(stage.nodes) <= 1,
+        )
 
     result: Trials = team.once(measured)
     return result
 
 
-def _judged(threads: ThreadsChoice | None, compared: Comparison, loops: list[dict[str, Any]],
-            plan_loop: trial.LoopResult, batch: int, *, stepped: bool,
-            one_node: bool) -> Trials:  # fmt: skip
+def _judged(
+    threads: ThreadsChoice | None,
+    compared: Comparison,
+    loops: list[dict[str, Any]],
+    plan_loop: trial.LoopResult,
+    batch: int,
+    *,
+    stepped: bool,
+    one_node: bool,
+) -> Trials:
     """What the comparison decides: the baseline's loader where its loop measured faster
     (on one node: rank 0's loop says nothing of other nodes' loaders), and the loops timed
     with the step, by worker count, at the threads the plan runs with, as evidence."""
@@ -426,8 +516,13 @@ def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[s
     could not be timed)."""
     if not loop.ok or loop.samples_per_second <= 0:
         return []
-    return [{"workers": workers, "seconds_per_batch": batch / loop.samples_per_second,
-             "num_threads": loop.num_threads}]  # fmt: skip
+    return [
+        {
+            "workers": workers,
+            "seconds_per_batch": batch / loop.samples_per_second,
+            "num_threads": loop.num_threads,
+        }
+    ]
 
 
 def _busy_cores(stage: WorkerStage, count: int) -> int:
@@ -440,21 +535,39 @@ def _busy_cores(stage: WorkerStage, count: int) -> int:
     return min(count, math.ceil(cand.cpu_share * count - 1e-9))
 
 
-def _threads(work: Workload, plan: trial.Trial, step: Any, loop: trial.LoopResult,
-             timing: workers.Timing, cpus: int, busy: int) -> ThreadsChoice:  # fmt: skip
+def _threads(
+    work: Workload,
+    plan: trial.Trial,
+    step: Any,
+    loop: trial.LoopResult,
+    timing: workers.Timing,
+    cpus: int,
+    busy: int,
+) -> ThreadsChoice:
     count = plan.settings.num_workers
     default, candidate = loop.num_threads, max(1, cpus - busy)
     other = None
     if candidate != default:
-        fewer = trial.Trial(plan.batches, replace(plan.settings, num_threads=candidate),
-                            plan.device_prefetch, plan.worker_init_fn)  # fmt: skip
+        fewer = trial.Trial(
+            plan.batches,
+            replace(plan.settings, num_threads=candidate),
+            plan.device_prefetch,
+            plan.worker_init_fn,
+        )
         other = trial.run_trial(work, fewer, step, timing)
     return choose_threads(default, candidate, loop, other, cpus, count, busy)
 
 
-def _compare(work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes: int,
-             choice: BatchingChoice, plan: Side, step: Any,
-             timing: workers.Timing) -> Comparison:  # fmt: skip
+def _compare(
+    work: Workload,
+    opts: TuneOptions,
+    model: MemoryModel,
+    budget_bytes: int,
+    choice: BatchingChoice,
+    plan: Side,
+    step: Any,
+    timing: workers.Timing,
+) -> Comparison:
     base = opts.baseline
     assert base is not None
     size = base.batch_size or opts.local_batch_size
@@ -466,11 +579,13 @@ def _compare(work: Workload, opts: TuneOptions, model: MemoryModel, budget_bytes
         )
     ]
     loop = trial.run_trial(work, trial.Trial(batches, settings), step, timing)
-    worst = replay("random", work.sizes, size, world_size=opts.world_size,
-                   epochs=REPLAY_EPOCHS, seed=opts.seed).worst_batch_bytes  # fmt: skip
+    worst = replay(
+        "random", work.sizes, size, world_size=opts.world_size, epochs=REPLAY_EPOCHS, seed=opts.seed
+    ).worst_batch_bytes
     side = Side(settings.to_dict(), loop, worst, model.predict(worst))
     accum = f" x {choice.grad_accum_steps} accumulation" if choice.grad_accum_steps > 1 else ""
     what = f"{choice.strategy} batches of {choice.local_batch_size}{accum}"
     given = base.describe() + (", torch's defaults" if base == TORCH_DEFAULTS else "")
-    return Comparison(given, side, plan, budget_bytes,
-                      diagnose(side, plan, budget_bytes, plan_batching=what))  # fmt: skip
+    return Comparison(
+        given, side, plan, budget_bytes, diagnose(side, plan, budget_bytes, plan_batching=what)
+    )

@@ -66,8 +66,9 @@ class Trial:
     worker_init_fn: Callable[[int], None] | None = None
 
 
-def run_trial(work: Workload, trial: Trial, step: Callable[[Any], Any] | None,
-              timing: Timing) -> LoopResult:  # fmt: skip
+def run_trial(
+    work: Workload, trial: Trial, step: Callable[[Any], Any] | None, timing: Timing
+) -> LoopResult:
     """Run the loop until its time per batch is known to ``timing`` (at most
     ``timing.iterations`` batches after the first, or ``MAX_SECONDS``).
 
@@ -99,8 +100,16 @@ def run_trial(work: Workload, trial: Trial, step: Callable[[Any], Any] | None,
         return _loop(work, loader, trial.device_prefetch, step, sizes, threads, timing, warm)
 
 
-def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], Any] | None,
-          sizes: list[int], threads: int, timing: Timing, warm: int) -> LoopResult:  # fmt: skip
+def _loop(
+    work: Workload,
+    loader: DataLoader,
+    depth: int,
+    step: Callable[[Any], Any] | None,
+    sizes: list[int],
+    threads: int,
+    timing: Timing,
+    warm: int,
+) -> LoopResult:
     device = work.device
     block = max(1, loader.num_workers)  # batches arrive in bursts of the workers
     consume = step if step is not None else (lambda b: transfer(b, device))
@@ -131,12 +140,27 @@ def _loop(work: Workload, loader: DataLoader, depth: int, step: Callable[[Any], 
     finally:
         del batches, loader  # the workers shut down with their iterator
     timed = slice(warm, len(steps))
-    return _result(waits[timed], steps[timed], sizes[timed], startup, threads, status,
-                   timed_step=step is not None)  # fmt: skip
+    return _result(
+        waits[timed],
+        steps[timed],
+        sizes[timed],
+        startup,
+        threads,
+        status,
+        timed_step=step is not None,
+    )
 
 
-def _result(waits: list[float], steps: list[float], sizes: list[int], startup: float,
-            threads: int, status: str, *, timed_step: bool) -> LoopResult:  # fmt: skip
+def _result(
+    waits: list[float],
+    steps: list[float],
+    sizes: list[int],
+    startup: float,
+    threads: int,
+    status: str,
+    *,
+    timed_step: bool,
+) -> LoopResult:
     n = min(len(waits), len(steps))
     waited, stepped = sum(waits[:n]), sum(steps[:n])
     total = waited + stepped
@@ -147,8 +171,16 @@ def _result(waits: list[float], steps: list[float], sizes: list[int], startup: f
         p90 = statistics.quantiles(steps[:n], n=10)[-1] if n > 1 else steps[0]
     if n == 0 and status == "ok":
         status = "failed: too few batches to time (a larger dataset or --iterations)"
-    return LoopResult(n, rate, waited / total if timed_step and total > 0 else None,
-                      startup, p50, p90, threads, status)  # fmt: skip
+    return LoopResult(
+        n,
+        rate,
+        waited / total if timed_step and total > 0 else None,
+        startup,
+        p50,
+        p90,
+        threads,
+        status,
+    )
 
 
 def _batches(loader: DataLoader, device: torch.device, depth: int) -> Iterator[Any]:

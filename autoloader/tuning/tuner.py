@@ -93,22 +93,40 @@ def tune(
             shuffle (``autoloader.tuning.read_order``); ``"shuffle"``: a global shuffle.
     """
     opts = tune_options(
-        global_batch_size=global_batch_size, world_size=world_size, memory_budget=memory_budget,
-        device=None if isinstance(device, torch.device) else device, strategies=strategies,
-        max_workers=max_workers, iterations=iterations, alpha=alpha, tolerance=tolerance,
-        safety=safety, seed=seed, search=search, worker_timeout=worker_timeout,
-        progress=progress, spec=spec, command=command, baseline=baseline,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        memory_budget=memory_budget,
+        device=None if isinstance(device, torch.device) else device,
+        strategies=strategies,
+        max_workers=max_workers,
+        iterations=iterations,
+        alpha=alpha,
+        tolerance=tolerance,
+        safety=safety,
+        seed=seed,
+        search=search,
+        worker_timeout=worker_timeout,
+        progress=progress,
+        spec=spec,
+        command=command,
+        baseline=baseline,
         read_order=read_order,
-    )  # fmt: skip
+    )
     target = device if isinstance(device, torch.device) else None
-    return run(dataset, opts, step=step, collate_fn=collate_fn, memory_model=memory_model,
-               device=target)  # fmt: skip
+    return run(
+        dataset, opts, step=step, collate_fn=collate_fn, memory_model=memory_model, device=target
+    )
 
 
 def run(
-    dataset: Any, opts: TuneOptions, *, step: Any = None, collate_fn: Any = None,
-    memory_model: Any = None, device: torch.device | None = None,
-) -> Plan:  # fmt: skip
+    dataset: Any,
+    opts: TuneOptions,
+    *,
+    step: Any = None,
+    collate_fn: Any = None,
+    memory_model: Any = None,
+    device: torch.device | None = None,
+) -> Plan:
     """Tune with options already checked (``tune_options``): the stages, in order."""
     with job_group():
         team = current_team()
@@ -117,8 +135,16 @@ def run(
         dev = device if device is not None else resolve_device(opts.device)
         factory = step_factory(step) if step is not None else None
         sizes = stages.sizes(team, dataset, opts)
-        work = Workload(dataset, sizes, dev, collate_fn or collate, opts.worker_timeout,
-                        opts.seed, opts.world_size, factory)  # fmt: skip
+        work = Workload(
+            dataset,
+            sizes,
+            dev,
+            collate_fn or collate,
+            opts.worker_timeout,
+            opts.seed,
+            opts.world_size,
+            factory,
+        )
         room = stages.headroom(dev, opts)
         model, calibration = stages.memory_model(team, work, opts, memory_model)
         budget = stages.budget(team, room, opts, calibration, dev)
@@ -132,6 +158,18 @@ def run(
         prefetch = stages.device_prefetch(dev, times, batching, budget.bytes)
         loader = stages.worker_search(team, work, opts, batching, times, where, prefetch)
         tried = stages.trials(team, work, opts, model, budget.bytes, batching, loader, where)
-        found = Findings(sizes, room, model, calibration, budget, batching, order, times,
-                         prefetch, where, loader, tried)  # fmt: skip
+        found = Findings(
+            sizes,
+            room,
+            model,
+            calibration,
+            budget,
+            batching,
+            order,
+            times,
+            prefetch,
+            where,
+            loader,
+            tried,
+        )
         return plan_of(dataset, opts, dev, found)

@@ -56,10 +56,14 @@ def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.
             for start, stop in itertools.pairwise(bounds):
                 argv = [str(path), str(listing), str(start), str(stop)]
                 try:
-                    children.append(subprocess.Popen(
-                        [sys.executable, "-m", __name__, *argv],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    ))  # fmt: skip
+                    children.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", __name__, *argv],
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                        )
+                    )
                 except OSError as exc:
                     log.warning("autoloader: cannot start a size reader (%s); reading here", exc)
                     return read_itemsizes(path, names)
@@ -134,8 +138,11 @@ def _collect(child: subprocess.Popen[bytes], path: Path, names: list[str]) -> np
         return sizes.astype(np.int64)
     log.warning(
         "autoloader: a size reader for %s failed (exit status %s%s); reading its %d events here",
-        path, child.returncode, f": {message.splitlines()[-1]}" if message else "", len(names),
-    )  # fmt: skip
+        path,
+        child.returncode,
+        f": {message.splitlines()[-1]}" if message else "",
+        len(names),
+    )
     return read_itemsizes(path, names)
 
 

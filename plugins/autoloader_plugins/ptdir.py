@@ -81,9 +81,20 @@ def _pyg_classes() -> list[Any]:
         from torch_geometric.data.graph_store import EdgeAttr, EdgeLayout
     except ImportError:  # pragma: no cover - PyG is a dependency
         return []
-    return [Data, HeteroData, Batch, DataEdgeAttr, DataTensorAttr, TensorAttr, EdgeAttr,
-            EdgeLayout, storage.BaseStorage, storage.NodeStorage, storage.EdgeStorage,
-            storage.GlobalStorage]  # fmt: skip
+    return [
+        Data,
+        HeteroData,
+        Batch,
+        DataEdgeAttr,
+        DataTensorAttr,
+        TensorAttr,
+        EdgeAttr,
+        EdgeLayout,
+        storage.BaseStorage,
+        storage.NodeStorage,
+        storage.EdgeStorage,
+        storage.GlobalStorage,
+    ]
 
 
 class _Plugin:

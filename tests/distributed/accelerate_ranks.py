@@ -25,8 +25,9 @@ def main() -> None:
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = autoloader.DataLoader(Skewed(), plan=PLAN, registry=CollectorRegistry(),
-                                   device=accelerator.device)  # fmt: skip
+    loader = autoloader.DataLoader(
+        Skewed(), plan=PLAN, registry=CollectorRegistry(), device=accelerator.device
+    )
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
     epochs, synced, ends = [], [], []
     for epoch in range(2):

@@ -13,8 +13,13 @@ from accelerate import Accelerator
 
 from autoloader import DataLoader, Plan
 
-PLAN = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
-                       "batching": {"strategy": "random", "local_batch_size": 4}})  # fmt: skip
+PLAN = Plan.from_dict(
+    {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 4},
+    }
+)
 
 
 class Numbers(torch.utils.data.Dataset):

@@ -31,14 +31,17 @@ def epochs(adapt: bool) -> tuple[list[list[list[int]]], list[dict]]:
         {
             "schema": 1,
             "loader": {"num_workers": 0},
-            "batching": {"strategy": "balance", "local_batch_size": 4, "world_size": 2,
-                         "seed": 5},
+            "batching": {"strategy": "balance", "local_batch_size": 4, "world_size": 2, "seed": 5},
         }
-    )  # fmt: skip
+    )
     loader = DataLoader(
-        Slow(), plan=plan, check_fingerprint=False, registry=CollectorRegistry(),
-        adapt=adapt, adapt_max_workers=2,
-    )  # fmt: skip
+        Slow(),
+        plan=plan,
+        check_fingerprint=False,
+        registry=CollectorRegistry(),
+        adapt=adapt,
+        adapt_max_workers=2,
+    )
     out = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -52,10 +55,15 @@ def main() -> None:
     adapted, changes = epochs(True)
     fixed, none = epochs(False)
     gather_and_exit(
-        {"rank": dist.get_rank(), "adapted": adapted, "fixed": fixed, "changes": changes,
-         "changes_without": none},
+        {
+            "rank": dist.get_rank(),
+            "adapted": adapted,
+            "fixed": fixed,
+            "changes": changes,
+            "changes_without": none,
+        },
         out,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

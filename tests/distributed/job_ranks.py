@@ -81,9 +81,15 @@ def main() -> None:
     result: dict = {"rank": rank}
     if mode == "tune":
         plan = autoloader.tune(
-            DATASET, global_batch_size=48, memory_budget=budget_for(rank), safety=0.0,
-            max_workers=1, iterations=2, progress=False, collate_fn=concat,
-        )  # fmt: skip
+            DATASET,
+            global_batch_size=48,
+            memory_budget=budget_for(rank),
+            safety=0.0,
+            max_workers=1,
+            iterations=2,
+            progress=False,
+            collate_fn=concat,
+        )
         if rank == 0:
             plan.save(out / "plan.toml")
         result.update(
@@ -95,18 +101,44 @@ def main() -> None:
         )
     elif mode == "options":
         code = cli(
-            ["tune", "job_ranks:FIXED", "-o", str(out / "plan.toml"), "--global-batch-size",
-             str(24 * (rank + 1)), "--max-workers", "1", "--iterations", "2", "--quiet"]
-        )  # fmt: skip
+            [
+                "tune",
+                "job_ranks:FIXED",
+                "-o",
+                str(out / "plan.toml"),
+                "--global-batch-size",
+                str(24 * (rank + 1)),
+                "--max-workers",
+                "1",
+                "--iterations",
+                "2",
+                "--quiet",
+            ]
+        )
         result.update(code=code)
     elif mode in ("cli", "nodes"):
         plans = out / f"node{os.environ['GROUP_RANK']}" if mode == "nodes" else out
         plans.mkdir(exist_ok=True)
         code = cli(
-            ["tune", "job_ranks:FIXED", "-o", str(plans / "plan.toml"), "--global-batch-size",
-             "48", "--memory-budget", str(budget_for(rank)), "--safety", "0", "--max-workers",
-             "1", "--iterations", "2", "--quiet", *sys.argv[3:]]
-        )  # fmt: skip
+            [
+                "tune",
+                "job_ranks:FIXED",
+                "-o",
+                str(plans / "plan.toml"),
+                "--global-batch-size",
+                "48",
+                "--memory-budget",
+                str(budget_for(rank)),
+                "--safety",
+                "0",
+                "--max-workers",
+                "1",
+                "--iterations",
+                "2",
+                "--quiet",
+                *sys.argv[3:],
+            ]
+        )
         import job_ranks  # what the command line imported (this file runs as __main__)
 
         result.update(code=code, measured=job_ranks.Counted.measured)
@@ -119,9 +151,11 @@ def main() -> None:
                 time.sleep(float(os.environ["AUTOLOADER_AGREEMENT_TIMEOUT"]) + 3)
             else:
                 DataLoader(
-                    DATASET, plan=Plan.from_dict(plan_dict(local, world)), collate_fn=concat,
+                    DATASET,
+                    plan=Plan.from_dict(plan_dict(local, world)),
+                    collate_fn=concat,
                     registry=CollectorRegistry(),
-                )  # fmt: skip
+                )
             result["error"] = None
         except PlanError as exc:
             result["error"] = str(exc)

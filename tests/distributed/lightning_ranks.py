@@ -28,9 +28,12 @@ import autoloader.lightning  # noqa: E402
 from autoloader.lightning import LoaderStatsCallback  # noqa: E402
 
 PLAN = autoloader.Plan.from_dict(
-    {"schema": 1, "loader": {"num_workers": 0},
-     "batching": {"strategy": "kk", "local_batch_size": 16, "world_size": 2}}
-)  # fmt: skip
+    {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "kk", "local_batch_size": 16, "world_size": 2},
+    }
+)
 
 
 class Data(pl.LightningDataModule):
@@ -67,15 +70,22 @@ class Model(pl.LightningModule):
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     model = Model()
-    common = {"accelerator": "cpu", "enable_progress_bar": False, "enable_checkpointing": False,
-              "enable_model_summary": False}  # fmt: skip
+    common = {
+        "accelerator": "cpu",
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+    }
     if mode == "fit":
         data = Data()
         trainer = pl.Trainer(
-            devices=2, strategy="ddp", max_epochs=2,
-            logger=pl.loggers.CSVLogger(out, name="logs"), callbacks=[LoaderStatsCallback()],
+            devices=2,
+            strategy="ddp",
+            max_epochs=2,
+            logger=pl.loggers.CSVLogger(out, name="logs"),
+            callbacks=[LoaderStatsCallback()],
             **common,
-        )  # fmt: skip
+        )
         trainer.fit(model, datamodule=data)
         loader = trainer.train_dataloader
         result = {
@@ -88,12 +98,22 @@ def main() -> None:
         rank = trainer.global_rank
     else:
         trainer = pl.Trainer(devices=1, logger=False, **common)
-        single = autoloader.Plan.from_dict({**PLAN.to_dict(), "batching": {
-            **PLAN.to_dict()["batching"], "world_size": 1, "global_batch_size": 16}})  # fmt: skip
+        single = autoloader.Plan.from_dict(
+            {
+                **PLAN.to_dict(),
+                "batching": {
+                    **PLAN.to_dict()["batching"],
+                    "world_size": 1,
+                    "global_batch_size": 16,
+                },
+            }
+        )
         loader = autoloader.DataLoader(Skewed(), plan=single, registry=CollectorRegistry())
         predictions = trainer.predict(model, dataloaders=loader)
-        result = {"predicted": [i for batch in predictions for i in batch],
-                  "batches": len(predictions)}  # fmt: skip
+        result = {
+            "predicted": [i for batch in predictions for i in batch],
+            "batches": len(predictions),
+        }
         rank = 0
     (out / f"{mode}-rank{rank}.json").write_text(json.dumps(result))
     os._exit(0)  # gloo's teardown can deadlock (see ranks.py); everything is written

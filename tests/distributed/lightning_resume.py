@@ -24,9 +24,12 @@ from skewed import Skewed
 import autoloader
 
 PLAN = autoloader.Plan.from_dict(
-    {"schema": 1, "loader": {"num_workers": 0},
-     "batching": {"strategy": "kk", "local_batch_size": 8, "world_size": 2}}
-)  # fmt: skip
+    {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "kk", "local_batch_size": 8, "world_size": 2},
+    }
+)
 
 
 class Model(pl.LightningModule):
@@ -55,11 +58,19 @@ def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     model = Model(out / f"{mode}-rank{rank}.jsonl", 7 if mode == "killed" else 0)
-    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=out / f"ckpt-{mode}", every_n_train_steps=5,
-                                               save_top_k=-1, filename="{step}")  # fmt: skip
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
-                         logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[checkpoints])  # fmt: skip
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=out / f"ckpt-{mode}", every_n_train_steps=5, save_top_k=-1, filename="{step}"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoints],
+    )
     trainer.fit(model, ckpt_path=out / "ckpt-killed" / "step=5.ckpt" if mode == "resume" else None)
     os._exit(0)  # gloo's teardown can deadlock (see ranks.py); everything is written
 

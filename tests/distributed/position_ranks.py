@@ -36,9 +36,11 @@ class Counted(Dataset):
         return torch.full((i % 5 + 1,), float(i))
 
 
-PLAN = {"schema": 1, "loader": {"num_workers": 0},
-        "batching": {"strategy": "kk", "local_batch_size": 4, "world_size": 2,
-                     "global_batch_size": 8}}  # fmt: skip
+PLAN = {
+    "schema": 1,
+    "loader": {"num_workers": 0},
+    "batching": {"strategy": "kk", "local_batch_size": 4, "world_size": 2, "global_batch_size": 8},
+}
 
 
 def loop(out: Path, mode: str) -> None:
@@ -47,8 +49,14 @@ def loop(out: Path, mode: str) -> None:
     import os
 
     rank = dist.get_rank()
-    loader = DataLoader(Counted(), plan=Plan.from_dict(PLAN), check_fingerprint=False,
-                        collate_fn=list, metrics=False, num_workers=2)  # fmt: skip
+    loader = DataLoader(
+        Counted(),
+        plan=Plan.from_dict(PLAN),
+        check_fingerprint=False,
+        collate_fn=list,
+        metrics=False,
+        num_workers=2,
+    )
     start = 0
     if mode == "resume":
         state = torch.load(out / f"state{rank}.pt", weights_only=True)
@@ -80,16 +88,18 @@ def main() -> None:
         return
     rank = dist.get_rank()
     data = Counted()
-    loader = DataLoader(data, plan=Plan.from_dict(PLAN), check_fingerprint=False,
-                        collate_fn=list, metrics=False)  # fmt: skip
+    loader = DataLoader(
+        data, plan=Plan.from_dict(PLAN), check_fingerprint=False, collate_fn=list, metrics=False
+    )
     measured = data.reads
     whole = [[int(t[0]) for t in b] for b in loader]
     it = iter(loader)
     for _ in range(5):
         next(it)
     state = loader.state_dict()
-    again = DataLoader(data, plan=Plan.from_dict(PLAN), check_fingerprint=False,
-                       collate_fn=list, metrics=False)  # fmt: skip
+    again = DataLoader(
+        data, plan=Plan.from_dict(PLAN), check_fingerprint=False, collate_fn=list, metrics=False
+    )
     again.load_state_dict(state)
     rest = [[int(t[0]) for t in b] for b in again]
     refused = ""
@@ -97,8 +107,9 @@ def main() -> None:
         again.load_state_dict({**state, "epoch": rank})  # the ranks disagree
     except PlanError as exc:
         refused = str(exc)
-    (out / f"rank{rank}.json").write_text(json.dumps(
-        {"measured": measured, "resumed": rest == whole[5:], "refused": refused}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps({"measured": measured, "resumed": rest == whole[5:], "refused": refused})
+    )
     dist.destroy_process_group()
 
 

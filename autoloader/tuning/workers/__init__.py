@@ -103,9 +103,18 @@ def search(
         leave=False,
         total=max_workers + 1 if method == "exhaustive" else None,
     )
-    run = partial(measure, dataset, sizes, batch_size, timing=timing, device=device, seed=seed,
-                  worker_init_fn=worker_init_fn, collate_fn=collate_fn,
-                  read_order=read_order)  # fmt: skip
+    run = partial(
+        measure,
+        dataset,
+        sizes,
+        batch_size,
+        timing=timing,
+        device=device,
+        seed=seed,
+        worker_init_fn=worker_init_fn,
+        collate_fn=collate_fn,
+        read_order=read_order,
+    )
     within = _Within(run, budget, batch_bytes)
     if extent is not None:
         extent = replace(extent, limits=within.limits)
@@ -131,8 +140,9 @@ def search(
     serial = next((c for c in trace if c.workers == 0), None)
     batches = -(-len(sizes) // batch_size)
     depth = prefetch_factor(chosen, serial, rule.step_seconds, budget, batch_bytes)
-    return WorkerChoice(chosen_w, depth, persistent_workers(chosen, batches), rule.describe(),
-                        method, trace, reach)  # fmt: skip
+    return WorkerChoice(
+        chosen_w, depth, persistent_workers(chosen, batches), rule.describe(), method, trace, reach
+    )
 
 
 class _Within:
@@ -141,8 +151,9 @@ class _Within:
     from the counts measured; the limits' use is read afresh, the last count's workers
     gone)."""
 
-    def __init__(self, run: Callable[..., Candidate], budget: HostBudget | None,
-                 batch_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self, run: Callable[..., Candidate], budget: HostBudget | None, batch_bytes: int
+    ) -> None:
         self.run, self.budget, self.batch_bytes = run, budget, batch_bytes
         self.done: dict[int, Candidate] = {}
         self.limits = LimitsProbe()

@@ -42,9 +42,14 @@ class ModelledNode:
     """Measures candidates against a curve with gamma noise of coefficient ``cv``."""
 
     def __init__(
-        self, curve: Curve, *, cv: float = 0.25, seed: int = 0, share: Curve | None = None,
+        self,
+        curve: Curve,
+        *,
+        cv: float = 0.25,
+        seed: int = 0,
+        share: Curve | None = None,
         worker_bytes: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.curve = curve
         self.shape = 1.0 / cv**2
         self.rng = np.random.default_rng(seed)

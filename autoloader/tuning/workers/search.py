@@ -48,10 +48,15 @@ class Rule:
             return f"alpha={self.alpha:g} s (paper rule)"
         text = f"tolerance={self.tolerance:g}"
         if self.step_seconds is not None:
-            timed = (f" (timed alone on {self.step_threads} thread(s))"
-                     if self.step_threads is not None else "")  # fmt: skip
-            text += (f", or keep a {self.step_seconds:.4f} s step{timed} fed with "
-                     f"{self.margin:.0%} margin")  # fmt: skip
+            timed = (
+                f" (timed alone on {self.step_threads} thread(s))"
+                if self.step_threads is not None
+                else ""
+            )
+            text += (
+                f", or keep a {self.step_seconds:.4f} s step{timed} fed with "
+                f"{self.margin:.0%} margin"
+            )
         return text
 
     def threshold(self, fastest: float) -> float:
@@ -155,8 +160,10 @@ def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
         w = nxt
     if not went:
         return f"stopped at {top} (this rank's CPUs): {stop}"
-    return (f"went past the {top} CPUs to {max(seen.found)} workers: {went[0]} (waiting, "
-            f"not computing); stopped: {stop}")  # fmt: skip
+    return (
+        f"went past the {top} CPUs to {max(seen.found)} workers: {went[0]} (waiting, "
+        f"not computing); stopped: {stop}"
+    )
 
 
 def _refine(seen: _Seen) -> None:

@@ -19,9 +19,12 @@ class Setting:
 
 
 def prefetch_factor(
-    chosen: Candidate, serial: Candidate | None, step_seconds: float | None,
-    budget: HostBudget | None = None, batch_bytes: float = 0,
-) -> Setting:  # fmt: skip
+    chosen: Candidate,
+    serial: Candidate | None,
+    step_seconds: float | None,
+    budget: HostBudget | None = None,
+    batch_bytes: float = 0,
+) -> Setting:
     """Deep enough that the slowest batch does not starve the loop, and no deeper than the
     host's shared memory holds (``budget``, batches of ``batch_bytes`` at most).
 

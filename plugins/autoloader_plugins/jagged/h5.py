@@ -290,8 +290,14 @@ class H5Table(BlockReader):
             self._read_alone(out, at, starts, stops, np.flatnonzero(alone))
         return out
 
-    def _read_alone(self, out: np.ndarray, at: np.ndarray, starts: np.ndarray,
-                    stops: np.ndarray, which: np.ndarray) -> None:  # fmt: skip
+    def _read_alone(
+        self,
+        out: np.ndarray,
+        at: np.ndarray,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        which: np.ndarray,
+    ) -> None:
         """Events ``which`` (ascending) read with one selection per column into ``out``."""
         a, z = runs(starts[which], stops[which])
         into = ranges_index(at[which], at[which + 1])
