@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from autoloader import Plan
+from autoloader.cli.render import render
 from autoloader.demo.run import run_demo
 from autoloader.demo.synthetic import LARGEST_OVER_MEAN, generate, node_counts
 
@@ -32,7 +33,7 @@ def test_generation_is_reproducible_and_reused(tmp_path: Path) -> None:
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     out = io.StringIO()
-    figures = run_demo(tmp_path, num_events=200, iterations=3, out=out)
+    figures = run_demo(tmp_path, describe_plan=render, num_events=200, iterations=3, out=out)
     text = out.getvalue()
     plan = Plan.load(tmp_path / "plan.toml")
     assert figures["batches"] == -(-200 // plan.batching.local_batch_size)

@@ -73,12 +73,13 @@ def test_demo_after_a_backward_pass_on_cuda(tmp_path) -> None:  # type: ignore[n
     """A process that has run autograd on the GPU can still tune with a step."""
     import io
 
+    from autoloader.cli.render import render
     from autoloader.demo.run import run_demo
 
     x = torch.ones(8, device="cuda", requires_grad=True)
     (x * 2).sum().backward()
     out = io.StringIO()
-    figures = run_demo(tmp_path, num_events=400, iterations=3, out=out)
+    figures = run_demo(tmp_path, describe_plan=render, num_events=400, iterations=3, out=out)
     assert "on cuda" in out.getvalue()
     assert figures["batches"] > 0
 

@@ -71,6 +71,7 @@ def test_runtime_code_never_imports_the_tuner() -> None:
         (BELOW, "autoloader.tuning"),
         ("autoloader.metrics", "autoloader.loader"),  # the loader records into metrics/
         ("autoloader.guard", "autoloader.loader"),
+        ("autoloader.demo", "autoloader.cli"),  # the command line runs the demo
     ],
 )
 def test_layers_point_one_way(importer: str | tuple[str, ...], imported: str) -> None:

@@ -25,7 +25,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from autoloader.cli.render import render
     from autoloader.demo.run import run_demo
 
-    run_demo(args.workdir, progress=sys.stderr.isatty())
+    run_demo(args.workdir, describe_plan=render, progress=sys.stderr.isatty())
     return 0

@@ -7,13 +7,13 @@ import re
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 import torch
 from tqdm import tqdm
 
-from autoloader.cli.render import render
 from autoloader.demo.model import TrainStep
 from autoloader.demo.synthetic import generate
 from autoloader.loader import DataLoader
@@ -29,12 +29,14 @@ GLOBAL_BATCH = 64
 def run_demo(
     workdir: str | Path,
     *,
+    describe_plan: Callable[..., str],
     num_events: int = NUM_EVENTS,
     iterations: int = 50,
     out: TextIO = sys.stdout,
     progress: bool = False,
 ) -> dict[str, float]:
-    """Run the demo end to end; return its figures."""
+    """Run the demo end to end; return its figures. ``describe_plan(plan, path=...)``
+    writes the tuned plan as text (the command line's ``show``)."""
     from autoloader_plugins.hdf5 import GraphEventsH5
 
     workdir = Path(workdir)
@@ -97,7 +99,7 @@ def run_demo(
     plan.save(plan_path)
     say(f"                tuned: {plan_path} ({time.perf_counter() - t0:.1f} s)")
     say()
-    say(render(Plan.load(plan_path), path=str(plan_path)))
+    say(describe_plan(Plan.load(plan_path), path=str(plan_path)))
     say()
 
     port = serve_metrics(port=0)
