@@ -124,8 +124,25 @@ def test_waiting_reads_take_the_search_past_the_cores(seed: int) -> None:
     assert curve(best) / curve(chosen) >= 0.9 and chosen > 2
     assert max(c.workers for c in trace) <= 16  # the hard cap: 8 per CPU
     assert reach is not None and reach.startswith("went past the 2 CPUs to ")
-    assert "2 workers were busy 3% of their time (waiting, not computing)" in reach
+    assert "2 workers were busy 3% of their time (0.1 of 2 CPUs) (cores left idle)" in reach
     assert "were no faster than" in reach or "cap of 16" in reach
+
+
+def test_reads_that_compute_half_the_time_take_the_search_past_the_cores() -> None:
+    """Reads that compute 1 ms and wait 1 ms a sample (batch 32: 64 ms, half computing):
+    2 workers on 2 CPUs are busy 50% of their time and leave a core idle. The search goes
+    on past the cores (a rule of "busy under half their time" stopped it at 2) and stops
+    where the cores fill up: 4 workers computing half the time use both."""
+    curve, share = waiting(0.064, floor=0.008, cpu=0.032)
+    node = ModelledNode(curve, seed=0, share=share, cv=0.05)
+    rule = Rule(tolerance=0.05)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, rule, extent())
+    assert choose(trace, rule) == 4 and max(c.workers for c in trace) == 4
+    assert reach == (
+        "went past the 2 CPUs to 4 workers: 2 workers were busy 50% of their time (1.0 of 2 "
+        "CPUs) (cores left idle); stopped: 4 workers were busy 50% of their time (2.0 of 2 "
+        "CPUs): more would compete for the cores"
+    )
 
 
 def test_computing_workers_stop_the_search_at_the_cores() -> None:

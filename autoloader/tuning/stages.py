@@ -297,7 +297,7 @@ def worker_search(
 ) -> WorkerStage:
     """NWT over ``0..max_workers`` on every rank; each node keeps its first rank's choice.
     Without ``--max-workers`` the search covers this rank's CPUs and goes past them while
-    the workers mostly wait (``workers.Extent``).
+    the workers leave cores idle (``workers.Extent``).
 
     Raises:
         DatasetError: no batch could be loaded at all (on any rank).

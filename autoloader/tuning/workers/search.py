@@ -16,7 +16,7 @@ them loading overlaps the step (the slower of the two, loading with a margin), s
 that only matches the main process's loading speed still wins by hiding it behind the step,
 and more workers than keep the step fed only cost memory. Given an ``Extent`` (the default
 when the user sets no ``--max-workers``), the grid goes on doubling past the CPUs while the
-workers measured mostly wait rather than compute (``extent``).
+workers measured leave cores idle (``extent``).
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ class _Seen:
 
 
 def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
-    """Double past ``top`` while the workers mostly wait and the loop gets faster, within
-    the host's memory, shared memory and the hard cap; say why it went on or stopped."""
+    """Double past ``top`` while the workers leave cores idle and the loop gets faster,
+    within the host's memory, shared memory and the hard cap; say why it went on or
+    stopped."""
     w = top
     went: list[str] = []
     while True:
@@ -152,7 +153,11 @@ def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
         )
         if stop is not None:
             break
-        went.append(f"{w} workers were busy {cand.cpu_share or 0:.0%} of their time")
+        share = cand.cpu_share or 0.0
+        went.append(
+            f"{w} workers were busy {share:.0%} of their time "
+            f"({share * max(1, w):.1f} of {extent.cpus} CPUs)"
+        )
         before = seen.seconds(w)
         if not seen.seconds(nxt) < before / (1 + (rule.tolerance or 0.0)):
             stop = f"{nxt} workers were no faster than {w}"
@@ -161,8 +166,8 @@ def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
     if not went:
         return f"stopped at {top} (this rank's CPUs): {stop}"
     return (
-        f"went past the {top} CPUs to {max(seen.found)} workers: {went[0]} (waiting, "
-        f"not computing); stopped: {stop}"
+        f"went past the {top} CPUs to {max(seen.found)} workers: {went[0]} (cores left "
+        f"idle); stopped: {stop}"
     )
 
 

@@ -1,0 +1,132 @@
+"""How close the planned loop comes to its limit, in one run.
+
+Two workloads of 1 KiB samples, batch 32, and a 10 ms step that leaves the cores free (a
+GPU step, as the host sees it):
+  io     each read waits 2 ms (storage);
+  mixed  each read spins 1 ms (Python) and then waits 1 ms.
+Each is tuned as a user tunes it (`autoloader tune MODULE:ATTR --step ...`, in a
+subprocess, reusing `benchmarks/regimes.py`'s dataset and step), then timed over
+``--epochs`` epochs after one warm-up epoch:
+  plan     autoloader.DataLoader(plan=...), adaptation off (the plan held fixed);
+  adapted  the same, adaptation on (the default);
+  torch    torch's DataLoader with the plan's settings (workers, prefetch, pinning,
+           persistent workers) and a shuffled batch of 32.
+The limit is what the loop could reach if loading cost it nothing: the step's bound, 32
+samples per 10 ms, 3,200 samples/s. (The reads spin on the wall clock, as a read that
+computes while it holds a core: under contention they take less CPU, so the cores do not
+bound mixed reads first; loading alone reached 3,478 samples/s at 14 workers.) Goal
+(issue 37): plan / limit >= 0.90 on both.
+Run: `python benchmarks/loop_limit.py [--epochs 3] [--samples 3200] [--only io|mixed]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry
+from regimes import BATCH, Scenario, Shifting, step, tune  # beside this script
+
+STEP_SECONDS = 0.010
+WORKLOADS = {
+    "io": Scenario("io", "reads wait 2 ms", (0.0, 0.002), (0.0, 0.002)),
+    "mixed": Scenario("mixed", "reads spin 1 ms, then wait 1 ms", (0.001, 0.001), (0.001, 0.001)),
+}
+
+
+def limit() -> tuple[float, str]:
+    """The loop's samples/s were loading free: the step's bound."""
+    return BATCH / STEP_SECONDS, f"the step: {BATCH} samples per {STEP_SECONDS * 1e3:g} ms"
+
+
+def epoch(loader: Any, k: int) -> float:
+    """Samples/s of epoch ``k``, the step run on each batch."""
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(k)
+    start, samples = time.perf_counter(), 0
+    for batch in loader:
+        step(batch)
+        samples += len(batch)
+    return samples / (time.perf_counter() - start)
+
+
+def timed(loader: Any, epochs: int) -> float:
+    """The median samples/s of ``epochs`` epochs after one warm-up epoch."""
+    epoch(loader, 0)
+    return statistics.median(epoch(loader, k) for k in range(1, epochs + 1))
+
+
+def torch_loader(data: Shifting, plan_path: Path) -> torch.utils.data.DataLoader:
+    from autoloader import Plan
+
+    lp = Plan.load(plan_path).loader
+    extra = (
+        {"prefetch_factor": lp.prefetch_factor, "persistent_workers": lp.persistent_workers}
+        if lp.num_workers
+        else {}
+    )
+    return torch.utils.data.DataLoader(
+        data,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=lp.num_workers,
+        pin_memory=lp.pin_memory and torch.cuda.is_available(),
+        **extra,
+    )
+
+
+def run(name: str, samples: int, epochs: int, workdir: Path) -> dict[str, float]:
+    from autoloader import DataLoader, Plan
+
+    sc = WORKLOADS[name]
+    plan_path = tune(sc, samples, workdir)
+    lp = Plan.load(plan_path).loader
+    cpu, wait = sc.before
+    rates = {}
+    for arm, adapt in (("plan", False), ("adapted", True)):
+        data = Shifting(samples, cpu=cpu, wait=wait)
+        loader = DataLoader(
+            data, plan=plan_path, check_fingerprint=False, adapt=adapt, registry=CollectorRegistry()
+        )
+        rates[arm] = timed(loader, epochs)
+        if adapt:
+            for c in loader.adaptations:
+                print(f"    adapted after epoch {c.epoch}: {c.setting} {c.before} -> {c.after}")
+        del loader
+    data = Shifting(samples, cpu=cpu, wait=wait)
+    rates["torch"] = timed(torch_loader(data, plan_path), epochs)
+    bound, why = limit()
+    print(
+        f"[{name}] {sc.what}; plan: {lp.num_workers} workers, prefetch {lp.prefetch_factor}, "
+        f"persistent {lp.persistent_workers}; limit {bound:,.0f} samples/s ({why})"
+    )
+    for arm, rate in rates.items():
+        print(f"  {arm:8} {rate:8,.0f} samples/s   / limit {rate / bound:.2f}")
+    print(f"  plan / torch with the plan's settings: {rates['plan'] / rates['torch']:.2f}x")
+    return {arm: rate / bound for arm, rate in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs (default 3)")
+    parser.add_argument("--samples", type=int, default=3200, help="samples per epoch")
+    parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")  # torch's worker-count advice, on plans past the CPUs
+    names = [args.only] if args.only else list(WORKLOADS)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {n: run(n, args.samples, args.epochs, Path(tmp)) for n in names}
+    print(
+        "\nplan held fixed / limit (goal >= 0.90): "
+        + ", ".join(f"{n} {r['plan']:.2f}" for n, r in results.items())
+    )
+
+
+if __name__ == "__main__":
+    main()
