@@ -3,6 +3,7 @@ DATASET and --step (MODULE:ATTR) by the baseline tests."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from typing import Any
 
@@ -41,3 +42,30 @@ def crowded_step(batch: Any) -> None:
     import psutil
 
     time.sleep(0.030 if psutil.Process().children() else 0.001)
+
+
+# Reads that take 1 ms alone and 8 ms while the step runs (a step that holds what reads
+# need: the bus, a lock, the file system's cache): the search, which times loading alone,
+# plans too few workers for the loop; only the loop with the step shows it.
+STEPPING = multiprocessing.RawValue("b", 0)
+
+
+class SlowerUnderStep(Dataset):
+    def __len__(self) -> int:
+        return 800
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.008 if STEPPING.value else 0.001)
+        return torch.full((256,), float(i))
+
+
+under_step = SlowerUnderStep()
+
+
+def holding_step(batch: Any) -> None:
+    """A 10 ms step during which reads are 8x slower."""
+    STEPPING.value = 1
+    try:
+        time.sleep(0.010)
+    finally:
+        STEPPING.value = 0

@@ -306,6 +306,39 @@ def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
     assert "0 B in flight" in shown  # what the plan's loader holds: no workers, no shm
 
 
+def test_a_searched_count_whose_loop_still_waits_climbs_to_one_measured_faster(
+    tmp_path: Path,
+) -> None:
+    """Reads 8x slower while the step runs: the search, timing loading alone, plans one
+    or two workers for a 10 ms step; the loop with the step waits most of its time there.
+    More workers the search measured are timed in the loop, and the plan takes the count
+    that ran it faster, says why, and keeps the loops as the adapter's evidence."""
+    out = tmp_path / "plan.toml"
+    done = run_cli(
+        "tune",
+        "loop_steps:under_step",
+        "--step",
+        "loop_steps:holding_step",
+        "--global-batch-size",
+        "8",
+        "--iterations",
+        "30",
+        "--baseline",
+        "none",
+        "-o",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    plan = Plan.load(out)
+    table = plan.tuning["workers"]
+    loops = {e["workers"]: e["seconds_per_batch"] for e in table["loops"]}
+    searched, chosen = min(loops), plan.loader.num_workers
+    assert table["climbed"].startswith(f"the loop with the step at the search's {searched} ")
+    assert chosen > searched and set(loops) == {searched, chosen}
+    assert loops[chosen] < loops[searched] / 1.05
+    assert "  climbed: the loop with the step" in run_cli("show", str(out), timeout=60).stdout
+
+
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:
     ds = VariableTensors(400)
     plan = autoloader.tune(

@@ -336,7 +336,7 @@ def _workers(search: Any, chosen: int) -> Section | None:
     )
     notes = [
         f"{key.removesuffix('_why')}: {search[key]}"
-        for key in ("reach", "prefetch_factor_why", "persistent_workers_why")
+        for key in ("reach", "climbed", "prefetch_factor_why", "persistent_workers_why")
         if isinstance(search.get(key), str)
     ]
     return Section(

@@ -404,6 +404,7 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
             "prefetch_factor_why": _STR,
             "persistent_workers_why": _STR,
             "loops": ("array",),
+            "climbed": _STR,
         },
     ),
     (

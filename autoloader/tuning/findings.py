@@ -78,13 +78,16 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
 
 
 def _loader(found: Findings) -> LoaderPlan:
-    """The worker search's loader with the threads chosen, or the baseline's where its
-    loop with the step measured faster (``Trials.adopted``)."""
+    """The worker search's loader with the threads chosen (and more workers where the
+    loop with the step ran faster with them: ``Trials.climb``), or the baseline's where
+    its loop with the step measured faster (``Trials.adopted``)."""
     threads = found.trials.threads
     chosen = threads.chosen if threads is not None else None
     base = found.trials.adopted
     if base is None:
-        return LoaderPlan(**found.workers.loader, num_threads=chosen)
+        climb = found.trials.climb
+        more = {"num_workers": climb.workers} if climb is not None else {}
+        return LoaderPlan(**{**found.workers.loader, **more}, num_threads=chosen)
     workers = base.num_workers
     return LoaderPlan(
         **{
@@ -150,6 +153,7 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
             "max_workers": found.workers.max_workers,
             **found.workers.choice.to_dict(),
             **({"loops": found.trials.loops} if found.trials.loops else {}),
+            **({"climbed": found.trials.climb.why} if found.trials.climb else {}),
         },
         strategies=strategies,
         candidates=[c.to_dict() for c in found.batching.candidates],

@@ -24,6 +24,7 @@ from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
 from autoloader.host_budget import HostBudget
 from autoloader.samplers import RandomBatchSampler, make_sampler
+from autoloader.thresholds import WAIT_THRESHOLD
 from autoloader.tuning import trial, workers
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings
 from autoloader.tuning.batching import BatchingChoice, choose_batching, replay
@@ -380,6 +381,9 @@ class Trials:
     # the loop's seconds per batch with the step, by worker count, at the threads the
     # plan runs with: the run-time adapter's evidence where loading alone misleads
     loops: list[dict[str, Any]] = field(default_factory=list)
+    # more workers than the search's pick, where its loop with the step still waited
+    # for data and the larger count's loop ran faster (``_climb``)
+    climb: Climb | None = None
 
 
 def trials(
@@ -425,58 +429,143 @@ def trials(
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout)
 
     def measured() -> Trials:  # on rank 0 alone: the others wait for its result
-        plan_batches = [
-            list(b)
-            for b in make_sampler(
-                choice.strategy,
-                work.sizes,
-                choice.local_batch_size,
-                seed=opts.seed,
-                num_replicas=opts.world_size,
-                rank=0,
-                read_order=work.read_order,
-            )
-        ]
-        plan_trial = trial.Trial(
-            plan_batches,
-            planned,
-            lp["device_prefetch"] or 0,
-            PinWorkers(where.pinned) if where.pinned else None,
-        )
+        plan_trial = _plan_trial(work, opts, choice, planned, lp["device_prefetch"], where)
         step = work.step() if work.step is not None else None
         loop = trial.run_trial(work, plan_trial, step, timing)
-        threads, timed = None, []
+        batch = choice.local_batch_size
+        threads, loops = None, []
         if step is not None:
             busy = _busy_cores(stage, planned.num_workers)
             threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
             # both thread counts: the plan may end up running the baseline's threads
-            timed = [threads.default_loop, threads.candidate_loop]
-        loops = [
-            e
-            for t in timed
-            if t is not None
-            for e in _loop_entry(planned.num_workers, choice.local_batch_size, t)
-        ]
+            for timed in (threads.default_loop, threads.candidate_loop):
+                loops += _loop_entry(planned.num_workers, batch, timed) if timed else []
+        alone = step is not None and len(stage.nodes) <= 1  # rank 0's loop speaks for its node
+        climb = _climb(work, plan_trial, step, loop, timing, stage, threads) if alone else None
+        if climb is not None:
+            loop = climb.loop
+            loops += _loop_entry(climb.workers, batch, loop)
         if base is None:
-            return Trials(threads, None, loops=_at_threads(loops, loop.num_threads))
-        ran = replace(planned, num_threads=threads.chosen if threads is not None else None)
+            return Trials(threads, None, loops=_at_threads(loops, loop.num_threads), climb=climb)
+        ran = replace(
+            planned,
+            num_workers=climb.workers if climb is not None else planned.num_workers,
+            num_threads=threads.chosen if threads is not None else None,
+        )
         read = {"read_order": work.read_order.options()} if work.read_order else {}
         worst = choice.replays[choice.strategy].worst_batch_bytes
         plan_side = Side({**ran.to_dict(), **read}, loop, worst, choice.predicted_peak_bytes)
         compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
-        return _judged(
+        judged = _judged(
             threads,
             compared,
             loops,
             loop,
-            choice.local_batch_size,
+            batch,
             stepped=step is not None,
             one_node=len(stage.nodes) <= 1,
         )
+        return judged if judged.adopted is not None else replace(judged, climb=climb)
 
     result: Trials = team.once(measured)
     return result
+
+
+def _plan_trial(
+    work: Workload,
+    opts: TuneOptions,
+    choice: BatchingChoice,
+    planned: LoopSettings,
+    device_prefetch: int | None,
+    where: Placement,
+) -> trial.Trial:
+    """The plan's loop as rank 0 runs it: its batches in its sampler's order."""
+    batches = make_sampler(
+        choice.strategy,
+        work.sizes,
+        choice.local_batch_size,
+        seed=opts.seed,
+        num_replicas=opts.world_size,
+        rank=0,
+        read_order=work.read_order,
+    )
+    pin = PinWorkers(where.pinned) if where.pinned else None
+    return trial.Trial([list(b) for b in batches], planned, device_prefetch or 0, pin)
+
+
+# More workers than the search's pick (CLIMB_STEP times as many, or more) are timed in the
+# loop where it still waits for data more than the run-time adapter's threshold, at most
+# CLIMB_TIMES times, and kept where they ran the loop CLIMB_GAIN faster.
+CLIMB_TIMES, CLIMB_GAIN, CLIMB_STEP = 2, 0.05, 1.25
+
+
+@dataclass(frozen=True)
+class Climb:
+    """More workers than the search's pick, timed in the loop with the step, and why."""
+
+    workers: int
+    loop: trial.LoopResult
+    why: str
+
+
+def _climb(
+    work: Workload,
+    plan: trial.Trial,
+    step: Any,
+    loop: trial.LoopResult,
+    timing: workers.Timing,
+    stage: WorkerStage,
+    threads: ThreadsChoice | None,
+) -> Climb | None:
+    """The search times loading alone and keeps the step fed by a margin; in the loop the
+    main process also receives each batch, so a count that fed the step alone may not
+    feed it there. Where the plan's loop still waited for data, the next counts the search
+    measured (their memory and start already checked) are timed in the loop with the
+    step, and the fastest kept where it gained ``CLIMB_GAIN`` (None: the plan's count
+    stays)."""
+    trace = stage.choice.trace if stage.choice is not None else []
+    start = plan.settings.num_workers
+    measured = sorted(c.workers for c in trace if c.ok and c.workers > start)
+    best, best_loop, tried = start, loop, []
+    for _ in range(CLIMB_TIMES):
+        # a step the loop's noise cannot hide: at least CLIMB_STEP more workers
+        count = next((w for w in measured if w >= CLIMB_STEP * max(1, best)), None)
+        if count is None or not best_loop.ok or (best_loop.wait_share or 0.0) <= WAIT_THRESHOLD:
+            break
+        settings = replace(
+            plan.settings,
+            num_workers=count,
+            num_threads=threads.chosen if threads is not None else None,
+        )
+        more = trial.run_trial(
+            work,
+            trial.Trial(plan.batches, settings, plan.device_prefetch, plan.worker_init_fn),
+            step,
+            timing,
+        )
+        tried.append(f"{count}: {more.samples_per_second:,.0f}")
+        if not more.ok or more.samples_per_second < (1 + CLIMB_GAIN) * best_loop.samples_per_second:
+            break
+        best, best_loop = count, more
+    if tried:
+        log.info(
+            "the loop with the step at %d workers waited %.0f%% for data; timed with "
+            "more workers (samples/s): %s against %.0f",
+            start,
+            100 * (loop.wait_share or 0.0),
+            ", ".join(tried),
+            loop.samples_per_second,
+        )
+    if best == start:
+        return None
+    why = (
+        f"the loop with the step at the search's {start} workers waited for data "
+        f"{loop.wait_share or 0:.0%} of its time ({loop.samples_per_second:,.0f} samples/s); "
+        f"timed with more ({', '.join(tried)} samples/s), {best} ran it "
+        f"{best_loop.samples_per_second / loop.samples_per_second:.2f}x faster"
+    )
+    return Climb(best, best_loop, why)
 
 
 def _judged(
