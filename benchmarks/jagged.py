@@ -220,7 +220,7 @@ def loop_seconds(ds, read_order) -> float:
 
 def windows_of(ds):
     """The windows the tune chooses for ``ds`` where it measures them paying."""
-    from autoloader.host_budget import HostBudget
+    from autoloader.host.budget import HostBudget
     from autoloader.samplers.order import Windows
     from autoloader.tuning import read_order as ro
 

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from autoloader.host import usable_cpus
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Rule, Timing, choose, measure
 from autoloader.tuning.workers.extent import Extent

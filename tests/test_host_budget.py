@@ -15,7 +15,7 @@ import pytest
 
 from autoloader import Plan
 from autoloader.host import cgroup_memory_room
-from autoloader.host_budget import HostBudget, is_shm_failure, shm_fix
+from autoloader.host.budget import HostBudget, is_shm_failure, shm_fix
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
 from autoloader.loader.host_fit import fit_to_host
 

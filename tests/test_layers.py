@@ -22,7 +22,7 @@ RUNTIME = (
     "autoloader_plugins",
 )
 # What the tuner and the loader both need lives below both: neither may be imported here.
-BELOW = ("autoloader.feed", "autoloader.job", "autoloader.thresholds")
+BELOW = ("autoloader.feed", "autoloader.host", "autoloader.job", "autoloader.thresholds")
 
 
 def _modules() -> dict[str, Path]:

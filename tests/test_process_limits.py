@@ -129,7 +129,7 @@ def test_workers_that_cannot_start_are_a_failed_count_not_a_traceback(tmp_path: 
     out = tmp_path / "plan.toml"
     blind = [
         "-c",
-        "import sys\nfrom autoloader.process_limits import ProcessLimits\n"
+        "import sys\nfrom autoloader.host.limits import ProcessLimits\n"
         "ProcessLimits.refuses = lambda self, *a, **k: None\n"
         "from autoloader.cli import main\nraise SystemExit(main(sys.argv[1:]))",
     ]

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from autoloader import DataLoader, Plan
 from autoloader.datasets.reads import SampleError
-from autoloader.host_budget import loader_shm_bytes
+from autoloader.host.budget import loader_shm_bytes
 from autoloader.metrics.status import read_status
 
 

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from autoloader import DataLoader, Plan
 from autoloader.datasets.reads import SampleError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.sizes import sample_sizes
 from autoloader.tuning.workers import Candidate, Rule, Timing, choose, doubling_grid, measure
 from autoloader.tuning.workers import search as run_search

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
 from autoloader.units import format_bytes
 

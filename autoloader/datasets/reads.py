@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from autoloader.errors import AutoloaderError, DatasetError
-from autoloader.host_budget import is_shm_failure
+from autoloader.host.budget import is_shm_failure
 
 
 class SampleError(DatasetError):
@@ -107,7 +107,7 @@ class NamedCollate:
     """A collate function whose failure names the batch's samples and what is wrong with
     them: the user's data (a sample that is None, dicts beside tensors), not our bug. A
     batch that does not fit the node's shared memory is not the data's fault: that error
-    passes through unchanged (``autoloader.host_budget`` names it). Picklable, for worker
+    passes through unchanged (``autoloader.host.budget`` names it). Picklable, for worker
     processes."""
 
     def __init__(self, collate_fn: Any) -> None:

@@ -46,10 +46,10 @@ from typing import Any
 import psutil
 
 from autoloader.host import doubling_grid
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
+from autoloader.host.limits import ProcessLimits
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
-from autoloader.process_limits import ProcessLimits
 from autoloader.thresholds import WAIT_THRESHOLD
 
 SIZED_MARGIN = 1.1  # a sized raise asks for 10% more workers than the loop's step needs

@@ -25,7 +25,8 @@ from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
+from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
@@ -65,7 +66,6 @@ from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.plan.schema import MAX_DEVICE_PREFETCH
-from autoloader.process_limits import ProcessLimits
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import dataset_length, fingerprint
 from autoloader.thresholds import WAIT_THRESHOLD

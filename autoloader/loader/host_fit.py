@@ -3,7 +3,7 @@
 A plan is often tuned on one machine (a login node, an interactive session) and trained in
 another (a container with Docker's 64 MiB /dev/shm). Before the loader starts its workers,
 the planned ``num_workers x prefetch_factor`` batches in flight are checked against this
-node's free shared memory (``autoloader.host_budget``), and lowered, prefetch first, then
+node's free shared memory (``autoloader.host.budget``), and lowered, prefetch first, then
 workers, with one WARNING naming the limit and the fix, rather than dying on the first
 batch that does not fit. Settings the caller gave explicitly are kept (and warned about).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")

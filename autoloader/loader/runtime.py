@@ -24,7 +24,8 @@ import psutil
 from autoloader import compat
 from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
+from autoloader.host.limits import ProcessLimits
 from autoloader.loader.adapt import (
     SETTINGS,
     Adaptation,
@@ -38,7 +39,6 @@ from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
-from autoloader.process_limits import ProcessLimits
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import nbytes_of
 from autoloader.units import describe_bytes

@@ -35,7 +35,7 @@ from typing import Any
 
 from autoloader.datasets.reads import SampleError
 from autoloader.host import tree_memory_bytes
-from autoloader.host_budget import loader_shm_bytes
+from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
 from autoloader.loader.stalls import StallWatch

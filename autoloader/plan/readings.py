@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 
 
 def _int(value: Any) -> int | None:

@@ -1,4 +1,4 @@
-"""The host's budgets (``autoloader.host_budget``) as the tune applies and records them:
+"""The host's budgets (``autoloader.host.budget``) as the tune applies and records them:
 the batch bytes the worker search must fit, and the plan's ``[tuning.host]`` table.
 
 ``[tuning.host]`` holds what this node had when tuned (free and total /dev/shm, torch's
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from autoloader.host_budget import HostBudget, is_shm_failure
+from autoloader.host.budget import HostBudget, is_shm_failure
 from autoloader.tuning.batching import BatchingChoice
 from autoloader.tuning.workers import PREFETCH_FACTOR, Candidate
 from autoloader.tuning.workers.extent import per_worker_bytes

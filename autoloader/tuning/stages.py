@@ -22,7 +22,7 @@ from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.thresholds import WAIT_THRESHOLD
 from autoloader.tuning import trial, workers

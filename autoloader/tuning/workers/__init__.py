@@ -12,8 +12,8 @@ import torch
 
 from autoloader.feed.collate import collate
 from autoloader.host import doubling_grid
-from autoloader.host_budget import HostBudget
-from autoloader.process_limits import LimitsProbe
+from autoloader.host.budget import HostBudget
+from autoloader.host.limits import LimitsProbe
 from autoloader.samplers.order import Windows
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes

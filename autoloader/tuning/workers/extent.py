@@ -11,7 +11,7 @@ workers fed such a loop 1.9x faster), doubling until the loop stops getting fast
 never past what the host can hold:
 the workers' measured memory (PSS) against the host's available memory, the batches in
 flight against free shared memory (``/dev/shm``, where worker batches travel), both
-``autoloader.host_budget``, this process's limits (``autoloader.process_limits``), and a
+``autoloader.host.budget``, this process's limits (``autoloader.host.limits``), and a
 hard cap.
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoloader.host_budget import HostBudget
-from autoloader.process_limits import ProcessLimits
+from autoloader.host.budget import HostBudget
+from autoloader.host.limits import ProcessLimits
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 SPARE_CORES = 0.75  # past the CPUs only while the workers use less than this share of them

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoloader.host_budget import HostBudget
+from autoloader.host.budget import HostBudget
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 MAX_PREFETCH = 8
