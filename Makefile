@@ -61,6 +61,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/workers.py
 	$(PY) benchmarks/adapt.py
+	$(PY) benchmarks/regimes.py
+	$(PY) benchmarks/loop_limit.py
 	$(PY) benchmarks/baseline.py
 	$(PY) benchmarks/metrics.py
 	$(PY) benchmarks/cli.py
