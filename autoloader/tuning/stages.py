@@ -563,7 +563,8 @@ def _climb(
         f"the loop with the step at the search's {start} workers waited for data "
         f"{loop.wait_share or 0:.0%} of its time ({loop.samples_per_second:,.0f} samples/s); "
         f"timed with more ({', '.join(tried)} samples/s), {best} ran it "
-        f"{best_loop.samples_per_second / loop.samples_per_second:.2f}x faster"
+        f"{best_loop.samples_per_second / loop.samples_per_second:.2f}x faster "
+        f"(prefetch_factor and persistent_workers as the search chose them for {start})"
     )
     return Climb(best, best_loop, why)
 
