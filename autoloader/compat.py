@@ -231,11 +231,16 @@ def shut_down_workers(it: Any) -> None:
         shutdown()
 
 
-def end_persistent_iterator(loader: Any) -> None:
-    """Shut down the workers a DataLoader keeps between epochs (``persistent_workers``)
-    and forget its iterator, so the next ``iter()`` starts afresh."""
-    shut_down_workers(getattr(loader, "_iterator", None))
+def forget_iterator(loader: Any) -> None:
+    """Forget the iterator a DataLoader keeps (``persistent_workers``), so the next
+    ``iter()`` starts afresh."""
     loader._iterator = None
+
+
+def end_persistent_iterator(loader: Any) -> None:
+    """Shut down the workers a DataLoader keeps between epochs and forget its iterator."""
+    shut_down_workers(getattr(loader, "_iterator", None))
+    forget_iterator(loader)
 
 
 def abandon_start(it: Any) -> None:

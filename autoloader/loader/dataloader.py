@@ -25,6 +25,7 @@ from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
+from autoloader.host import usable_cpus
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
@@ -382,7 +383,7 @@ class DataLoader(tud.DataLoader):
         nothing repeated)."""
         assert self._runtime is not None and isinstance(self.batch_sampler, SizeBatchSampler)
         compat.shut_down_workers(self._live() if self._live is not None else None)
-        compat.end_persistent_iterator(self)
+        compat.forget_iterator(self)
         self.batch_sampler.resume_at(self._position.batches)
         self._runtime.begin(self)
         return self._chain()
@@ -412,7 +413,7 @@ class DataLoader(tud.DataLoader):
         plan: Plan | None = getattr(self, "plan", None)
         search = plan.evidence.workers if plan is not None else None
         if search is not None and any(c.ok and c.workers >= workers for c in search.trace):
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            cpus = usable_cpus()
             if workers > cpus:
                 log.info(
                     "autoloader: %d workers on %d CPU(s), as the plan's worker search "
