@@ -411,8 +411,9 @@ class Slow(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        worker = get_worker_info() is not None
-        time.sleep(self.delay * (self.in_workers if worker else 1.0))
+        if self.delay:  # sleep(0) yields the CPU: on a loaded machine, a timeslice
+            worker = get_worker_info() is not None
+            time.sleep(self.delay * (self.in_workers if worker else 1.0))
         return torch.tensor([i])
 
 
@@ -430,16 +431,32 @@ def planned(workers: int = 0, persistent: bool = False, **memory: int) -> Plan:
     return Plan.from_dict(tables)
 
 
-def run(loader: DataLoader, epochs: int, step: float = 0.0) -> list[list[list[int]]]:
+def run(
+    loader: DataLoader, epochs: int, step: float = 0.0, *, busy: bool = False
+) -> list[list[list[int]]]:
+    """Iterate ``epochs`` epochs with a step of ``step`` seconds after each batch: a
+    sleep (the workers may use the cores meanwhile), or with ``busy`` a computation, which
+    a loaded machine stretches as it stretches the main process's own loading, so the
+    share of the loop spent waiting stays what it is on a quiet one."""
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         batches = []
         for batch in loader:
             batches.append(batch.flatten().tolist())
-            time.sleep(step)
+            if busy:
+                compute(step)
+            else:
+                time.sleep(step)
         out.append(batches)
     return out
+
+
+def compute(seconds: float) -> None:
+    """About ``seconds`` of this process's CPU time (not of the wall clock)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
 
 
 def make(ds: Dataset, plan: Plan, **kw: Any) -> DataLoader:
@@ -487,7 +504,7 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
 
 def test_a_fed_loader_changes_nothing() -> None:
     loader = make(Slow(delay=0), planned(0), adapt_max_workers=2)
-    run(loader, 3, step=0.05)
+    run(loader, 3, step=0.05, busy=True)  # the main process's own loading: ~1% of the loop
     assert loader.adaptations == [] and loader.num_workers == 0
 
 
@@ -758,5 +775,5 @@ def test_a_long_starved_epoch_is_adapted_inside_it_with_the_same_indices() -> No
 
 def test_a_fed_long_epoch_never_changes() -> None:
     loader = make(Slow(n=256, delay=0), planned(0), adapt_max_workers=2)
-    run(loader, 1, step=0.05)  # the main process's own loading: ~1 ms of a 50 ms loop
+    run(loader, 1, step=0.05, busy=True)  # the main process's own loading: ~1% of the loop
     assert loader.adaptations == [] and loader.num_workers == 0
