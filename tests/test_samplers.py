@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,11 +200,24 @@ def test_outlier_definitions() -> None:
         (
             "balance",
             {"fraction": 1.5},
-            "fraction should be a number in [0.0, 1.0], but got fraction=1.5",
+            "fraction should be a number in [0, 1], but got fraction=1.5",
         ),
-        ("zscore", {"threshold": -1}, "threshold should be a number >= 0.0, but got threshold=-1"),
-        ("iqr", {"k": "big"}, "k should be a number >= 0.0, but got k='big'"),
-        ("stratified", {"slack": -0.1}, "slack should be a number >= 0.0, but got slack=-0.1"),
+        (
+            "zscore",
+            {"threshold": -1},
+            "threshold should be a number in [0, 1e+06], but got threshold=-1",
+        ),
+        ("iqr", {"k": "big"}, "k should be a number in [0, 1e+06], but got k='big'"),
+        (
+            "stratified",
+            {"slack": -0.1},
+            "slack should be a number in [0, 1e+06], but got slack=-0.1",
+        ),
+        (
+            "stratified",
+            {"max_rounds": 20_000},
+            "max_rounds should be an integer in [0, 10000], but got max_rounds=20000",
+        ),
     ],
 )
 def test_strategy_options_are_checked(name: str, opts: dict, message: str) -> None:
@@ -212,6 +226,36 @@ def test_strategy_options_are_checked(name: str, opts: dict, message: str) -> No
     assert message in str(info.value)
     with pytest.raises(TypeError):
         make_sampler(name, [1, 2, 3], 2, no_such_option=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value"),
+    [
+        ("zscore", "threshold", 2e6),
+        ("stratified", "max_rounds", 20_000),
+        ("balance", "fraction", float("nan")),
+        ("iqr", "k", np.float32(2.0)),
+        ("stratified", "max_rounds", np.int64(8)),
+    ],
+)
+def test_a_plan_and_a_sampler_accept_the_same_options(name: str, key: str, value: Any) -> None:
+    """One declaration (autoloader.plan.strategies) bounds both: an option a sampler built
+    in Python takes, a plan naming it takes, and the other way round."""
+    from autoloader import Plan
+    from autoloader.errors import PlanError
+
+    tables = {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": name, "local_batch_size": 2, "options": {key: value}},
+    }
+    try:
+        make_sampler(name, [1, 2, 3], 2, **{key: value})
+    except ValueError:
+        with pytest.raises(PlanError):
+            Plan.from_dict(tables)
+    else:
+        Plan.from_dict(tables)
 
 
 def test_kk_reaches_the_lower_bound() -> None:

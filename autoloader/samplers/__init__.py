@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoloader.plan.strategies import STRATEGY_NAMES
 from autoloader.samplers.base import SizeBatchSampler
 from autoloader.samplers.kk import KarmarkarKarpBatchSampler
 from autoloader.samplers.outliers import (
@@ -20,18 +21,17 @@ from autoloader.samplers.random import RandomBatchSampler
 from autoloader.samplers.repair import lower_bound
 from autoloader.samplers.stratified import StratifiedBatchSampler
 
-# Ordered from the least to the most constrained batch composition; the tuner prefers
-# earlier names among strategies that fit the memory budget equally well. random
-# constrains nothing; iqr, zscore and balance deal a few outliers round-robin; stratified
-# draws one sample per size band (pairs still meet as often as under random); kk repeats
-# nearly the same batches every epoch, which Lee et al. found lowers recall.
+_CLASSES = (
+    RandomBatchSampler,
+    IQRBatchSampler,
+    ZScoreBatchSampler,
+    BalanceBatchSampler,
+    StratifiedBatchSampler,
+    KarmarkarKarpBatchSampler,
+)
+# The names, and their order of preference, as autoloader.plan.strategies declares them
 STRATEGIES: dict[str, type[SizeBatchSampler]] = {
-    "random": RandomBatchSampler,
-    "iqr": IQRBatchSampler,
-    "zscore": ZScoreBatchSampler,
-    "balance": BalanceBatchSampler,
-    "stratified": StratifiedBatchSampler,
-    "kk": KarmarkarKarpBatchSampler,
+    name: next(c for c in _CLASSES if c.name == name) for name in STRATEGY_NAMES
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from autoloader.plan.strategies import STRATEGY_OPTIONS
 from autoloader.samplers.checks import check_bool, check_int, check_sizes
 from autoloader.samplers.order import Windows
 
@@ -84,6 +85,11 @@ class SizeBatchSampler(Sampler[list[int]]):
     def options(self) -> dict[str, Any]:
         """The strategy's options, as recorded in a plan's ``[batching.options]``."""
         return {}
+
+    def _option(self, key: str, value: Any) -> Any:
+        """``value`` for this strategy's option ``key``, checked against its one
+        declaration (``autoloader.plan.strategies``), which a plan's is checked against."""
+        return STRATEGY_OPTIONS[self.name][key].check(key, value)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch; with ``shuffle=True`` each epoch has its own batches. Another

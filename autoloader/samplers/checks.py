@@ -24,15 +24,6 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def check_number(name: str, value: Any, *, minimum: float, maximum: float | None = None) -> float:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    ok = ok and np.isfinite(value) and value >= minimum and (maximum is None or value <= maximum)
-    if not ok:
-        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name} should be a number {bounds}, but got {name}={value!r}")
-    return float(value)
-
-
 def check_sizes(sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     arr = np.asarray(sizes)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):

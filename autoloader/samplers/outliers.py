@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from autoloader.samplers.base import SizeBatchSampler
-from autoloader.samplers.checks import check_number
 
 
 class OutlierBatchSampler(SizeBatchSampler):
@@ -49,7 +48,7 @@ class BalanceBatchSampler(OutlierBatchSampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(sizes, batch_size, **kwargs)
-        self.fraction = check_number("fraction", fraction, minimum=0.0, maximum=1.0)
+        self.fraction = self._option("fraction", fraction)
         count = int(np.ceil(self.fraction * len(self.sizes)))
         self.outlier = np.zeros(len(self.sizes), dtype=bool)
         self.outlier[np.argsort(-self.sizes, kind="stable")[:count]] = True
@@ -72,7 +71,7 @@ class ZScoreBatchSampler(OutlierBatchSampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(sizes, batch_size, **kwargs)
-        self.threshold = check_number("threshold", threshold, minimum=0.0)
+        self.threshold = self._option("threshold", threshold)
         s = self.sizes.astype(np.float64)
         limit = s.mean() + self.threshold * s.std() if len(s) else 0.0
         self.outlier = s > limit
@@ -90,7 +89,7 @@ class IQRBatchSampler(OutlierBatchSampler):
         self, sizes: Sequence[int] | np.ndarray, batch_size: int, *, k: float = 1.5, **kwargs: Any
     ) -> None:
         super().__init__(sizes, batch_size, **kwargs)
-        self.k = check_number("k", k, minimum=0.0)
+        self.k = self._option("k", k)
         if len(self.sizes):
             q1, q3 = np.percentile(self.sizes, [25, 75])
             self.outlier = self.sizes > q3 + self.k * (q3 - q1)

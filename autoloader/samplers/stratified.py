@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from autoloader.samplers.base import SizeBatchSampler
-from autoloader.samplers.checks import check_int, check_number
 from autoloader.samplers.repair import lower_bound, repair
 
 
@@ -52,8 +51,8 @@ class StratifiedBatchSampler(SizeBatchSampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(sizes, batch_size, **kwargs)
-        self.slack = check_number("slack", slack, minimum=0.0)
-        self.max_rounds = check_int("max_rounds", max_rounds, minimum=0)
+        self.slack = self._option("slack", slack)
+        self.max_rounds = self._option("max_rounds", max_rounds)
 
     def options(self) -> dict[str, Any]:
         return {"slack": self.slack, "max_rounds": self.max_rounds}
