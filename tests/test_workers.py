@@ -367,3 +367,32 @@ def test_tune_records_the_search(tmp_path) -> None:  # type: ignore[no-untyped-d
     )
     assert paper.tuning["workers"]["method"] == "exhaustive"
     assert paper.tuning["workers"]["rule"] == "alpha=0.5 s (paper rule)"
+
+
+class Sleeps(Dataset):
+    """Each read waits 3 ms: w workers cannot deliver a batch of b faster than 3b/w ms."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.003)
+        return torch.zeros(4)
+
+
+def test_a_count_is_never_timed_faster_than_its_workers_can_read() -> None:
+    """The clock runs from one batch's arrival to the next with nothing left out: reads of
+    the workers' memory and CPU time between batches once went off the clock while the
+    workers read on, and 6 workers timed 1.6x faster than their reads allow. A loaded
+    machine only makes a count slower, so this bound holds on any machine."""
+    ds = Sleeps()
+    got = measure(
+        ds,
+        sample_sizes(ds),
+        8,
+        4,
+        timing=Timing(iterations=48, precision=None),
+        device=torch.device("cpu"),
+    )
+    assert got.ok and got.batches == 48
+    assert got.seconds_per_batch >= 0.95 * 8 * 0.003 / 4
