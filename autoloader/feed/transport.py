@@ -114,6 +114,9 @@ def _eligible(t: torch.Tensor) -> bool:
 
 
 def _pack(obj: Any, budget: list[int]) -> Any:
+    # Not batches.map_tensors: that walk rebuilds any Mapping, dataclass or PyG object and
+    # passes unknown values through; this one takes exact types only and refuses the rest
+    # (_Keep), so a batch it cannot rebuild exactly keeps torch's path.
     if isinstance(obj, torch.Tensor):
         if not _eligible(obj):
             raise _Keep

@@ -286,6 +286,11 @@ class WorkerStage:
     nodes: dict[str, dict[str, Any]]
     host: dict[str, Any] | None = None  # [tuning.host]: the shared-memory and RAM budgets
 
+    @property
+    def trace(self) -> list[Any]:
+        """The counts the search measured (``workers.Candidate``; none without a search)."""
+        return list(self.choice.trace) if self.choice is not None else []
+
 
 def worker_search(
     team: Team,
@@ -524,9 +529,8 @@ def _climb(
     measured (their memory and start already checked) are timed in the loop with the
     step, and the fastest kept where it gained ``CLIMB_GAIN`` (None: the plan's count
     stays)."""
-    trace = stage.choice.trace if stage.choice is not None else []
     start = plan.settings.num_workers
-    measured = sorted(c.workers for c in trace if c.ok and c.workers > start)
+    measured = sorted(c.workers for c in stage.trace if c.ok and c.workers > start)
     best, best_loop, tried = start, loop, []
     for _ in range(CLIMB_TIMES):
         # a step the loop's noise cannot hide: at least CLIMB_STEP more workers
@@ -618,8 +622,7 @@ def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[s
 def _busy_cores(stage: WorkerStage, count: int) -> int:
     """The cores ``count`` workers were measured to use: their count, or fewer where the
     search measured them waiting (reads from storage leave their cores to the step)."""
-    trace = stage.choice.trace if stage.choice is not None else []
-    cand = next((c for c in trace if c.workers == count and c.ok), None)
+    cand = next((c for c in stage.trace if c.workers == count and c.ok), None)
     if cand is None or cand.cpu_share is None or count == 0:
         return count
     return min(count, math.ceil(cand.cpu_share * count - 1e-9))
