@@ -87,7 +87,7 @@ def test_the_worker_search_stage_and_the_report() -> None:
     choice = stages.batching(Solo(), work, opts, model, budget.bytes)
     where = stages.placement(CPU)
     found = stages.worker_search(Solo(), work, opts, choice, stages.Timings(), where, None)
-    assert found.loader["num_workers"] in (0, 1) and found.max_workers == 1 and found.nodes == {}
+    assert found.loader.num_workers in (0, 1) and found.max_workers == 1 and found.nodes == {}
     assert [c.workers for c in found.choice.trace] == [0, 1] and found.choice.reach is None
     tried = stages.trials(Solo(), work, opts, model, budget.bytes, choice, found, where)
     assert tried.threads is None  # no step: the threads are not the loop's to choose

@@ -40,6 +40,10 @@ class LoaderPlan:
     device_prefetch: int | None = None  # batches copied to the device ahead of the step
     num_threads: int | None = None  # the main process's intra-op threads; None: torch's
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``[loader]`` table as written: the settings that are set."""
+        return drop_none(vars(self))
+
 
 @dataclass(frozen=True)
 class BatchingPlan:
@@ -117,7 +121,7 @@ class Plan:
         nodes = tuning.get("nodes")
         if isinstance(nodes, dict) and host in nodes:
             # this node's loader table is the one a DataLoader here reads: keep it in step
-            tuning["nodes"] = {**nodes, host: drop_none(vars(saved))}
+            tuning["nodes"] = {**nodes, host: saved.to_dict()}
         return dataclasses.replace(self, loader=saved, tuning=tuning)
 
     @property
@@ -170,7 +174,7 @@ class Plan:
                 out[name] = copy.deepcopy(getattr(self, name))
         if "dataset" in out:
             out["dataset"] = _spec_to_toml(out["dataset"])
-        out["loader"] = drop_none(vars(self.loader))
+        out["loader"] = self.loader.to_dict()
         batching = drop_none(vars(self.batching))
         batching["options"] = dict(self.batching.options)
         if self.batching.read_order is not None:

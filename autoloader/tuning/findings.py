@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -86,18 +86,17 @@ def _loader(found: Findings) -> LoaderPlan:
     base = found.trials.adopted
     if base is None:
         climb = found.trials.climb
-        more = {"num_workers": climb.workers} if climb is not None else {}
-        return LoaderPlan(**{**found.workers.loader, **more}, num_threads=chosen)
+        searched = found.workers.loader
+        count = climb.workers if climb is not None else searched.num_workers
+        return replace(searched, num_workers=count, num_threads=chosen)
     workers = base.num_workers
-    return LoaderPlan(
-        **{
-            **found.workers.loader,
-            "num_workers": workers,
-            "pin_memory": base.pin_memory,
-            "prefetch_factor": (base.prefetch_factor or 2) if workers else None,
-            "persistent_workers": base.persistent_workers and workers > 0,
-            "num_threads": base.num_threads,
-        }
+    return replace(
+        found.workers.loader,
+        num_workers=workers,
+        pin_memory=base.pin_memory,
+        prefetch_factor=(base.prefetch_factor or 2) if workers else None,
+        persistent_workers=base.persistent_workers and workers > 0,
+        num_threads=base.num_threads,
     )
 
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from autoloader.host.budget import HostBudget, is_shm_failure
+from autoloader.plan import LoaderPlan
 from autoloader.tuning.batching import BatchingChoice
 from autoloader.tuning.workers import PREFETCH_FACTOR, Candidate
 from autoloader.tuning.workers.extent import per_worker_bytes
@@ -36,10 +37,10 @@ def search_batch_bytes(choice: BatchingChoice) -> int:
 
 
 def host_table(
-    budget: HostBudget, batch_bytes: int, loader: dict[str, Any], trace: list[Candidate]
+    budget: HostBudget, batch_bytes: int, loader: LoaderPlan, trace: list[Candidate]
 ) -> dict[str, Any]:
     """``[tuning.host]`` for the planned ``loader`` settings and the search's ``trace``."""
-    workers, prefetch = loader["num_workers"], loader.get("prefetch_factor")
+    workers, prefetch = loader.num_workers, loader.prefetch_factor
     depth = prefetch or PREFETCH_FACTOR
     per_worker = per_worker_bytes({c.workers: c for c in trace})
     most = budget.most_workers(depth, batch_bytes, per_worker, MAX_WORKERS)

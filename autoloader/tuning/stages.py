@@ -13,7 +13,7 @@ import logging
 import math
 import socket
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
 from autoloader.host.budget import HostBudget
+from autoloader.plan import LoaderPlan
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.thresholds import WAIT_THRESHOLD
 from autoloader.tuning import trial, workers
@@ -280,7 +281,7 @@ def _extent(budget: HostBudget, batch_bytes: int, where: Placement) -> workers.E
 class WorkerStage:
     """The worker search's choice as ``[loader]``, its trace, and each node's table."""
 
-    loader: dict[str, Any]
+    loader: LoaderPlan
     choice: Any  # workers.WorkerChoice
     max_workers: int
     nodes: dict[str, dict[str, Any]]
@@ -330,7 +331,7 @@ def worker_search(
         " (further while the workers wait)" if extent and opts.method == "fast" else "",
         opts.iterations,
     )
-    result: dict[str, Any] | Exception
+    result: LoaderPlan | Exception
     found = None
     try:
         found = workers.search(
@@ -351,20 +352,21 @@ def worker_search(
             batch_bytes=batch_bytes,
             read_order=work.read_order,
         )
-        result = {
-            "num_workers": found.num_workers,
-            "pin_memory": work.device.type != "cpu",
-            "prefetch_factor": found.prefetch_factor.value if found.num_workers else None,
-            "persistent_workers": bool(found.persistent_workers.value),
-            "worker_affinity": "gpu-local" if where.pinned else "none",
-            "device_prefetch": prefetch.depth if prefetch is not None else None,
-        }
+        result = LoaderPlan(
+            num_workers=found.num_workers,
+            pin_memory=work.device.type != "cpu",
+            prefetch_factor=cast(int, found.prefetch_factor.value) if found.num_workers else None,
+            persistent_workers=bool(found.persistent_workers.value),
+            worker_affinity="gpu-local" if where.pinned else "none",
+            device_prefetch=prefetch.depth if prefetch is not None else None,
+        )
     except RuntimeError as exc:
         result = DatasetError(f"cannot load batches from the dataset: {exc}")
     except Exception as exc:
         result = exc
-    nodes = team.per_node(result)  # a failure on any rank stops every rank
-    assert isinstance(result, dict)
+    # a failure on any rank stops every rank
+    nodes = team.per_node(result.to_dict() if isinstance(result, LoaderPlan) else result)
+    assert isinstance(result, LoaderPlan)
     if found is not None and found.reach:
         log.info("worker search: %s", found.reach)
     host = host_table(budget, batch_bytes, result, found.trace) if found else None
@@ -419,10 +421,10 @@ def trials(
         )
     lp = stage.loader
     planned = LoopSettings(
-        num_workers=lp["num_workers"],
-        pin_memory=lp["pin_memory"],
-        prefetch_factor=lp["prefetch_factor"],
-        persistent_workers=lp["persistent_workers"],
+        num_workers=lp.num_workers,
+        pin_memory=lp.pin_memory,
+        prefetch_factor=lp.prefetch_factor,
+        persistent_workers=lp.persistent_workers,
         batch_size=choice.local_batch_size,
     )
     log.info(
@@ -434,7 +436,7 @@ def trials(
     timing = workers.Timing(iterations=opts.iterations, timeout=opts.worker_timeout)
 
     def measured() -> Trials:  # on rank 0 alone: the others wait for its result
-        plan_trial = _plan_trial(work, opts, choice, planned, lp["device_prefetch"], where)
+        plan_trial = _plan_trial(work, opts, choice, planned, lp.device_prefetch, where)
         step = work.step() if work.step is not None else None
         loop = trial.run_trial(work, plan_trial, step, timing)
         batch = choice.local_batch_size
