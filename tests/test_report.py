@@ -337,6 +337,14 @@ def test_a_searched_count_whose_loop_still_waits_climbs_to_one_measured_faster(
     assert chosen > searched and set(loops) == {searched, chosen}
     assert loops[chosen] < loops[searched] / 1.05
     assert "  climbed: the loop with the step" in run_cli("show", str(out), timeout=60).stdout
+    # the queue's depth and the workers' persistence are sized for the count the plan runs
+    depth = plan.loader.prefetch_factor
+    assert table["climbed"].endswith(f": sized for {chosen})")
+    assert (
+        f"{chosen} workers x {depth} keep {chosen * depth} batches queued"
+        in (table["prefetch_factor_why"])
+    )
+    assert table["persistent_workers_why"].startswith(f"starting {chosen} workers took")
 
 
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:

@@ -22,7 +22,14 @@ from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
 from autoloader.tuning.read_order import ReadOrder
 from autoloader.tuning.reserve import reserve_table
-from autoloader.tuning.stages import Budget, Placement, Timings, Trials, WorkerStage
+from autoloader.tuning.stages import (
+    Budget,
+    Placement,
+    Timings,
+    Trials,
+    WorkerStage,
+    searched_loader,
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,9 @@ def _loader(found: Findings) -> LoaderPlan:
     if base is None:
         climb = found.trials.climb
         searched = found.workers.loader
-        count = climb.workers if climb is not None else searched.num_workers
-        return replace(searched, num_workers=count, num_threads=chosen)
+        if climb is not None:
+            searched = searched_loader(climb.choice, searched)
+        return replace(searched, num_threads=chosen)
     workers = base.num_workers
     return replace(
         found.workers.loader,
@@ -150,7 +158,7 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         workers={
             "iterations": opts.iterations,
             "max_workers": found.workers.max_workers,
-            **found.workers.choice.to_dict(),
+            **(found.trials.climb or found.workers).choice.to_dict(),
             **({"loops": found.trials.loops} if found.trials.loops else {}),
             **({"climbed": found.trials.climb.why} if found.trials.climb else {}),
         },

@@ -49,6 +49,7 @@ from autoloader.tuning.read_order import ReadOrder, choose_read_order
 from autoloader.tuning.reserve import ReservePart, reserve_parts
 from autoloader.tuning.step import sample_batches, time_step
 from autoloader.tuning.transfer import copy_seconds
+from autoloader.tuning.workers import WorkerChoice
 from autoloader.tuning.workload import Workload
 from autoloader.units import describe_bytes
 
@@ -282,15 +283,15 @@ class WorkerStage:
     """The worker search's choice as ``[loader]``, its trace, and each node's table."""
 
     loader: LoaderPlan
-    choice: Any  # workers.WorkerChoice
+    choice: WorkerChoice
     max_workers: int
     nodes: dict[str, dict[str, Any]]
     host: dict[str, Any] | None = None  # [tuning.host]: the shared-memory and RAM budgets
 
     @property
-    def trace(self) -> list[Any]:
-        """The counts the search measured (``workers.Candidate``; none without a search)."""
-        return list(self.choice.trace) if self.choice is not None else []
+    def trace(self) -> list[workers.Candidate]:
+        """The counts the search measured."""
+        return self.choice.trace
 
 
 def worker_search(
@@ -352,13 +353,14 @@ def worker_search(
             batch_bytes=batch_bytes,
             read_order=work.read_order,
         )
-        result = LoaderPlan(
-            num_workers=found.num_workers,
-            pin_memory=work.device.type != "cpu",
-            prefetch_factor=cast(int, found.prefetch_factor.value) if found.num_workers else None,
-            persistent_workers=bool(found.persistent_workers.value),
-            worker_affinity="gpu-local" if where.pinned else "none",
-            device_prefetch=prefetch.depth if prefetch is not None else None,
+        result = searched_loader(
+            found,
+            LoaderPlan(
+                num_workers=0,
+                pin_memory=work.device.type != "cpu",
+                worker_affinity="gpu-local" if where.pinned else "none",
+                device_prefetch=prefetch.depth if prefetch is not None else None,
+            ),
         )
     except RuntimeError as exc:
         result = DatasetError(f"cannot load batches from the dataset: {exc}")
@@ -366,14 +368,25 @@ def worker_search(
         result = exc
     # a failure on any rank stops every rank
     nodes = team.per_node(result.to_dict() if isinstance(result, LoaderPlan) else result)
-    assert isinstance(result, LoaderPlan)
-    if found is not None and found.reach:
+    assert isinstance(result, LoaderPlan) and found is not None
+    if found.reach:
         log.info("worker search: %s", found.reach)
-    host = host_table(budget, batch_bytes, result, found.trace) if found else None
-    if host is not None and "limit" in host:
+    host = host_table(budget, batch_bytes, result, found.trace)
+    if "limit" in host:
         log.warning("worker search: %s", host["limit"])
-    top = max((c.workers for c in found.trace), default=n_max) if found else n_max
+    top = max((c.workers for c in found.trace), default=n_max)
     return WorkerStage(result, found, max(n_max, top), nodes, host)
+
+
+def searched_loader(choice: WorkerChoice, loader: LoaderPlan) -> LoaderPlan:
+    """``loader`` with the worker count ``choice`` holds and the settings sized for it."""
+    count = choice.num_workers
+    return replace(
+        loader,
+        num_workers=count,
+        prefetch_factor=cast(int, choice.prefetch_factor.value) if count else None,
+        persistent_workers=bool(choice.persistent_workers.value),
+    )
 
 
 @dataclass(frozen=True)
@@ -514,6 +527,7 @@ class Climb:
     workers: int
     loop: trial.LoopResult
     why: str
+    choice: WorkerChoice  # the search's choice at ``workers``, settings sized for it
 
 
 def _climb(
@@ -530,18 +544,22 @@ def _climb(
     feed it there. Where the plan's loop still waited for data, the next counts the search
     measured (their memory and start already checked) are timed in the loop with the
     step, and the fastest kept where it gained ``CLIMB_GAIN`` (None: the plan's count
-    stays)."""
+    stays). Each count runs with the prefetch depth and persistence sized for it
+    (``WorkerChoice.at``)."""
     start = plan.settings.num_workers
     measured = sorted(c.workers for c in stage.trace if c.ok and c.workers > start)
-    best, best_loop, tried = start, loop, []
+    best, best_loop, best_choice, tried = start, loop, stage.choice, []
     for _ in range(CLIMB_TIMES):
         # a step the loop's noise cannot hide: at least CLIMB_STEP more workers
         count = next((w for w in measured if w >= CLIMB_STEP * max(1, best)), None)
         if count is None or not best_loop.ok or (best_loop.wait_share or 0.0) <= WAIT_THRESHOLD:
             break
+        choice = stage.choice.at(count)
         settings = replace(
             plan.settings,
             num_workers=count,
+            prefetch_factor=choice.prefetch_factor.value,
+            persistent_workers=bool(choice.persistent_workers.value),
             num_threads=threads.chosen if threads is not None else None,
         )
         more = trial.run_trial(
@@ -553,7 +571,7 @@ def _climb(
         tried.append(f"{count}: {more.samples_per_second:,.0f}")
         if not more.ok or more.samples_per_second < (1 + CLIMB_GAIN) * best_loop.samples_per_second:
             break
-        best, best_loop = count, more
+        best, best_loop, best_choice = count, more, choice
     if tried:
         log.info(
             "the loop with the step at %d workers waited %.0f%% for data; timed with "
@@ -570,9 +588,10 @@ def _climb(
         f"{loop.wait_share or 0:.0%} of its time ({loop.samples_per_second:,.0f} samples/s); "
         f"timed with more ({', '.join(tried)} samples/s), {best} ran it "
         f"{best_loop.samples_per_second / loop.samples_per_second:.2f}x faster "
-        f"(prefetch_factor and persistent_workers as the search chose them for {start})"
+        f"(prefetch_factor {best_choice.prefetch_factor.value}, persistent_workers "
+        f"{str(best_choice.persistent_workers.value).lower()}: sized for {best})"
     )
-    return Climb(best, best_loop, why)
+    return Climb(best, best_loop, why, best_choice)
 
 
 def _judged(

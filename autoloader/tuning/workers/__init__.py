@@ -19,7 +19,7 @@ from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
 from autoloader.tuning.workers.search import Rule, choose
-from autoloader.tuning.workers.settings import Setting, persistent_workers, prefetch_factor
+from autoloader.tuning.workers.settings import Setting, Sizing
 
 __all__ = [
     "PREFETCH_FACTOR",
@@ -46,6 +46,19 @@ class WorkerChoice:
     method: str
     trace: list[Candidate]
     reach: str | None = None  # why the search went past the CPUs, or stopped at them
+    sizing: Sizing | None = None  # what sized the settings (None: kept as they are)
+
+    def at(self, count: int) -> WorkerChoice:
+        """This choice at ``count``, another count the search measured, its
+        ``prefetch_factor`` and ``persistent_workers`` sized for that count (the loop with
+        the step overruling the search's pick: the tune's climb)."""
+        cand = next(c for c in self.trace if c.workers == count and c.ok)
+        if self.sizing is None:
+            return replace(self, num_workers=count)
+        depth, persistent = self.sizing.settings(cand)
+        return replace(
+            self, num_workers=count, prefetch_factor=depth, persistent_workers=persistent
+        )
 
     @property
     def timed_batches(self) -> int:
@@ -138,11 +151,9 @@ def search(
     chosen_w = choose(trace, rule)
     chosen = next(c for c in trace if c.workers == chosen_w)
     serial = next((c for c in trace if c.workers == 0), None)
-    batches = -(-len(sizes) // batch_size)
-    depth = prefetch_factor(chosen, serial, rule.step_seconds, budget, batch_bytes)
-    return WorkerChoice(
-        chosen_w, depth, persistent_workers(chosen, batches), rule.describe(), method, trace, reach
-    )
+    sizing = Sizing(serial, rule.step_seconds, budget, batch_bytes, -(-len(sizes) // batch_size))
+    depth, persistent = sizing.settings(chosen)
+    return WorkerChoice(chosen_w, depth, persistent, rule.describe(), method, trace, reach, sizing)
 
 
 class _Within:

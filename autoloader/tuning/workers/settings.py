@@ -18,6 +18,26 @@ class Setting:
     why: str
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What sizes a measured count's ``prefetch_factor`` and decides its
+    ``persistent_workers``: the serial timing, the step, the host's budget for batches of
+    ``batch_bytes``, and the epoch's batches."""
+
+    serial: Candidate | None
+    step_seconds: float | None
+    budget: HostBudget | None
+    batch_bytes: float
+    batches_per_epoch: int
+
+    def settings(self, chosen: Candidate) -> tuple[Setting, Setting]:
+        """``prefetch_factor`` and ``persistent_workers`` for ``chosen``'s count."""
+        return (
+            prefetch_factor(chosen, self.serial, self.step_seconds, self.budget, self.batch_bytes),
+            persistent_workers(chosen, self.batches_per_epoch),
+        )
+
+
 def prefetch_factor(
     chosen: Candidate,
     serial: Candidate | None,
