@@ -301,7 +301,10 @@ def test_torchs_worker_count_warning_is_said_once_and_never_against_a_timed_plan
         "trace": [{"workers": many, "seconds_per_batch": 0.01, "status": "ok"}],
     }
     for plan, warned in ((timed, 0), (plan_for(ds, workers=many), 1)):
-        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO):
+        with (
+            warnings.catch_warnings(record=True) as seen,
+            caplog.at_level(logging.INFO, logger="autoloader"),
+        ):
             warnings.simplefilter("always")
             loader = DataLoader(
                 ds, plan=plan, adapt=False, collate_fn=list, registry=CollectorRegistry()

@@ -118,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit turns a success into a death by signal.
     """
     program = argv is None
+    logger = logging.getLogger("autoloader")
+    level = logger.level  # --verbose sets it for the run; called in a program, it goes back
     with interrupts.handled(for_the_process=program) as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
         for message in THIRD_PARTY_NOISE:
@@ -126,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = _run(argv, signals)
         except KeyboardInterrupt:  # landed as _run returned, or inside its error handling
             status = _interrupted(program, signals)
+        finally:
+            logger.setLevel(level)
     if status == INTERRUPTED and program:
         # Nothing is left to do: leave without tearing down half-imported or running
         # torch state (worker iterators, process groups), whose teardown after an
