@@ -2,14 +2,15 @@
 API, behind one check.
 
 The DataLoader records batches by subclassing torch's own iterators (overriding their
-``_reset``, ``_next_index``, ``_try_get_data`` and ``_shutdown_workers`` hooks, the
-loader's ``_get_iterator`` and the ``_collate_fn`` its workers run), survives and starts
-their workers through the multi-process iterator's state (its workers, queues, tasks and
-shutdown flag), and collation extends ``torch.utils.data._utils.collate``. These are
-private: a torch that renamed them must fail at import with one line naming the supported
-range, not with an AttributeError deep inside an epoch. So this module checks every name
-when it is imported, and the rest of autoloader reaches them only through what it
-exports: torch's iterator classes, to subclass, and small functions over their state.
+``_reset``, ``_next_index``, ``_next_data``, ``_try_get_data`` and ``_shutdown_workers``
+hooks, the loader's ``_get_iterator`` and the ``_collate_fn`` its workers run), survives
+and starts their workers and reads the next epoch ahead through the multi-process
+iterator's state (its workers, queues, tasks and shutdown flag), and collation extends
+``torch.utils.data._utils.collate``. These are private: a torch that renamed them must
+fail at import with one line naming the supported range, not with an AttributeError deep
+inside an epoch. So this module checks every name when it is imported, and the rest of
+autoloader reaches them only through what it exports: torch's iterator classes, to
+subclass, and small functions over their state.
 """
 
 from __future__ import annotations
@@ -71,8 +72,11 @@ def check_torch_internals() -> None:
             if base is not None and not hasattr(base, n)
         ]
         init = _code(getattr(base, "__init__", None))
-        if init is not None and "_collate_fn" not in init.co_names:
-            missing.append("_BaseDataLoaderIter._collate_fn")
+        missing += [
+            f"_BaseDataLoaderIter.{n}"
+            for n in ("_collate_fn", "_num_workers", "_sampler_iter")
+            if init is not None and n not in init.co_names
+        ]
         missing += _missing_worker_state(dataloader)
     if missing:
         raise UnsupportedTorchError(
@@ -81,10 +85,16 @@ def check_torch_internals() -> None:
         )
 
 
-# What autoloader.loader.iterators and autoloader.feed.start read and set of the
-# multi-process iterator: methods, and the attributes its __init__ and _reset set (names
-# in their code objects).
-_MP_METHODS = ("_try_get_data", "_shutdown_workers", "_process_data")
+# What autoloader.loader.iterators, autoloader.loader.lookahead and autoloader.feed.start
+# read and set of the multi-process iterator: methods, and the attributes its __init__
+# and _reset set (names in their code objects).
+_MP_METHODS = (
+    "_try_get_data",
+    "_shutdown_workers",
+    "_process_data",
+    "_try_put_index",
+    "_next_data",
+)
 _MP_STATE = {
     "__init__": (
         "_workers",
@@ -96,8 +106,9 @@ _MP_STATE = {
         "_worker_pids_set",
         "_shutdown",
         "_in_order",
+        "_prefetch_factor",
     ),
-    "_reset": ("_task_info", "_rcvd_idx"),
+    "_reset": ("_task_info", "_rcvd_idx", "_send_idx"),
     "_get_data": ("_timeout",),
 }
 
@@ -159,7 +170,7 @@ from torch.utils.data import _utils  # noqa: E402
 from torch.utils.data._utils.collate import collate as torch_collate  # noqa: E402, F401
 from torch.utils.data._utils.collate import default_collate_fn_map  # noqa: E402, F401
 from torch.utils.data._utils.pin_memory import pin_memory  # noqa: E402, F401
-from torch.utils.data.dataloader import _BaseDataLoaderIter as BaseIter  # noqa: E402, F401
+from torch.utils.data.dataloader import _BaseDataLoaderIter as BaseIter  # noqa: E402
 from torch.utils.data.dataloader import (  # noqa: E402, F401
     _MultiProcessingDataLoaderIter as MultiProcessIter,
 )
@@ -217,6 +228,38 @@ def awaited_task(it: Any) -> tuple[int, int | None]:
     """The task (batch) the loop waits for, and the worker it went to (None: not sent)."""
     info = it._task_info.get(it._rcvd_idx)
     return it._rcvd_idx, (info[0] if info else None)
+
+
+def received(it: Any) -> int:
+    """The task (batch) a multi-process iterator returns next; tasks count from 0 at
+    torch's reset of an epoch."""
+    return int(it._rcvd_idx)
+
+
+def sent(it: Any) -> int:
+    """The task a multi-process iterator sends to a worker next."""
+    return int(it._send_idx)
+
+
+def fill_queue(it: Any) -> None:
+    """Send a multi-process iterator's workers tasks until its queue is full
+    (``prefetch_factor`` per worker), as torch's reset does, counting those in flight and
+    those whose batch came back ahead of its turn (torch sends the next task when it
+    returns that batch)."""
+    for _ in range(it._prefetch_factor * it._num_workers - len(it._task_info)):
+        it._try_put_index()
+
+
+def restart_sampling(it: Any, loader: Any) -> None:
+    """What torch's base iterator does when an epoch starts (a new pass of the batch
+    sampler), without the multi-process iterator's reset of its tasks and workers."""
+    BaseIter._reset(it, loader)
+
+
+def skip_batches(it: Any, count: int) -> None:
+    """Take ``count`` batches from the iterator's pass of its batch sampler unsent."""
+    for _ in range(count):
+        next(it._sampler_iter)
 
 
 def tasks_held_by(it: Any, worker_id: int) -> list[int]:

@@ -8,6 +8,8 @@ Each is tuned as a user tunes it (`autoloader tune MODULE:ATTR --step ...`, in a
 subprocess, reusing `benchmarks/regimes.py`'s dataset and step), then timed over
 ``--epochs`` epochs after one warm-up epoch:
   plan     autoloader.DataLoader(plan=...), adaptation off (the plan held fixed);
+  no-ahead the same, without reading the next epoch's first batches while an epoch ends
+           (autoloader.loader.lookahead): torch's own start of each epoch;
   adapted  the same, adaptation on (the default);
   torch    torch's DataLoader with the plan's settings (workers, prefetch, pinning,
            persistent workers) and a shuffled batch of 32.
@@ -34,6 +36,8 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 from regimes import BATCH, Scenario, Shifting, step, tune  # beside this script
+
+from autoloader.loader.lookahead import Lookahead
 
 STEP_SECONDS = 0.010
 WORKLOADS = {
@@ -98,12 +102,14 @@ def run(name: str, samples: int, epochs: int, workdir: Path) -> dict[str, float]
     lp = Plan.load(plan_path).loader
     cpu, wait = sc.before
     rates, past_start = {}, {}
-    for arm, adapt in (("plan", False), ("adapted", True)):
+    for arm, adapt in (("plan", False), ("no-ahead", False), ("adapted", True)):
         data = Shifting(samples, cpu=cpu, wait=wait)
         loader = DataLoader(
             data, plan=plan_path, check_fingerprint=False, adapt=adapt, registry=CollectorRegistry()
         )
+        Lookahead.enabled = arm != "no-ahead"
         rates[arm], past_start[arm] = timed(loader, epochs)
+        Lookahead.enabled = True
         if adapt:
             for c in loader.adaptations:
                 print(f"    adapted after epoch {c.epoch}: {c.setting} {c.before} -> {c.after}")
@@ -121,6 +127,7 @@ def run(name: str, samples: int, epochs: int, workdir: Path) -> dict[str, float]
             f"   past the epoch's first batch: {past_start[arm] / bound:.2f}"
         )
     print(f"  plan / torch with the plan's settings: {rates['plan'] / rates['torch']:.2f}x")
+    print(f"  plan / the same without reading ahead: {rates['plan'] / rates['no-ahead']:.2f}x")
     return {arm: rate / bound for arm, rate in rates.items()}
 
 

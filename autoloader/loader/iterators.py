@@ -24,6 +24,7 @@ from autoloader import compat
 from autoloader.compat import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
+from autoloader.loader.lookahead import Lookahead
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
@@ -51,6 +52,9 @@ class _Recording:
         self._pending.append(index)
         return index
 
+    def _carry_over(self, batches: list[list[int]]) -> None:
+        self._pending.extend(batches)  # sent before the epoch began (loader.lookahead)
+
     def __next__(self) -> Any:
         start = time.perf_counter()
         try:
@@ -70,13 +74,15 @@ class RecordingSingleProcessIter(_Recording, SingleProcessIter):
     """torch's single-process iterator, recording each batch."""
 
 
-class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
-    """torch's multi-process iterator, recording each batch; for a planned loader
-    (``loader._survival``) it also survives its workers (``autoloader.loader.survival``):
-    a dead worker, or workers past their memory budget, and it restarts them in place at
-    the batch the loop waits for: the same object goes on, whoever holds it. It names a
-    worker that holds the awaited batch too long (``autoloader.loader.stalls``), and with
-    ``timeout=`` ends the wait ``timeout`` seconds after the loop asked, naming it."""
+class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProcessIter):
+    """torch's multi-process iterator, recording each batch. For a planned loader with
+    persistent workers it reads the next epoch's first batches while an epoch ends
+    (``autoloader.loader.lookahead``). For a planned loader (``loader._survival``) it also
+    survives its workers (``autoloader.loader.survival``): a dead worker, or workers past
+    their memory budget, and it restarts them in place at the batch the loop waits for:
+    the same object goes on, whoever holds it. It names a worker that holds the awaited
+    batch too long (``autoloader.loader.stalls``), and with ``timeout=`` ends the wait
+    ``timeout`` seconds after the loop asked, naming it."""
 
     def __init__(self, loader: Any) -> None:
         self._survival: Survival | None = getattr(loader, "_survival", None)
@@ -270,7 +276,12 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, MultiProcessIter):
                     indices.extend(int(i) for i in self._pending[ahead])
             out.append(
                 Death(
-                    worker_id, w.pid, w.exitcode, epoch, [self._start + t for t in tasks], indices
+                    worker_id,
+                    w.pid,
+                    w.exitcode,
+                    epoch,
+                    [self._start + t - self._first_task for t in tasks],
+                    indices,
                 )
             )
         return out

@@ -77,6 +77,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         self.read_order = read_order
         self.epoch = 0
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
+        self._read_ahead: tuple[Any, list[np.ndarray]] | None = None  # see batches_for
 
     @property
     def global_batch_size(self) -> int:
@@ -111,24 +112,58 @@ class SizeBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.resume = self.resume, 0
-        for local in self.local_batches()[skip:]:
+        batches = self.local_batches()
+        self._read_ahead = None  # the epoch has come: this iteration holds its batches
+        for local in batches[skip:]:
             yield local.tolist()
 
     def local_batches(self) -> list[np.ndarray]:
         """This rank's batches for the current epoch, as index arrays."""
-        full, tail = self.global_batches()
+        return self.batches_for(self.epoch)
+
+    def batches_for(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches for ``epoch``, as index arrays, without changing the
+        sampler: the loader reads the next epoch's first batches ahead, before the loop
+        asks for them (``autoloader.loader.lookahead``). The arrangement of the last epoch
+        asked for ahead of the current one is kept until an epoch is iterated, so it is
+        not computed twice."""
+        key = (epoch, self._arrangement())
+        kept = self._read_ahead
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        full, tail = self.global_batches(epoch)
         out = list(rank_share(full, self.sizes, self.num_replicas, self.rank))
         if len(tail):
             padded = pad_last_batch(tail, self.num_replicas)
             out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
         assert len(out) == len(self), (len(out), len(self))
+        if epoch != self.epoch:
+            self._read_ahead = (key, out)
         return out
 
-    def global_batches(self) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch's full global batches ``(k, batch_size x num_replicas)`` and the
-        short last one (empty when the count divides, or with ``drop_last``)."""
+    def _arrangement(self) -> tuple[Any, ...]:
+        """Everything but the epoch that an epoch's batches depend on."""
+        order = (self.read_order.block, self.read_order.window) if self.read_order else None
+        return (
+            id(self.sizes),
+            len(self.sizes),
+            self.batch_size,
+            self.num_replicas,
+            self.rank,
+            self.shuffle,
+            self.drop_last,
+            self.seed,
+            order,
+            tuple(sorted(self.options().items())),
+        )
+
+    def global_batches(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The full global batches ``(k, batch_size x num_replicas)`` of ``epoch`` (None:
+        the current one) and the short last one (empty when the count divides, or with
+        ``drop_last``)."""
         n, g = len(self.sizes), self.global_batch_size
-        rng = np.random.default_rng([self.seed, self.epoch if self.shuffle else 0])
+        epoch = self.epoch if epoch is None else epoch
+        rng = np.random.default_rng([self.seed, epoch if self.shuffle else 0])
         if self.shuffle and self.read_order is not None:
             full, tail = self._windowed(self.read_order, n, rng)
         else:

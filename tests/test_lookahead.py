@@ -1,0 +1,153 @@
+"""Reading the next epoch's first batches while an epoch ends (autoloader/loader/lookahead.py):
+every epoch still yields exactly its sampler's batches, whatever the loop does between
+epochs, and the batches read ahead are used, not read twice."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
+
+from autoloader import DataLoader, Plan
+
+N, BATCH, WORKERS, PREFETCH = 96, 4, 2, 2
+AHEAD = WORKERS * PREFETCH * BATCH  # the most samples read ahead of an epoch
+
+
+class Counted(Dataset):
+    """Sample i is ``tensor([i])``; every read, in any process, is counted."""
+
+    def __init__(self) -> None:
+        self.reads = multiprocessing.Value("l", 0)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with self.reads.get_lock():
+            self.reads.value += 1
+        time.sleep(0.001)
+        return torch.tensor([i])
+
+
+def planned(persistent: bool = True, **batching: Any) -> Plan:
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {
+                "num_workers": WORKERS,
+                "prefetch_factor": PREFETCH,
+                "persistent_workers": persistent,
+            },
+            "batching": {"strategy": "random", "local_batch_size": BATCH, **batching},
+        }
+    )
+
+
+def make(data: Dataset, plan: Plan) -> DataLoader:
+    return DataLoader(
+        data, plan=plan, check_fingerprint=False, adapt=False, registry=CollectorRegistry()
+    )
+
+
+def expected(loader: DataLoader, epoch: int) -> list[list[int]]:
+    return [b.tolist() for b in loader.batch_sampler.batches_for(epoch)]
+
+
+def epoch(loader: DataLoader) -> list[list[int]]:
+    return [b.flatten().tolist() for b in loader]
+
+
+def settled(reads: Any, at_least: int) -> int:
+    """The read count once it reaches ``at_least`` (reads ahead happen in the workers'
+    own time) or stops moving for a second."""
+    last, still = reads.value, time.monotonic()
+    while reads.value < at_least and time.monotonic() - still < 1.0:
+        time.sleep(0.02)
+        if reads.value != last:
+            last, still = reads.value, time.monotonic()
+    return int(reads.value)
+
+
+@pytest.mark.parametrize("epochs", [[0, 1, 2, 3], [0, 0, 0], [0, 5, 2, 3], [3, 4, 4, 5]])
+def test_each_epoch_yields_its_samplers_batches_whatever_epoch_comes_next(
+    epochs: list[int],
+) -> None:
+    """set_epoch(e + 1) (read ahead and used), no set_epoch (the same epoch again, read
+    ahead once the loader has seen it), and jumps (read ahead in vain: dropped)."""
+    loader = make(Counted(), planned())
+    for e in epochs:
+        loader.set_epoch(e)
+        assert epoch(loader) == expected(loader, e)
+
+
+def test_the_batches_read_ahead_are_used_not_read_again() -> None:
+    data = Counted()
+    loader = make(data, planned())
+    for e in range(4):
+        loader.set_epoch(e)
+        assert epoch(loader) == expected(loader, e)
+    # 4 epochs read, and the fifth's first batches ahead: had any epoch read its first
+    # batches again, the count would be past this by as many more
+    reads = settled(data.reads, 4 * N + AHEAD)
+    assert 4 * N < reads <= 4 * N + AHEAD
+
+
+def test_an_epoch_left_early_drops_what_was_read_ahead() -> None:
+    data = Counted()
+    loader = make(data, planned())
+    loader.set_epoch(0)
+    assert epoch(loader) == expected(loader, 0)
+    loader.set_epoch(1)
+    for i, batch in enumerate(loader):  # the loop leaves epoch 1 after 3 batches
+        assert batch.flatten().tolist() == expected(loader, 1)[i]
+        if i == 2:
+            break
+    loader.set_epoch(2)
+    assert epoch(loader) == expected(loader, 2)
+    loader.set_epoch(3)
+    assert epoch(loader) == expected(loader, 3)
+
+
+def test_a_resumed_epoch_starts_at_its_position() -> None:
+    """A position restored between epochs is not the start that was read ahead."""
+    loader = make(Counted(), planned())
+    loader.set_epoch(0)
+    assert epoch(loader) == expected(loader, 0)
+    loader.set_epoch(1)
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch.flatten().tolist())
+        if i == 4:
+            break
+    state = loader.state_dict()
+    epoch(loader)  # a full epoch 1 more, reading epoch 2 ahead
+    loader.load_state_dict(state)
+    assert got + epoch(loader) == expected(loader, 1)
+
+
+def test_without_persistent_workers_nothing_is_read_ahead() -> None:
+    data = Counted()
+    loader = make(data, planned(persistent=False))
+    for e in range(3):
+        loader.set_epoch(e)
+        assert epoch(loader) == expected(loader, e)
+    assert settled(data.reads, 3 * N + 1) == 3 * N
+
+
+def test_switched_off_it_starts_each_epoch_as_torch_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch benchmarks/loop_limit.py compares with."""
+    from autoloader.loader.lookahead import Lookahead
+
+    monkeypatch.setattr(Lookahead, "enabled", False)
+    data = Counted()
+    loader = make(data, planned())
+    for e in range(3):
+        loader.set_epoch(e)
+        assert epoch(loader) == expected(loader, e)
+    assert settled(data.reads, 3 * N + 1) == 3 * N
