@@ -73,10 +73,10 @@ class Lookahead:
         ahead, self._ahead = self._ahead, None
         sampler = loader.batch_sampler
         if isinstance(sampler, SizeBatchSampler):
-            if self._last_epoch is not None and sampler.epoch != self._last_epoch:
+            # an epoch's start (not new workers inside one, as a restart starts them) shows
+            # how the loop moves from epoch to epoch
+            if not first_iter and self._last_epoch is not None:
                 self._epoch_step = 1 if sampler.epoch == self._last_epoch + 1 else 0
-            elif self._last_epoch is not None:
-                self._epoch_step = 0
             self._last_epoch = sampler.epoch
         if not first_iter and ahead is not None and self._carries_on(loader, ahead):
             self._first_task = ahead.end or 0
