@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
@@ -342,13 +343,28 @@ def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(tmp_path: Path) -> N
 
 
 def test_global_options_work_after_the_command(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """-v after the command sets the level for the run; main() puts it back after, so
+    whatever runs next in a program keeps its own."""
+    from autoloader.cli import show
+
     plan = tmp_path / "plan.toml"
     plan.write_text(GOOD_PLAN)
+    levels = []
+    run = show.run
+
+    def recorded(args: Any, argv: list[str]) -> int:
+        levels.append(logging.getLogger("autoloader").level)
+        return run(args, argv)
+
+    monkeypatch.setattr(show, "run", recorded)
+    before = logging.getLogger("autoloader").level
     assert main(["show", str(plan), "-v"]) == 0
     assert main(["show", "--verbose", str(plan)]) == 0
-    assert logging.getLogger("autoloader").level == logging.INFO
+    assert main(["show", str(plan)]) == 0
+    assert levels == [logging.INFO, logging.INFO, logging.WARNING]
+    assert logging.getLogger("autoloader").level == before
 
 
 def test_a_missing_command_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
