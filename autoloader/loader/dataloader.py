@@ -154,11 +154,7 @@ class DataLoader(tud.DataLoader):
         self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
-            # A planned loader is sharded across ranks already: trainers must not shard it
-            # again, and Lightning's epoch path must reach the batch sampler (trainers.py).
-            object.__setattr__(self, "sampler", PlannedIndices(self.batch_sampler, dataset))
-            lightning_record(self.batch_sampler, self.plan.batching.options)
-            mark_prepared(self)
+            self._hand_to_trainers(self.batch_sampler, self.plan)
         self.device_prefetch = _device_prefetch(self.plan, prefetch_override)
         if self._feed_device is not None and not self.pin_memory:
             warnings.warn(
@@ -167,12 +163,7 @@ class DataLoader(tud.DataLoader):
                 stacklevel=2,
             )
         if self._recorder is not None:
-            strategy = fp = None
-            if self.plan is not None:
-                strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
-                evidence = self.plan.evidence
-                self._recorder.memory(evidence.budget_bytes, evidence.predicted_peak_bytes)
-            self._recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+            self._configure_metrics(self._recorder)
         self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank = rank
         self._survival = _survival(self, rank)
@@ -183,9 +174,30 @@ class DataLoader(tud.DataLoader):
                 fixed.append("device_prefetch")
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
-            runtime, recorder = self._runtime, self._recorder
-            stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
-            watch_growth(self.plan, self.batch_sampler, recorder, rank, stale, self.dataset)
+            self._watch_the_plan(self.plan, self._recorder, rank)
+
+    def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
+        """A planned loader is sharded across ranks already: trainers must not shard it
+        again, and Lightning's epoch path must reach the batch sampler (trainers.py)."""
+        object.__setattr__(self, "sampler", PlannedIndices(sampler, self.dataset))
+        lightning_record(sampler, plan.batching.options)
+        mark_prepared(self)
+
+    def _configure_metrics(self, recorder: BatchRecorder) -> None:
+        """The loader's settings, and a plan's strategy, fingerprint and memory, exported."""
+        strategy = fp = None
+        if self.plan is not None:
+            strategy, fp = self.plan.batching.strategy, self.plan.fingerprint
+            evidence = self.plan.evidence
+            recorder.memory(evidence.budget_bytes, evidence.predicted_peak_bytes)
+        recorder.configure(self.num_workers, _local_batch_size(self), strategy, fp)
+
+    def _watch_the_plan(self, plan: Plan, recorder: BatchRecorder, rank: int) -> None:
+        """Batches measured past the worst the plan predicted mark it stale (to the
+        adaptation, else in the metrics)."""
+        runtime = self._runtime
+        stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
+        watch_growth(plan, self.batch_sampler, recorder, rank, stale, self.dataset)
 
     def _planned(
         self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int
