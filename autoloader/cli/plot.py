@@ -18,6 +18,7 @@ from autoloader._version import DISTRIBUTION
 from autoloader.cli.text import printable
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
+from autoloader.plan.readings import PlanEvidence, TimedCount
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.units import format_bytes
 
@@ -75,9 +76,9 @@ def _png(plt: Any, fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _trace(plan: Plan) -> list[dict[str, Any]]:
-    trace = plan.tuning.get("workers", {}).get("trace", [])
-    return [c for c in trace if isinstance(c, dict) and c.get("status") == "ok"]
+def _trace(plan: Plan) -> list[TimedCount]:
+    search = plan.evidence.workers
+    return [c for c in search.trace if c.ok] if search is not None else []
 
 
 def _none(ax: Any, text: str) -> None:
@@ -103,11 +104,12 @@ def worker_speed(ax: Any, plan: Plan) -> None:
     if not trace:
         return _none(ax, "no worker search recorded")
     local = plan.batching.local_batch_size
-    ws = [c["workers"] for c in trace]
-    rate = [local / c["seconds_per_batch"] if c["seconds_per_batch"] > 0 else 0 for c in trace]
+    ws = [c.workers for c in trace]
+    rate = [local / c.seconds_per_batch if c.seconds_per_batch else 0 for c in trace]
     ax.plot(ws, rate, "o-", color="tab:blue", label="samples/s loaded (no step)")
-    step = plan.tuning.get("workers", {}).get("step_seconds")
-    if isinstance(step, (int, float)) and step > 0:
+    search = plan.evidence.workers
+    step = search.step_seconds if search is not None else None
+    if step:
         ax.axhline(
             local / step, color="tab:purple", linestyle=":", label="samples/s the step takes"
         )
@@ -121,10 +123,10 @@ def worker_memory(ax: Any, plan: Plan) -> None:
     trace = _trace(plan)
     if not trace:
         return _none(ax, "no worker search recorded")
-    ws = [c["workers"] for c in trace]
+    ws = [c.workers for c in trace]
     ax.plot(
         ws,
-        [c["memory_bytes"] / MIB for c in trace],
+        [(c.memory_bytes or 0) / MIB for c in trace],
         "s-",
         color="tab:orange",
         label="PSS of the loading processes",
@@ -136,27 +138,27 @@ def worker_memory(ax: Any, plan: Plan) -> None:
 def strategies(ax: Any, plan: Plan) -> None:
     """Each strategy's local batch bytes (1st-99th percentile whiskers, quartile boxes,
     worst marked) against the largest batch the budget allows under the memory model."""
-    reports = plan.tuning.get("strategies", {})
+    evidence = plan.evidence
     ax.set_title("batch bytes per strategy against the budget")
-    names = [n for n, r in reports.items() if len(r.get("quantiles", [])) == 9]
-    if not names:
+    quantiles = {n: r.quantiles for n, r in evidence.replays.items() if r.quantiles}
+    if not quantiles:
         return _none(ax, "no replay recorded")
+    names = list(quantiles)
     values: list[float] = []
     for i, name in enumerate(names):
-        q = [max(v, 1) / MIB for v in reports[name]["quantiles"]]  # 0 1 5 25 50 75 95 99 100
+        q = [max(v, 1) / MIB for v in quantiles[name]]  # 0 1 5 25 50 75 95 99 100
         ax.plot([i, i], [q[1], q[7]], color="gray")
         ax.add_patch(_box(i, q[3], q[5], name == plan.batching.strategy))
         ax.plot([i - 0.2, i + 0.2], [q[4], q[4]], color="black")
         ax.plot(i, q[8], "v", color="tab:red", label="worst batch" if i == 0 else None)
         values += q
-    allowed = _allowed_mib(plan)
+    allowed = _allowed_mib(evidence)
     if allowed is not None:
         label = f"largest batch the budget allows ({format_bytes(allowed * MIB)})"
         ax.axhline(allowed, color="tab:red", linestyle="--", label=label)
         values.append(allowed)
-    base = plan.tuning.get("baseline", {}).get("measured", {}).get("baseline", {})
-    if isinstance(base.get("worst_batch_bytes"), (int, float)) and base["worst_batch_bytes"] > 0:
-        worst = base["worst_batch_bytes"] / MIB
+    if evidence.baseline_worst_batch_bytes:
+        worst = evidence.baseline_worst_batch_bytes / MIB
         ax.axhline(
             worst,
             color="tab:gray",
@@ -173,33 +175,32 @@ def strategies(ax: Any, plan: Plan) -> None:
     return None
 
 
-def _allowed_mib(plan: Plan) -> float | None:
-    model = plan.memory.get("model", {})
-    budget = plan.memory.get("budget_bytes")
-    if not isinstance(budget, int) or not isinstance(model, dict) or not model.get("slope"):
+def _allowed_mib(evidence: PlanEvidence) -> float | None:
+    model, budget = evidence.memory_model, evidence.budget_bytes
+    if budget is None or model is None or not model["slope"]:
         return None
-    allowed = model_from_dict({"intercept": 0.0, **model}).max_batch_bytes(budget)
+    allowed = model_from_dict(dict(model)).max_batch_bytes(budget)
     return allowed / MIB if math.isfinite(allowed) and allowed > 0 else None
 
 
 def memory_model(ax: Any, plan: Plan) -> None:
     """The model's line over the calibration points, the chosen worst batch and budget."""
     ax.set_title("memory model: step peak against batch bytes")
-    model = plan.memory.get("model", {})
-    if not isinstance(model, dict) or "slope" not in model:
+    evidence = plan.evidence
+    model = evidence.memory_model
+    if model is None:
         return _none(ax, "no memory model recorded")
-    fitted = model_from_dict({"intercept": 0.0, **model})
+    fitted = model_from_dict(dict(model))
     points = fitted.points
-    worst = plan.tuning.get("strategies", {}).get(plan.batching.strategy, {})
-    worst_bytes = worst.get("worst_batch_bytes") if isinstance(worst, dict) else None
-    right = max([b for b, _ in points] + [worst_bytes or 0, 1]) * 1.1
+    worst_bytes = evidence.replayed_worst_batch_bytes
+    right = max([b for b, _ in points] + [worst_bytes, 1]) * 1.1
     xs = [0.0, right / MIB]
     ax.plot(
         xs,
         [fitted.predict(x * MIB) / MIB for x in xs],
         "-",
         color="tab:blue",
-        label=f"model: {model.get('source', 'step')}",
+        label=f"model: {model['source']}",
     )
     if points:
         ax.plot(
@@ -209,18 +210,18 @@ def memory_model(ax: Any, plan: Plan) -> None:
             color="black",
             label=f"calibration steps ({len(points)})",
         )
-    if isinstance(worst_bytes, (int, float)):
+    if worst_bytes:
         ax.axvline(
             worst_bytes / MIB,
             color="tab:green",
             linestyle="--",
             label=f"plan's worst batch ({format_bytes(worst_bytes)})",
         )
-    budget = plan.memory.get("budget_bytes")
+    budget = evidence.budget_bytes
     top = fitted.predict(right) / MIB
-    if isinstance(budget, int) and budget / MIB <= top * LOG_SPAN:
+    if budget is not None and budget / MIB <= top * LOG_SPAN:
         ax.axhline(budget / MIB, color="tab:red", linestyle="--", label="budget")
-    elif isinstance(budget, int):
+    elif budget is not None:
         ax.set_title(f"memory model (the {format_bytes(budget)} budget is far above)")
     ax.set_xlabel("batch MiB")
     ax.set_ylabel("peak MiB")

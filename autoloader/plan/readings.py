@@ -1,8 +1,9 @@
-"""What a planned loader reads of a plan's evidence, typed once.
+"""What a planned loader, and ``show --plot``, read of a plan's evidence, typed once.
 
 ``[tuning]`` and ``[memory]`` are evidence, kept as validated tables for people and
 ``show``; the loader takes limits from some of them: the worker search's timings, the
-worst batch the tune replayed, the memory budget and predicted peak, the host's budgets.
+worst batch the tune replayed, the memory budget and predicted peak, the host's budgets;
+the plot draws the search, each strategy's replay and the memory model.
 A plan may be hand-written, written by an older version, or built in memory without
 validation, so every value is checked here, once, and a reader gets numbers or None,
 never a table to guard.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.host.budget import HostBudget
@@ -124,6 +125,48 @@ class WorkerSearch:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """One strategy's replayed epochs (``[tuning.strategies.NAME]``)."""
+
+    worst_batch_bytes: int  # 0: unknown
+    # local batch bytes at the 0, 1, 5, 25, 50, 75, 95, 99 and 100th percentiles
+    quantiles: tuple[float, ...] | None = None
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> Replay:
+        q = table.get("quantiles")
+        values = [_number(v) for v in q] if isinstance(q, list) and len(q) == 9 else []
+        quantiles = tuple(v for v in values if v is not None)
+        return cls(
+            _bytes(table.get("worst_batch_bytes")), quantiles if len(quantiles) == 9 else None
+        )
+
+
+def _model_table(table: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``[memory.model]`` with a slope and intercept that are numbers and points that are
+    pairs of byte counts (None where it has no slope)."""
+    slope = _number(table.get("slope"))
+    if slope is None:
+        return None
+    intercept = table.get("intercept", 0.0)
+    ok = isinstance(intercept, (int, float)) and not isinstance(intercept, bool)
+    given = table.get("points")
+    points = [
+        p
+        for p in (given if isinstance(given, list) else [])
+        if isinstance(p, list) and len(p) == 2 and all(_int(v) is not None for v in p)
+    ]
+    source = table.get("source")
+    return {
+        **table,
+        "slope": slope,
+        "intercept": float(intercept) if ok and math.isfinite(intercept) else 0.0,
+        "points": points,
+        "source": source if isinstance(source, str) else "step",
+    }
+
+
+@dataclass(frozen=True)
 class PlanEvidence:
     """The evidence a planned loader takes limits from (``Plan.evidence``).
 
@@ -137,6 +180,10 @@ class PlanEvidence:
         host: the node's shared-memory and RAM budgets when tuned (None: not recorded).
         budget_bytes: the device memory budget.
         predicted_peak_bytes: the peak predicted for the plan's worst batch.
+        replays: each strategy's replay, by name, in the plan's order.
+        baseline_worst_batch_bytes: the worst batch of the user's loader where the tune
+            measured it (0: not measured).
+        memory_model: ``[memory.model]``, its values checked (None: not recorded).
     """
 
     workers: WorkerSearch | None = None
@@ -145,6 +192,9 @@ class PlanEvidence:
     host: HostBudget | None = None
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None
+    replays: Mapping[str, Replay] = field(default_factory=dict)
+    baseline_worst_batch_bytes: int = 0
+    memory_model: Mapping[str, Any] | None = None
 
     @property
     def worst_batch_bytes(self) -> int:
@@ -157,14 +207,22 @@ class PlanEvidence:
         cls, tuning: Mapping[str, Any], memory: Mapping[str, Any], strategy: str
     ) -> PlanEvidence:
         host = _table(tuning.get("host"))
-        replay = _table(_table(tuning.get("strategies")).get(strategy))
+        replays = {
+            name: Replay.from_table(table)
+            for name, table in _table(tuning.get("strategies")).items()
+            if isinstance(table, Mapping)
+        }
+        baseline = _table(_table(_table(tuning.get("baseline")).get("measured")).get("baseline"))
         return cls(
             WorkerSearch.from_table(tuning.get("workers")),
-            _bytes(replay.get("worst_batch_bytes")),
+            replays[strategy].worst_batch_bytes if strategy in replays else 0,
             _bytes(host.get("batch_bytes")),
             _host_budget(host),
             _int(memory.get("budget_bytes")),
             _int(memory.get("predicted_peak_bytes")),
+            replays,
+            _bytes(baseline.get("worst_batch_bytes")),
+            _model_table(_table(memory.get("model"))),
         )
 
 
