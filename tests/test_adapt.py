@@ -1,5 +1,6 @@
 """Run-time adaptation: the policy (autoloader/loader/adapt.py) and a planned loader that
-applies it at epoch boundaries (autoloader/loader/runtime.py), with real workers."""
+applies it at the end of an epoch or of a window inside a long one
+(autoloader/loader/runtime.py, windows.py), with real workers."""
 
 from __future__ import annotations
 
