@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -777,4 +779,42 @@ def test_a_long_starved_epoch_is_adapted_inside_it_with_the_same_indices() -> No
 def test_a_fed_long_epoch_never_changes() -> None:
     loader = make(Slow(n=256, delay=0), planned(0), adapt_max_workers=2)
     run(loader, 1, step=0.05, busy=True)  # the main process's own loading: ~1% of the loop
+    assert loader.adaptations == [] and loader.num_workers == 0
+
+
+class Yields(Dataset):
+    """Reads that take no time but give up the CPU (``sched_yield``): beside a process
+    that wants the same CPU, each costs the loop a timeslice of waiting for a CPU."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        os.sched_yield()
+        return torch.tensor([i])
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def test_waiting_for_a_cpu_is_not_waiting_for_data() -> None:
+    """The loop shares its CPU with a busy process: on the wall clock it waits ~10% for
+    its batches (a timeslice per yielding read), all of it for the CPU, which more
+    workers would only make scarcer. The adapter judges the wait less that time
+    (host.run_delay), so a loop fed by its own reads changes nothing."""
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    hog = multiprocessing.get_context("fork").Process(target=_spin, daemon=True)
+    try:
+        os.sched_setaffinity(0, {cpu})  # this thread, the loop's
+        hog.start()
+        os.sched_setaffinity(hog.pid, {cpu})
+        loader = make(Yields(), planned(0), adapt_max_workers=2)
+        run(loader, 1, step=0.03, busy=True)
+    finally:
+        hog.kill()
+        hog.join()
+        os.sched_setaffinity(0, before)
     assert loader.adaptations == [] and loader.num_workers == 0

@@ -26,6 +26,7 @@ from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
+from autoloader.host.run_delay import run_delay
 from autoloader.loader.adapt import (
     SETTINGS,
     Adaptation,
@@ -317,7 +318,7 @@ class EpochIter:
 
     def __next__(self) -> Any:
         runtime = self._runtime
-        now = time.perf_counter()
+        now, delayed = time.perf_counter(), run_delay()
         if self._start is None:
             self._start = now
             if runtime.watch is not None:
@@ -329,7 +330,9 @@ class EpochIter:
         except StopIteration:
             self._finish()
             raise
-        waited = time.perf_counter() - now
+        # the wall clock less the time this thread waited for a CPU, which is not a wait
+        # for data (a loaded node: host.run_delay)
+        waited = max(0.0, time.perf_counter() - now - (run_delay() - delayed))
         self._wait += waited
         if self._count == 0:
             self._first_wait = waited
