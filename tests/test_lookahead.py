@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from autoloader import DataLoader, Plan
 
 N, BATCH, WORKERS, PREFETCH = 96, 4, 2, 2
-AHEAD = WORKERS * PREFETCH * BATCH  # the most samples read ahead of an epoch
+AHEAD = WORKERS * BATCH  # the most samples read ahead of an epoch: a batch per worker
 
 
 class Counted(Dataset):
@@ -151,3 +151,40 @@ def test_switched_off_it_starts_each_epoch_as_torch_does(monkeypatch: pytest.Mon
         loader.set_epoch(e)
         assert epoch(loader) == expected(loader, e)
     assert settled(data.reads, 3 * N + 1) == 3 * N
+
+
+class SlowReads(Dataset):
+    """Sample i is ``tensor([i])`` after 0.1 s: a batch of 4 is a 0.4 s read."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.1)
+        return torch.tensor([i])
+
+
+def test_a_wrong_guess_costs_at_most_a_batch_and_keeps_the_timeout() -> None:
+    """Reading ahead a batch per worker, not a full queue: torch's reset waits for what is
+    in flight, so a wrong guess (set_epoch jumps) waits for at most one batch's read per
+    worker, well within a timeout= that a batch's read keeps (a full queue of 3 batches a
+    worker would take 1.2 s: past it)."""
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 2, "prefetch_factor": 3, "persistent_workers": True},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
+    loader = DataLoader(
+        SlowReads(),
+        plan=plan,
+        check_fingerprint=False,
+        adapt=False,
+        registry=CollectorRegistry(),
+        timeout=1.0,
+    )
+    loader.set_epoch(0)
+    assert epoch(loader) == expected(loader, 0)
+    loader.set_epoch(3)
+    assert epoch(loader) == expected(loader, 3)

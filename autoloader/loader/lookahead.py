@@ -7,18 +7,22 @@ sampler knows the next epoch's batches before the loop asks for them
 (``SizeBatchSampler.batches_for``), and persistent workers of a map-style dataset keep no
 state between epochs. So, for them, once the last batch of this epoch has gone to the
 workers, the places in the queue its batches free are given to the next epoch's first
-batches. When the loop starts the next epoch, the batches read ahead are compared with
-that epoch's: where they are the same (the epoch guessed, nothing to resume), they carry
-on as its first batches; where not (another epoch, a resumed position, a loop that left
-its epoch early), torch's own reset runs and drops them, as it drops anything in flight.
+batches, one per worker. When the loop starts the next epoch, the batches read ahead are
+compared with that epoch's: where they are the same (the epoch guessed, nothing to
+resume), they carry on as its first batches; where not (another epoch, a resumed
+position, a loop that left its epoch early), torch's own reset runs and drops them, as
+it drops anything in flight. One per worker, not a full queue: torch's reset waits for
+what is in flight before the new epoch starts, so a wrong guess costs at most one batch's
+read, about what the epoch's start cost without reading ahead (and a ``timeout=`` longer
+than a batch's read still holds).
 
 The guess is the epoch after the current one when the last change of epoch was a step of
 one (``set_epoch(e + 1)``, the usual loop), or the same epoch again when it was not
 changed (a loop that never calls ``set_epoch`` reads the same batches each epoch).
 
-What this changes for a dataset: at most ``num_workers x prefetch_factor`` batches of an
-epoch are read before the loop has finished the one before, as torch already reads that
-many ahead within an epoch; a dataset that changes what its samples are between epochs
+What this changes for a dataset: at most ``num_workers`` batches of an epoch are read
+before the loop has finished the one before (torch reads ``num_workers x
+prefetch_factor`` ahead within an epoch); a dataset that changes what its samples are between epochs
 through state shared with the workers would serve those first batches as they were.
 """
 
@@ -41,6 +45,7 @@ class _Ahead:
 
     sampler: SizeBatchSampler
     epoch: int
+    most: int  # batches read ahead at most: one per worker
     batches: list[np.ndarray] | None = None  # the epoch's batches, arranged when first needed
     sent: list[list[int]] = field(default_factory=list)
     end: int | None = None  # the first task past this epoch (its sampler ran out there)
@@ -51,7 +56,7 @@ class _Ahead:
             self.end = sent_tasks
         if self.batches is None:
             self.batches = self.sampler.batches_for(self.epoch)
-        if len(self.sent) >= len(self.batches):
+        if len(self.sent) >= min(len(self.batches), self.most):
             raise StopIteration
         index = self.batches[len(self.sent)].tolist()
         self.sent.append(index)
@@ -88,7 +93,7 @@ class Lookahead:
             self._first_task = 0
             super()._reset(loader, first_iter)  # type: ignore[misc]
         if _reads_ahead(loader, self):
-            self._ahead = _Ahead(sampler, sampler.epoch + self._epoch_step)
+            self._ahead = _Ahead(sampler, sampler.epoch + self._epoch_step, loader.num_workers)
 
     def _carries_on(self, loader: Any, ahead: _Ahead) -> bool:
         """Whether the batches read ahead are the first of the epoch now starting."""
