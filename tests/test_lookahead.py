@@ -5,6 +5,8 @@ epochs, and the batches read ahead are used, not read twice."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import time
 from typing import Any
 
@@ -165,10 +167,9 @@ class SlowReads(Dataset):
 
 
 def test_a_wrong_guess_costs_at_most_a_batch_and_keeps_the_timeout() -> None:
-    """Reading ahead a batch per worker, not a full queue: torch's reset waits for what is
-    in flight, so a wrong guess (set_epoch jumps) waits for at most one batch's read per
-    worker, well within a timeout= that a batch's read keeps (a full queue of 3 batches a
-    worker would take 1.2 s: past it)."""
+    """A wrong guess (set_epoch jumps) starts the epoch with new workers rather than
+    waiting, in torch's reset, for the reads in flight, which a timeout= that one batch's
+    read keeps did not hold (3 batches a worker read ahead took 1.2 s: past it)."""
     plan = Plan.from_dict(
         {
             "schema": 1,
@@ -188,3 +189,41 @@ def test_a_wrong_guess_costs_at_most_a_batch_and_keeps_the_timeout() -> None:
     assert epoch(loader) == expected(loader, 0)
     loader.set_epoch(3)
     assert epoch(loader) == expected(loader, 3)
+
+
+class KillsOnItsSecondRead(Dataset):
+    """Sample ``fatal``'s second read in a worker kills that worker (SIGKILL), half a
+    second in, once."""
+
+    def __init__(self, fatal: int) -> None:
+        self.fatal = fatal
+        self.reads = multiprocessing.Value("l", 0)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.fatal:
+            with self.reads.get_lock():
+                self.reads.value += 1
+                second = self.reads.value == 2
+            if second:  # once the loop has its epoch's last batch, the worker dies
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.001)
+        return torch.tensor([i])
+
+
+def test_a_worker_that_dies_reading_ahead_in_vain_is_survived() -> None:
+    """The read of epoch 1's first batch ahead kills its worker, and the loop goes to
+    epoch 3 instead: the epoch starts with new workers (torch's reset would wait for the
+    dead worker's reads and raise from iter(), in this epoch and every later one)."""
+    probe = make(Counted(), planned())
+    first_half = {i for b in expected(probe, 0)[: len(expected(probe, 0)) // 2] for i in b}
+    fatal = next(i for i in expected(probe, 1)[0] if i in first_half)
+    loader = make(KillsOnItsSecondRead(fatal), planned())
+    loader.set_epoch(0)
+    assert epoch(loader) == expected(loader, 0)
+    for e in (3, 4):
+        loader.set_epoch(e)
+        assert epoch(loader) == expected(loader, e)

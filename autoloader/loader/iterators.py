@@ -280,7 +280,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                     w.pid,
                     w.exitcode,
                     epoch,
-                    [self._start + t - self._first_task for t in tasks],
+                    [self._start + t - self._first_task for t in tasks if self._in_this_epoch(t)],
                     indices,
                 )
             )
@@ -294,6 +294,12 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         at = self._start + self._yielded
         if self._survival.check(pids, at) is not None:
             self._restart()
+
+    def _fresh_start(self, loader: Any) -> None:
+        """New workers for an epoch's start, nothing of the old ones' reads waited for."""
+        self._shutdown_workers()
+        self._start_workers(loader)
+        self._started()
 
     def _restart(self) -> None:
         """New workers (as many as the loader now asks for), the batch sampler resumed at

@@ -10,15 +10,15 @@ workers, the places in the queue its batches free are given to the next epoch's 
 batches, one per worker. When the loop starts the next epoch, the batches read ahead are
 compared with that epoch's: where they are the same (the epoch guessed, nothing to
 resume), they carry on as its first batches; where not (another epoch, a resumed
-position, a loop that left its epoch early), torch's own reset runs and drops them, as
-it drops anything in flight. One per worker, not a full queue: torch's reset waits for
-what is in flight before the new epoch starts, so a wrong guess costs at most one batch's
-read, about what the epoch's start cost without reading ahead (and a ``timeout=`` longer
-than a batch's read still holds).
+position, a loop that left its epoch early), the epoch starts with new workers, as it
+does without persistent ones: torch's own reset would wait for every read in flight,
+where a worker that dies raises from ``iter()`` and one that hangs blocks it, out of
+reach of the loader's survival and stall watch.
 
-The guess is the epoch after the current one when the last change of epoch was a step of
-one (``set_epoch(e + 1)``, the usual loop), or the same epoch again when it was not
-changed (a loop that never calls ``set_epoch`` reads the same batches each epoch).
+The guess is the current epoch plus the last step the loop took between epochs: one for
+``set_epoch(e + 1)``, the usual loop (and before any step is seen), none for a loop that
+never calls ``set_epoch`` (it reads the same batches each epoch), none after a step
+back.
 
 What this changes for a dataset: at most ``num_workers`` batches of an epoch are read
 before the loop has finished the one before (torch reads ``num_workers x
@@ -55,7 +55,7 @@ class _Ahead:
         if self.end is None:
             self.end = sent_tasks
         if self.batches is None:
-            self.batches = self.sampler.batches_for(self.epoch)
+            self.batches = self.sampler.batches_for(self.epoch, keep=True)
         if len(self.sent) >= min(len(self.batches), self.most):
             raise StopIteration
         index = self.batches[len(self.sent)].tolist()
@@ -69,7 +69,7 @@ class Lookahead:
 
     enabled = True  # False: never read ahead (torch's own start of each epoch, to compare)
     _ahead: _Ahead | None = None
-    _epoch_step = 1  # the last change of epoch seen: the guess for the next one
+    _epoch_step = 1  # the last step from epoch to epoch: the guess for the next one
     _last_epoch: int | None = None
     # the task of the epoch's first batch: 0, or where the epoch read ahead began
     _first_task = 0
@@ -81,7 +81,7 @@ class Lookahead:
             # an epoch's start (not new workers inside one, as a restart starts them) shows
             # how the loop moves from epoch to epoch
             if not first_iter and self._last_epoch is not None:
-                self._epoch_step = 1 if sampler.epoch == self._last_epoch + 1 else 0
+                self._epoch_step = max(0, sampler.epoch - self._last_epoch)
             self._last_epoch = sampler.epoch
         if not first_iter and ahead is not None and self._carries_on(loader, ahead):
             self._first_task = ahead.end or 0
@@ -89,6 +89,12 @@ class Lookahead:
             compat.skip_batches(self, len(ahead.sent))
             self._carry_over(ahead.sent)
             compat.fill_queue(self)
+        elif not first_iter and ahead is not None and ahead.sent:
+            # read ahead in vain: new workers rather than torch's reset, which waits for
+            # every read in flight, where a worker that dies raises and one that hangs
+            # blocks the loop's iter() for ever, past the stall watch and survival
+            self._first_task = 0
+            self._fresh_start(loader)
         else:
             self._first_task = 0
             super()._reset(loader, first_iter)  # type: ignore[misc]
@@ -106,6 +112,15 @@ class Lookahead:
         return len(batches) >= len(ahead.sent) and all(
             batches[i].tolist() == sent for i, sent in enumerate(ahead.sent)
         )
+
+    def _fresh_start(self, loader: Any) -> None:
+        """The epoch's start with new workers (the multi-process iterator's own)."""
+        raise NotImplementedError
+
+    def _in_this_epoch(self, task: int) -> bool:
+        """Whether ``task`` is one of this epoch's batches, not one read ahead."""
+        ahead = self._ahead
+        return ahead is None or ahead.end is None or task < ahead.end
 
     def _carry_over(self, batches: list[list[int]]) -> None:
         """Batches already sent before the epoch began (a recording iterator keeps them)."""

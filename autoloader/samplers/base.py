@@ -121,12 +121,12 @@ class SizeBatchSampler(Sampler[list[int]]):
         """This rank's batches for the current epoch, as index arrays."""
         return self.batches_for(self.epoch)
 
-    def batches_for(self, epoch: int) -> list[np.ndarray]:
+    def batches_for(self, epoch: int, *, keep: bool = False) -> list[np.ndarray]:
         """This rank's batches for ``epoch``, as index arrays, without changing the
         sampler: the loader reads the next epoch's first batches ahead, before the loop
         asks for them (``autoloader.loader.lookahead``). The arrangement of the last epoch
-        asked for ahead of the current one is kept until an epoch is iterated, so it is
-        not computed twice."""
+        asked for ahead (``keep``) is kept until an epoch is iterated, so it is not
+        computed twice."""
         key = (epoch, self._arrangement())
         kept = self._read_ahead
         if kept is not None and kept[0] == key:
@@ -137,7 +137,7 @@ class SizeBatchSampler(Sampler[list[int]]):
             padded = pad_last_batch(tail, self.num_replicas)
             out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
         assert len(out) == len(self), (len(out), len(self))
-        if epoch != self.epoch:
+        if keep:
             self._read_ahead = (key, out)
         return out
 
