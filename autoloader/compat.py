@@ -226,8 +226,9 @@ def in_order(it: Any) -> bool:
 
 def awaited_task(it: Any) -> tuple[int, int | None]:
     """The task (batch) the loop waits for, and the worker it went to (None: not sent)."""
-    info = it._task_info.get(it._rcvd_idx)
-    return it._rcvd_idx, (info[0] if info else None)
+    task = received(it)
+    info = it._task_info.get(task)
+    return task, (info[0] if info else None)
 
 
 def received(it: Any) -> int:

@@ -18,7 +18,7 @@ from autoloader._version import DISTRIBUTION
 from autoloader.cli.text import printable
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
-from autoloader.plan.readings import PlanEvidence, TimedCount
+from autoloader.plan.readings import PlanEvidence, TimedCount, WorkerSearch
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.units import format_bytes
 
@@ -76,8 +76,7 @@ def _png(plt: Any, fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _trace(plan: Plan) -> list[TimedCount]:
-    search = plan.evidence.workers
+def _trace(search: WorkerSearch | None) -> list[TimedCount]:
     return [c for c in search.trace if c.ok] if search is not None else []
 
 
@@ -100,14 +99,14 @@ def _per_worker_count(ax: Any, plan: Plan, ws: list[int], ylabel: str) -> None:
 def worker_speed(ax: Any, plan: Plan) -> None:
     """Loading throughput per worker count, against the rate the step consumes."""
     ax.set_title("loading speed per worker count")
-    trace = _trace(plan)
+    search = plan.evidence.workers
+    trace = _trace(search)
     if not trace:
         return _none(ax, "no worker search recorded")
     local = plan.batching.local_batch_size
     ws = [c.workers for c in trace]
     rate = [local / c.seconds_per_batch if c.seconds_per_batch else 0 for c in trace]
     ax.plot(ws, rate, "o-", color="tab:blue", label="samples/s loaded (no step)")
-    search = plan.evidence.workers
     step = search.step_seconds if search is not None else None
     if step:
         ax.axhline(
@@ -120,7 +119,7 @@ def worker_speed(ax: Any, plan: Plan) -> None:
 def worker_memory(ax: Any, plan: Plan) -> None:
     """Memory of the loading process tree per worker count."""
     ax.set_title("host memory per worker count")
-    trace = _trace(plan)
+    trace = _trace(plan.evidence.workers)
     if not trace:
         return _none(ax, "no worker search recorded")
     ws = [c.workers for c in trace]

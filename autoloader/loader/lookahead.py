@@ -22,8 +22,9 @@ back.
 
 What this changes for a dataset: at most ``num_workers`` batches of an epoch are read
 before the loop has finished the one before (torch reads ``num_workers x
-prefetch_factor`` ahead within an epoch); a dataset that changes what its samples are between epochs
-through state shared with the workers would serve those first batches as they were.
+prefetch_factor`` ahead within an epoch); a dataset that changes what its samples are
+between epochs through state shared with the workers would serve those first batches as
+they were.
 """
 
 from __future__ import annotations
@@ -83,29 +84,28 @@ class Lookahead:
             if not first_iter and self._last_epoch is not None:
                 self._epoch_step = max(0, sampler.epoch - self._last_epoch)
             self._last_epoch = sampler.epoch
-        if not first_iter and ahead is not None and self._carries_on(loader, ahead):
-            self._first_task = ahead.end or 0
+        self._first_task = 0
+        if first_iter or ahead is None or ahead.end is None or not ahead.sent:
+            super()._reset(loader, first_iter)  # type: ignore[misc]
+        elif self._carries_on(loader, ahead):
+            self._first_task = ahead.end
             compat.restart_sampling(self, loader)
             compat.skip_batches(self, len(ahead.sent))
             self._carry_over(ahead.sent)
             compat.fill_queue(self)
-        elif not first_iter and ahead is not None and ahead.sent:
+        else:
             # read ahead in vain: new workers rather than torch's reset, which waits for
             # every read in flight, where a worker that dies raises and one that hangs
             # blocks the loop's iter() for ever, past the stall watch and survival
-            self._first_task = 0
             self._fresh_start(loader)
-        else:
-            self._first_task = 0
-            super()._reset(loader, first_iter)  # type: ignore[misc]
         if _reads_ahead(loader, self):
             self._ahead = _Ahead(sampler, sampler.epoch + self._epoch_step, loader.num_workers)
 
     def _carries_on(self, loader: Any, ahead: _Ahead) -> bool:
         """Whether the batches read ahead are the first of the epoch now starting."""
         sampler = loader.batch_sampler
-        if ahead.end is None or compat.received(self) != ahead.end or not ahead.sent:
-            return False  # this epoch did not end here, or nothing was read ahead
+        if compat.received(self) != ahead.end:
+            return False  # this epoch did not end here
         if sampler is not ahead.sampler or sampler.epoch != ahead.epoch or sampler.resume:
             return False
         batches = sampler.batches_for(sampler.epoch)

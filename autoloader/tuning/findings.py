@@ -28,7 +28,7 @@ from autoloader.tuning.stages import (
     Timings,
     Trials,
     WorkerStage,
-    searched_loader,
+    sized_for,
 )
 
 
@@ -95,7 +95,7 @@ def _loader(found: Findings) -> LoaderPlan:
         climb = found.trials.climb
         searched = found.workers.loader
         if climb is not None:
-            searched = searched_loader(climb.choice, searched)
+            searched = sized_for(climb.choice, searched)
         return replace(searched, num_threads=chosen)
     workers = base.num_workers
     return replace(

@@ -13,7 +13,7 @@ import logging
 import math
 import socket
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -353,7 +353,7 @@ def worker_search(
             batch_bytes=batch_bytes,
             read_order=work.read_order,
         )
-        result = searched_loader(
+        result = sized_for(
             found,
             LoaderPlan(
                 num_workers=0,
@@ -378,8 +378,13 @@ def worker_search(
     return WorkerStage(result, found, max(n_max, top), nodes, host)
 
 
-def searched_loader(choice: WorkerChoice, loader: LoaderPlan) -> LoaderPlan:
-    """``loader`` with the worker count ``choice`` holds and the settings sized for it."""
+# the plan's [loader] table, or the settings a loop trial runs with
+Loader = TypeVar("Loader", LoaderPlan, LoopSettings)
+
+
+def sized_for(choice: WorkerChoice, loader: Loader) -> Loader:
+    """``loader`` with the worker count ``choice`` holds and the prefetch depth and
+    persistence sized for it."""
     count = choice.num_workers
     return replace(
         loader,
@@ -556,10 +561,7 @@ def _climb(
             break
         choice = stage.choice.at(count)
         settings = replace(
-            plan.settings,
-            num_workers=count,
-            prefetch_factor=choice.prefetch_factor.value,
-            persistent_workers=bool(choice.persistent_workers.value),
+            sized_for(choice, plan.settings),
             num_threads=threads.chosen if threads is not None else None,
         )
         more = trial.run_trial(

@@ -45,16 +45,14 @@ class WorkerChoice:
     rule: str
     method: str
     trace: list[Candidate]
+    sizing: Sizing  # what sized the settings, for this count or another measured one
     reach: str | None = None  # why the search went past the CPUs, or stopped at them
-    sizing: Sizing | None = None  # what sized the settings (None: kept as they are)
 
     def at(self, count: int) -> WorkerChoice:
         """This choice at ``count``, another count the search measured, its
         ``prefetch_factor`` and ``persistent_workers`` sized for that count (the loop with
         the step overruling the search's pick: the tune's climb)."""
         cand = next(c for c in self.trace if c.workers == count and c.ok)
-        if self.sizing is None:
-            return replace(self, num_workers=count)
         depth, persistent = self.sizing.settings(cand)
         return replace(
             self, num_workers=count, prefetch_factor=depth, persistent_workers=persistent
@@ -153,7 +151,7 @@ def search(
     serial = next((c for c in trace if c.workers == 0), None)
     sizing = Sizing(serial, rule.step_seconds, budget, batch_bytes, -(-len(sizes) // batch_size))
     depth, persistent = sizing.settings(chosen)
-    return WorkerChoice(chosen_w, depth, persistent, rule.describe(), method, trace, reach, sizing)
+    return WorkerChoice(chosen_w, depth, persistent, rule.describe(), method, trace, sizing, reach)
 
 
 class _Within:
