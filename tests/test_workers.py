@@ -145,6 +145,23 @@ def test_reads_that_compute_half_the_time_take_the_search_past_the_cores() -> No
     )
 
 
+def test_workers_that_leave_a_fifth_of_the_cores_idle_are_not_the_end() -> None:
+    """Reads that compute 32 ms and wait 48 ms a batch: 4 workers on 2 CPUs are busy 40% of
+    their time, 1.6 of 2 CPUs, and 5 fill the cores, 1.25x faster. The CPU time alone
+    stopped the search at 4 when its rule was "busy under 75% of the CPUs"; now the next
+    count is measured, and the search keeps the fewest counts that fill the cores."""
+    curve, share = waiting(0.080, floor=0.016, cpu=0.032)
+    node = ModelledNode(curve, seed=0, share=share, cv=0.05)
+    rule = Rule(tolerance=0.05)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, rule, extent())
+    assert choose(trace, rule) == 5
+    assert reach is not None and reach.startswith(
+        "went past the 2 CPUs to 8 workers: 2 workers were busy 40% of their time (0.8 of 2 "
+        "CPUs) (cores left idle); stopped: 8 workers were busy 25% of their time (2.0 of 2 "
+        "CPUs): more would compete for the cores"
+    ), reach
+
+
 def test_computing_workers_stop_the_search_at_the_cores() -> None:
     node = ModelledNode(saturating(3), seed=0, share=lambda w: 0.97)
     trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), extent())
