@@ -14,9 +14,12 @@ import pytest
 import torch
 from conftest import Indices as Plain
 from conftest import prepend_pythonpath, run_reaped
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from autoloader import DataLoader, Plan
 from autoloader.errors import PlanError
+from autoloader.samplers import STRATEGIES
 from autoloader.sizes import fingerprint
 
 TESTS = Path(__file__).parent
@@ -422,3 +425,58 @@ def test_settings_from_a_state_keep_the_batches_in_flight_within_shared_memory()
     resumed = loader_of(plan, adapt_max_workers=2)
     resumed.load_state_dict(state)
     assert resumed.state_dict()["settings"] == {"num_workers": 0}
+
+
+def _plan(strategy: str, batch: int, windows: tuple[int, int] | None) -> Plan:
+    table = planned(batch, strategy, seed=7).to_dict()
+    if windows is not None:
+        table["batching"]["read_order"] = {"block": windows[0], "window": windows[1]}
+    return Plan.from_dict(table)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 90),
+    batch=st.integers(1, 9),
+    strategy=st.sampled_from(sorted(STRATEGIES)),
+    windows=st.none() | st.tuples(st.integers(1, 12), st.integers(1, 4)),
+    epoch=st.integers(0, 3),
+    stop=st.floats(0.0, 1.0),
+    workers=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+)
+def test_a_resumed_epoch_is_the_rest_of_the_same_epoch_whatever_the_workers(
+    n: int,
+    batch: int,
+    strategy: str,
+    windows: tuple[int, int] | None,
+    epoch: int,
+    stop: float,
+    workers: tuple[int, int],
+) -> None:
+    """The resume arithmetic, for any size, batch, strategy, storage windows, epoch and
+    position, stopped with one worker count and resumed with another: the batches served
+    before the stop and after the resume are the epoch's, in order, each index once."""
+    block, window = windows or (1, 1)
+    plan = _plan(strategy, batch, None if windows is None else (block, block * window))
+
+    def loader(count: int) -> DataLoader:
+        return DataLoader(
+            Plain(n), plan=plan, check_fingerprint=False, num_workers=count, metrics=False
+        )
+
+    whole = loader(0)
+    whole.set_epoch(epoch)
+    reference = [b.tolist() for b in whole]
+    first = loader(workers[0])
+    first.set_epoch(epoch)
+    k = round(stop * len(reference))
+    it = iter(first)
+    served = [next(it).tolist() for _ in range(k)]
+    state = first.state_dict()
+    del it, first
+    resumed = loader(workers[1])
+    resumed.load_state_dict(state)
+    resumed.set_epoch(epoch)
+    assert served + [b.tolist() for b in resumed] == reference
+    indices = [i for b in reference for (i,) in b]
+    assert sorted(indices) == list(range(n))
