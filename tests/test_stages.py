@@ -3,6 +3,8 @@ the same code runs on every rank of a job through ``Collective`` (tests/test_job
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -67,6 +69,29 @@ def test_the_budget_names_what_is_left_when_nothing_is() -> None:
         r"--safety 100%",
     ):
         stages.budget(Solo(), room, options(memory_budget=1000, safety=0.99999999), [], CPU)
+
+
+def test_the_step_is_timed_with_the_cores_it_keeps_busy() -> None:
+    """A step that computes keeps cores the workers will not have in the loop; one that
+    waits (on a GPU, as the host sees it; here a sleep) keeps none. Load only takes CPU
+    from the computing step, never gives it to the waiting one."""
+
+    def computing() -> object:
+        def step(batch: object) -> None:
+            end = time.process_time() + 0.005
+            while time.process_time() < end:
+                pass
+
+        return step
+
+    def waiting() -> object:
+        return lambda batch: time.sleep(0.005)
+
+    busy = stages.timings(Solo(), workload(computing), 8)
+    idle = stages.timings(Solo(), workload(waiting), 8)
+    assert busy.step is not None and busy.step >= 0.005
+    assert idle.step is not None and idle.step >= 0.005
+    assert idle.step_cores < 0.05 <= busy.step_cores
 
 
 def test_batching_timings_prefetch_and_placement_on_the_cpu() -> None:

@@ -9,6 +9,7 @@ import re
 import sys
 import time
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -160,6 +161,22 @@ def test_workers_that_leave_a_fifth_of_the_cores_idle_are_not_the_end() -> None:
         "CPUs) (cores left idle); stopped: 8 workers were busy 25% of their time (2.0 of 2 "
         "CPUs): more would compete for the cores"
     ), reach
+
+
+def test_the_cores_a_computing_step_keeps_are_not_the_workers() -> None:
+    """Reads that compute half the time, beside a step that keeps 1.2 cores busy: the
+    workers have 1 core of the 2 in the loop, and 2 workers busy 1.0 of it stop the search
+    at the CPUs (timed loading alone, past them, counts look faster than they run beside
+    the step). With a step that keeps no core, the same reads go past (the test above)."""
+    curve, share = waiting(0.064, floor=0.008, cpu=0.032)
+    node = ModelledNode(curve, seed=0, share=share, cv=0.05)
+    beside = replace(extent(), step_cores=1.2)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), beside)
+    assert max(c.workers for c in trace) == 2
+    assert reach == (
+        "stopped at 2 (this rank's CPUs): 2 workers were busy 50% of their time (1.0 of 2 "
+        "CPUs, the step keeping 1.2 busy): more would compete for the cores"
+    )
 
 
 def test_computing_workers_stop_the_search_at_the_cores() -> None:

@@ -217,10 +217,12 @@ def read_order(
 
 @dataclass(frozen=True)
 class Timings:
-    """Seconds of one training step and of one batch's copy to the device, where known."""
+    """Seconds of one training step and of one batch's copy to the device, and the cores
+    the step keeps busy, where known."""
 
     step: float | None = None
     copy: float | None = None
+    step_cores: float = 0.0
 
 
 def timings(team: Team, work: Workload, local: int) -> Timings:
@@ -232,8 +234,10 @@ def timings(team: Team, work: Workload, local: int) -> Timings:
     def timed() -> Timings:
         batches = sample_batches(work, local, STEP_BATCHES)
         copy = copy_seconds(batches, work.device) if work.device.type == "cuda" else None
-        seconds = time_step(step(), batches, work.device) if step is not None else None
-        return Timings(seconds, copy)
+        if step is None:
+            return Timings(None, copy)
+        timed_step = time_step(step(), batches, work.device)
+        return Timings(timed_step.seconds, copy, timed_step.cores)
 
     result: Timings = team.once(timed)
     return result
@@ -268,13 +272,17 @@ def placement(device: torch.device) -> Placement:
     return Placement(min(cpus, len(local)), local) if local else Placement(cpus, None)
 
 
-def _extent(budget: HostBudget, batch_bytes: int, where: Placement) -> workers.Extent:
-    """How far past the CPUs the search may go: host memory, /dev/shm, 8 per CPU."""
+def _extent(
+    budget: HostBudget, batch_bytes: int, where: Placement, times: Timings
+) -> workers.Extent:
+    """How far past the CPUs the search may go: the cores the step leaves, host memory,
+    /dev/shm, 8 per CPU."""
     return workers.Extent(
         cpus=where.cpus,
         budget=budget,
         batch_bytes=batch_bytes,
         hard_cap=workers.Extent.default_cap(where.cpus),
+        step_cores=times.step_cores,
     )
 
 
@@ -313,7 +321,7 @@ def worker_search(
     local = choice.local_batch_size
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
     budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
-    extent = _extent(budget, batch_bytes, where) if opts.max_workers is None else None
+    extent = _extent(budget, batch_bytes, where, times) if opts.max_workers is None else None
     rule = workers.Rule(
         tolerance=opts.tolerance,
         alpha=opts.alpha,

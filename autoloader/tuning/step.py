@@ -6,6 +6,7 @@ import inspect
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, cast
 
@@ -49,21 +50,33 @@ def step_factory(obj: Any, *, name: str = "--step") -> StepFactory:
     return build
 
 
-def time_step(step: Step, batches: Iterable[Any], device: torch.device) -> float:
-    """Median seconds of ``step`` over ``batches``, the first (warm-up) excluded."""
-    times = []
+@dataclass(frozen=True)
+class StepTime:
+    """The step timed on sample batches."""
+
+    seconds: float  # the median wall time of one step
+    # this process's CPU time over the wall time while the steps ran: the cores the step
+    # keeps busy (its threads, a spin in a device sync), which the loader's workers do not
+    # get in the loop
+    cores: float
+
+
+def time_step(step: Step, batches: Iterable[Any], device: torch.device) -> StepTime:
+    """``step`` timed over ``batches``, the first (warm-up) excluded."""
+    times, cpu = [], 0.0
     for i, batch in enumerate(batches):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i:
             times.append(time.perf_counter() - start)
+            cpu += time.process_time() - start_cpu
     if not times:
         raise UsageError("--step: too few batches to time the step")
-    return statistics.median(times)
+    return StepTime(statistics.median(times), cpu / sum(times) if sum(times) > 0 else 0.0)
 
 
 def _required_positional(obj: Any) -> int | None:

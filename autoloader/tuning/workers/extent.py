@@ -12,7 +12,11 @@ Whether the next count is faster is measured, not predicted from the CPU time: w
 80% of 2 CPUs leave a fifth of the cores idle (reads of 1 ms of computing and 1 ms of
 waiting, with a 10 ms step, ran the loop 1.17x faster at the 7 workers planned than at the
 4 where a rule of 75% stopped). So the CPU time alone stops the search only where the cores
-are nearly full, and below that the doubling's own rule (the next count no faster) does.
+the training step leaves are nearly full, and below that the doubling's own rule (the next
+count no faster) does. The step's cores are its CPU time over its wall time as the tune
+timed it: a step that computes on the CPU keeps them in the loop (the search times loading
+alone, where more workers would look faster than they run beside the step), one that waits
+on a GPU or sleeps keeps none.
 The host bounds: the workers' measured memory (PSS) against the host's available memory,
 the batches in flight against free shared memory (``/dev/shm``, where worker batches
 travel), both ``autoloader.host.budget``, this process's limits
@@ -29,6 +33,7 @@ from autoloader.host.limits import ProcessLimits
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 SPARE_CORES = 0.9  # past the CPUs only while the workers use less than this share of them
+MIN_STEP_CORES = 0.05  # a step busy less than this is waiting on a device or sleeping
 HARD_CAP_PER_CPU = 8
 HARD_CAP = 64
 
@@ -43,6 +48,8 @@ class Extent:
         batch_bytes: the largest batch's bytes (what one batch in flight holds).
         hard_cap: the most workers tried in any case.
         limits: reads this process's limits (open files, processes, address space).
+        step_cores: the cores the training step keeps busy (its CPU time over its wall
+            time, timed by the tune): the workers share the rest in the loop.
     """
 
     cpus: int
@@ -50,6 +57,7 @@ class Extent:
     batch_bytes: int
     hard_cap: int
     limits: Callable[[], ProcessLimits] = ProcessLimits.probe
+    step_cores: float = 0.0
 
     @classmethod
     def default_cap(cls, cpus: int) -> int:
@@ -61,10 +69,18 @@ class Extent:
         if share is None:
             return f"the CPU time of {cand.workers} workers could not be read"
         cores = share * max(1, cand.workers)
-        if cores >= SPARE_CORES * self.cpus:
+        # the step's cores are not the workers' (at least one is left them: past the CPUs
+        # the search is for reads that wait)
+        room = max(1.0, self.cpus - self.step_cores)
+        if cores >= SPARE_CORES * room:
+            step = (
+                f", the step keeping {self.step_cores:.1f} busy"
+                if self.step_cores >= MIN_STEP_CORES
+                else ""
+            )
             return (
                 f"{cand.workers} workers were busy {share:.0%} of their time ({cores:.1f} of "
-                f"{self.cpus} CPUs): more would compete for the cores"
+                f"{self.cpus} CPUs{step}): more would compete for the cores"
             )
         return None
 
