@@ -184,7 +184,15 @@ def test_the_comparison_names_the_threads_each_loop_ran_with() -> None:
 
     one = {"settings": {"num_workers": 2, "num_threads": 1}, "samples_per_second": 2.0}
     two = {"settings": {"num_workers": 0, "num_threads": 2}, "samples_per_second": 1.0}
-    section = baseline_section({"given": "x", "measured": {"baseline": two, "plan": one}})
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 2},
+            "batching": {"strategy": "random", "local_batch_size": 4, "world_size": 1},
+            "tuning": {"baseline": {"given": "x", "measured": {"baseline": two, "plan": one}}},
+        }
+    )
+    section = baseline_section(plan)
     assert section is not None
     loader = next(line for line in section.lines() if line.strip().startswith("loader"))
     assert "0 workers, pin false, 2 threads" in loader

@@ -19,6 +19,7 @@ from autoloader.cli.text import printable
 from autoloader.errors import UsageError
 from autoloader.plan import Plan
 from autoloader.plan.readings import PlanEvidence, TimedCount, WorkerSearch
+from autoloader.plan.view import View
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.units import format_bytes
 
@@ -39,7 +40,8 @@ def sheet(plan: Plan) -> Any:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     for ax, (_, draw) in zip(axes.flat, PANELS, strict=True):
         draw(ax, plan)
-    fig.suptitle(printable(f"autoloader plan: {plan.dataset.get('spec', plan.source)}"))
+    spec = View.of(plan.dataset).word("spec", str(plan.source))
+    fig.suptitle(printable(f"autoloader plan: {spec}"))
     fig.tight_layout()
     return fig
 

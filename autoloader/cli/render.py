@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
+from autoloader.plan.view import View
 from autoloader.units import format_bytes
 
 
@@ -28,12 +29,13 @@ def sections(plan: Plan) -> list[Section]:
     """The evidence tables ``show`` prints after the plan's settings, in order (the
     baseline's comparison, ``baseline_section``, comes apart: last in text, first in the
     report)."""
+    tuning = View.of(plan.tuning)
     found = [
-        _workers(plan.tuning.get("workers"), _searched(plan)),
-        _batching(plan.tuning.get("batching")),
-        _strategies(plan.tuning.get("strategies"), plan.batching.strategy),
-        _read_order(plan.tuning.get("read_order"), plan.batching.read_order),
-        _host(plan.tuning.get("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
+        _workers(tuning.sub("workers"), _searched(plan)),
+        _batching(tuning.sub("batching")),
+        _strategies(tuning.sub("strategies"), plan.batching.strategy),
+        _read_order(tuning.sub("read_order"), plan.batching.read_order),
+        _host(tuning.sub("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
     ]
     return [s for s in found if s is not None]
 
@@ -54,46 +56,34 @@ def render(plan: Plan, *, path: str | None = None) -> str:
     out = []
     if path:
         out.append(f"plan      {path}")
-    ds = plan.dataset
+    ds = View.of(plan.dataset)
     if ds:
         out.append(
-            f"dataset   {ds.get('spec', '?')}: {ds.get('num_samples', '?')} samples, "
-            f"{_b(ds.get('total_bytes'))}; per sample min {_b(ds.get('min_bytes'))}, "
-            f"median {_b(ds.get('median_bytes'))}, mean {_b(ds.get('mean_bytes'))}, "
-            f"max {_b(ds.get('max_bytes'))}"
+            f"dataset   {ds.word('spec')}: {ds.word('num_samples')} samples, "
+            f"{_b(ds.number('total_bytes'))}; per sample min {_b(ds.number('min_bytes'))}, "
+            f"median {_b(ds.number('median_bytes'))}, mean {_b(ds.number('mean_bytes'))}, "
+            f"max {_b(ds.number('max_bytes'))}"
         )
         if "fingerprint" in ds:
-            out.append(f"          fingerprint {ds['fingerprint']}")
-    hw, mem = plan.hardware, plan.memory
+            out.append(f"          fingerprint {ds.word('fingerprint')}")
+    hw, mem = View.of(plan.hardware), View.of(plan.memory)
     if hw:
         out.append(
-            f"device    {hw.get('device', '?')} ({hw.get('device_name', '?')}): "
-            f"{_b(hw.get('memory_free_bytes'))} free of {_b(hw.get('memory_total_bytes'))} "
-            f"[{hw.get('headroom_source', '?')}], {hw.get('cpu_count', '?')} CPUs for this rank"
+            f"device    {hw.word('device')} ({hw.word('device_name')}): "
+            f"{_b(hw.number('memory_free_bytes'))} free of "
+            f"{_b(hw.number('memory_total_bytes'))} [{hw.word('headroom_source')}], "
+            f"{hw.word('cpu_count')} CPUs for this rank"
         )
-    if mem.get("budget_bytes") is not None:
-        line = f"memory    budget {_b(mem['budget_bytes'])}"
-        if "safety" in mem:
-            line += f" ({mem['safety']:.0%} kept in reserve)"
-        if "predicted_peak_bytes" in mem:
-            line += f", predicted peak {_b(mem['predicted_peak_bytes'])}"
-        out.append(line)
-    model = mem.get("model")
-    if isinstance(model, dict) and model.get("description"):
-        out.append(f"          model: {model['description']}")
-    if isinstance(model, dict) and isinstance(model.get("data_parallel"), str):
-        out.append(f"          nn.DataParallel: {model['data_parallel']}")
-    out.extend(_reserve(mem))
-    gpus = hw.get("gpus")
-    if isinstance(gpus, list) and len(gpus) > 1:
-        limit = hw.get("limiting_index")
+    out.extend(_memory(mem))
+    gpus = hw.rows("gpus")
+    if len(gpus) > 1:
+        limit = hw.count("limiting_index")
         out.append(
             "          local GPUs: "
             + ", ".join(
-                f"cuda:{g.get('index')} {_b(g.get('free_bytes'))} free"
-                + (" (limits)" if g.get("index") == limit else "")
+                f"cuda:{g.word('index', 'None')} {_b(g.number('free_bytes'))} free"
+                + (" (limits)" if g.count("index") == limit else "")
                 for g in gpus
-                if isinstance(g, dict)
             )
         )
     out.extend(_loader_lines(plan))
@@ -104,15 +94,35 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"accumulation = global {bp.global_batch_size}; seed {bp.seed}"
         f"{', drop_last' if bp.drop_last else ''}"
     )
-    out.append(f"read      {_order(bp.read_order, plan.dataset.get('num_samples'))}")
+    out.append(f"read      {_order(bp.read_order, View.of(plan.dataset).count('num_samples'))}")
     for section in sections(plan):
         out.extend(section.lines())
-    out.extend(_runtime(plan.tuning.get("runtime")))
-    compared = baseline_section(plan.tuning.get("baseline"))
+    out.extend(_runtime(View.of(plan.tuning).sub("runtime")))
+    compared = baseline_section(plan)
     if compared is not None:  # the comparison and its verdict come last
         out.extend(compared.lines())
         out.append(f"verdict   {verdict(plan) or '?'}")
     return "\n".join(out)
+
+
+def _memory(mem: View) -> list[str]:
+    """``[memory]``: the budget, the reserve kept, the predicted peak and the model."""
+    out = []
+    budget = mem.number("budget_bytes")
+    if budget is not None:
+        line = f"memory    budget {_b(budget)}"
+        safety = mem.number("safety")
+        if safety is not None:
+            line += f" ({safety:.0%} kept in reserve)"
+        if "predicted_peak_bytes" in mem:
+            line += f", predicted peak {_b(mem.number('predicted_peak_bytes'))}"
+        out.append(line)
+    model = mem.sub("model")
+    if model.text("description"):
+        out.append(f"          model: {model.text('description')}")
+    if model.text("data_parallel") is not None:
+        out.append(f"          nn.DataParallel: {model.text('data_parallel')}")
+    return out + _reserve(mem)
 
 
 def _loader_lines(plan: Plan) -> list[str]:
@@ -130,40 +140,43 @@ def _loader_lines(plan: Plan) -> list[str]:
     adopted = _adopted(plan)
     if adopted is not None:
         out.append(f"          from the baseline: {adopted}")
-    threads = plan.tuning.get("threads")
-    if isinstance(threads, dict) and isinstance(threads.get("why"), str):
+    tuning = View.of(plan.tuning)
+    threads = tuning.sub("threads").text("why")
+    if threads is not None:
         whose = ", for the search's pick" if adopted is not None else ""
-        out.append(f"          num_threads{whose}: {threads['why']}")
-    why = plan.tuning.get("device_prefetch")
-    if isinstance(why, dict) and isinstance(why.get("why"), str):
-        out.append(f"          device_prefetch: {why['why']} (holds up to {_b(why.get('bytes'))})")
+        out.append(f"          num_threads{whose}: {threads}")
+    feed = tuning.sub("device_prefetch")
+    if feed.text("why") is not None:
+        out.append(
+            f"          device_prefetch: {feed.text('why')} "
+            f"(holds up to {_b(feed.number('bytes'))})"
+        )
     return out
+
+
+def _baseline(plan: Plan) -> View:
+    return View.of(plan.tuning).sub("baseline")
 
 
 def _adopted(plan: Plan) -> str | None:
     """Why the plan runs the baseline's loader (``[tuning.baseline] adopted``), if it does."""
-    found = plan.tuning.get("baseline")
-    adopted = found.get("adopted") if isinstance(found, dict) else None
-    return adopted if isinstance(adopted, str) else None
+    return _baseline(plan).text("adopted")
 
 
-def _tuned(plan: Plan) -> dict[str, Any]:
+def _tuned(plan: Plan) -> View:
     """The tune's values of the ``[loader]`` settings a run changed (``save_plan``)."""
-    runtime = plan.tuning.get("runtime")
-    tuned = runtime.get("tuned") if isinstance(runtime, dict) else None
-    return tuned if isinstance(tuned, dict) else {}
+    return View.of(plan.tuning).sub("runtime").sub("tuned")
 
 
-def _searched(plan: Plan) -> Any:
+def _searched(plan: Plan) -> int | None:
     """The worker count the search chose: the plan's, unless a run changed it or the plan
     took the baseline's loader."""
-    found = plan.tuning.get("baseline")
-    if isinstance(found, dict) and _adopted(plan) is not None:
-        measured = found.get("measured", {}).get("plan", {})
-        settings = measured.get("settings", {}) if isinstance(measured, dict) else {}
-        if isinstance(settings, dict) and "num_workers" in settings:
-            return settings["num_workers"]
-    return _tuned(plan).get("num_workers", plan.loader.num_workers)
+    ran = _baseline(plan).sub("measured").sub("plan").sub("settings")
+    if _adopted(plan) is not None and "num_workers" in ran:
+        return ran.count("num_workers")
+    if "num_workers" in _tuned(plan):
+        return _tuned(plan).count("num_workers")
+    return plan.loader.num_workers
 
 
 def _set_while_training(plan: Plan) -> list[str]:
@@ -173,7 +186,8 @@ def _set_while_training(plan: Plan) -> list[str]:
     if not tuned:
         return []
     changed = ", ".join(
-        f"{k} {_value(getattr(plan.loader, k, None))} (tuned {_value(v)})" for k, v in tuned.items()
+        f"{k} {_value(getattr(plan.loader, k, None))} (tuned {tuned.word(k, '-')})"
+        for k in tuned.table
     )
     return [
         f"          set while training: {changed}; the worker search below explains the "
@@ -187,157 +201,155 @@ def _value(v: Any) -> str:
 
 def verdict(plan: Plan) -> str | None:
     """The diagnosis of ``[tuning.baseline]``, in one line, if the plan has one."""
-    found = plan.tuning.get("baseline")
-    text = found.get("verdict") if isinstance(found, dict) else None
-    return text if isinstance(text, str) else None
+    return _baseline(plan).text("verdict")
 
 
-def baseline_section(found: Any) -> Section | None:
+def baseline_section(plan: Plan) -> Section | None:
     """``[tuning.baseline]``: the user's loader and the plan's side by side."""
-    if not isinstance(found, dict) or not isinstance(found.get("measured"), dict):
+    found = _baseline(plan)
+    measured = found.sub("measured")
+    if "baseline" not in measured or "plan" not in measured:
         return None
-    base, plan = found["measured"].get("baseline"), found["measured"].get("plan")
-    if not isinstance(base, dict) or not isinstance(plan, dict):
-        return None
+    base, ours = measured.sub("baseline"), measured.sub("plan")
     rows = [
-        [label, fmt(base), fmt(plan), _ratio(base, plan, key)] for label, fmt, key in BASELINE_ROWS
+        [label, fmt(base), fmt(ours), _ratio(base, ours, key)] for label, fmt, key in BASELINE_ROWS
     ]
     notes = []
-    if isinstance(found.get("adopted"), str):
+    if found.text("adopted") is not None:
         notes.append(
             "the plan column is the worker search's pick; the plan runs the "
             "baseline's loader (see the loader line)"
         )
     return Section(
-        f"baseline ({found.get('given', '?')}) against the plan, timed in the same run",
+        f"baseline ({found.word('given')}) against the plan, timed in the same run",
         ["", "baseline", "plan", "plan/baseline"],
         rows,
         notes,
     )
 
 
-def _get(key: str, fmt: str) -> Any:
-    def show(side: dict[str, Any]) -> str:
-        value = side.get(key)
-        return fmt.format(value) if isinstance(value, (int, float)) else "-"
+def _get(key: str, fmt: str) -> Callable[[View], str]:
+    def show(side: View) -> str:
+        value = side.number(key)
+        return fmt.format(value) if value is not None else "-"
 
     return show
 
 
-def _loader(side: dict[str, Any]) -> str:
-    s = side.get("settings", {})
-    text = f"{s.get('num_workers', 0)} workers, pin {str(s.get('pin_memory', False)).lower()}"
-    n = s.get("num_threads")
+def _loader(side: View) -> str:
+    s = side.sub("settings")
+    text = f"{s.word('num_workers', '0')} workers, pin {s.word('pin_memory', 'false')}"
+    n = s.count("num_threads")
     text += f", {n} thread{'' if n == 1 else 's'}" if n is not None else ""
-    return text + (", storage windows" if s.get("read_order") else "")
+    return text + (", storage windows" if s.sub("read_order") else "")
 
 
-def _ratio(base: dict[str, Any], plan: dict[str, Any], key: str | None) -> str:
+def _ratio(base: View, plan: View, key: str | None) -> str:
     if key is None:
         return ""
-    b, p = base.get(key), plan.get(key)
-    if not isinstance(b, (int, float)) or not isinstance(p, (int, float)) or b <= 0:
+    b, p = base.number(key), plan.number(key)
+    if b is None or p is None or b <= 0:
         return "-"
     return f"{p / b:.2f}x"
 
 
 # (row, how a side shows it, the key whose plan/baseline ratio is shown)
-BASELINE_ROWS: list[tuple[str, Any, str | None]] = [
+BASELINE_ROWS: list[tuple[str, Callable[[View], str], str | None]] = [
     ("loader", _loader, None),
-    ("local batch", lambda s: str(s.get("settings", {}).get("batch_size", "-")), None),
+    ("local batch", lambda s: s.sub("settings").word("batch_size", "-"), None),
     ("samples/s", _get("samples_per_second", "{:.1f}"), "samples_per_second"),
     ("data wait", _get("wait_share", "{:.0%}"), None),
     ("step p50 s", _get("step_p50_seconds", "{:.4f}"), "step_p50_seconds"),
     ("step p90 s", _get("step_p90_seconds", "{:.4f}"), "step_p90_seconds"),
     ("start-up s", _get("startup_seconds", "{:.2f}"), None),
-    ("worst batch", lambda s: _b(s.get("worst_batch_bytes")), "worst_batch_bytes"),
-    ("predicted peak", lambda s: _b(s.get("predicted_peak_bytes")), "predicted_peak_bytes"),
-    ("status", lambda s: str(s.get("status", "ok")), None),
+    ("worst batch", lambda s: _b(s.number("worst_batch_bytes")), "worst_batch_bytes"),
+    ("predicted peak", lambda s: _b(s.number("predicted_peak_bytes")), "predicted_peak_bytes"),
+    ("status", lambda s: s.word("status", "ok"), None),
 ]
 
 
-def _runtime(runtime: Any) -> list[str]:
+def _runtime(runtime: View) -> list[str]:
     """``[tuning.runtime]``: what a loader changed while training (``save_plan``)."""
-    if not isinstance(runtime, dict):
+    if not runtime:
         return []
     lines = [
-        f"runtime   saved {runtime.get('saved', '?')} by rank {runtime.get('rank', '?')} on "
-        f"{runtime.get('host', '?')} after {runtime.get('epochs', '?')} epoch(s)"
+        f"runtime   saved {runtime.word('saved')} by rank {runtime.word('rank')} on "
+        f"{runtime.word('host')} after {runtime.word('epochs')} epoch(s)"
     ]
-    last = runtime.get("last_epoch")
-    if isinstance(last, dict):
+    last = runtime.sub("last_epoch")
+    if "last_epoch" in runtime:
         lines.append(
-            f"          last epoch: waited {last.get('wait_fraction', 0):.0%} of the loop, "
-            f"{last.get('samples_per_second', 0):.1f} samples/s"
+            f"          last epoch: waited {last.number('wait_fraction') or 0:.0%} of the loop, "
+            f"{last.number('samples_per_second') or 0:.1f} samples/s"
         )
-    memory = runtime.get("memory")
-    if isinstance(memory, dict):
+    memory = runtime.sub("memory")
+    if "memory" in runtime:
         lines.append(
-            f"          device memory peak {_b(memory.get('peak_bytes'))}, "
-            f"{memory.get('drift_ratio', 0):.2f}x the predicted "
-            f"{_b(memory.get('predicted_peak_bytes'))}"
+            f"          device memory peak {_b(memory.number('peak_bytes'))}, "
+            f"{memory.number('drift_ratio') or 0:.2f}x the predicted "
+            f"{_b(memory.number('predicted_peak_bytes'))}"
         )
-    if isinstance(runtime.get("stale"), str):
-        lines.append(f"          stale: {runtime['stale']}")
-    if isinstance(runtime.get("on_trial"), str):
-        lines.append(f"          on trial when saved: {runtime['on_trial']}")
-    changes = runtime.get("adaptations")
-    if isinstance(changes, list) and changes:
+    if runtime.text("stale") is not None:
+        lines.append(f"          stale: {runtime.text('stale')}")
+    if runtime.text("on_trial") is not None:
+        lines.append(f"          on trial when saved: {runtime.text('on_trial')}")
+    changes = runtime.rows("adaptations")
+    if changes:
         rows = [
             [
-                str(c.get("epoch", "?")),
-                str(c.get("setting", "?")),
-                f"{c.get('from', '?')} -> {c.get('to', '?')}",
-                f"{c.get('wait_fraction', 0):.0%}",
-                f"{c.get('samples_per_second', 0):.1f}",
-                str(c.get("reason", "")),
+                c.word("epoch"),
+                c.word("setting"),
+                f"{c.word('from')} -> {c.word('to')}",
+                f"{c.number('wait_fraction') or 0:.0%}",
+                f"{c.number('samples_per_second') or 0:.1f}",
+                c.word("reason", ""),
             ]
             for c in changes
-            if isinstance(c, dict)
         ]
         lines += table(["epoch", "setting", "change", "wait", "samples/s", "why"], rows)
-    elif isinstance(changes, list):
+    elif "adaptations" in runtime:
         lines.append("          no adaptations: the planned settings kept the loop fed")
     return lines
 
 
-def _reserve(mem: dict[str, Any]) -> list[str]:
-    parts = mem.get("reserve")
-    if not isinstance(parts, dict) or not parts:
+def _reserve(mem: View) -> list[str]:
+    parts = mem.sub("reserve").tables()
+    if not parts:
         return []
-    lines = [f"          reserve {_b(mem.get('reserve_bytes'))} the allocator never sees:"]
-    for name, part in parts.items():
-        if isinstance(part, dict):
-            lines.append(f"            {name} {_b(part.get('bytes'))}: {part.get('source', '?')}")
+    lines = [f"          reserve {_b(mem.number('reserve_bytes'))} the allocator never sees:"]
+    for name, part in parts:
+        lines.append(f"            {name} {_b(part.number('bytes'))}: {part.word('source')}")
     return lines
 
 
-def _workers(search: Any, chosen: int) -> Section | None:
-    if not isinstance(search, dict) or not search.get("trace"):
+def _workers(search: View, chosen: int | None) -> Section | None:
+    trace = search.rows("trace")
+    if not trace:
         return None
     rows = []
-    for c in search["trace"]:
-        mark = " *" if c.get("workers") == chosen else ""
-        ok = c.get("status", "ok") == "ok"
+    for c in trace:
+        mark = " *" if c.count("workers") == chosen else ""
+        status = c.word("status", "ok")
+        ok = status == "ok"
         rows.append(
             [
-                f"{c.get('workers')}{mark}",
-                f"{c.get('seconds_per_batch', 0):.4f}" if ok else "-",
-                f"{c.get('startup_seconds', 0):.2f}" if ok else "-",
-                _b(c.get("memory_bytes")) if ok else "-",
-                _share(c.get("cpu_share")) if ok else "-",
-                str(c.get("batches", "")),
-                c.get("status", "ok"),
+                f"{c.word('workers', 'None')}{mark}",
+                f"{c.number('seconds_per_batch') or 0:.4f}" if ok else "-",
+                f"{c.number('startup_seconds') or 0:.2f}" if ok else "-",
+                _b(c.number("memory_bytes")) if ok else "-",
+                _share(c.number("cpu_share")) if ok else "-",
+                c.word("batches", ""),
+                status,
             ]
         )
     head = (
-        f"worker search ({search.get('method', 'exhaustive')}, {search.get('rule', '?')}; "
-        f"{search.get('timed_batches', '?')} timed batches; * chosen)"
+        f"worker search ({search.word('method', 'exhaustive')}, {search.word('rule')}; "
+        f"{search.word('timed_batches')} timed batches; * chosen)"
     )
     notes = [
-        f"{key.removesuffix('_why')}: {search[key]}"
+        f"{key.removesuffix('_why')}: {search.text(key)}"
         for key in ("reach", "climbed", "prefetch_factor_why", "persistent_workers_why")
-        if isinstance(search.get(key), str)
+        if search.text(key) is not None
     ]
     return Section(
         head,
@@ -347,50 +359,50 @@ def _workers(search: Any, chosen: int) -> Section | None:
     )
 
 
-def _share(value: Any) -> str:
+def _share(value: float | None) -> str:
     """A worker's CPU time over its wall time, as a percentage ("-" where not measured)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "-"
-    return f"{value:.0%}"
+    return "-" if value is None else f"{value:.0%}"
 
 
-def _batching(choice: Any) -> Section | None:
-    if not isinstance(choice, dict) or not choice.get("candidates"):
+def _batching(choice: View) -> Section | None:
+    candidates = choice.rows("candidates")
+    if not candidates:
         return None
     rows = [
         [
-            str(c.get("local_batch_size")),
-            str(c.get("grad_accum_steps")),
-            c.get("strategy", "?"),
-            _b(c.get("worst_batch_bytes")),
-            _b(c.get("predicted_peak_bytes")),
-            c.get("verdict", ""),
+            c.word("local_batch_size", "None"),
+            c.word("grad_accum_steps", "None"),
+            c.word("strategy"),
+            _b(c.number("worst_batch_bytes")),
+            _b(c.number("predicted_peak_bytes")),
+            c.word("verdict", ""),
         ]
-        for c in choice["candidates"]
+        for c in candidates
     ]
     return Section(
-        f"batch size and strategy ({choice.get('rule', '')})",
+        f"batch size and strategy ({choice.word('rule', '')})",
         ["local", "accum", "strategy", "worst batch", "predicted peak", "verdict"],
         rows,
     )
 
 
-def _strategies(reports: Any, chosen: str) -> Section | None:
-    if not isinstance(reports, dict) or not reports:
+def _strategies(reports: View, chosen: str) -> Section | None:
+    replays = reports.tables()
+    if not replays:
         return None
     rows = []
-    for name, r in reports.items():
+    for name, r in replays:
         rows.append(
             [
                 f"{name}{' *' if name == chosen else ''}",
-                str(r.get("local_batch_size", "")),
-                _b(r.get("worst_batch_bytes")),
-                _b(r.get("mean_batch_bytes")),
-                _b(r.get("std_batch_bytes")),
-                _b(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else "-",
+                r.word("local_batch_size", ""),
+                _b(r.number("worst_batch_bytes")),
+                _b(r.number("mean_batch_bytes")),
+                _b(r.number("std_batch_bytes")),
+                _b(r.number("predicted_peak_bytes")) if "predicted_peak_bytes" in r else "-",
             ]
         )
-    epochs = next(iter(reports.values())).get("epochs", "?")
+    epochs = replays[0][1].word("epochs")
     return Section(
         f"strategies ({epochs} epochs replayed over all ranks; * chosen)",
         ["strategy", "local batch", "worst batch", "mean batch", "std", "predicted peak"],
@@ -398,13 +410,13 @@ def _strategies(reports: Any, chosen: str) -> Section | None:
     )
 
 
-def _order(windows: dict[str, int] | None, samples: Any) -> str:
+def _order(windows: dict[str, int] | None, samples: int | None) -> str:
     """The plan's read order in words."""
     if windows is None:
         return "a global shuffle"
     share = (
         f" ({int(windows['window']) / samples:.1%} of the data)"
-        if isinstance(samples, int) and samples > 0
+        if samples is not None and samples > 0
         else ""
     )
     return (
@@ -413,38 +425,38 @@ def _order(windows: dict[str, int] | None, samples: Any) -> str:
     )
 
 
-def _read_order(found: Any, windows: dict[str, int] | None) -> Section | None:
+def _read_order(found: View, windows: dict[str, int] | None) -> Section | None:
     """``[tuning.read_order]``: both orders' reads timed on the data, what a window costs
     the shuffle, and why the plan reads as it does."""
-    if not isinstance(found, dict):
+    if not found:
         return None
-    notes = [f"{found.get('chosen', '?')}: {found.get('reason', '?')}"]
+    notes = [f"{found.word('chosen')}: {found.word('reason')}"]
     if "random_seconds_per_sample" not in found:
         return Section("read order", ["order"], [["a global shuffle"]], notes)
 
     def ms(key: str) -> str:
-        value = found.get(key)
-        return f"{value * 1e3:.3g}" if isinstance(value, (int, float)) and _finite(value) else "-"
+        value = found.number(key)
+        return f"{value * 1e3:.3g}" if value is not None else "-"
 
-    window = found.get("window", "?")
+    measured = "worst_batch_bytes" in found
     rows = [
         [
             "global shuffle" + ("" if windows else " *"),
             ms("random_seconds_per_sample"),
             "1.00x",
-            str(found.get("shuffle_blocks_per_batch", "-")),
-            _b(found.get("shuffle_worst_batch_bytes")) if "worst_batch_bytes" in found else "-",
+            found.word("shuffle_blocks_per_batch", "-"),
+            _b(found.number("shuffle_worst_batch_bytes")) if measured else "-",
         ],
         [
-            f"windows of {window}" + (" *" if windows else ""),
+            f"windows of {found.word('window')}" + (" *" if windows else ""),
             ms("windowed_seconds_per_sample"),
-            f"{found.get('speedup', 0):.2f}x",
-            str(found.get("blocks_per_batch", "-")),
-            _b(found.get("worst_batch_bytes")) if "worst_batch_bytes" in found else "-",
+            f"{found.number('speedup') or 0:.2f}x",
+            found.word("blocks_per_batch", "-"),
+            _b(found.number("worst_batch_bytes")) if measured else "-",
         ],
     ]
     notes.append(
-        f"{found.get('storage_blocks', '?')} storage blocks of about {found.get('block', '?')} "
+        f"{found.word('storage_blocks')} storage blocks of about {found.word('block')} "
         "samples; reads timed in a fresh copy of the dataset, as a worker reads; turn "
         "windows off with tune --read-order shuffle"
     )
@@ -452,41 +464,37 @@ def _read_order(found: Any, windows: dict[str, int] | None) -> Section | None:
     return Section("read order (timed on this data; * the plan's)", header, rows, notes)
 
 
-def _host(host: Any, workers: int, prefetch: int | None) -> Section | None:
+def _host(host: View, workers: int, prefetch: int | None) -> Section | None:
     """``[tuning.host]``: what /dev/shm and RAM had when tuned, the budgets, and what the
     planned loader holds of them (at the plan's settings: a run or the baseline may have
     changed the search's)."""
-    if not isinstance(host, dict):
+    if not host:
         return None
-    per_worker = host.get("worker_bytes")
-    held = per_worker * workers if isinstance(per_worker, int) and _finite(per_worker) else None
-    batch = host.get("batch_bytes")
-    in_flight = (
-        HostBudget.shm_need(workers, prefetch, batch)
-        if isinstance(batch, (int, float)) and _finite(batch)
-        else None
-    )
+    per_worker = host.count("worker_bytes")
+    held = per_worker * workers if per_worker is not None else None
+    batch = host.number("batch_bytes")
+    in_flight = HostBudget.shm_need(workers, prefetch, batch) if batch is not None else None
     rows = [
         [
             "shared memory (/dev/shm)",
-            f"{_b(host.get('shm_free_bytes'))} free of {_b(host.get('shm_total_bytes'))}",
-            _b(host.get("shm_budget_bytes")),
+            f"{_b(host.number('shm_free_bytes'))} free of {_b(host.number('shm_total_bytes'))}",
+            _b(host.number("shm_budget_bytes")),
             f"{_b(in_flight)} in flight",
         ],
         [
             "host memory",
-            f"{_b(host.get('memory_available_bytes'))} available",
-            _b(host.get("memory_budget_bytes")),
+            f"{_b(host.number('memory_available_bytes'))} available",
+            _b(host.number("memory_budget_bytes")),
             f"{_b(held)} in {workers} worker(s)",
         ],
     ]
     notes = [
-        f"sharing strategy {host.get('sharing_strategy', '?')}; batches of up to "
-        f"{_b(host.get('batch_bytes'))}; at most {host.get('max_workers', '?')} workers "
+        f"sharing strategy {host.word('sharing_strategy')}; batches of up to "
+        f"{_b(batch)}; at most {host.word('max_workers')} workers "
         "fit both budgets at the planned prefetch_factor"
     ]
-    if isinstance(host.get("limit"), str):
-        notes.append(f"limit: {host['limit']}")
+    if host.text("limit") is not None:
+        notes.append(f"limit: {host.text('limit')}")
     return Section(
         "host budgets (this node when tuned)",
         ["budget of", "had", "budget", "the plan holds"],
@@ -495,9 +503,5 @@ def _host(host: Any, workers: int, prefetch: int | None) -> Section | None:
     )
 
 
-def _finite(n: Any) -> bool:
-    return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n)
-
-
-def _b(n: Any) -> str:
-    return format_bytes(n) if _finite(n) and n >= 0 else "?"
+def _b(n: float | None) -> str:
+    return format_bytes(n) if n is not None and n >= 0 else "?"

@@ -15,6 +15,7 @@ from autoloader.cli.plot import panel_pngs
 from autoloader.cli.render import Section, baseline_section, render, sections, verdict
 from autoloader.cli.text import printable
 from autoloader.plan import Plan
+from autoloader.plan.view import View
 from autoloader.units import format_bytes
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -41,20 +42,20 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 def report_html(plan: Plan, *, path: str) -> str:
     """The page: verdict, baseline against plan, settings, charts, then every table."""
     e = html.escape
-    spec = printable(str(plan.dataset.get("spec", plan.source)))
-    meta = plan.meta
+    spec = printable(View.of(plan.dataset).word("spec", str(plan.source)))
+    meta = View.of(plan.meta)
     body = [
         f"<h1>autoloader plan: {e(spec)}</h1>",
-        f'<p class="meta">{e(path)} &middot; created {e(str(meta.get("created", "?")))} on '
-        f"{e(str(meta.get('host', '?')))} by autoloader "
-        f"{e(str(meta.get('autoloader_version', '?')))}<br><code>"
-        f"{e(str(meta.get('command', '')))}</code></p>",
+        f'<p class="meta">{e(path)} &middot; created {e(meta.word("created"))} on '
+        f"{e(meta.word('host'))} by autoloader "
+        f"{e(meta.word('autoloader_version'))}<br><code>"
+        f"{e(meta.word('command', ''))}</code></p>",
     ]
     found = verdict(plan)
     if found is not None:
-        kind = str(plan.tuning.get("baseline", {}).get("diagnosis", ""))
+        kind = View.of(plan.tuning).sub("baseline").word("diagnosis", "")
         body.append(f'<p class="verdict {e(kind)}" id="verdict">{e(found)}</p>')
-    compared = baseline_section(plan.tuning.get("baseline"))
+    compared = baseline_section(plan)
     if compared is not None:
         body.append(_table(compared))
     body.append("<h2>settings</h2>" + _pairs(_settings(plan)))

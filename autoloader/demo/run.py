@@ -125,7 +125,7 @@ def run_demo(
         "last_loss": losses[-1],
         "scraped_batches": scraped,
     }
-    random_worst = plan.tuning["strategies"]["random"]["worst_batch_bytes"]
+    random_worst = plan.evidence.replays["random"].worst_batch_bytes
     say("[5/5] summary")
     say(
         f"  plan        on {where}: {plan.batching.strategy} sampler, local batch "
