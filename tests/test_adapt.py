@@ -536,6 +536,33 @@ def test_workers_are_capped_by_host_memory(monkeypatch: pytest.MonkeyPatch) -> N
     assert [a.setting for a in loader.adaptations][:1] == ["prefetch_factor"]
 
 
+def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the workers' PSS costs the node about 10 ms of CPU a worker: a loop whose
+    workers fill the cores paid it each epoch (mixed reads, 7 workers on 2 CPUs: 0.95x the
+    same plan held fixed). One reading at a count stands for MEMORY_EPOCHS epochs, and
+    the adapter still has it in every epoch."""
+    from autoloader.loader import runtime
+
+    reads: list[int] = []
+
+    def read() -> int:
+        reads.append(1)
+        return 3 * 2**20
+
+    monkeypatch.setattr(runtime, "_workers_memory", read)
+    loader = make(Slow(n=64), planned(2, persistent=True))
+    for epoch in range(runtime.MEMORY_EPOCHS + 2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        if epoch:  # epoch 0's read may finish after it: collected as the next one starts
+            assert loader._runtime is not None and loader._runtime.last is not None
+            assert loader._runtime.last.worker_memory_bytes == 3 * 2**20
+    assert len(reads) == 2  # in epoch 0 and in epoch MEMORY_EPOCHS
+
+
 def test_a_count_the_tune_saw_fail_is_never_raised_to(caplog: pytest.LogCaptureFixture) -> None:
     """A plan tuned under ``ulimit -n 64`` had its 1-worker count fail: run under the same
     limit, a starved loop must not raise to it (the epoch died of 'Too many open files')."""

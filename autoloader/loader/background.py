@@ -42,6 +42,11 @@ class Background:
             self._thread.start()
         return self._last
 
+    @property
+    def running(self) -> bool:
+        """A read started and not yet collected (``latest`` or ``wait`` collects it)."""
+        return self._thread is not None
+
     def wait(self, timeout: float = 1.0) -> Any:
         """The running read's result, waited for up to ``timeout`` seconds (the last
         finished one where it does not finish in time)."""

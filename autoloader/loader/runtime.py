@@ -89,6 +89,42 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
     return max(settings.device_prefetch, min(16, settings.device_prefetch + spare))
 
 
+# A reading of the workers' memory stands for MEMORY_EPOCHS epochs at the same count: a
+# read costs the node about 10 ms of CPU a worker (``background.py``), paid each epoch by a
+# loop whose workers fill the cores (mixed reads, 7 workers on 2 CPUs: 0.95x the same plan
+# without adaptation, 1.01x reading once).
+MEMORY_EPOCHS = 8
+
+
+class MemoryReading:
+    """The workers' memory (PSS), read off the loop's thread (``Background``): the last
+    reading, at how many workers and in which epoch, kept across epochs."""
+
+    def __init__(self) -> None:
+        self._read = Background()
+        self._asked: tuple[int, int] | None = None  # (workers, epoch) of the read running
+        self._found: tuple[int, int, int] | None = None  # (bytes, workers, epoch)
+
+    def start(self, workers: int, epoch: int) -> None:
+        """Read the memory of ``workers`` workers in ``epoch`` (unless a read is running)."""
+        if not self._read.running:
+            self._asked = (workers, epoch)
+            self._read.latest(_workers_memory)
+
+    def fresh(self, workers: int, epoch: int) -> int | None:
+        """The bytes read at ``workers`` in the last ``MEMORY_EPOCHS`` epochs, else None."""
+        if self._asked is not None:
+            found = self._read.wait(timeout=0.0)
+            if not self._read.running:
+                if found is not None:
+                    self._found = (found, *self._asked)
+                self._asked = None
+        if self._found is None:
+            return None
+        found, at, when = self._found
+        return found if at == workers and 0 <= epoch - when < MEMORY_EPOCHS else None
+
+
 class Runtime:
     """Adaptation and drift for one loader on one rank."""
 
@@ -110,6 +146,7 @@ class Runtime:
         self.drift: Drift | None = None
         self.stale: str | None = None
         self._warned_drift = False
+        self.memory = MemoryReading()
         if recorder is not None:
             limit = adapter.limits.max_workers if adapter is not None else None
             recorder.runtime_started(limit, SETTINGS)
@@ -293,10 +330,8 @@ class EpochIter:
         self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
-        self._worker_memory: int | None = None
         self._window_workers = loader.num_workers
-        self._memory_at = self._memory_after(0)
-        self._memory_read = Background()
+        self._memory_at, self._worker_memory = self._memory_after(0)
         # the transient: batches until the prefetch queue is first full, and the loop's
         # wait and seconds over them (no judged window holds them)
         self._warm_batches = self._fill()
@@ -344,7 +379,7 @@ class EpochIter:
         if self._count == self._warm_batches:
             self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
         if self._count == self._memory_at:  # read off the loop's thread, taken when judged
-            self._memory_read.latest(_workers_memory)
+            self._runtime.memory.start(self._window_workers, self._runtime.epoch)
         if self._window_size is not None:
             if self._skip > 0:
                 self._skip -= 1
@@ -360,11 +395,15 @@ class EpochIter:
         workers = self._window_workers
         return workers * (self._loader.prefetch_factor or 2) if workers else 1
 
-    def _memory_after(self, count: int) -> int:
-        """The batch after which the workers' memory is read: their first prefetch round
-        past ``count`` (-1, never, without workers)."""
+    def _memory_after(self, count: int) -> tuple[int, int | None]:
+        """The batch after which the workers' memory is read, their first prefetch round
+        past ``count`` (-1, never: without workers, or where a reading at this count is
+        recent, ``MEMORY_EPOCHS``), and that reading."""
         workers = self._window_workers
-        return count + workers * (self._loader.prefetch_factor or 2) + 1 if workers else -1
+        known = self._runtime.memory.fresh(workers, self._runtime.epoch)
+        if not workers or known is not None:
+            return -1, known
+        return count + workers * (self._loader.prefetch_factor or 2) + 1, None
 
     def _samples(self) -> int:
         if self._runtime.recorder is not None:
@@ -375,7 +414,7 @@ class EpochIter:
         """Judge the window just complete; apply a change at once, at this batch."""
         window, loader = self._window, self._loader
         assert window is not None and self._window_size is not None
-        self._worker_memory = self._memory_read.wait(timeout=0.0) or self._worker_memory
+        self._collect_memory()
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
         served = loader._position.batches
         left = len(loader.batch_sampler) - served
@@ -384,13 +423,16 @@ class EpochIter:
         if self._runtime.judge(m) and left:
             self._batches = loader._restart_in_epoch()
             self._window_workers = loader.num_workers
-            self._worker_memory = None
-            self._memory_read = Background()
-            self._memory_at = self._memory_after(self._count)
+            self._memory_at, self._worker_memory = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
         self._window = Window(self._window_size, self._window_workers, self._samples())
+
+    def _collect_memory(self) -> None:
+        """The workers' memory, where a read at this count has finished."""
+        found = self._runtime.memory.fresh(self._window_workers, self._runtime.epoch)
+        self._worker_memory = found if found is not None else self._worker_memory
 
     def _finish(self) -> None:
         if self._done or self._start is None:
@@ -398,7 +440,7 @@ class EpochIter:
         self._done = True
         runtime = self._runtime
         loop = time.perf_counter() - self._start
-        self._worker_memory = self._memory_read.wait(timeout=0.0) or self._worker_memory
+        self._collect_memory()
         warm = min(self._warm_batches, self._count)
         measure = EpochMeasure(
             runtime.epoch,
