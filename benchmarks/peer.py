@@ -50,8 +50,9 @@ def count(batch: Any) -> int:
     return len(batch) if not isinstance(batch, torch.Tensor) else batch.shape[0]
 
 
-def loop(build: Any, step: Any, epochs: int) -> float:
-    """Samples/s of ``epochs`` epochs of a fresh loader (its start-up included)."""
+def loop(build: Any, step: Any, epochs: int, changes: list[str] | None = None) -> float:
+    """Samples/s of ``epochs`` epochs of a fresh loader (its start-up included); the
+    adapter's changes, where the loader made any, are added to ``changes``."""
     threads = torch.get_num_threads()
     start = time.perf_counter()
     loader = build()
@@ -63,6 +64,11 @@ def loop(build: Any, step: Any, epochs: int) -> float:
             step(batch)
             samples += count(batch)
     seconds = time.perf_counter() - start
+    if changes is not None:
+        changes += [
+            f"epoch {c.epoch}: {c.setting} {c.before} -> {c.after} ({c.reason})"
+            for c in getattr(loader, "adaptations", [])
+        ]
     del loader
     torch.set_num_threads(threads)  # a tool's thread setting ends with its arm
     return samples / seconds
@@ -225,10 +231,11 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     if theirs is not None:
         arms["loadtune"] = loadtune
     got: dict[str, list[float]] = {k: [] for k in arms}
+    adapted: list[str] = []  # what the adapter changed, over the rounds
     names = list(arms)
     for r in range(args.rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            got[k].append(loop(arms[k], step, args.epochs))
+            got[k].append(loop(arms[k], step, args.epochs, adapted if k == "autoloader" else None))
     med = {k: statistics.median(v) for k, v in got.items()}
     fast, slow = startup(name, data, plan_path) if name != "demo" else (None, None)
     plan = autoloader.Plan.load(plan_path)
@@ -240,6 +247,10 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
         + ", ".join(f"{k} {med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in got.items())
     )
     print(f"  autoloader: {mine}; {plan.tuning['workers'].get('reach', '')}")
+    print(
+        f"  adaptation on, {args.rounds} rounds: "
+        + ("; ".join(adapted) if adapted else "no setting changed")
+    )
     if fast is not None and slow is not None:
         print(
             f"  a new process builds the planned loader in {fast:.2f} s with the sizes "
