@@ -64,7 +64,9 @@ def sizes(team: Team, dataset: Any, opts: TuneOptions) -> np.ndarray:
     """Bytes per sample, measured once (by rank 0 in a job) and cached beside the data.
 
     Raises:
-        UsageError: the global batch is larger than the dataset.
+        UsageError: the global batch, or the baseline's batch over all ranks, is larger
+            than the dataset (said here, before any search, not when the baseline is
+            timed).
     """
     found = team.sizes(dataset, progress=opts.progress, timeout=opts.worker_timeout)
     if opts.global_batch_size > len(found):
@@ -72,8 +74,24 @@ def sizes(team: Team, dataset: Any, opts: TuneOptions) -> np.ndarray:
             f"--global-batch-size {opts.global_batch_size} is larger than the dataset "
             f"({len(found)} samples): one optimiser step would see samples twice"
         )
+    _check_baseline_batch(opts, len(found))
     log.info("sizes: %d samples, %s in all", len(found), describe_bytes(int(found.sum())))
     return found
+
+
+def _check_baseline_batch(opts: TuneOptions, samples: int) -> None:
+    """The baseline's batch over all ranks must fit the dataset to be timed.
+
+    Raises:
+        UsageError: it does not.
+    """
+    base, ranks = opts.baseline, opts.world_size
+    if base is not None and (base.batch_size or 0) * ranks > samples:
+        over = f" x {ranks} ranks" if ranks > 1 else ""
+        raise UsageError(
+            f"--baseline batch_size={base.batch_size}{over} is larger than the "
+            f"dataset ({samples} samples): each rank's batch is batch_size"
+        )
 
 
 def headroom(device: torch.device, opts: TuneOptions) -> Headroom:
@@ -429,22 +447,11 @@ def trials(
     stage: WorkerStage,
     where: Placement,
 ) -> Trials:
-    """The training loop timed with the plan's settings and the baseline's (by rank 0).
-
-    Raises:
-        UsageError: the baseline's batch over all ranks is larger than the dataset.
-    """
+    """The training loop timed with the plan's settings and the baseline's (by rank 0);
+    the baseline's batch fits the dataset (``sizes`` says where it does not)."""
     base = opts.baseline
     if base is None and work.step is None:
         return Trials(None, None)
-    ranks = opts.world_size
-    if base is not None and (base.batch_size or 0) * ranks > len(work.sizes):
-        over = f" x {ranks} ranks" if ranks > 1 else ""
-        raise UsageError(
-            f"--baseline batch_size={base.batch_size}{over} is larger than the "
-            f"dataset ({len(work.sizes)} samples): each rank's batch is "
-            "batch_size"
-        )
     lp = stage.loader
     planned = LoopSettings(
         num_workers=lp.num_workers,
