@@ -587,3 +587,27 @@ def test_a_value_beyond_float32_is_inf_without_a_warning(tmp_path: Path, layout:
         ds = autoloader.open_dataset(spec + "?fields=a")
         x = [e.x[:, 0].tolist() for e in ds.__getitems__([0, 1])]
     assert x == [[1.0, float("inf")], [float("-inf")]]
+
+
+def test_events_without_items_read_empty_in_a_block_or_a_whole_file(tmp_path: Path) -> None:
+    """A run with no hits is ordinary data: a ROOT basket, an HDF5 chunk or a whole file
+    of events without items reads as ``x=[0, F]`` events, in a loop too (numpy could not
+    infer the width of no items: 'cannot reshape array of size 0')."""
+    import awkward as ak
+    import uproot
+
+    counts = np.array([3] * 20 + [0] * 20 + [2] * 20)
+    with uproot.recreate(tmp_path / "gap.root") as f:
+        f.mktree("Events", {"hit_t": "var * float32"})
+        for part in np.split(counts, 3):  # one basket of events without items
+            flat = np.ones(int(part.sum()), dtype=np.float32)
+            f["Events"].extend({"hit_t": ak.unflatten(flat, part)})
+    with h5py.File(tmp_path / "none.h5", "w") as f:
+        g = f.create_group("hits")
+        g.create_dataset("t", data=np.zeros(0, np.float32), maxshape=(None,), chunks=(4,))
+        g["counts"] = np.zeros(30, np.int64)
+    for spec, empty in ((tmp_path / "gap.root", range(20, 40)), (tmp_path / "none.h5", range(30))):
+        ds = autoloader.open_dataset(str(spec))
+        assert [tuple(ds[i].x.shape) for i in empty] == [(0, 1)] * len(empty)
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=lambda b: b)
+        assert sum(len(b) for b in loader) == len(ds)

@@ -35,6 +35,7 @@ from autoloader_plugins.jagged.reader import (
     BlockCache,
     BlockReader,
     Field,
+    as_rows,
     fill,
     ranges_index,
     runs,
@@ -317,11 +318,13 @@ class H5Table(BlockReader):
             space.select_hyperslab((a,) + (0,) * len(inner), (b - a, *inner), op=h5py.h5s.SELECT_OR)
         total = int((stops - starts).sum())
         buffer = np.empty((total, *inner), dtype=d.dtype)
+        if not total:  # events with no items: nothing to read
+            return as_rows(buffer, 0)
         try:
             d.id.read(h5py.h5s.create_simple(buffer.shape), space, buffer)
         except (OSError, RuntimeError) as exc:
             raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {exc}") from None
-        return buffer.reshape(total, -1)
+        return as_rows(buffer, total)
 
     def _block_items(self) -> tuple[np.ndarray, np.ndarray]:
         """Each block's item range: the least start and the greatest stop of its events
@@ -343,7 +346,7 @@ class H5Table(BlockReader):
                 values = d[first:last]
             except (OSError, RuntimeError) as exc:
                 raise DatasetError(f"{self.where}: cannot read column {name!r}: {exc}") from None
-            fill(out, col, np.asarray(values).reshape(last - first, -1))
+            fill(out, col, as_rows(np.asarray(values), last - first))
             col += width
         return out
 

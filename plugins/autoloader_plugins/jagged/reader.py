@@ -247,4 +247,12 @@ def as_columns(array: np.ndarray, where: str, name: str) -> np.ndarray:
     """A numeric column as ``[items, width]`` (a 1-D column is one wide)."""
     if array.dtype.kind not in "biuf":
         raise DatasetError(f"{where}: field {name!r} is not numeric (found {array.dtype})")
-    return array.reshape(len(array), -1)
+    return as_rows(array, len(array))
+
+
+def as_rows(values: np.ndarray, rows: int) -> np.ndarray:
+    """``values`` as ``[rows, width]``, the width the product of its inner dimensions (one
+    for a 1-D column): ``rows`` may be 0, events (or a file, a block) with no items, where
+    numpy cannot infer a ``-1`` width."""
+    width = int(np.prod(values.shape[1:], dtype=np.int64)) if values.ndim > 1 else 1
+    return values.reshape(rows, width)
