@@ -75,7 +75,15 @@ class Mixed(Vectors):
         return {"x": torch.ones(8)} if i % 2 else torch.ones(8)
 
 
+class Ragged(Vectors):
+    """1-D tensors of different lengths: torch's default collate cannot stack them."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.ones(4 + i % 5)
+
+
 NONE_AT_7 = NoneAt(16, bad=7)
+RAGGED = Ragged(64)
 MIXED = Mixed(16)
 
 

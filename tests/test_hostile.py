@@ -161,6 +161,21 @@ def test_a_batch_that_cannot_be_collated_names_its_samples(
     assert "Traceback" not in line
 
 
+def test_a_batch_that_cannot_be_collated_is_named_when_the_step_is_calibrated(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With --step the first batches are made to calibrate the step's memory: their
+    collate failing is the data's fault, one line as in the search (it was a traceback
+    and 'internal error (a bug)')."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    args = ["tune", "hostile_data:RAGGED", "-o", str(tmp_path / "p.toml")]
+    line = one_line(
+        capsys, [*args, "--global-batch-size", "16", "--step", "memory_steps:make_step"]
+    )
+    assert line.startswith("DATASET 'hostile_data:RAGGED': samples ")
+    assert "(16 in all) could not be collated into one batch: " in line
+
+
 @pytest.mark.parametrize(
     ("spec", "extra", "expected"),
     [

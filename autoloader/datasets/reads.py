@@ -114,6 +114,10 @@ class NamedCollate:
         self.collate_fn = collate_fn
 
     def __call__(self, samples: list[Any]) -> Any:
+        return self.named(_BATCH, samples)
+
+    def named(self, indices: list[int], samples: list[Any]) -> Any:
+        """``samples`` (of dataset ``indices``) collated, or a ``SampleError`` naming them."""
         try:
             return self.collate_fn(samples)
         except (AutoloaderError, KeyboardInterrupt):
@@ -122,8 +126,8 @@ class NamedCollate:
             if is_shm_failure(str(exc)):
                 raise
             raise SampleError(
-                f"{_shown(_BATCH, len(samples))} could not be collated into one batch: "
-                f"{_whats_wrong(_BATCH, samples) or describe(exc)}"
+                f"{_shown(indices, len(samples))} could not be collated into one batch: "
+                f"{_whats_wrong(indices, samples) or describe(exc)}"
             ) from exc
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from autoloader.accelerator import is_oom
-from autoloader.datasets.reads import read
+from autoloader.datasets.reads import NamedCollate, read
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
 from autoloader.feed.device import move
 from autoloader.tuning.step import StepFactory
@@ -92,7 +92,9 @@ def calibrate_step(
     for idx in chosen:
 
         def make(idx: np.ndarray = idx) -> Any:
-            batch = collate_fn([read(dataset, int(i), timeout=timeout) for i in idx])
+            indices = [int(i) for i in idx]
+            samples = [read(dataset, i, timeout=timeout) for i in indices]
+            batch = NamedCollate(collate_fn).named(indices, samples)  # the data's fault, named
             return move(batch, dev) if pinned else batch
 
         makers.append((int(sizes[idx].sum()), make))
