@@ -235,6 +235,10 @@ def _table(f, **extents) -> None:
 
 
 BAD_H5 = {
+    "offsets of two dimensions": (
+        lambda f: _table(f, offsets=np.array([[0], [5], [10]])),
+        "offsets: expected a 1-D integer dataset",
+    ),
     "offsets descend": (
         lambda f: _table(f, offsets=np.array([0, 5, 3, 10])),
         "offsets: event 1 has a negative item count",

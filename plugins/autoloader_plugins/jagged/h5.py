@@ -81,10 +81,14 @@ def find_tables(f: h5py.File) -> dict[str, int]:
 
 
 def _extent_events(group: h5py.Group) -> int | None:
+    """The events of a group that names its extents (None: not a table). An extents
+    dataset of the wrong shape still makes the group a table, refused as one
+    (``_integers``), not read as something else (offsets of shape [N, 1] were read as one
+    event of another layout)."""
     for name in EXTENTS:
         d = group.get(name)
-        if isinstance(d, h5py.Dataset) and d.ndim == 1 and len(group) > 1:
-            return len(d) - 1 if name == "offsets" else len(d)
+        if isinstance(d, h5py.Dataset) and d.ndim >= 1 and len(group) > 1:
+            return max(0, len(d) - 1) if name == "offsets" else len(d)
     return None
 
 
