@@ -687,3 +687,33 @@ def test_the_check_reads_torchs_code_under_a_wrapper(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(DataLoader, "__init__", wrapper)
     check_torch_internals()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_output_to_a_full_device_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A plan or a listing written where the disk is full (``/dev/full`` is one) is bad
+    input, said in one line, not a traceback and 'internal error (a bug)'."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    args = ["tune", "hostile_data:GOOD", "--global-batch-size", "8", "--max-workers", "1"]
+    line = one_line(capsys, [*args, "--iterations", "3", "--baseline", "none", "-o", "/dev/full"])
+    assert line == "-o /dev/full: cannot write the plan: No space left on device"
+    plan = tmp_path / "p.toml"
+    plan.write_text(
+        'schema = 1\n[loader]\nnum_workers = 0\n[batching]\nstrategy = "random"\n'
+        "local_batch_size = 4\n"
+    )
+    for extra in ([], ["--json"]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(
+                [sys.executable, "-m", "autoloader", "show", str(plan), *extra],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+        assert done.returncode == 2, done.stderr
+        assert (
+            done.stderr == "autoloader: error: cannot write the output: No space left on device\n"
+        )

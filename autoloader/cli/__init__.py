@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import logging
 import os
 import re
@@ -155,7 +156,9 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
             return int(exc.code or 0)
         verbose = bool(args.verbose)
         logging.getLogger("autoloader").setLevel(logging.INFO if verbose else logging.WARNING)
-        return int(args.run(args, argv) or 0)
+        status = int(args.run(args, argv) or 0)
+        sys.stdout.flush()  # where stdout cannot take the output, say so here, in one line
+        return status
     except AutoloaderError as exc:
         if signals.stopping:  # a stop the user asked for, whatever it broke on its way out
             return _interrupted(program, signals)
@@ -174,6 +177,8 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     except Exception as exc:
+        if _output_failed(exc) and not signals.stopping:
+            return _error(f"cannot write the output: {os.strerror(exc.errno or 0)}")
         if signals.stopping:
             return _interrupted(program, signals)
         if (limit := address_space.explain(exc)) is not None:
@@ -189,6 +194,21 @@ def _error(message: str) -> int:
     """Bad input: one line on stderr, exit status 2."""
     print(f"autoloader: error: {printable(message)}", file=sys.stderr)
     return 2
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _output_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to an open stream that the disk could not take (stdout
+    on a full disk, ``> /dev/full``): no file name, a full device's errno. What stdout
+    still holds is dropped, so that exiting does not fail on it again."""
+    if not isinstance(exc, OSError) or exc.errno not in _FULL or exc.filename is not None:
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return True
 
 
 def _closed_pipe() -> int:

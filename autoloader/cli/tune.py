@@ -267,7 +267,12 @@ def _run(
     if rank == 0 or (args.save_on_each_node and local_rank() == 0):
         with committing():  # once the plan is in place, the tune has succeeded
             if through is not None:
-                write_fd(through, plan.to_toml().encode())
+                try:
+                    write_fd(through, plan.to_toml().encode())
+                except OSError as exc:  # /dev/full, a device that fails
+                    raise UsageError(
+                        f"-o {out}: cannot write the plan: {os.strerror(exc.errno or 0)}"
+                    ) from None
             else:
                 plan.save(out)
     if rank != 0:
