@@ -177,7 +177,7 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     except Exception as exc:
-        if _output_failed(exc) and not signals.stopping:
+        if isinstance(exc, OSError) and _output_failed(exc) and not signals.stopping:
             return _error(f"cannot write the output: {os.strerror(exc.errno or 0)}")
         if signals.stopping:
             return _interrupted(program, signals)
@@ -199,11 +199,11 @@ def _error(message: str) -> int:
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _output_failed(exc: BaseException) -> bool:
+def _output_failed(exc: OSError) -> bool:
     """Whether ``exc`` is a write to an open stream that the disk could not take (stdout
     on a full disk, ``> /dev/full``): no file name, a full device's errno. What stdout
     still holds is dropped, so that exiting does not fail on it again."""
-    if not isinstance(exc, OSError) or exc.errno not in _FULL or exc.filename is not None:
+    if exc.errno not in _FULL or exc.filename is not None:
         return False
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
