@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -717,3 +718,20 @@ def test_output_to_a_full_device_is_one_line(
         assert (
             done.stderr == "autoloader: error: cannot write the output: No space left on device\n"
         )
+
+
+def test_the_memory_budget_advised_is_one_that_fits(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where no batching fits, the error names a --memory-budget; given it, the tune
+    fits (it named the need before the safety margin: given that value, the budget less
+    --safety 10% failed again with the same advice)."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    args = ["tune", "hostile_data:GOOD", "--global-batch-size", "8", "--max-workers", "1"]
+    args += ["--iterations", "3", "--baseline", "none", "-o", str(tmp_path / "p.toml")]
+    line = one_line(capsys, [*args, "--memory-budget", "64"])
+    advised = re.search(
+        r"a --memory-budget of at least (?:[^(]*\()?(\d+) bytes\)? would fit$", line
+    )
+    assert advised is not None, line
+    assert main([*args, "--memory-budget", advised.group(1), "--quiet"]) == 0

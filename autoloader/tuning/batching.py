@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,7 @@ def choose_batching(
     *,
     seed: int = 0,
     epochs: int = 3,
+    flag_for: Callable[[int], int] | None = None,
 ) -> BatchingChoice:
     """The largest local batch whose worst replayed batch is predicted to fit ``limit``;
     among strategies that fit there, the first of ``strategies`` (the most random).
@@ -197,10 +199,12 @@ def choose_batching(
             return BatchingChoice(name, local, accum, r, peak, candidates, replays)
     largest = int(np.argmax(sizes))
     alone = model.predict(int(sizes[largest]))
+    # the flag's value whose budget, less the margin and reserve, holds the smallest need
+    advised = (flag_for or (lambda need: need))(smallest_need or 0)
     raise DeviceError(
         f"no batching fits the memory budget of {describe_bytes(limit)}: even one sample per "
         f"rank is predicted to peak at {describe_bytes(smallest_need or 0)}; the largest "
         f"sample, index {largest} ({describe_bytes(int(sizes[largest]))}), alone is predicted "
         f"to peak at {describe_bytes(alone)}; a --memory-budget of at least "
-        f"{describe_bytes(smallest_need or 0)} (before the safety margin) would fit"
+        f"{describe_bytes(advised)} would fit"
     )

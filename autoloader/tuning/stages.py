@@ -172,9 +172,16 @@ def budget(
 
 
 def batching(
-    team: Team, work: Workload, opts: TuneOptions, model: MemoryModel, limit: int
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    model: MemoryModel,
+    limit: int,
+    reserved: int = 0,
 ) -> BatchingChoice:
-    """The sampler and local batch whose worst replayed batch fits (chosen by rank 0)."""
+    """The sampler and local batch whose worst replayed batch fits (chosen by rank 0);
+    where none does, the error names the ``--memory-budget`` that would fit: the need plus
+    the ``reserved`` bytes, before ``--safety``."""
     log.info(
         "replaying %s over %d epochs against a budget of %s",
         ", ".join(opts.strategies),
@@ -191,6 +198,7 @@ def batching(
             limit,
             seed=opts.seed,
             epochs=REPLAY_EPOCHS,
+            flag_for=lambda need: math.ceil((need + reserved) / (1 - opts.safety)),
         )
     )
     log.info(
