@@ -179,6 +179,21 @@ def test_the_cores_a_computing_step_keeps_are_not_the_workers() -> None:
     )
 
 
+def test_the_reach_says_when_the_step_bounds_the_loop_not_the_workers() -> None:
+    """Past the cores, the counts are compared by the loop they would run, step and all:
+    8 workers load faster than 4, but a 20 ms step bounds the loop at both, and the reach
+    says that (it said '8 workers were no faster than 4' beside a table where they were)."""
+    curve, share = waiting(0.064, floor=0.004, cpu=0.002)
+    node = ModelledNode(curve, seed=0, share=share, cv=0.02)
+    rule = Rule(tolerance=0.05, step_seconds=0.020)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, rule, extent())
+    loading = {c.workers: c.seconds_per_batch for c in trace}
+    assert loading[8] < loading[4]
+    assert reach is not None and reach.endswith(
+        "stopped: 8 workers would not run the loop faster than 4: a 0.0200 s step bounds it"
+    ), reach
+
+
 def test_computing_workers_stop_the_search_at_the_cores() -> None:
     node = ModelledNode(saturating(3), seed=0, share=lambda w: 0.97)
     trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), extent())

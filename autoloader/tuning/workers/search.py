@@ -161,6 +161,17 @@ def _beyond(seen: _Seen, top: int, rule: Rule, extent: Extent) -> str:
         before = seen.seconds(w)
         if not seen.seconds(nxt) < before / (1 + (rule.tolerance or 0.0)):
             stop = f"{nxt} workers were no faster than {w}"
+            more = seen.found[nxt]
+            if (
+                rule.step_seconds is not None
+                and more.ok
+                and more.seconds_per_batch < seen.seconds(nxt)
+            ):
+                # the times compared are the loop's: loading faster than the step gains nothing
+                stop = (
+                    f"{nxt} workers would not run the loop faster than {w}: a "
+                    f"{rule.step_seconds:.4f} s step bounds it"
+                )
             break
         w = nxt
     if not went:
