@@ -735,3 +735,16 @@ def test_the_memory_budget_advised_is_one_that_fits(
     )
     assert advised is not None, line
     assert main([*args, "--memory-budget", advised.group(1), "--quiet"]) == 0
+
+
+def test_a_fifo_named_as_the_dataset_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO is read once and waits for its writer: tune waited in silence until killed."""
+    fifo = tmp_path / "events.h5"
+    os.mkfifo(fifo)
+    spec = f"{fifo}#hits"  # a table in it, as a jagged file names one
+    done = run_cli("tune", spec, "--global-batch-size", "8", "-o", str(tmp_path / "p.toml"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"autoloader: error: DATASET {spec!r}: is a FIFO: a dataset is a file or a "
+        "directory, read more than once (its sizes, then its batches)\n"
+    )

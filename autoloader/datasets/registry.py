@@ -12,6 +12,8 @@ stat), and ``open(spec) -> Dataset`` (raises ``DatasetError`` for bad input).
 from __future__ import annotations
 
 import functools
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -80,6 +82,22 @@ def load_plugins() -> tuple[DatasetPlugin, ...]:
     return tuple(sorted(loaded, key=lambda p: (p.priority, p.name)))
 
 
+def _stream(spec: str) -> str | None:
+    """What ``spec`` names where it is a FIFO or a socket (the path as given, or before a
+    ``#table`` or ``?option`` suffix), else None."""
+    for candidate in dict.fromkeys((spec, spec.split("#", 1)[0].split("?", 1)[0])):
+        try:
+            mode = os.stat(candidate).st_mode
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISFIFO(mode):
+            return "a FIFO"
+        if stat.S_ISSOCK(mode):
+            return "a socket"
+        return None
+    return None
+
+
 def open_dataset(spec: str, transform: Callable[[Any], Any] | None = None) -> Any:
     """Open the dataset named by ``spec`` with the first plugin that claims it.
 
@@ -90,6 +108,12 @@ def open_dataset(spec: str, transform: Callable[[Any], Any] | None = None) -> An
         DatasetError: no plugin claims ``spec``, or the claiming plugin cannot open it.
         PluginError: a plugin failed to load.
     """
+    kind = _stream(spec)
+    if kind is not None:  # a reader would wait for a writer, and sizes read the data twice
+        raise DatasetError(
+            f"DATASET {spec!r}: is {kind}: a dataset is a file or a directory, read more "
+            "than once (its sizes, then its batches)"
+        )
     plugins = load_plugins()
     for plugin in plugins:
         if plugin.claims(spec):
