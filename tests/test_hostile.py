@@ -748,3 +748,23 @@ def test_a_fifo_named_as_the_dataset_is_refused_at_once(tmp_path: Path) -> None:
         f"autoloader: error: DATASET {spec!r}: is a FIFO: a dataset is a file or a "
         "directory, read more than once (its sizes, then its batches)\n"
     )
+
+
+def test_a_summary_reader_that_goes_away_once_the_plan_is_in_place_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """`tune ... | head -3`: the plan is written, so the tune has succeeded (it exited 141,
+    which fails a `set -o pipefail` job that has its plan)."""
+    plan = tmp_path / "p.toml"
+    args = ["hostile_data:GOOD", "--global-batch-size", "8", "--max-workers", "1"]
+    tune = spawn(
+        [sys.executable, "-m", "autoloader", "tune", *args, "--baseline", "none", "-o", str(plan)],
+        env=prepend_pythonpath(TESTS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    with reaped(tune):
+        assert tune.stdout is not None
+        tune.stdout.close()  # the reader is gone before the summary is written
+        assert tune.wait(timeout=120) == 0
+    assert plan.exists()

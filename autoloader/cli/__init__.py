@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from autoloader._version import __version__
 from autoloader.cli import address_space, interrupts
 from autoloader.cli.interrupts import INTERRUPTED
-from autoloader.cli.text import printable
+from autoloader.cli.text import drop_stdout, printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
 
 # Warnings other packages raise while they import, which a user of the command line can
@@ -205,18 +205,14 @@ def _output_failed(exc: OSError) -> bool:
     still holds is dropped, so that exiting does not fail on it again."""
     if exc.errno not in _FULL or exc.filename is not None:
         return False
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    drop_stdout()
     return True
 
 
 def _closed_pipe() -> int:
     """The reader of stdout went away (``| head``): end quietly, as ``cat`` does, with
     the status of a process ended by SIGPIPE; no flush at exit may fail again."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    drop_stdout()
     return 128 + signal.SIGPIPE
 
 

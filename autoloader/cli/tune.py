@@ -228,7 +228,7 @@ def _run(
         read_order=args.read_order,
     )
     from autoloader.cli.render import render
-    from autoloader.cli.text import printable
+    from autoloader.cli.text import print_after_commit, printable
     from autoloader.plan import Plan
     from autoloader.tuning.tuner import run as tune_run
 
@@ -278,9 +278,9 @@ def _run(
     if rank != 0:
         return 0
     if args.json:
-        print(strict_json(plan.to_dict()))
+        print_after_commit(strict_json(plan.to_dict()))
     elif not args.quiet:
-        print(printable(render(plan, path=str(out))))
+        print_after_commit(printable(render(plan, path=str(out))))
     return 0
 
 
