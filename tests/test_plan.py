@@ -250,3 +250,23 @@ def test_the_loaders_evidence_is_read_once_and_typed() -> None:
     assert [(c.workers, c.ok) for c in j.workers.trace] == [(1, False)]
     assert (j.worst_batch_bytes, j.host, j.budget_bytes) == (0, None, None)
     assert Plan(LoaderPlan(0), BatchingPlan("random", 8)).evidence.workers is None
+
+
+@pytest.mark.parametrize("value", ["nan", "-1.0", '"fast"'])
+def test_evidence_that_no_measurement_gives_is_refused_naming_the_key(
+    tmp_path: Path, value: str
+) -> None:
+    """A time, a size or a rate in the evidence is a number >= 0 (inf: not measured);
+    a hand-edited nan or -1 was shown as 0.0000 and -1.0000, and "fast" was refused as
+    'expected an integer'."""
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'schema = 1\n[loader]\nnum_workers = 0\n[batching]\nstrategy = "random"\n'
+        "local_batch_size = 4\n[[tuning.workers.trace]]\nworkers = 0\n"
+        f"seconds_per_batch = {value}\n"
+    )
+    with pytest.raises(PlanError) as caught:
+        Plan.load(path)
+    assert "seconds_per_batch': expected a number >= 0 (inf where it could not be measured)" in (
+        str(caught.value)
+    )

@@ -277,7 +277,7 @@ def _validate_options(batching: Mapping[str, Any], source: str) -> None:
 # The evidence that ``show`` reads from the open tables: (path, container, entry keys).
 # Entry keys name the numbers (or strings) each table of the container must hold, if
 # present; anything else there is free.
-_NUM, _STR, _FIN = ("int", "number"), ("str",), ("finite",)
+_NUM, _STR, _FIN = ("measured",), ("str",), ("finite",)
 EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     (
         "tuning.workers.trace",
@@ -371,6 +371,7 @@ _KINDS = {
     "bool": Key("bool"),
 }
 _EXPECTED = {
+    "measured": "a number >= 0 (inf where it could not be measured)",
     "finite": "a finite number",
     "finites": "an array of finite numbers",
     "pairs": "an array of [x, y] pairs of finite numbers",
@@ -517,8 +518,9 @@ def _check_fields(table: Any, where: str, fields: dict[str, tuple[str, ...]], so
 
 
 def _accepts(kind: str, value: Any) -> bool:
-    if kind == "number":  # evidence may hold inf: a failed count's time
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "measured":  # a time, a size, a rate: evidence may hold inf (a failed count)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number and value >= 0  # nan is not >= 0
     if kind == "finite":
         return _KINDS["number"].accepts(value)
     if kind == "finites":
