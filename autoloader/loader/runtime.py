@@ -91,8 +91,8 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
 
 # A reading of the workers' memory stands for MEMORY_EPOCHS epochs at the same count: a
 # read costs the node about 10 ms of CPU a worker (``background.py``), paid each epoch by a
-# loop whose workers fill the cores (mixed reads, 7 workers on 2 CPUs: 0.95x the same plan
-# without adaptation, 1.01x reading once).
+# loop whose workers fill the cores (mixed reads, 7 workers on 2 CPUs, two epochs of a fresh
+# loader: 0.95x the same plan without adaptation reading each epoch, 1.01x with no read).
 MEMORY_EPOCHS = 8
 
 
