@@ -615,3 +615,26 @@ def test_events_without_items_read_empty_in_a_block_or_a_whole_file(tmp_path: Pa
         assert [tuple(ds[i].x.shape) for i in empty] == [(0, 1)] * len(empty)
         loader = torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=lambda b: b)
         assert sum(len(b) for b in loader) == len(ds)
+
+
+def test_a_directory_of_two_layouts_is_refused_naming_them(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    """A run's HDF5 file beside a Parquet export: the directory was tuned as its Parquet
+    files alone, the HDF5 events left out without a word."""
+    both = tmp_path / "both"
+    both.mkdir()
+    shutil.copy(files["offsets"], both / "a.h5")
+    shutil.copy(files["parquet"], both / "b.parquet")
+    (both / "README.txt").write_text("notes\n")
+    with pytest.raises(
+        DatasetError,
+        match=re.escape(
+            f"DATASET '{both}': the directory holds files of 2 layouts (.h5, .parquet): "
+            f"name one, as '{both / '*.parquet'}'"
+        ),
+    ):
+        autoloader.open_dataset(str(both))
+    assert len(autoloader.open_dataset(str(both / "*.parquet"))) == len(
+        autoloader.open_dataset(str(files["parquet"]))
+    )

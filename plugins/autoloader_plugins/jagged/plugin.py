@@ -21,19 +21,28 @@ SUFFIXES = ROOT + PARQUET + HDF5
 
 
 def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
-    """The suffixes of the layout a spec names by its path, or None."""
+    """The suffixes of the layout a spec names by its path, or None.
+
+    Raises:
+        DatasetError: a directory holds files of more than one layout (it read those of
+            the first and left the others out, without a word).
+    """
     p = Path(spec.path)
     if p.is_dir():
         try:
-            kinds = {f.suffix.lower() for f in p.iterdir()}
+            kinds = {f.suffix.lower() for f in p.iterdir() if f.is_file()}
         except OSError:
             return None
         if ".pt" in kinds:
             return None
-        for suffixes in (ROOT, PARQUET, HDF5):
-            if kinds & set(suffixes):
-                return suffixes
-        return None
+        layouts = [s for s in (ROOT, PARQUET, HDF5) if kinds & set(s)]
+        if len(layouts) > 1:
+            found = ", ".join(sorted(kinds & set(SUFFIXES)))
+            raise DatasetError(
+                f"DATASET '{spec.text}': the directory holds files of {len(layouts)} "
+                f"layouts ({found}): name one, as '{p / ('*' + layouts[0][0])}'"
+            )
+        return layouts[0] if layouts else None
     for suffixes in (ROOT, PARQUET, HDF5):
         if p.suffix.lower() in suffixes:
             return suffixes if suffixes is not HDF5 or not p.exists() else None
