@@ -178,6 +178,7 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
         return _closed_pipe()
     except Exception as exc:
         if isinstance(exc, OSError) and _output_failed(exc) and not signals.stopping:
+            drop_stdout()  # what stdout still holds: exiting must not fail on it again
             return _error(f"cannot write the output: {os.strerror(exc.errno or 0)}")
         if signals.stopping:
             return _interrupted(program, signals)
@@ -201,12 +202,8 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def _output_failed(exc: OSError) -> bool:
     """Whether ``exc`` is a write to an open stream that the disk could not take (stdout
-    on a full disk, ``> /dev/full``): no file name, a full device's errno. What stdout
-    still holds is dropped, so that exiting does not fail on it again."""
-    if exc.errno not in _FULL or exc.filename is not None:
-        return False
-    drop_stdout()
-    return True
+    on a full disk, ``> /dev/full``): no file name, a full device's errno."""
+    return exc.errno in _FULL and exc.filename is None
 
 
 def _closed_pipe() -> int:

@@ -112,17 +112,23 @@ class MemoryReading:
             self._read.latest(_workers_memory)
 
     def fresh(self, workers: int, epoch: int) -> int | None:
-        """The bytes read at ``workers`` in the last ``MEMORY_EPOCHS`` epochs, else None."""
-        if self._asked is not None:
-            found = self._read.wait(timeout=0.0)
-            if not self._read.running:
-                if found is not None:
-                    self._found = (found, *self._asked)
-                self._asked = None
+        """The bytes read at ``workers`` in the last ``MEMORY_EPOCHS`` epochs, else None
+        (a read that has finished since is taken first)."""
+        self._collect()
         if self._found is None:
             return None
         found, at, when = self._found
         return found if at == workers and 0 <= epoch - when < MEMORY_EPOCHS else None
+
+    def _collect(self) -> None:
+        """Keep the running read's result, with what it was asked for, once it finished."""
+        if self._asked is None:
+            return
+        found = self._read.wait(timeout=0.0)
+        if not self._read.running:
+            if found is not None:
+                self._found = (found, *self._asked)
+            self._asked = None
 
 
 class Runtime:

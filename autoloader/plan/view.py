@@ -66,14 +66,6 @@ class View:
         found = self.table.get(key)
         return found if isinstance(found, int) and not isinstance(found, bool) else None
 
-    def numbers(self, key: str) -> list[float] | None:
-        """The list of finite numbers at ``key`` (None where it is not one)."""
-        found = self.table.get(key)
-        if not isinstance(found, list):
-            return None
-        values = [View({"v": v}).number("v") for v in found]
-        return None if any(v is None for v in values) else [v for v in values if v is not None]
-
     def word(self, key: str, default: str = "?") -> str:
         """The value at ``key`` as a word: a string as it is, a bool as true/false, a
         number as Python writes it; ``default`` where it is absent or a table."""

@@ -76,7 +76,8 @@ def time_step(step: Step, batches: Iterable[Any], device: torch.device) -> StepT
             cpu += time.process_time() - start_cpu
     if not times:
         raise UsageError("--step: too few batches to time the step")
-    return StepTime(statistics.median(times), cpu / sum(times) if sum(times) > 0 else 0.0)
+    wall = sum(times)
+    return StepTime(statistics.median(times), cpu / wall if wall > 0 else 0.0)
 
 
 def _required_positional(obj: Any) -> int | None:
