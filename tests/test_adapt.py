@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, get_worker_info
 from autoloader import DataLoader, Plan
 from autoloader.cli import main
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
+from autoloader.loader.caps import MAX_PREFETCH_FACTOR
 from autoloader.loop_model import Evidence
 
 SCRIPTS = Path(__file__).parent / "distributed"
@@ -96,7 +97,7 @@ def test_a_raise_that_did_not_help_is_undone_and_never_tried_again() -> None:
         ("num_workers", 1, 0, "down")
     ]
     assert back[0].reason == (
-        "the raise to 1 brought +4.0% samples/s (needs +5%); back to 0, no more raises "
+        "the raise to 1 brought +4.0% samples/s over 49 batches (needs +5%); back to 0, no more raises "
         "while loading stays as it is"
     )
     for epoch in range(2, 6):  # still starved, but workers are settled; 0 workers: no prefetch
@@ -144,7 +145,7 @@ def test_a_loop_that_changed_since_the_tune_tries_the_raise_and_says_why() -> No
     assert change[0].reason == (
         "the loop waited 60% of its time for data; the tune timed 2 (0.0880 s) workers "
         "against 0 (0.0800 s per batch of the loop): not +5% faster, but loading at 0 workers "
-        "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 28% noise): "
+        "moved from the tune's 0.0200 s to 0.2000 s per batch (10.00x, beyond the 29% noise): "
         "trying 2"
     )
 
@@ -335,7 +336,38 @@ def test_a_settled_raise_is_tried_again_once_loading_moves() -> None:
     assert [c.after for c in again] == [2]
     assert again[0].reason.endswith(
         "loading per batch moved 10.00x since the raise in vain "
-        "(0.0100 s -> 0.1000 s): trying again"
+        "(0.0100 s -> 0.1000 s over the last 49 batches): trying again"
+    )
+
+
+def test_a_settled_raise_is_tried_again_once_loading_moved_over_enough_windows() -> None:
+    """A neighbour takes a core: a 2-worker loop's batches come 1.6x slower. One window
+    of 8 batches moves that much by chance (71%), so the settle stands over one; over the
+    last 32 batches it moves by 35% at most, so three such windows lift it."""
+    a = adapter(workers=2, prefetch=MAX_PREFETCH_FACTOR, cap=8, persistent=True)
+
+    def window(batch: int, wait: float, loading: float, workers: int = 2) -> EpochMeasure:
+        # 8 batches (the first the warm one) of ``loading`` seconds each, wait share ``wait``
+        loop = 8 * loading
+        return EpochMeasure(
+            0, 8, 256, wait * loop, loop, None, 0.0, workers, batch=batch, remaining=500
+        )
+
+    assert [c.after for c in a.decide(window(8, 0.4, 0.020))] == [8]  # sized
+    # judged over two rounds of the 8 workers (16 batches): three windows of 7 past the first
+    for batch in (16, 24):
+        assert a.decide(window(batch, 0.3, 0.020, workers=8)) == []
+    assert [c.after for c in a.decide(window(32, 0.3, 0.020, workers=8))] == [2]  # in vain
+    for batch in (40, 48, 56, 64):  # settled, as loading was
+        assert a.decide(window(batch, 0.4, 0.021)) == []
+    # one window of the neighbour's 1.6x: within a window's noise
+    assert a.decide(window(72, 0.6, 0.033)) == []
+    assert a.decide(window(80, 0.6, 0.033)) == []
+    changes = a.decide(window(88, 0.6, 0.033))  # 21 steady batches of it
+    assert [(c.setting, c.before) for c in changes] == [("num_workers", 2)]
+    # a window's loading: its 7 batches past the first; the reference holds 35 before
+    assert "moved 1.36x since the raise in vain (0.0238 s -> 0.0322 s over the last 35 " in (
+        changes[0].reason
     )
 
 

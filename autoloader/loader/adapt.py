@@ -30,7 +30,9 @@ The policy is a hill climb with one step back:
   possible gain (all the wait removed) cannot reach ``min_gain`` is not tried; and a
   setting settled after a raise in vain is tried again once loading moves beyond noise
   from what it was then. Each decision not to raise is kept, with its reason, in
-  ``declined``.
+  ``declined``. Whether loading moved is judged over the last ``SPAN`` batches or more at
+  the count in force (``Loading``), not over one window: a window of 8 batches moves 71%
+  by chance, so a neighbour that took a core went unseen for epochs.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
 to say anything. This module decides; ``autoloader.loader.dataloader`` applies.
@@ -62,6 +64,10 @@ SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
 # setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
 # them is that far behind. Under steady conditions one raise in vain settles it.
 MAX_UNDONE, CHANGE_EPOCHS = 2, 10
+# Loading per batch is compared over at least this many batches: it moves 35% by chance
+# over 32 (``noise``), 71% over one window of 8.
+SPAN = 32
+TRIAL_BATCHES = 16  # a raise is judged over at least this many batches after it
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,8 @@ class EpochMeasure:
     workers: int | None = None  # the workers that loaded the epoch
     batch: int | None = None  # a window inside the epoch: the batches served at its end
     remaining: int | None = None  # a window: the epoch's batches still to come
-    restart_seconds: float = 0.0  # a window: what starting the epoch's iterator cost
+    # a window: what (re)starting the epoch's iterator cost the loop, as measured
+    restart_seconds: float = 0.0
     # the transient: the batches after a start until the prefetch queue was first full,
     # and the loop's seconds over them (None: the first batch's wait alone)
     warm_batches: int = 1
@@ -103,6 +110,16 @@ class EpochMeasure:
     def steady_batches(self) -> int:
         """The batches past the transient: the evidence."""
         return max(0, self.batches - self.warm_batches)
+
+    @property
+    def start_cost(self) -> float:
+        """What the start cost the loop: the transient's seconds over what its batches take
+        at the steady pace after it (at least the first batch's wait)."""
+        steady = self.steady_batches
+        if self.warm_seconds is None or steady < 1:
+            return self.first_wait_seconds
+        pace = (self.loop_seconds - self.warm_seconds) / steady
+        return max(self.first_wait_seconds, self.warm_seconds - self.warm_batches * pace)
 
     @property
     def wait_fraction(self) -> float:
@@ -148,6 +165,101 @@ class EpochMeasure:
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
         return max(0.0, self.loop_seconds - self._warm) / steady
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One window's or epoch's steady batches, as ``Loading`` keeps them."""
+
+    batches: int
+    loading: float  # seconds: the batches' loading seconds together
+    samples: float
+    loop: float  # seconds of the loop over them
+    wait: float  # seconds of it waiting for them
+    window: bool  # a window (a whole epoch's bursts cannot be seen)
+
+    @classmethod
+    def of(cls, m: EpochMeasure) -> _Part:
+        steady = m.steady_batches
+        return cls(
+            steady,
+            m.loading_seconds * steady,
+            m.steady_samples_per_second * (m.loop_seconds - m._warm),
+            m.loop_seconds - m._warm,
+            max(0.0, m.wait_seconds - m.first_wait_seconds),
+            m.batch is not None,
+        )
+
+
+class Loading:
+    """The loop at the settings in force over the last windows or epochs that hold
+    ``span`` batches (a reference: ``span`` None, it takes windows until it holds ``SPAN``
+    and then stays as measured). A measure at another worker count starts it afresh."""
+
+    def __init__(self, span: int | None = SPAN) -> None:
+        self.span = span
+        self.workers: int | None = None
+        self._parts: list[_Part] = []
+
+    def add(self, m: EpochMeasure) -> None:
+        if m.workers != self.workers:
+            self.workers, self._parts = m.workers, []
+        if self.span is None and self.batches >= SPAN:
+            return
+        if m.steady_batches < 1 or m.loading_seconds <= 0:
+            return
+        self._parts.append(_Part.of(m))
+        while (
+            self.span
+            and len(self._parts) > 1
+            and self.batches - self._parts[0].batches >= self.span
+        ):
+            self._parts.pop(0)
+
+    @classmethod
+    def of(cls, workers: int, seconds: float, samples_per_second: float) -> Loading:
+        """A reference from one figure (one batch's weight), filled on as ``reference``."""
+        ref = cls(span=None)
+        ref.workers = workers
+        if seconds > 0:
+            ref._parts = [_Part(1, seconds, samples_per_second * seconds, seconds, 0.0, False)]
+        return ref
+
+    def reference(self) -> Loading:
+        """A copy that goes on filling to ``SPAN`` batches at this count, then holds."""
+        ref = Loading(span=None)
+        ref.workers, ref._parts = self.workers, list(self._parts)
+        return ref
+
+    @property
+    def batches(self) -> int:
+        return sum(p.batches for p in self._parts)
+
+    @property
+    def seconds(self) -> float:
+        """Loading seconds per batch."""
+        batches = self.batches
+        return sum(p.loading for p in self._parts) / batches if batches else 0.0
+
+    @property
+    def samples_per_second(self) -> float:
+        loop = sum(p.loop for p in self._parts)
+        return sum(p.samples for p in self._parts) / loop if loop > 0 else 0.0
+
+    @property
+    def windows(self) -> bool:
+        """Measured in windows (whose waits show bursts), not whole epochs."""
+        return bool(self._parts) and all(p.window for p in self._parts)
+
+    def starved(self, threshold: float) -> bool:
+        """The loop waited past ``threshold`` over these batches together."""
+        loop = sum(p.loop for p in self._parts)
+        return loop > 0 and sum(p.wait for p in self._parts) / loop > threshold
+
+    def moved_from(self, before: Loading) -> float | None:
+        """``self / before`` where it moved beyond what the fewer batches allow."""
+        least = min(self.batches, before.batches)
+        return moved(before.seconds, self.seconds, noise(least)) if least else None
 
 
 @dataclass(frozen=True)
@@ -303,8 +415,10 @@ class Adapter:
         self._trial: RaiseOnTrial | None = None
         self._fixed = set(fixed)
         # settings raised once in vain: not raised again while loading stays as it was
-        # then (the loading seconds per batch and the worker count it was measured at)
-        self._settled: dict[str, tuple[int, float]] = {}
+        # then, at the worker count it was measured at
+        self._settled: dict[str, Loading] = {}
+        self._loading = Loading()  # the loop over the last SPAN batches at these settings
+        self._before_raise: Loading | None = None
         self._per_worker_bytes: float | None = None
         self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
@@ -321,20 +435,31 @@ class Adapter:
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
         if self._fresh and m.remaining is None:
-            self._restart_seconds = max(self._restart_seconds, m.first_wait_seconds)
+            self._restart_seconds = max(self._restart_seconds, m.start_cost)
             self._fresh = False
-        trial, self._trial = self._trial, None
+        self._loading.add(m)
+        for ref in self._settled.values():
+            if ref.workers == m.workers:
+                ref.add(m)
+        trial = self._trial
         if trial is not None:
-            gain = m.steady_samples_per_second / trial.baseline_samples_per_second - 1
+            # judged over a few rounds of the workers: one window of 8 batches at 8
+            # workers is one round, its timing the phase the workers were in
+            need = max(TRIAL_BATCHES, 2 * self.settings.num_workers)
+            if m.batch is not None and self._loading.batches < need:
+                return []
+            self._trial = None
+            was, now = self._reference(trial), self._loading
+            gain = now.samples_per_second / was.samples_per_second - 1
             if gain < self.min_gain:
-                self._settled[trial.setting] = (trial.workers, trial.loading_seconds)
+                self._settled[trial.setting] = was
                 return self._change(
                     m,
                     trial.setting,
                     trial.before,
-                    f"the raise to {trial.after} brought {gain:+.1%} samples/s "
-                    f"(needs {self.min_gain:+.0%}); back to {trial.before}, no more raises "
-                    "while loading stays as it is",
+                    f"the raise to {trial.after} brought {gain:+.1%} samples/s over "
+                    f"{now.batches} batches (needs {self.min_gain:+.0%}); back to "
+                    f"{trial.before}, no more raises while loading stays as it is",
                 )
         wait = m.steady_wait_fraction
         if wait <= self.threshold:
@@ -353,6 +478,7 @@ class Adapter:
         if not self._repays(m, wait):
             return []
         for setting, after, why in self._raises(m):
+            self._before_raise = self._loading.reference()
             self._trial = RaiseOnTrial(
                 setting,
                 self._value(setting),
@@ -364,6 +490,17 @@ class Adapter:
             )
             return self._change(m, setting, after, why)
         return []
+
+    def _reference(self, trial: RaiseOnTrial) -> Loading:
+        """Loading as it was before ``trial``'s raise, to tell when it has moved: the
+        windows before the raise, filled on by the ones after its undo (a trial resumed
+        from a saved state: its one figure)."""
+        ref = self._before_raise
+        if ref is None or ref.workers != trial.workers:
+            sps = trial.baseline_samples_per_second
+            ref = Loading.of(trial.workers, trial.loading_seconds, sps)
+        self._before_raise = None
+        return ref
 
     @property
     def confirmed(self) -> Settings:
@@ -429,6 +566,7 @@ class Adapter:
         if keep.get("num_workers", self.settings.num_workers) == 0:
             keep["prefetch_factor"] = self.settings.prefetch_factor
         self.settings = replace(self.settings, **keep)
+        self._loading = Loading()
         in_force = trial is not None and self._value(trial.setting) == trial.after
         self._trial = trial if in_force else None
 
@@ -451,15 +589,16 @@ class Adapter:
             return None
         if setting not in self._settled:
             return ""
-        workers, loading = self._settled[setting]
-        if workers != self.settings.num_workers or workers != m.workers:
+        before, now = self._settled[setting], self._loading
+        if before.workers != self.settings.num_workers or before.workers != m.workers:
             return None
-        ratio = moved(loading, m.loading_seconds, noise(m.batches))
+        ratio = now.moved_from(before)
         if ratio is None:
             return None
         return (
             f"; loading per batch moved {ratio:.2f}x since the raise in vain "
-            f"({loading:.4f} s -> {m.loading_seconds:.4f} s): trying again"
+            f"({before.seconds:.4f} s -> {now.seconds:.4f} s over the last "
+            f"{now.batches} batches): trying again"
         )
 
     def _changed_often(self, setting: str, m: EpochMeasure) -> str | None:
@@ -530,9 +669,8 @@ class Adapter:
         current = self.settings.num_workers
         changed = None
         if m.workers == current:
-            changed = self.evidence.changed(
-                current, m.loading_seconds, m.compute_seconds, m.batches
-            )
+            now = self._loading
+            changed = self.evidence.changed(current, now.seconds, m.compute_seconds, now.batches)
         if changed is None:
             self._decline(m, setting, ruled + declined)
             return None
@@ -561,6 +699,7 @@ class Adapter:
         deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
         if (
             s.num_workers > 0
+            and self._queue_may_help(m, "prefetch_factor")
             and depth < MAX_PREFETCH_FACTOR
             and lim.shm_refuses(s.num_workers, deeper) is None
             and (
@@ -572,7 +711,11 @@ class Adapter:
             why = self._prefetch_raise(m, f"{waited}, with workers {held}")
             if why is not None:
                 out.append(("prefetch_factor", deeper, why))
-        if s.device_prefetch is not None and self._unsettled("device_prefetch", m) is not None:
+        if (
+            s.device_prefetch is not None
+            and self._unsettled("device_prefetch", m) is not None
+            and self._queue_may_help(m, "device_prefetch")
+        ):
             if s.device_prefetch < lim.device_prefetch_max:
                 out.append(
                     (
@@ -582,6 +725,29 @@ class Adapter:
                     )
                 )
         return out
+
+    def _queue_may_help(self, m: EpochMeasure, setting: str) -> bool:
+        """Whether a deeper queue has waits to absorb: it smooths bursts of slow batches
+        among fast ones, so waits come and go; where the loop was starved over the last
+        ``SPAN`` batches at these settings, the workers are behind the step on average,
+        and the raise would only restart them (declined, with why). Measured in windows,
+        that takes ``SPAN`` batches to tell; whole epochs cannot tell (tried)."""
+        loading = self._loading
+        if not loading.windows:
+            return True
+        if loading.batches < SPAN:
+            return False
+        if not loading.starved(self.threshold):
+            return True
+        self._decline(
+            m,
+            setting,
+            f"the loop waited past {self.threshold:.0%} of its time over its last "
+            f"{self._loading.batches} batches, not in a burst: the workers are behind the "
+            "step on average, which a deeper queue cannot change",
+            key="the loop waited past",
+        )
+        return False
 
     def _workers_refused(
         self, m: EpochMeasure, workers: int, per_worker: float | None, quiet: bool = False
@@ -651,6 +817,7 @@ class Adapter:
         if setting == "num_workers" and after > 0 and self.settings.prefetch_factor is None:
             self.settings = replace(self.settings, prefetch_factor=2)  # torch's default
         self.history.append(change)
+        self._loading = Loading()  # the loop at the new settings is measured afresh
         return [change]
 
     def hold_down(
@@ -667,6 +834,7 @@ class Adapter:
         self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, most))
         self._trial = None
         self.history.append(change)
+        self._loading = Loading()  # the loop at the new settings is measured afresh
         return change
 
     def at_cap(self) -> bool:

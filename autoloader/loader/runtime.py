@@ -344,6 +344,10 @@ class EpochIter:
         self._warm_wait = 0.0
         self._warm_seconds: float | None = None
         self._skip = self._warm_batches
+        # the latest restart inside the epoch (when it began, the batch count then), and
+        # each (re)start's seconds until the queue was full, with its batches
+        self._restarted: tuple[float, int] | None = None
+        self._refills: list[tuple[float, int]] = []
         self._done = False
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
@@ -384,6 +388,7 @@ class EpochIter:
             self._last_bytes = nbytes_of(batch)
         if self._count == self._warm_batches:
             self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
+            self._refills.append((self._warm_seconds, self._warm_batches))
         if self._count == self._memory_at:  # read off the loop's thread, taken when judged
             self._runtime.memory.start(self._window_workers, self._runtime.epoch)
         if self._window_size is not None:
@@ -391,6 +396,9 @@ class EpochIter:
                 self._skip -= 1
                 if self._skip == 0:  # the queue is full: the evidence starts here
                     self._window = Window(self._window_size, self._window_workers, self._samples())
+                    if self._restarted is not None:
+                        began, count = self._restarted
+                        self._refills.append((time.perf_counter() - began, self._count - count))
             elif self._window is not None and self._window.add(waited):
                 self._judge_window()
         return batch
@@ -425,8 +433,9 @@ class EpochIter:
         served = loader._position.batches
         left = len(loader.batch_sampler) - served
         # At the epoch's end a change waits for the next iter(): no restart to repay.
-        m = replace(m, batch=served, remaining=left or None, restart_seconds=self._first_wait)
+        m = replace(m, batch=served, remaining=left or None, restart_seconds=self._restart_cost(m))
         if self._runtime.judge(m) and left:
+            self._restarted = (time.perf_counter(), self._count)
             self._batches = loader._restart_in_epoch()
             self._window_workers = loader.num_workers
             self._memory_at, self._worker_memory = self._memory_after(self._count)
@@ -434,6 +443,14 @@ class EpochIter:
             self._window = None
             return
         self._window = Window(self._window_size, self._window_workers, self._samples())
+
+    def _restart_cost(self, m: EpochMeasure) -> float:
+        """What a restart costs the loop, as this epoch measured its (re)starts: the
+        seconds from the start (or the change, the old workers' shutdown with it) until
+        the queue was full, over what those batches take at ``m``'s pace; the dearest, and
+        at least the epoch's first wait."""
+        pace = m.loop_seconds / m.batches
+        return max([self._first_wait, *(s - b * pace for s, b in self._refills)])
 
     def _collect_memory(self) -> None:
         """The workers' memory, where a read at this count has finished."""
