@@ -11,39 +11,12 @@ never a table to guard.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.host.budget import HostBudget
-
-
-def _int(value: Any) -> int | None:
-    """A count (an int at or above 0), else None."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return value if ok else None
-
-
-def _number(value: Any) -> float | None:
-    """A finite number at or above 0, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
-
-
-def _bytes(value: Any) -> int:
-    """A byte count (0: none, or not one)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return int(value) if ok and 0 < value < 2**63 else 0
-
-
-def _table(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _entries(value: Any) -> list[Mapping[str, Any]]:
-    return [e for e in value if isinstance(e, Mapping)] if isinstance(value, list) else []
+from autoloader.plan.view import View
 
 
 @dataclass(frozen=True)
@@ -86,31 +59,29 @@ class WorkerSearch:
         """The search in a ``[tuning.workers]`` table (None where there is none)."""
         if not isinstance(table, Mapping):
             return None
+        found = View(table)
         trace = []
-        for e in _entries(table.get("trace")):
-            workers, status = _int(e.get("workers")), e.get("status", "ok")
-            if workers is None or not isinstance(status, str):
+        for e in found.rows("trace"):
+            workers, status = e.tally("workers"), e.text("status") if "status" in e else "ok"
+            if workers is None or status is None:
                 continue
             trace.append(
                 TimedCount(
                     workers,
                     status,
-                    _number(e.get("seconds_per_batch")),
-                    _number(e.get("stderr_seconds")) or 0.0,
-                    _number(e.get("max_batch_seconds")),
-                    _number(e.get("memory_bytes")),
+                    e.amount("seconds_per_batch"),
+                    e.amount("stderr_seconds") or 0.0,
+                    e.amount("max_batch_seconds"),
+                    e.amount("memory_bytes"),
                 )
             )
         loops = []
-        for e in _entries(table.get("loops")):
-            workers, spb = _int(e.get("workers")), _number(e.get("seconds_per_batch"))
+        for e in found.rows("loops"):
+            workers, spb = e.tally("workers"), e.amount("seconds_per_batch")
             if workers is not None and spb is not None:
-                loops.append(LoopTiming(workers, spb, _int(e.get("num_threads"))))
+                loops.append(LoopTiming(workers, spb, e.tally("num_threads")))
         return cls(
-            _int(table.get("max_workers")),
-            tuple(trace),
-            tuple(loops),
-            _number(table.get("step_seconds")),
+            found.tally("max_workers"), tuple(trace), tuple(loops), found.amount("step_seconds")
         )
 
     def failed_past(self, planned: int) -> tuple[int, str] | None:
@@ -133,36 +104,23 @@ class Replay:
     quantiles: tuple[float, ...] | None = None
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any]) -> Replay:
-        q = table.get("quantiles")
-        values = [_number(v) for v in q] if isinstance(q, list) and len(q) == 9 else []
-        quantiles = tuple(v for v in values if v is not None)
-        return cls(
-            _bytes(table.get("worst_batch_bytes")), quantiles if len(quantiles) == 9 else None
-        )
+    def from_table(cls, table: View) -> Replay:
+        quantiles = tuple(v for v in table.amounts("quantiles") if v is not None)
+        return cls(table.size("worst_batch_bytes"), quantiles if len(quantiles) == 9 else None)
 
 
-def _model_table(table: Mapping[str, Any]) -> dict[str, Any] | None:
+def _model_table(table: View) -> dict[str, Any] | None:
     """``[memory.model]`` with a slope and intercept that are numbers and points that are
     pairs of byte counts (None where it has no slope)."""
-    slope = _number(table.get("slope"))
+    slope = table.amount("slope")
     if slope is None:
         return None
-    intercept = table.get("intercept", 0.0)
-    ok = isinstance(intercept, (int, float)) and not isinstance(intercept, bool)
-    given = table.get("points")
-    points = [
-        p
-        for p in (given if isinstance(given, list) else [])
-        if isinstance(p, list) and len(p) == 2 and all(_int(v) is not None for v in p)
-    ]
-    source = table.get("source")
     return {
-        **table,
+        **table.table,
         "slope": slope,
-        "intercept": float(intercept) if ok and math.isfinite(intercept) else 0.0,
-        "points": points,
-        "source": source if isinstance(source, str) else "step",
+        "intercept": table.number("intercept") or 0.0,
+        "points": table.pairs("points"),
+        "source": table.text("source") or "step",
     }
 
 
@@ -206,44 +164,35 @@ class PlanEvidence:
     def from_tables(
         cls, tuning: Mapping[str, Any], memory: Mapping[str, Any], strategy: str
     ) -> PlanEvidence:
-        host = _table(tuning.get("host"))
+        tuned, memory_ = View.of(tuning), View.of(memory)
+        host = tuned.sub("host")
         replays = {
-            name: Replay.from_table(table)
-            for name, table in _table(tuning.get("strategies")).items()
-            if isinstance(table, Mapping)
+            name: Replay.from_table(table) for name, table in tuned.sub("strategies").tables()
         }
-        baseline = _table(_table(_table(tuning.get("baseline")).get("measured")).get("baseline"))
+        baseline = tuned.sub("baseline").sub("measured").sub("baseline")
         return cls(
             WorkerSearch.from_table(tuning.get("workers")),
             replays[strategy].worst_batch_bytes if strategy in replays else 0,
-            _bytes(host.get("batch_bytes")),
+            host.size("batch_bytes"),
             _host_budget(host),
-            _int(memory.get("budget_bytes")),
-            _int(memory.get("predicted_peak_bytes")),
+            memory_.tally("budget_bytes"),
+            memory_.tally("predicted_peak_bytes"),
             replays,
-            _bytes(baseline.get("worst_batch_bytes")),
-            _model_table(_table(memory.get("model"))),
+            baseline.size("worst_batch_bytes"),
+            _model_table(memory_.sub("model")),
         )
 
 
-def _host_budget(table: Mapping[str, Any]) -> HostBudget | None:
+def _host_budget(table: View) -> HostBudget | None:
     """The budgets in ``[tuning.host]`` (None where it lacks the RAM budget)."""
-    keys = (
-        "shm_free_bytes",
-        "shm_total_bytes",
-        "shm_budget_bytes",
-        "memory_available_bytes",
-        "memory_budget_bytes",
-    )
-    found = {key: _int(table.get(key)) for key in keys}
-    if found["memory_budget_bytes"] is None:
+    budget = table.tally("memory_budget_bytes")
+    if budget is None:
         return None
-    strategy = table.get("sharing_strategy")
     return HostBudget(
-        found["shm_free_bytes"],
-        found["shm_total_bytes"],
-        found["shm_budget_bytes"],
-        found["memory_available_bytes"] or 0,
-        found["memory_budget_bytes"],
-        strategy if isinstance(strategy, str) else "file_descriptor",
+        table.tally("shm_free_bytes"),
+        table.tally("shm_total_bytes"),
+        table.tally("shm_budget_bytes"),
+        table.tally("memory_available_bytes") or 0,
+        budget,
+        table.text("sharing_strategy") or "file_descriptor",
     )
