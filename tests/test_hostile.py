@@ -528,7 +528,7 @@ def test_show_json_is_strict(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     plan.write_text(
         GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 1, seconds_per_batch = inf, "
         'status = "failed: hung"}, {workers = 0, seconds_per_batch = 0.5}]\n'
-    )  # inf: a count that failed (nan is no measurement: refused, tests/test_plan.py)
+    )  # inf: a count that failed (nan is no measurement: refused, tests/plan/test_plan.py)
     assert main(["show", str(plan), "--json"]) == 0
     out = capsys.readouterr().out
     assert "Infinity" not in out and "NaN" not in out

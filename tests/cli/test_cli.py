@@ -275,7 +275,7 @@ def test_python_dash_m_and_sigterm_leave_no_partial_plan(tmp_path: Path) -> None
     out.write_text(GOOD_PLAN)
     proc = spawn(
         [sys.executable, "-m", "autoloader", "tune", "conftest:SLOW", "--out", str(out)],
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parent.parent,
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -334,7 +334,7 @@ def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(tmp_path: Path) -> N
         stdout=write,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parent.parent,
     )
     os.close(write)
     with reaped(proc):

@@ -14,7 +14,7 @@ from conftest import prepend_pythonpath, reaped, run_cli, run_reaped, spawn
 
 from autoloader.metrics.status import node_verdict, rank_verdict
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 
 # One rank's training loop: rank 0 reads slow samples with no workers and may not add any
 # (a loop waiting for data), rank 1 reads instant samples behind a 100 ms step (fed, with

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 
 import autoloader
 from autoloader.batches import nbytes
@@ -25,7 +26,6 @@ from autoloader.demo.jagged_files import (
     write_root,
 )
 from autoloader.errors import DatasetError
-from tests.conftest import run_cli
 
 N = 1200
 H5_FIELDS = "?fields=time,tot,channel_id,pos"

@@ -20,7 +20,7 @@ from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
 from autoloader.loader.host_fit import fit_to_host
 
 MiB = 2**20
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent
 
 
 def budget(shm_free: int | None = 64 * MiB, memory: int = 2**34) -> HostBudget:

@@ -23,7 +23,7 @@ from conftest import prepend_pythonpath, run_reaped
 
 from autoloader import Plan
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 NOBODY = 65534
 PR_CAPBSET_DROP, CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 24, 21, 24
 

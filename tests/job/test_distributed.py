@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import torchrun
 
-SCRIPT = Path(__file__).parent / "distributed" / "loader_ranks.py"
+SCRIPT = Path(__file__).parent.parent / "distributed" / "loader_ranks.py"
 
 
 @pytest.mark.slow

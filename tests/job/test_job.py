@@ -20,7 +20,7 @@ from autoloader import Plan
 from autoloader.job.agreement import describe_differences
 from autoloader.job.distributed import first_host, launcher_env
 
-SCRIPT = Path(__file__).parent / "distributed" / "job_ranks.py"
+SCRIPT = Path(__file__).parent.parent / "distributed" / "job_ranks.py"
 
 
 def results(out: Path, ranks: int) -> list[dict]:
@@ -66,7 +66,7 @@ def test_nodes_without_a_shared_file_system(tmp_path: Path, each_node: bool) -> 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     extra = ["--save-on-each-node"] if each_node else []
-    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent)
+    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent.parent)
     torchrun = [
         sys.executable,
         "-m",
@@ -109,7 +109,7 @@ def test_srun_variables_without_torchrun(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent)
+    env = prepend_pythonpath(SCRIPT.parent, Path(__file__).parent.parent)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         env.pop(name, None)
     env.update(
@@ -250,7 +250,7 @@ def test_ranks_given_different_options_all_stop_with_one_line(
             str(tmp_path),
         ],
         timeout=240,
-        env=prepend_pythonpath(SCRIPT.parent, Path(__file__).parent),
+        env=prepend_pythonpath(SCRIPT.parent, Path(__file__).parent.parent),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["code"] for r in results(tmp_path, 2)] == [2, 2]
@@ -275,7 +275,7 @@ def srun_ranks(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = prepend_pythonpath(Path(__file__).parent)
+    env = prepend_pythonpath(Path(__file__).parent.parent)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         env.pop(name, None)
     env.update(

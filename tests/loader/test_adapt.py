@@ -25,7 +25,7 @@ from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR
 from autoloader.loop_model import Evidence
 
-SCRIPTS = Path(__file__).parent / "distributed"
+SCRIPTS = Path(__file__).parent.parent / "distributed"
 
 
 def measure(epoch: int, wait: float, sps: float, memory: int | None = None) -> EpochMeasure:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from autoloader import DataLoader
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -22,7 +22,7 @@ from autoloader.errors import PlanError
 from autoloader.samplers import STRATEGIES
 from autoloader.sizes import fingerprint
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 LOOP = TESTS / "resume_loop.py"
 
 

@@ -29,7 +29,7 @@ from autoloader.cli.status import render
 from autoloader.loader import stalls
 from autoloader.metrics.status import read_status
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 STALL = 2.0  # seconds: the threshold these tests run with
 
 

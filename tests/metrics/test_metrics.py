@@ -162,7 +162,7 @@ print(sum(1 for _ in loader))
 def test_agent_merges_the_training_processes(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    env = prepend_pythonpath(Path(__file__).parent)
+    env = prepend_pythonpath(Path(__file__).parent.parent)
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
     for rank in ("0", "1"):
         out = subprocess.run(
@@ -288,7 +288,7 @@ def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
     from autoloader.metrics.multiproc import merged_registry
 
     env = {
-        **prepend_pythonpath(Path(__file__).parent),
+        **prepend_pythonpath(Path(__file__).parent.parent),
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
         "RANK": "0",
         "WORLD_SIZE": "1",
@@ -314,7 +314,7 @@ def test_a_fifo_or_a_huge_metric_file_never_blocks_a_scrape(tmp_path: Path) -> N
     """A FIFO named like a metric file would block its reader forever (and every scrape
     behind it); a huge one would be read whole. Neither is opened."""
     env = {
-        **prepend_pythonpath(Path(__file__).parent),
+        **prepend_pythonpath(Path(__file__).parent.parent),
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
         "RANK": "0",
         "WORLD_SIZE": "1",
@@ -344,7 +344,10 @@ def test_a_bad_multiprocess_directory_is_named(tmp_path: Path, problem: str) -> 
         directory.chmod(0o500)
         if os.access(directory, os.W_OK):
             pytest.skip("root writes into read-only directories")
-    env = {**prepend_pythonpath(Path(__file__).parent), "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    env = {
+        **prepend_pythonpath(Path(__file__).parent.parent),
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+    }
     done = run_reaped([sys.executable, "-c", TRAINER], env=env, timeout=120)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]

@@ -1,5 +1,5 @@
 """Each stage of the tuner on its own (autoloader/tuning/stages.py, report.py), alone:
-the same code runs on every rank of a job through ``Collective`` (tests/test_job.py)."""
+the same code runs on every rank of a job through ``Collective`` (tests/job/test_job.py)."""
 
 from __future__ import annotations
 
