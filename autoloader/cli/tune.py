@@ -25,7 +25,7 @@ from autoloader.files import (
     write_fd,
 )
 from autoloader.plan.jsonout import strict_json
-from autoloader.tuning.options import READ_ORDERS, tune_options
+from autoloader.tuning.options import DEFAULT_TOLERANCE, GIVEN, READ_ORDERS, tune_options
 from autoloader.units import parse_bytes
 
 HELP = """\
@@ -84,7 +84,11 @@ def register(sub: Any) -> None:
         help="samples per optimiser step over all ranks (default: 64)",
     )
     p.add_argument(
-        "--world-size", type=_int, default=1, metavar="N", help="ranks that will train (default: 1)"
+        "--world-size",
+        type=_int,
+        default=GIVEN["world_size"],
+        metavar="N",
+        help="ranks that will train (default: %(default)s)",
     )
     p.add_argument(
         "--device",
@@ -113,9 +117,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--safety",
         type=float,
-        default=0.1,
+        default=GIVEN["safety"],
         metavar="FRACTION",
-        help="fraction of free memory kept in reserve (default: 0.1)",
+        help="fraction of free memory kept in reserve (default: %(default)s)",
     )
     p.add_argument(
         "--max-workers",
@@ -128,9 +132,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--iterations",
         type=_int,
-        default=100,
+        default=GIVEN["iterations"],
         metavar="N",
-        help="batches timed per worker count (default: 100)",
+        help="batches timed per worker count (default: %(default)s)",
     )
     rule = p.add_mutually_exclusive_group()
     rule.add_argument(
@@ -143,7 +147,7 @@ def register(sub: Any) -> None:
         "--tolerance",
         type=float,
         metavar="FRACTION",
-        help="more workers must be faster by more than FRACTION (default 0.05)",
+        help=f"more workers must be faster by more than FRACTION (default {DEFAULT_TOLERANCE})",
     )
     p.add_argument(
         "--search",
@@ -154,17 +158,23 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--worker-timeout",
         type=float,
-        default=60.0,
+        default=GIVEN["worker_timeout"],
         metavar="SECONDS",
         help="a sample that takes longer to read, in the main process or a worker, is an "
         "error naming it; workers stuck where no signal reaches (in C code) get 1.5x this + 1 s "
-        "and their count is recorded as hung (default 60)",
+        "and their count is recorded as hung (default %(default)s)",
     )
-    p.add_argument("--seed", type=_int, default=0, metavar="N", help="sampler seed (default: 0)")
+    p.add_argument(
+        "--seed",
+        type=_int,
+        default=GIVEN["seed"],
+        metavar="N",
+        help="sampler seed (default: %(default)s)",
+    )
     p.add_argument(
         "--baseline",
         metavar='"key=value,..."',
-        default="default",
+        default=GIVEN["baseline"],
         help="your own loader, timed in the same run as the plan and shown beside it with a "
         "diagnosis (input-, compute- or memory-bound): num_workers, pin_memory, "
         "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
@@ -180,11 +190,11 @@ def _read_order_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--read-order",
         choices=READ_ORDERS,
-        default="auto",
+        default=GIVEN["read_order"],
         help="auto: where the data names its storage blocks (HDF5 chunks, ROOT clusters, "
         "Parquet row groups), read it in shuffled windows of them if that measures at least "
         "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
-        "global shuffle (default: auto)",
+        "global shuffle (default: %(default)s)",
     )
 
 
@@ -207,26 +217,15 @@ def _run(
 ) -> int:
     # Every option checked once, before the dataset is opened or torch imported: a typo
     # answers at once, and the tune runs on exactly these.
-    opts = tune_options(
-        global_batch_size=args.global_batch_size,
-        world_size=args.world_size,
-        device=args.device,
+    given = {key: value for key, value in vars(args).items() if key in GIVEN}
+    given.update(  # what the command line writes itself (args.command: "tune")
         strategies=None if args.strategies is None else _names(args.strategies),
         memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
-        iterations=args.iterations,
-        seed=args.seed,
-        max_workers=args.max_workers,
-        alpha=args.alpha,
-        tolerance=args.tolerance,
-        safety=args.safety,
-        worker_timeout=args.worker_timeout,
-        search=args.search,
         progress=not args.quiet and sys.stderr.isatty(),
         spec=args.dataset,
         command=command_line(["autoloader", *argv]),
-        baseline=args.baseline,
-        read_order=args.read_order,
     )
+    opts = tune_options(global_batch_size=args.global_batch_size, **given)
     from autoloader.cli.render import render
     from autoloader.cli.text import print_after_commit, printable
     from autoloader.plan import Plan

@@ -6,14 +6,13 @@ The command line checks them before it opens the dataset, so a typo is answered 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from autoloader.accelerator import parse_device
 from autoloader.errors import UsageError
 from autoloader.plan.strategies import STRATEGY_NAMES
-from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
+from autoloader.tuning.baseline import LoopSettings, parse_baseline
 from autoloader.units import parse_bytes
 
 DEFAULT_TOLERANCE = 0.05
@@ -21,30 +20,55 @@ READ_ORDERS = ("auto", "shuffle")
 _MAX = 2**31 - 1  # counts beyond this are typos, not batches or workers
 
 
+# What ``tune()`` and ``autoloader tune`` take, as a user gives it, and its default: the
+# one place these defaults are written (``tune()``'s signature and the command line's
+# arguments read them from here); ``tune_options`` checks a value of each.
+GIVEN: dict[str, Any] = {
+    "world_size": 1,
+    "device": None,  # cpu, cuda, cuda:K; None: CUDA where there is one
+    "memory_budget": None,
+    "strategies": None,  # None: every strategy
+    "max_workers": None,  # None: this rank's CPUs, and past them while workers wait
+    "iterations": 100,
+    "alpha": None,
+    "tolerance": None,  # None: DEFAULT_TOLERANCE, unless alpha is given
+    "safety": 0.1,
+    "seed": 0,
+    "search": None,  # None: "fast", or "exhaustive" with alpha
+    "worker_timeout": 60.0,
+    "progress": True,
+    "spec": None,
+    "command": None,
+    "baseline": "default",
+    "read_order": "auto",
+}
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """Everything ``tune`` is told, checked once and torch-free: the command line builds
-    it before opening the dataset, ``autoloader.tune`` from its keyword arguments."""
+    it before opening the dataset, ``autoloader.tune`` from its keyword arguments, both
+    through ``tune_options``."""
 
     global_batch_size: int
-    world_size: int = 1
-    world_size_given: bool = False  # an explicit --world-size, checked against the job's
-    device: str | None = None  # cpu, cuda, cuda:K; None: CUDA where there is one
-    memory_budget: int | None = None
-    strategies: tuple[str, ...] = STRATEGY_NAMES
-    max_workers: int | None = None
-    iterations: int = 100
-    alpha: float | None = None
-    tolerance: float | None = DEFAULT_TOLERANCE
-    safety: float = 0.1
-    seed: int = 0
-    method: str = "fast"  # "fast" or "exhaustive" worker search
-    worker_timeout: float = 60.0
-    progress: bool = True
-    spec: str | None = None
-    command: str | None = None
-    baseline: LoopSettings | None = TORCH_DEFAULTS  # the user's loader; None: not measured
-    read_order: str = "auto"  # "auto": windows where measured faster; "shuffle": never
+    world_size: int
+    world_size_given: bool  # an explicit --world-size, checked against the job's
+    device: str | None
+    memory_budget: int | None
+    strategies: tuple[str, ...]
+    max_workers: int | None
+    iterations: int
+    alpha: float | None
+    tolerance: float | None
+    safety: float
+    seed: int
+    method: str  # "fast" or "exhaustive" worker search
+    worker_timeout: float
+    progress: bool
+    spec: str | None
+    command: str | None
+    baseline: LoopSettings | None  # the user's loader; None: not measured
+    read_order: str  # "auto": windows where measured faster; "shuffle": never
 
     @property
     def local_batch_size(self) -> int:
@@ -63,91 +87,27 @@ class TuneOptions:
 
     def for_job(self, world_size: int) -> TuneOptions:
         """These options in a job of ``world_size`` ranks (the global batch rechecked)."""
-        check_options(global_batch_size=self.global_batch_size, world_size=world_size)
+        _check_split(self.global_batch_size, _int("--world-size", world_size, 1))
         return replace(self, world_size=world_size)
 
 
-def tune_options(
-    *,
-    global_batch_size: Any,
-    world_size: Any = 1,
-    device: Any = None,
-    memory_budget: Any = None,
-    strategies: Sequence[str] | None = None,
-    max_workers: Any = None,
-    iterations: Any = 100,
-    alpha: Any = None,
-    tolerance: Any = None,
-    safety: Any = 0.1,
-    seed: Any = 0,
-    search: Any = None,
-    worker_timeout: Any = 60.0,
-    progress: bool = True,
-    spec: str | None = None,
-    command: str | None = None,
-    baseline: Any = "default",
-    read_order: Any = "auto",
-) -> TuneOptions:
-    """Check every option and build ``TuneOptions``.
+def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
+    """Check every option and build ``TuneOptions``; ``given`` takes the keys of ``GIVEN``,
+    and each one left out its default there.
 
     Raises:
         UsageError: naming the option, what was expected and what was found.
+        TypeError: a key ``tune`` does not take.
     """
-    checked = check_options(
-        global_batch_size=global_batch_size,
-        world_size=world_size,
-        iterations=iterations,
-        seed=seed,
-        max_workers=max_workers,
-        alpha=alpha,
-        tolerance=tolerance,
-        safety=safety,
-        worker_timeout=worker_timeout,
-        search=search,
-        strategies=strategies,
-        device=device,
-    )
-    if read_order not in READ_ORDERS:
-        raise UsageError(
-            f"--read-order: expected one of {', '.join(READ_ORDERS)}, but got {read_order!r}"
-        )
-    return replace(
-        checked,
-        read_order=read_order,
-        world_size_given=world_size != 1,
-        device=None if device is None else str(device).strip().lower(),
-        memory_budget=check_budget(memory_budget),
-        progress=bool(progress),
-        spec=spec,
-        command=command,
-        baseline=parse_baseline(baseline),
-    )
-
-
-def check_options(
-    *,
-    global_batch_size: Any,
-    world_size: Any = 1,
-    iterations: Any = 100,
-    seed: Any = 0,
-    max_workers: Any = None,
-    alpha: Any = None,
-    tolerance: Any = None,
-    safety: Any = 0.1,
-    worker_timeout: Any = 60.0,
-    search: Any = None,
-    strategies: Sequence[str] | None = None,
-    device: Any = None,
-) -> TuneOptions:
-    """Check and normalise the tuner's options (``tune_options`` takes all of them).
-
-    Raises:
-        UsageError: naming the option, what was expected and what was found.
-    """
+    unknown = sorted(set(given) - set(GIVEN))
+    if unknown:
+        raise TypeError(f"tune() got an unexpected keyword argument {unknown[0]!r}")
+    g = {**GIVEN, **given}
     global_batch_size = _int("--global-batch-size", global_batch_size, 1)
-    world_size = _int("--world-size", world_size, 1)
-    iterations = _int("--iterations", iterations, 1)
-    seed = _int("--seed", seed, 0, 2**63 - 1)
+    world_size = _int("--world-size", g["world_size"], 1)
+    iterations = _int("--iterations", g["iterations"], 1)
+    seed = _int("--seed", g["seed"], 0, 2**63 - 1)
+    max_workers = g["max_workers"]
     if max_workers is not None:
         if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
             raise UsageError(
@@ -156,6 +116,7 @@ def check_options(
                 "tried beside it)"
             )
         max_workers = _int("--max-workers", max_workers, 1, 1024)
+    alpha, tolerance, safety = g["alpha"], g["tolerance"], g["safety"]
     if alpha is not None and tolerance is not None:
         raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
     if alpha is not None and not _number(alpha) >= 0:
@@ -164,42 +125,59 @@ def check_options(
         raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
     if not 0 <= _number(safety) < 1:
         raise UsageError(f"--safety: expected a fraction in [0, 1), but got {safety!r}")
+    worker_timeout = g["worker_timeout"]
     if not 0 < _number(worker_timeout) < 86_400:
         raise UsageError(
             f"--worker-timeout: expected seconds in (0, 86400), but got {worker_timeout!r}"
         )
-    method = search or ("exhaustive" if alpha is not None else "fast")
+    method = g["search"] or ("exhaustive" if alpha is not None else "fast")
     if method not in ("fast", "exhaustive"):
-        raise UsageError(f"--search: expected fast or exhaustive, but got {search!r}")
-    if alpha is None and tolerance is None:
-        tolerance = DEFAULT_TOLERANCE
-    names = list(strategies) if strategies else list(STRATEGY_NAMES)
+        raise UsageError(f"--search: expected fast or exhaustive, but got {g['search']!r}")
+    names = list(g["strategies"]) if g["strategies"] else list(STRATEGY_NAMES)
     unknown = [s for s in names if s not in STRATEGY_NAMES]
     if unknown:
         raise UsageError(
             f"--strategies: unknown strategy {unknown[0]!r}: expected names from "
             f"{', '.join(STRATEGY_NAMES)}"
         )
+    _check_split(global_batch_size, world_size)
+    device = g["device"]
+    if device is not None:
+        parse_device(device)
+    if g["read_order"] not in READ_ORDERS:
+        raise UsageError(
+            f"--read-order: expected one of {', '.join(READ_ORDERS)}, but got {g['read_order']!r}"
+        )
+    memory_budget = check_budget(g["memory_budget"])
+    return TuneOptions(
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        world_size_given=world_size != 1,
+        device=None if device is None else str(device).strip().lower(),
+        memory_budget=memory_budget,
+        strategies=tuple(names),
+        max_workers=max_workers,
+        iterations=iterations,
+        alpha=alpha,
+        tolerance=DEFAULT_TOLERANCE if alpha is None and tolerance is None else tolerance,
+        safety=float(safety),
+        seed=seed,
+        method=method,
+        worker_timeout=float(worker_timeout),
+        progress=bool(g["progress"]),
+        spec=g["spec"],
+        command=g["command"],
+        baseline=parse_baseline(g["baseline"]),
+        read_order=g["read_order"],
+    )
+
+
+def _check_split(global_batch_size: int, world_size: int) -> None:
     if global_batch_size % world_size:
         raise UsageError(
             f"--global-batch-size {global_batch_size} is not divisible by --world-size "
             f"{world_size}: every rank needs the same local batch size"
         )
-    if device is not None:
-        parse_device(device)
-    return TuneOptions(
-        global_batch_size=global_batch_size,
-        world_size=world_size,
-        iterations=iterations,
-        seed=seed,
-        max_workers=max_workers,
-        alpha=alpha,
-        tolerance=tolerance,
-        safety=float(safety),
-        worker_timeout=float(worker_timeout),
-        method=method,
-        strategies=tuple(names),
-    )
 
 
 def check_budget(value: Any) -> int | None:

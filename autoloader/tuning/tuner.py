@@ -23,7 +23,7 @@ from autoloader.tuning import stages
 from autoloader.tuning.collective import current_team
 from autoloader.tuning.devices import resolve_device
 from autoloader.tuning.findings import Findings, plan_of
-from autoloader.tuning.options import TuneOptions, tune_options
+from autoloader.tuning.options import GIVEN, TuneOptions, tune_options
 from autoloader.tuning.step import step_factory
 from autoloader.tuning.workload import Workload
 
@@ -32,26 +32,26 @@ def tune(
     dataset: Any,
     *,
     global_batch_size: int,
-    world_size: int = 1,
-    device: str | torch.device | None = None,
-    memory_budget: int | str | None = None,
+    world_size: int = GIVEN["world_size"],
+    device: str | torch.device | None = GIVEN["device"],
+    memory_budget: int | str | None = GIVEN["memory_budget"],
     step: Any = None,
-    strategies: Sequence[str] | None = None,
-    max_workers: int | None = None,
-    iterations: int = 100,
-    alpha: float | None = None,
-    tolerance: float | None = None,
-    safety: float = 0.1,
-    seed: int = 0,
-    progress: bool = True,
-    search: str | None = None,
-    worker_timeout: float = 60.0,
+    strategies: Sequence[str] | None = GIVEN["strategies"],
+    max_workers: int | None = GIVEN["max_workers"],
+    iterations: int = GIVEN["iterations"],
+    alpha: float | None = GIVEN["alpha"],
+    tolerance: float | None = GIVEN["tolerance"],
+    safety: float = GIVEN["safety"],
+    seed: int = GIVEN["seed"],
+    progress: bool = GIVEN["progress"],
+    search: str | None = GIVEN["search"],
+    worker_timeout: float = GIVEN["worker_timeout"],
     collate_fn: Any = None,
     memory_model: Any = None,
-    spec: str | None = None,
-    command: str | None = None,
-    baseline: Any = "default",
-    read_order: str = "auto",
+    spec: str | None = GIVEN["spec"],
+    command: str | None = GIVEN["command"],
+    baseline: Any = GIVEN["baseline"],
+    read_order: str = GIVEN["read_order"],
 ) -> Plan:
     """Tune a loader for ``dataset`` on this node and return the plan.
 
@@ -92,26 +92,10 @@ def tune(
             shuffled windows of them if that measures at least 1.2x faster than a global
             shuffle (``autoloader.tuning.read_order``); ``"shuffle"``: a global shuffle.
     """
-    opts = tune_options(
-        global_batch_size=global_batch_size,
-        world_size=world_size,
-        memory_budget=memory_budget,
-        device=None if isinstance(device, torch.device) else device,
-        strategies=strategies,
-        max_workers=max_workers,
-        iterations=iterations,
-        alpha=alpha,
-        tolerance=tolerance,
-        safety=safety,
-        seed=seed,
-        search=search,
-        worker_timeout=worker_timeout,
-        progress=progress,
-        spec=spec,
-        command=command,
-        baseline=baseline,
-        read_order=read_order,
-    )
+    given = {k: v for k, v in locals().items() if k in GIVEN}  # the options, as given
+    if isinstance(device, torch.device):
+        given["device"] = None  # the device itself, not a name to resolve
+    opts = tune_options(global_batch_size=global_batch_size, **given)
     target = device if isinstance(device, torch.device) else None
     return run(
         dataset, opts, step=step, collate_fn=collate_fn, memory_model=memory_model, device=target
