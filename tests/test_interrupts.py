@@ -163,3 +163,24 @@ def test_a_signal_once_the_plan_is_in_place_changes_nothing(
         "plan.toml",
         "plan.toml.sizes.npz",
     ]
+
+
+def test_a_stop_while_torch_is_still_importing_leaves_torch_alone(monkeypatch: Any) -> None:
+    """SIGTERM 0.8 s into ``autoloader tune`` found ``torch.utils.data`` in sys.modules
+    while torch was still importing; the handler imported ``compat``, whose check of
+    torch's names failed inside the handler, and the process aborted ("terminate called").
+    While torch is importing, the stop leaves it alone; once imported, it marks torch's
+    exit as before."""
+    import torch
+
+    from autoloader import compat
+    from autoloader.cli.interrupts import Interrupts
+
+    marked: list[bool] = []
+    monkeypatch.setattr(compat, "mark_interpreter_exiting", lambda: marked.append(True))
+    for importing in (True, False):
+        monkeypatch.setattr(torch.__spec__, "_initializing", importing, raising=False)
+        stops = Interrupts(for_the_process=True)
+        monkeypatch.setattr(stops, "_last_resort", lambda: None)
+        stops.ending()
+        assert marked == ([] if importing else [True])

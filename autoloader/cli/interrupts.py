@@ -113,7 +113,7 @@ class Interrupts:
         if not self.for_the_process or self._ending:
             return
         self._ending = True
-        if "torch.utils.data" in sys.modules:  # loaded: nothing to import now
+        if _imported("torch", "torch.utils.data.dataloader"):  # nothing to import now
             from autoloader import compat
 
             compat.mark_interpreter_exiting()
@@ -361,3 +361,14 @@ def _unsafe(frame: FrameType | None) -> bool:
                 return True
         frame = frame.f_back
     return False
+
+
+def _imported(*names: str) -> bool:
+    """Every module of ``names`` is imported, and none half-way: a signal during torch's
+    own import finds ``torch.utils.data`` in ``sys.modules`` before its names are defined,
+    and importing ``compat`` then (which checks them) would fail inside the handler."""
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return False
+    return True
