@@ -107,22 +107,9 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
     world_size = _int("--world-size", g["world_size"], 1)
     iterations = _int("--iterations", g["iterations"], 1)
     seed = _int("--seed", g["seed"], 0, 2**63 - 1)
-    max_workers = g["max_workers"]
-    if max_workers is not None:
-        if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
-            raise UsageError(
-                f"--max-workers: expected an integer in [1, 1024], but got {max_workers!r} "
-                "(the search always times 0 workers; --max-workers is the largest count "
-                "tried beside it)"
-            )
-        max_workers = _int("--max-workers", max_workers, 1, 1024)
+    max_workers = _max_workers(g["max_workers"])
     alpha, tolerance, safety = g["alpha"], g["tolerance"], g["safety"]
-    if alpha is not None and tolerance is not None:
-        raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
-    if alpha is not None and not _number(alpha) >= 0:
-        raise UsageError(f"--alpha: expected seconds >= 0, but got {alpha!r}")
-    if tolerance is not None and not 0 <= _number(tolerance) < 1:
-        raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
+    _check_rule(alpha, tolerance)
     if not 0 <= _number(safety) < 1:
         raise UsageError(f"--safety: expected a fraction in [0, 1), but got {safety!r}")
     worker_timeout = g["worker_timeout"]
@@ -170,6 +157,28 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
         baseline=parse_baseline(g["baseline"]),
         read_order=g["read_order"],
     )
+
+
+def _max_workers(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        raise UsageError(
+            f"--max-workers: expected an integer in [1, 1024], but got {value!r} "
+            "(the search always times 0 workers; --max-workers is the largest count "
+            "tried beside it)"
+        )
+    return _int("--max-workers", value, 1, 1024)
+
+
+def _check_rule(alpha: Any, tolerance: Any) -> None:
+    """The worker search's rule: the paper's seconds or a tolerance, one of them."""
+    if alpha is not None and tolerance is not None:
+        raise UsageError("--alpha and --tolerance are alternatives: give one, not both")
+    if alpha is not None and not _number(alpha) >= 0:
+        raise UsageError(f"--alpha: expected seconds >= 0, but got {alpha!r}")
+    if tolerance is not None and not 0 <= _number(tolerance) < 1:
+        raise UsageError(f"--tolerance: expected a fraction in [0, 1), but got {tolerance!r}")
 
 
 def _check_split(global_batch_size: int, world_size: int) -> None:
