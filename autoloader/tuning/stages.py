@@ -369,24 +369,18 @@ def worker_search(
     result: LoaderPlan | Exception
     found = None
     try:
-        found = workers.search(
-            work.dataset,
-            work.sizes,
-            local,
-            max_workers=n_max,
-            timing=timing,
-            rule=rule,
-            device=work.device,
+        config = workers.SearchConfig(
+            n_max,
+            timing,
+            rule,
             method=opts.method,
-            seed=opts.seed,
             progress=opts.progress,
             worker_init_fn=PinWorkers(where.pinned) if where.pinned else None,
-            collate_fn=work.collate_fn,
             extent=extent,
             budget=budget,
             batch_bytes=batch_bytes,
-            read_order=work.read_order,
         )
+        found = workers.search(work, local, config)
         result = sized_for(
             found,
             LoaderPlan(

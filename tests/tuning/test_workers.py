@@ -10,6 +10,7 @@ import sys
 import time
 import types
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,15 +20,25 @@ from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
 from autoloader.datasets.reads import SampleError
+from autoloader.feed.collate import collate
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host.budget import HostBudget
 from autoloader.sizes import sample_sizes
-from autoloader.tuning.workers import Candidate, Rule, Timing, choose, doubling_grid, measure
+from autoloader.tuning.workers import (
+    Candidate,
+    Rule,
+    SearchConfig,
+    Timing,
+    choose,
+    doubling_grid,
+    measure,
+)
 from autoloader.tuning.workers import search as run_search
 from autoloader.tuning.workers.extent import Extent
 from autoloader.tuning.workers.model import ModelledNode, saturating, waiting
 from autoloader.tuning.workers.search import exhaustive, fast, fast_search
 from autoloader.tuning.workers.settings import persistent_workers, prefetch_factor
+from autoloader.tuning.workload import Workload
 
 
 def cand(w: int, total: float, batches: int = 100, status: str = "ok", **kw: float) -> Candidate:
@@ -252,18 +263,17 @@ class HangsInWorkers(DiesInWorkers):
         return torch.zeros(4)
 
 
+ONE_WORKER = SearchConfig(1, Timing(iterations=5, timeout=2.0), Rule())
+
+
+def workload(ds: Any, sizes: Any) -> Workload:
+    return Workload(ds, sizes, torch.device("cpu"), collate, 2.0, 0, 1)
+
+
 def test_a_crashing_count_is_recorded_and_the_search_goes_on() -> None:
     ds = DiesInWorkers()
     sizes = sample_sizes(ds)
-    choice = run_search(
-        ds,
-        sizes,
-        4,
-        max_workers=1,
-        timing=Timing(iterations=5, timeout=2.0),
-        rule=Rule(),
-        device=torch.device("cpu"),
-    )
+    choice = run_search(workload(ds, sizes), 4, ONE_WORKER)
     by_w = {c.workers: c for c in choice.trace}
     assert by_w[0].ok and by_w[0].batches == 5
     assert by_w[1].status.startswith("failed: DataLoader")
@@ -274,15 +284,7 @@ def test_a_sample_that_hangs_in_a_worker_is_named() -> None:
     """A hang is the dataset's fault (as an exception is): named, not worked around."""
     ds = HangsInWorkers()
     with pytest.raises(SampleError) as caught:
-        run_search(
-            ds,
-            sample_sizes(ds),
-            4,
-            max_workers=1,
-            timing=Timing(iterations=5, timeout=2.0),
-            rule=Rule(),
-            device=torch.device("cpu"),
-        )
+        run_search(workload(ds, sample_sizes(ds)), 4, ONE_WORKER)
     assert re.fullmatch(
         r"sample \d+ did not return within 2 s in a worker process \(--worker-timeout\)",
         caught.value.detail,

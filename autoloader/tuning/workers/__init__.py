@@ -7,25 +7,22 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-import numpy as np
-import torch
-
-from autoloader.feed.collate import collate
 from autoloader.host import doubling_grid
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import LimitsProbe
-from autoloader.samplers.order import Windows
 from autoloader.tuning.workers import search as _search
 from autoloader.tuning.workers.extent import Extent, per_worker_bytes
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate, Timing, measure
 from autoloader.tuning.workers.search import Rule, choose
 from autoloader.tuning.workers.settings import Setting, Sizing
+from autoloader.tuning.workload import Workload
 
 __all__ = [
     "PREFETCH_FACTOR",
     "Candidate",
     "Extent",
     "Rule",
+    "SearchConfig",
     "Timing",
     "WorkerChoice",
     "choose",
@@ -74,61 +71,71 @@ class WorkerChoice:
         }
 
 
-def search(
-    dataset: Any,
-    sizes: np.ndarray,
-    batch_size: int,
-    *,
-    max_workers: int,
-    timing: Timing,
-    rule: Rule,
-    device: torch.device,
-    method: str = "fast",
-    seed: int = 0,
-    progress: bool = False,
-    worker_init_fn: Callable[[int], None] | None = None,
-    collate_fn: Callable[[list[Any]], Any] = collate,
-    extent: Extent | None = None,
-    budget: HostBudget | None = None,
-    batch_bytes: int = 0,
-    read_order: Windows | None = None,
-) -> WorkerChoice:
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the worker search runs; what it measures is the ``Workload``.
+
+    Attributes:
+        max_workers: the largest count searched (the fast search goes past it where
+            ``extent`` allows).
+        timing: how each count is timed.
+        rule: how the count is chosen from the trace.
+        method: "fast" (doubling grid, early stops, bisection) or "exhaustive".
+        progress: show a progress bar on stderr.
+        worker_init_fn: run in each worker as it starts (CPU placement).
+        extent: how far past ``max_workers`` the fast search may go (None: not past it).
+        budget: the host's memory and /dev/shm budget the counts must fit.
+        batch_bytes: the largest batch in flight, for the budget.
+    """
+
+    max_workers: int
+    timing: Timing
+    rule: Rule
+    method: str = "fast"
+    progress: bool = False
+    worker_init_fn: Callable[[int], None] | None = None
+    extent: Extent | None = None
+    budget: HostBudget | None = None
+    batch_bytes: int = 0
+
+
+def search(work: Workload, batch_size: int, config: SearchConfig) -> WorkerChoice:
     """Search ``0..max_workers`` (``method`` "fast" or "exhaustive") and choose; the fast
     search goes past ``max_workers`` where ``extent`` allows. A count whose batches in
     flight (``batch_bytes`` at most each) or processes do not fit the host's ``budget``,
     or whose workers this process's limits (open files, processes and threads, address
     space: ``ProcessLimits``, read before each count) cannot hold, is not run: it is in
     the trace as skipped, with why. A count whose workers fail to start anyway is in it
-    as failed, and the search goes on. Batches are read in ``read_order`` (None: a global
-    shuffle), the plan's.
+    as failed, and the search goes on. Batches are read in the workload's read order
+    (None: a global shuffle), the plan's.
 
     Raises:
         RuntimeError: every count failed (the dataset cannot be loaded at all).
     """
+    c = config
     from tqdm import tqdm
 
     bar = tqdm(
         desc="worker search",
         unit="count",
-        disable=not progress,
+        disable=not c.progress,
         leave=False,
-        total=max_workers + 1 if method == "exhaustive" else None,
+        total=c.max_workers + 1 if c.method == "exhaustive" else None,
     )
     run = partial(
         measure,
-        dataset,
-        sizes,
+        work.dataset,
+        work.sizes,
         batch_size,
-        timing=timing,
-        device=device,
-        seed=seed,
-        worker_init_fn=worker_init_fn,
-        collate_fn=collate_fn,
-        read_order=read_order,
+        timing=c.timing,
+        device=work.device,
+        seed=work.seed,
+        worker_init_fn=c.worker_init_fn,
+        collate_fn=work.collate_fn,
+        read_order=work.read_order,
     )
-    within = _Within(run, budget, batch_bytes)
-    if extent is not None:
-        extent = replace(extent, limits=within.limits)
+    within = _Within(run, c.budget, c.batch_bytes)
+    extent = None if c.extent is None else replace(c.extent, limits=within.limits)
 
     def measured(w: int, slower_than: float | None) -> Candidate:
         bar.set_postfix_str(f"{w} workers")
@@ -138,20 +145,23 @@ def search(
 
     reach = None
     try:
-        if method == "exhaustive":
-            trace = _search.exhaustive(measured, max_workers)
+        if c.method == "exhaustive":
+            trace = _search.exhaustive(measured, c.max_workers)
         else:
-            trace, reach = _search.fast_search(measured, max_workers, rule, extent)
+            trace, reach = _search.fast_search(measured, c.max_workers, c.rule, extent)
     finally:
         bar.close()
     if not any(c.ok for c in trace):
         raise RuntimeError(f"every worker count failed; with 0 workers: {trace[0].status}")
-    chosen_w = choose(trace, rule)
-    chosen = next(c for c in trace if c.workers == chosen_w)
-    serial = next((c for c in trace if c.workers == 0), None)
-    sizing = Sizing(serial, rule.step_seconds, budget, batch_bytes, -(-len(sizes) // batch_size))
+    chosen_w = choose(trace, c.rule)
+    chosen = next(t for t in trace if t.workers == chosen_w)
+    serial = next((t for t in trace if t.workers == 0), None)
+    batches = -(-len(work.sizes) // batch_size)
+    sizing = Sizing(serial, c.rule.step_seconds, c.budget, c.batch_bytes, batches)
     depth, persistent = sizing.settings(chosen)
-    return WorkerChoice(chosen_w, depth, persistent, rule.describe(), method, trace, sizing, reach)
+    return WorkerChoice(
+        chosen_w, depth, persistent, c.rule.describe(), c.method, trace, sizing, reach
+    )
 
 
 class _Within:
