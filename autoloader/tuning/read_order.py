@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from autoloader.datasets.reads import Guarded
+from autoloader.host.run_delay import run_delay
 from autoloader.samplers import RandomBatchSampler
 from autoloader.samplers.order import Windows
 from autoloader.tuning.batching import BatchingChoice, Replay, all_local_batches, replay
@@ -260,11 +261,13 @@ def _seconds_per_sample(
     work: Workload, batches: Iterator[list[int]], seconds: float, at_least: int = 3
 ) -> float:
     """Read ``batches`` from a fresh copy of the dataset for ``seconds`` and at least
-    ``at_least`` batches (never past ``MAX_MEASURE_SECONDS``)."""
+    ``at_least`` batches (never past ``MAX_MEASURE_SECONDS``): the seconds a sample, less
+    the time this thread waited for a CPU (``run_delay``): the two orders are read one
+    after the other, and a neighbour busy during one of them is not the order's cost."""
     reader = Guarded(_fresh(work.dataset), work.timeout)
     reader[0]  # opens the files: not a read of the order's
     samples, count = 0, 0
-    start = time.perf_counter()
+    start, delayed = time.perf_counter(), run_delay()
     while True:
         batch = next(batches)
         reader.__getitems__(batch)
@@ -272,7 +275,8 @@ def _seconds_per_sample(
         count += 1
         took = time.perf_counter() - start
         if (took >= seconds and count >= at_least) or took >= MAX_MEASURE_SECONDS:
-            return took / samples
+            ran = took - (run_delay() - delayed)
+            return (ran if ran > 0 else took) / samples
 
 
 def _fresh(dataset: Any) -> Any:
