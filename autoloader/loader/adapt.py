@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -119,7 +120,7 @@ class EpochMeasure:
         if self.warm_seconds is None or steady < 1:
             return self.first_wait_seconds
         pace = (self.loop_seconds - self.warm_seconds) / steady
-        return max(self.first_wait_seconds, self.warm_seconds - self.warm_batches * pace)
+        return refill_cost(self.first_wait_seconds, [(self.warm_seconds, self.warm_batches)], pace)
 
     @property
     def wait_fraction(self) -> float:
@@ -165,6 +166,13 @@ class EpochMeasure:
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
         return max(0.0, self.loop_seconds - self._warm) / steady
+
+
+def refill_cost(first_wait: float, refills: Iterable[tuple[float, int]], pace: float) -> float:
+    """What (re)starting the workers cost the loop: each refill's seconds (from the start
+    to a full prefetch queue) over what its batches take at ``pace``; the dearest, and at
+    least the first batch's wait."""
+    return max([first_wait, *(seconds - batches * pace for seconds, batches in refills)])
 
 
 @dataclass(frozen=True)
@@ -743,7 +751,7 @@ class Adapter:
             m,
             setting,
             f"the loop waited past {self.threshold:.0%} of its time over its last "
-            f"{self._loading.batches} batches, not in a burst: the workers are behind the "
+            f"{loading.batches} batches, not in a burst: the workers are behind the "
             "step on average, which a deeper queue cannot change",
             key="the loop waited past",
         )

@@ -34,6 +34,7 @@ from autoloader.loader.adapt import (
     EpochMeasure,
     Limits,
     Settings,
+    refill_cost,
 )
 from autoloader.loader.background import Background
 from autoloader.loader.drift import Drift, MemoryWatch
@@ -344,8 +345,8 @@ class EpochIter:
         self._warm_wait = 0.0
         self._warm_seconds: float | None = None
         self._skip = self._warm_batches
-        # the latest restart inside the epoch (when it began, the batch count then), and
-        # each (re)start's seconds until the queue was full, with its batches
+        # a restart inside the epoch until its queue is full (when it began, the batch
+        # count then), and each (re)start's seconds until the queue was full, its batches
         self._restarted: tuple[float, int] | None = None
         self._refills: list[tuple[float, int]] = []
         self._done = False
@@ -399,6 +400,7 @@ class EpochIter:
                     if self._restarted is not None:
                         began, count = self._restarted
                         self._refills.append((time.perf_counter() - began, self._count - count))
+                        self._restarted = None
             elif self._window is not None and self._window.add(waited):
                 self._judge_window()
         return batch
@@ -449,8 +451,7 @@ class EpochIter:
         seconds from the start (or the change, the old workers' shutdown with it) until
         the queue was full, over what those batches take at ``m``'s pace; the dearest, and
         at least the epoch's first wait."""
-        pace = m.loop_seconds / m.batches
-        return max([self._first_wait, *(s - b * pace for s, b in self._refills)])
+        return refill_cost(self._first_wait, self._refills, m.loop_seconds / m.batches)
 
     def _collect_memory(self) -> None:
         """The workers' memory, where a read at this count has finished."""

@@ -93,10 +93,10 @@ def tune(
             shuffle (``autoloader.tuning.read_order``); ``"shuffle"``: a global shuffle.
     """
     given = {k: v for k, v in locals().items() if k in GIVEN}  # the options, as given
-    if isinstance(device, torch.device):
+    target = device if isinstance(device, torch.device) else None
+    if target is not None:
         given["device"] = None  # the device itself, not a name to resolve
     opts = tune_options(global_batch_size=global_batch_size, **given)
-    target = device if isinstance(device, torch.device) else None
     return run(
         dataset, opts, step=step, collate_fn=collate_fn, memory_model=memory_model, device=target
     )
