@@ -69,6 +69,10 @@ MAX_UNDONE, CHANGE_EPOCHS = 2, 10
 # over 32 (``noise``), 71% over one window of 8.
 SPAN = 32
 TRIAL_BATCHES = 16  # a raise is judged over at least this many batches after it
+# A raise whose gain is within ``min_gain`` either way is judged on, over the last SPAN
+# batches (the ones nearest its restart drop out first), until this many batches after it:
+# workers started together deliver in step at first, and only later at their pace.
+TRIAL_MAX_BATCHES = 2 * SPAN
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,7 @@ class Adapter:
         self._settled: dict[str, Loading] = {}
         self._loading = Loading()  # the loop over the last SPAN batches at these settings
         self._before_raise: Loading | None = None
+        self._trial_batches = 0  # steady batches measured since the raise on trial
         self._per_worker_bytes: float | None = None
         self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
@@ -451,14 +456,17 @@ class Adapter:
                 ref.add(m)
         trial = self._trial
         if trial is not None:
+            self._trial_batches += m.steady_batches
             # judged over a few rounds of the workers: one window of 8 batches at 8
             # workers is one round, its timing the phase the workers were in
             need = max(TRIAL_BATCHES, 2 * self.settings.num_workers)
             if m.batch is not None and self._loading.batches < need:
                 return []
-            self._trial = None
             was, now = self._reference(trial), self._loading
             gain = now.samples_per_second / was.samples_per_second - 1
+            if -self.min_gain < gain < self.min_gain and self._trial_batches < TRIAL_MAX_BATCHES:
+                return []  # not yet told apart from noise: judged on
+            self._trial, self._before_raise = None, None
             if gain < self.min_gain:
                 self._settled[trial.setting] = was
                 return self._change(
@@ -487,6 +495,7 @@ class Adapter:
             return []
         for setting, after, why in self._raises(m):
             self._before_raise = self._loading.reference()
+            self._trial_batches = 0
             self._trial = RaiseOnTrial(
                 setting,
                 self._value(setting),
@@ -506,8 +515,7 @@ class Adapter:
         ref = self._before_raise
         if ref is None or ref.workers != trial.workers:
             sps = trial.baseline_samples_per_second
-            ref = Loading.of(trial.workers, trial.loading_seconds, sps)
-        self._before_raise = None
+            ref = self._before_raise = Loading.of(trial.workers, trial.loading_seconds, sps)
         return ref
 
     @property
@@ -577,6 +585,7 @@ class Adapter:
         self._loading = Loading()
         in_force = trial is not None and self._value(trial.setting) == trial.after
         self._trial = trial if in_force else None
+        self._before_raise, self._trial_batches = None, 0
 
     def _decline(self, m: EpochMeasure, setting: str, reason: str, key: str = "") -> None:
         """Keep (and log, once per reason, or per ``key``) a raise not tried."""
@@ -840,7 +849,7 @@ class Adapter:
         self.settings = replace(self.settings, num_workers=workers)
         most = workers if cap is None else max(workers, cap)
         self.limits = replace(self.limits, max_workers=min(self.limits.max_workers, most))
-        self._trial = None
+        self._trial, self._before_raise = None, None
         self.history.append(change)
         self._loading = Loading()  # the loop at the new settings is measured afresh
         return change
