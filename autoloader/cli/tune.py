@@ -59,7 +59,15 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dataset", metavar="DATASET")
-    p.add_argument(
+    _output_options(p.add_argument_group("the plan"))
+    _training_options(p.add_argument_group("the training it is for"))
+    _search_options(p.add_argument_group("the worker search"))
+    _reading_options(p.add_argument_group("reading and comparing"))
+    p.set_defaults(run=run)
+
+
+def _output_options(g: Any) -> None:
+    g.add_argument(
         "-o",
         "--out",
         metavar="PLAN",
@@ -69,59 +77,74 @@ def register(sub: Any) -> None:
         "the link kept, a device or FIFO written through; the dataset, files inside it and "
         "the --step module are refused",
     )
-    p.add_argument(
+    g.add_argument(
         "--save-on-each-node",
         action="store_true",
         help="in a collective tune, write --out on every node (by its first rank), for nodes "
         "that share no file system, such as Kubernetes pods with a plan emptyDir; leave it off "
         "where --out is on shared storage, where rank 0 alone writes it",
     )
-    p.add_argument(
+    g.add_argument("--json", action="store_true", help="print the plan as JSON")
+    g.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
+
+
+def _training_options(g: Any) -> None:
+    g.add_argument(
         "--global-batch-size",
         type=_int,
         default=64,
         metavar="N",
         help="samples per optimiser step over all ranks (default: 64)",
     )
-    p.add_argument(
+    g.add_argument(
         "--world-size",
         type=_int,
         default=GIVEN["world_size"],
         metavar="N",
         help="ranks that will train (default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
         "--device",
         metavar="cpu|cuda|cuda:K",
         help="training device (default: cuda if available, else cpu)",
     )
-    p.add_argument(
+    g.add_argument(
         "--memory-budget",
         metavar="BYTES",
         help="memory to plan for, e.g. 30GiB, 40GB, 512MiB; overrides the probe",
     )
-    p.add_argument(
-        "--step",
-        metavar="MODULE:CALLABLE",
-        help="a training step step(batch) (or a zero-argument factory of one)",
-    )
-    p.add_argument(
-        "--transform",
-        metavar="MODULE:FN",
-        help="a picklable function applied to "
-        "each sample in the workers (sizes stay the stored samples')",
-    )
-    p.add_argument(
-        "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
-    )
-    p.add_argument(
+    g.add_argument(
         "--safety",
         type=float,
         default=GIVEN["safety"],
         metavar="FRACTION",
         help="fraction of free memory kept in reserve (default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
+        "--step",
+        metavar="MODULE:CALLABLE",
+        help="a training step step(batch) (or a zero-argument factory of one)",
+    )
+    g.add_argument(
+        "--transform",
+        metavar="MODULE:FN",
+        help="a picklable function applied to "
+        "each sample in the workers (sizes stay the stored samples')",
+    )
+    g.add_argument(
+        "--strategies", metavar="a,b,...", help="sampler strategies to consider (default: all)"
+    )
+    g.add_argument(
+        "--seed",
+        type=_int,
+        default=GIVEN["seed"],
+        metavar="N",
+        help="sampler seed (default: %(default)s)",
+    )
+
+
+def _search_options(g: Any) -> None:
+    g.add_argument(
         "--max-workers",
         type=_int,
         metavar="N",
@@ -129,14 +152,14 @@ def register(sub: Any) -> None:
         "them, doubling, while the workers wait on reads rather than compute, within host "
         "memory, /dev/shm and 8 per CPU)",
     )
-    p.add_argument(
+    g.add_argument(
         "--iterations",
         type=_int,
         default=GIVEN["iterations"],
         metavar="N",
         help="batches timed per worker count (default: %(default)s)",
     )
-    rule = p.add_mutually_exclusive_group()
+    rule = g.add_mutually_exclusive_group()
     rule.add_argument(
         "--alpha",
         type=float,
@@ -149,13 +172,13 @@ def register(sub: Any) -> None:
         metavar="FRACTION",
         help=f"more workers must be faster by more than FRACTION (default {DEFAULT_TOLERANCE})",
     )
-    p.add_argument(
+    g.add_argument(
         "--search",
         choices=("fast", "exhaustive"),
         help="fast: doubling grid, early stops, bisection (default); exhaustive: every count, "
         "--iterations batches each, as the paper (the default with --alpha)",
     )
-    p.add_argument(
+    g.add_argument(
         "--worker-timeout",
         type=float,
         default=GIVEN["worker_timeout"],
@@ -164,30 +187,10 @@ def register(sub: Any) -> None:
         "error naming it; workers stuck where no signal reaches (in C code) get 1.5x this + 1 s "
         "and their count is recorded as hung (default %(default)s)",
     )
-    p.add_argument(
-        "--seed",
-        type=_int,
-        default=GIVEN["seed"],
-        metavar="N",
-        help="sampler seed (default: %(default)s)",
-    )
-    p.add_argument(
-        "--baseline",
-        metavar='"key=value,..."',
-        default=GIVEN["baseline"],
-        help="your own loader, timed in the same run as the plan and shown beside it with a "
-        "diagnosis (input-, compute- or memory-bound): num_workers, pin_memory, "
-        "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
-        "the ranks), num_threads. Default: torch's DataLoader defaults; none: skip it",
-    )
-    _read_order_option(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bars, no summary")
-    p.set_defaults(run=run)
 
 
-def _read_order_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def _reading_options(g: Any) -> None:
+    g.add_argument(
         "--read-order",
         choices=READ_ORDERS,
         default=GIVEN["read_order"],
@@ -195,6 +198,15 @@ def _read_order_option(p: argparse.ArgumentParser) -> None:
         "Parquet row groups), read it in shuffled windows of them if that measures at least "
         "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
         "global shuffle (default: %(default)s)",
+    )
+    g.add_argument(
+        "--baseline",
+        metavar='"key=value,..."',
+        default=GIVEN["baseline"],
+        help="your own loader, timed in the same run as the plan and shown beside it with a "
+        "diagnosis (input-, compute- or memory-bound): num_workers, pin_memory, "
+        "prefetch_factor, persistent_workers, batch_size (default: the global batch over "
+        "the ranks), num_threads. Default: torch's DataLoader defaults; none: skip it",
     )
 
 
