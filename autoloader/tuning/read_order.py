@@ -93,45 +93,12 @@ def choose_read_order(
     ``strategy`` in a global shuffle, which the windowed replay is held against."""
     local_batch_size = shuffled.local_batch_size
     blocks = storage_blocks(work.dataset)
-    if blocks is None:
-        return _shuffle(
-            "the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
-            "ROOT clusters, Parquet row groups)"
-        )
-    count = len(blocks) - 1
-    if count < MIN_BLOCKS:
-        return _shuffle(
-            f"the data is {count} storage block{'s' * (count != 1)}: nothing to shuffle between"
-        )
-    cache = cache_bytes(work.dataset)
-    total = int(work.sizes.sum())
-    if total <= cache:
-        return _shuffle(
-            f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
-            "a global shuffle decodes each block once too"
-        )
-    block = max(1, int(np.median(np.diff(blocks))))
-    g = local_batch_size * work.world_size
-    n = len(work.sizes)
-    cap = min(int(cache * CACHE_SHARE), memory_budget_bytes // HOST_SHARE)
-    window = plan_window(work.sizes, block, g, cap)
-    probe = Windows(block, max(block, 4 * g))
-    cold, windowed_s = _measure(work, local_batch_size, probe)
-    hits = cache / total  # of a warm global shuffle's reads
-    random_s = hits * windowed_s + (1 - hits) * cold
-    speedup = random_s / windowed_s if windowed_s > 0 else 1.0
-    evidence: dict[str, Any] = {
-        "storage_blocks": count,
-        "block": block,
-        "window": window,
-        "window_share": round(window / n, 4),
-        "cache_share": round(hits, 4),
-        "random_seconds_per_sample": random_s,
-        "windowed_seconds_per_sample": windowed_s,
-        "speedup": round(speedup, 3),
-    }
-    windows = Windows(block, window)
-    evidence.update(shuffle_quality(work, local_batch_size, blocks, windows))
+    unmeasured = _nothing_to_measure(work, blocks)
+    if unmeasured is not None:
+        return _shuffle(unmeasured)
+    assert blocks is not None
+    windows, evidence = _measure_orders(work, local_batch_size, blocks, memory_budget_bytes)
+    speedup = evidence["speedup"]
     if speedup < KEEP_SPEEDUP:
         return _shuffle(
             f"windows read {speedup:.2f}x as fast as a global shuffle here, under "
@@ -150,26 +117,83 @@ def choose_read_order(
     )
     evidence["worst_batch_bytes"] = windowed.worst_batch_bytes
     evidence["shuffle_worst_batch_bytes"] = shuffled.worst_batch_bytes
-    balancing = strategy != "random"  # random's worst batch is chance in either order
-    if balancing and windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
-        return _shuffle(
-            f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
-            f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
-            f"({shuffled.worst_batch_bytes})",
-            evidence,
-        )
-    if model.predict(windowed.worst_batch_bytes) > budget_bytes:
-        return _shuffle(
-            f"{strategy}'s worst batch in windows ({windowed.worst_batch_bytes} "
-            "bytes) is predicted over the memory budget",
-            evidence,
-        )
+    refused = _windowed_batches_refused(strategy, windowed, shuffled, model, budget_bytes)
+    if refused is not None:
+        return _shuffle(refused, evidence)
     evidence["chosen"] = "windows"
     evidence["reason"] = (
-        f"windows of {window} samples read {speedup:.2f}x as fast as a "
+        f"windows of {windows.window} samples read {speedup:.2f}x as fast as a "
         "global shuffle, measured on this data"
     )
     return ReadOrder(windows, evidence, windowed)
+
+
+def _nothing_to_measure(work: Workload, blocks: np.ndarray | None) -> str | None:
+    """Why windows cannot pay on this data, unmeasured (None: they may)."""
+    if blocks is None:
+        return (
+            "the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
+            "ROOT clusters, Parquet row groups)"
+        )
+    count = len(blocks) - 1
+    if count < MIN_BLOCKS:
+        return f"the data is {count} storage block{'s' * (count != 1)}: nothing to shuffle between"
+    cache, total = cache_bytes(work.dataset), int(work.sizes.sum())
+    if total <= cache:
+        return (
+            f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
+            "a global shuffle decodes each block once too"
+        )
+    return None
+
+
+def _measure_orders(
+    work: Workload, local_batch_size: int, blocks: np.ndarray, memory_budget_bytes: int
+) -> tuple[Windows, dict[str, Any]]:
+    """The windows the plan would read in, and the evidence of both orders' reads: a small
+    window is read (the window's size is not what the measurement reads), and a global
+    shuffle's cost is the measured cold one for the share of reads a warm cache misses."""
+    block = max(1, int(np.median(np.diff(blocks))))
+    g = local_batch_size * work.world_size
+    cache, total = cache_bytes(work.dataset), int(work.sizes.sum())
+    cap = min(int(cache * CACHE_SHARE), memory_budget_bytes // HOST_SHARE)
+    window = plan_window(work.sizes, block, g, cap)
+    cold, windowed_s = _measure(work, local_batch_size, Windows(block, max(block, 4 * g)))
+    hits = cache / total  # of a warm global shuffle's reads
+    random_s = hits * windowed_s + (1 - hits) * cold
+    speedup = random_s / windowed_s if windowed_s > 0 else 1.0
+    evidence: dict[str, Any] = {
+        "storage_blocks": len(blocks) - 1,
+        "block": block,
+        "window": window,
+        "window_share": round(window / len(work.sizes), 4),
+        "cache_share": round(hits, 4),
+        "random_seconds_per_sample": random_s,
+        "windowed_seconds_per_sample": windowed_s,
+        "speedup": round(speedup, 3),
+    }
+    windows = Windows(block, window)
+    evidence.update(shuffle_quality(work, local_batch_size, blocks, windows))
+    return windows, evidence
+
+
+def _windowed_batches_refused(
+    strategy: str, windowed: Replay, shuffled: Replay, model: MemoryModel, budget_bytes: int
+) -> str | None:
+    """Why the strategy's batches in windows are refused (None: they are kept)."""
+    balancing = strategy != "random"  # random's worst batch is chance in either order
+    if balancing and windowed.worst_batch_bytes > BALANCE_SLACK * shuffled.worst_batch_bytes:
+        return (
+            f"{strategy}'s worst batch in windows is {windowed.worst_batch_bytes} "
+            f"bytes, over {BALANCE_SLACK}x its worst in a global shuffle "
+            f"({shuffled.worst_batch_bytes})"
+        )
+    if model.predict(windowed.worst_batch_bytes) > budget_bytes:
+        return (
+            f"{strategy}'s worst batch in windows ({windowed.worst_batch_bytes} "
+            "bytes) is predicted over the memory budget"
+        )
+    return None
 
 
 def storage_blocks(dataset: Any) -> np.ndarray | None:
