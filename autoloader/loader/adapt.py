@@ -18,7 +18,9 @@ The policy is a hill climb with one step back:
   ``prefetch_factor``, else (a device feed, where the plan's memory budget allows) a
   deeper ``device_prefetch``;
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
-  if it does not, the raise is undone and that setting is not raised again while
+  one that costs more than ``min_gain`` is undone at once, and one within ``min_gain``
+  either way is judged on (workers started together deliver in step at first) until
+  ``TRIAL_MAX_BATCHES`` after it; a raise undone leaves that setting unraised while
   loading stays as it was (settled), so a steady dataset changes it at most twice;
 - an epoch that was fed (wait at or under the threshold) changes nothing;
 - whatever conditions do, a setting whose raises were undone ``MAX_UNDONE`` times in
