@@ -33,6 +33,7 @@ class Key:
     minimum: float | None = None
     choices: tuple[str, ...] | None = None
     maximum: float | None = None
+    below: float | None = None  # an upper bound the value never reaches
 
     def expected(self) -> str:
         noun = {
@@ -45,6 +46,8 @@ class Key:
         }[self.kind]
         if self.choices:
             return f"one of {', '.join(repr(c) for c in self.choices)}"
+        if self.minimum is not None and self.below is not None:
+            return f"{noun} in [{_num(self.minimum)}, {_num(self.below)})"
         if self.minimum is not None and self.maximum is not None:
             return f"{noun} in [{_num(self.minimum)}, {_num(self.maximum)}]"
         if self.minimum is not None:
@@ -69,6 +72,8 @@ class Key:
             ok = value >= self.minimum
         if ok and self.maximum is not None:
             ok = value <= self.maximum
+        if ok and self.below is not None:
+            ok = value < self.below
         if ok and self.choices is not None:
             ok = value in self.choices
         return ok
@@ -156,9 +161,9 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         False,
         True,
         {
-            "budget_bytes": Key("int", minimum=0),
+            "budget_bytes": Key("int", minimum=1),  # a tune with none left refuses to plan
             "predicted_peak_bytes": Key("int", minimum=0),
-            "safety": Key("number", minimum=0),
+            "safety": Key("number", minimum=0, below=1),  # as --safety
             "model": Key("table"),
             "reserve_bytes": Key("int", minimum=0),
             "reserve": Key("table"),

@@ -114,6 +114,18 @@ def test_round_trip_through_toml_keeps_every_table(tmp_path: Path) -> None:
             MINIMAL.replace("num_workers = 2", "num_workers = 0\nprefetch_factor = 2"),
             "key 'loader.prefetch_factor': only valid with num_workers > 0",
         ),
+        (  # all of the free memory kept in reserve, or more
+            MINIMAL + "[memory]\nsafety = 5.0\n",
+            "key 'memory.safety': expected a number in [0, 1), found 5.0 (float)",
+        ),
+        (
+            MINIMAL + "[memory]\nsafety = 1\n",
+            "key 'memory.safety': expected a number in [0, 1), found 1 (integer)",
+        ),
+        (  # nothing to plan for: a tune refuses it
+            MINIMAL + "[memory]\nbudget_bytes = 0\n",
+            "key 'memory.budget_bytes': expected an integer >= 1, found 0 (integer)",
+        ),
     ],
 )
 def test_validation_names_file_key_expected_and_found(
