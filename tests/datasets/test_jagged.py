@@ -284,6 +284,22 @@ def test_a_broken_hdf5_table_is_one_line_naming_file_and_group(
     assert not (tmp_path / "p.toml").exists()
 
 
+def test_rows_in_no_event_are_named_when_the_table_opens(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Counts that cover 7 of 10 rows (a wrong extents column, or a table sliced before it
+    was saved): the 3 rows are never read, and opening the table says so."""
+    spec = _h5(tmp_path / "short.h5", lambda f: _table(f, counts=np.array([3, 4])))
+    with caplog.at_level("WARNING"):
+        assert len(autoloader.open_dataset(spec)) == 2
+    assert "counts cover 7 of the columns' 10 rows: the other 3 are in no event" in caplog.text
+    caplog.clear()
+    whole = _h5(tmp_path / "whole.h5", lambda f: _table(f, counts=np.array([3, 7])))
+    with caplog.at_level("WARNING"):
+        autoloader.open_dataset(whole)
+    assert "in no event" not in caplog.text
+
+
 def test_a_field_that_is_not_numeric_or_matches_nothing_is_named(
     tmp_path: Path, files: dict[str, Path]
 ) -> None:

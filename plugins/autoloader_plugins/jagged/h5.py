@@ -235,6 +235,17 @@ class H5Table(BlockReader):
                 f"{self.where}: {self._what}: event {e} ends at item {int(self._stops[e])}, "
                 f"past the columns' end ({length} rows)"
             )
+        covered = int(np.sum(self._stops - self._starts))
+        if covered < length:  # a wrong extents column, or a table sliced before it was saved
+            log.warning(
+                "%s: %s cover %d of the columns' %d rows: the other %d are in no event and "
+                "are never read",
+                self.where,
+                self._what,
+                covered,
+                length,
+                length - covered,
+            )
         widths = [int(np.prod(usable[n].shape[1:], dtype=np.int64)) for n in names]
         return (
             tuple(Field(n, w) for n, w in zip(names, widths, strict=True)),
