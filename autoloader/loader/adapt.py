@@ -19,7 +19,7 @@ The policy is a hill climb with one step back:
   deeper ``device_prefetch``;
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
   one that costs more than ``min_gain`` is undone at once, and one within ``min_gain``
-  either way is judged on (workers started together deliver in step at first) until
+  either way in windows of a long epoch is judged on (workers started together deliver in step at first) until
   ``TRIAL_MAX_BATCHES`` after it; a raise undone leaves that setting unraised while
   loading stays as it was (settled), so a steady dataset changes it at most twice;
 - an epoch that was fed (wait at or under the threshold) changes nothing;
@@ -71,9 +71,10 @@ MAX_UNDONE, CHANGE_EPOCHS = 2, 10
 # over 32 (``noise``), 71% over one window of 8.
 SPAN = 32
 TRIAL_BATCHES = 16  # a raise is judged over at least this many batches after it
-# A raise whose gain is within ``min_gain`` either way is judged on, over the last SPAN
-# batches (the ones nearest its restart drop out first), until this many batches after it:
-# workers started together deliver in step at first, and only later at their pace.
+# A raise whose gain is within ``min_gain`` either way in windows of a long epoch is judged
+# on, over the last SPAN batches (the ones nearest its restart drop out first), until this
+# many batches after it: workers started together deliver in step at first, and only later
+# at their pace. A whole epoch is judged once (the next may be another's conditions).
 TRIAL_MAX_BATCHES = 2 * SPAN
 
 
@@ -466,7 +467,11 @@ class Adapter:
                 return []
             was, now = self._reference(trial), self._loading
             gain = now.samples_per_second / was.samples_per_second - 1
-            if -self.min_gain < gain < self.min_gain and self._trial_batches < TRIAL_MAX_BATCHES:
+            if (
+                m.batch is not None  # a window: a whole epoch is judged once
+                and -self.min_gain < gain < self.min_gain
+                and self._trial_batches < TRIAL_MAX_BATCHES
+            ):
                 return []  # not yet told apart from noise: judged on
             self._trial, self._before_raise = None, None
             if gain < self.min_gain:
