@@ -19,9 +19,10 @@ The policy is a hill climb with one step back:
   deeper ``device_prefetch``;
 - the epoch after a raise must deliver at least ``min_gain`` more samples per second;
   one that costs more than ``min_gain`` is undone at once, and one within ``min_gain``
-  either way in windows of a long epoch is judged on (workers started together deliver in step at first) until
-  ``TRIAL_MAX_BATCHES`` after it; a raise undone leaves that setting unraised while
-  loading stays as it was (settled), so a steady dataset changes it at most twice;
+  either way in windows of a long epoch is judged on (workers started together deliver
+  in step at first) until ``TRIAL_MAX_BATCHES`` after it; a raise undone leaves that
+  setting unraised while loading stays as it was (settled), so a steady dataset changes
+  it at most twice;
 - an epoch that was fed (wait at or under the threshold) changes nothing;
 - whatever conditions do, a setting whose raises were undone ``MAX_UNDONE`` times in
   the last ``CHANGE_EPOCHS`` epochs is not raised (a climb that pays is not bounded:
@@ -439,8 +440,10 @@ class Adapter:
         self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
         self.persistent = persistent
-        # what starting the workers in force cost: their start-up and the queue's first fill,
-        # as the first epoch after a start measured it
+        # the dearest (re)start of the workers measured in this run: their start-up and the
+        # queue's first fill, as the first epoch after a start or a window after a restart
+        # inside an epoch measured it (an epoch read ahead starts with its queue full, so
+        # its own start says nothing of what a restart costs)
         self._restart_seconds = 0.0
         self._fresh = True
 
@@ -453,6 +456,7 @@ class Adapter:
         if self._fresh and m.remaining is None:
             self._restart_seconds = max(self._restart_seconds, m.start_cost)
             self._fresh = False
+        self._restart_seconds = max(self._restart_seconds, m.restart_seconds)
         self._loading.add(m)
         for ref in self._settled.values():
             if ref.workers == m.workers:
@@ -541,14 +545,15 @@ class Adapter:
         """Whether a change may be made now: it restarts the workers (and an undo again)
         inside an epoch, or at its end where persistent workers would carry on; worth it
         only if removing all the wait over what is ahead (the batches left, or an epoch
-        like this one) could repay two restarts (the iterator's restart measured inside
-        an epoch; the workers' start as the first epoch after it measured)."""
+        like this one) could repay two restarts, each priced as the dearest (re)start this
+        run measured (an epoch read ahead begins with its queue full: its own start says
+        nothing of what a restart inside it costs)."""
         per_batch = m.loop_seconds / m.batches
         inside = m.remaining is not None
         if not inside and not self.persistent:
             return True  # new workers start every epoch anyway
         saving = wait * (per_batch * (m.remaining or 0) if inside else m.loop_seconds)
-        cost = 2 * max(m.restart_seconds if inside else self._restart_seconds, per_batch)
+        cost = 2 * max(self._restart_seconds, per_batch)
         if saving >= cost:
             return True
         if inside:

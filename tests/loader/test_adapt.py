@@ -297,6 +297,19 @@ def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
     assert later == [4] and a.history[0].batch == 16
 
 
+def test_a_restart_is_priced_as_the_dearest_one_this_run_measured() -> None:
+    """An epoch read ahead begins with its queue full, so its own start costs nothing;
+    the restart measured in an earlier epoch (0.4 s) still prices a change in it."""
+    a = adapter(workers=4, prefetch=2, cap=8)
+    fed = EpochMeasure(1, 8, 256, 0.0, 0.2, None, 0.0, 4, batch=40, remaining=60)
+    assert a.decide(replace(fed, restart_seconds=0.4)) == []
+    # 24% waiting, 60 batches of 25 ms left: at most 0.36 s to save against 0.8 s
+    starved = EpochMeasure(3, 8, 256, 0.048, 0.2, None, 0.0, 4, batch=32, remaining=60)
+    assert a.decide(replace(starved, restart_seconds=0.001)) == []
+    assert "(~0.80 s with an undo)" in a.declined[-1].reason
+    assert [c.after for c in adapter(workers=4, prefetch=2, cap=8).decide(starved)] == [8]
+
+
 def test_start_up_is_not_starvation() -> None:
     a = adapter(workers=2, prefetch=2, cap=4)
     # 0.3 s of a 1 s epoch waiting, all of it for the first batch (the workers starting)
