@@ -251,6 +251,9 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
         f"  adaptation on, {args.rounds} rounds: "
         + ("; ".join(adapted) if adapted else "no setting changed")
     )
+    # each round's pair ran minutes apart at most: their ratio is freer of the machine's drift
+    pairs = [on / off for on, off in zip(got["autoloader"], got["fixed"], strict=True)]
+    print("  adapt on / off per round: " + ", ".join(f"{r:.2f}" for r in pairs))
     if fast is not None and slow is not None:
         print(
             f"  a new process builds the planned loader in {fast:.2f} s with the sizes "
