@@ -59,6 +59,9 @@ from autoloader.loop_model import Evidence, moved, noise
 from autoloader.thresholds import WAIT_THRESHOLD
 
 SIZED_MARGIN = 1.1  # a sized raise asks for 10% more workers than the loop's step needs
+# the workers' memory is measured where the most a raise may start comes within this factor
+# of the host-memory budget, at what a worker is known to hold (workers grow: caches)
+MEMORY_MARGIN = 4
 
 log = logging.getLogger("autoloader")
 
@@ -805,6 +808,17 @@ class Adapter:
             return float(psutil.Process().memory_info().rss)
         except (psutil.Error, OSError):
             return None
+
+    def weighs_memory(self) -> bool:
+        """Whether measuring the workers' memory could change a decision: the most workers
+        a raise may reach, at what one is known to hold (the tune's trace, else this
+        process's resident memory, which a forked worker shares), within ``MEMORY_MARGIN``
+        of the host-memory budget (a reading costs about 14 ms of CPU a worker)."""
+        per_worker = self._worker_bytes()
+        if per_worker is None:
+            return True
+        most = per_worker * self.limits.max_workers
+        return most * MEMORY_MARGIN > self.limits.memory_budget_bytes
 
     def _sized(self, m: EpochMeasure, grid: list[int], nxt: int, per_worker: float | None) -> int:
         """The count this epoch's loading asks for, on the grid and at least ``nxt``: a

@@ -94,6 +94,8 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
 # read costs the node about 10 ms of CPU a worker (``background.py``), paid each epoch by a
 # loop whose workers fill the cores (mixed reads, 7 workers on 2 CPUs, two epochs of a fresh
 # loader: 0.95x the same plan without adaptation reading each epoch, 1.01x with no read).
+# A fresh loader's first read (110 ms of CPU for 8 workers, 0.95x again on two epochs) is
+# made only where the workers could meet the budget (``Adapter.weighs_memory``).
 MEMORY_EPOCHS = 8
 
 
@@ -413,11 +415,13 @@ class EpochIter:
 
     def _memory_after(self, count: int) -> tuple[int, int | None]:
         """The batch after which the workers' memory is read, their first prefetch round
-        past ``count`` (-1, never: without workers, or where a reading at this count is
-        recent, ``MEMORY_EPOCHS``), and that reading."""
+        past ``count`` (-1, never: without workers, where a reading at this count is
+        recent, ``MEMORY_EPOCHS``, or where no raise could meet the host-memory budget),
+        and that reading."""
         workers = self._window_workers
         known = self._runtime.memory.fresh(workers, self._runtime.epoch)
-        if not workers or known is not None:
+        adapter = self._runtime.adapter
+        if not workers or known is not None or adapter is None or not adapter.weighs_memory():
             return -1, known
         return count + workers * (self._loader.prefetch_factor or 2) + 1, None
 

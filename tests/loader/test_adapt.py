@@ -632,6 +632,12 @@ def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
 
     monkeypatch.setattr(runtime, "_workers_memory", read)
     loader = make(Slow(n=64), planned(2, persistent=True))
+    assert loader._runtime is not None and loader._runtime.adapter is not None
+    # a host-memory budget the workers could meet (at the 1.5 MiB a worker each reading
+    # finds, the most workers a raise may start within 4x of it): worth a reading
+    limits = loader._runtime.adapter.limits
+    tight = int(1.5 * 2**20 * limits.max_workers * 2)
+    loader._runtime.adapter.limits = replace(limits, memory_budget_bytes=tight)
     for epoch in range(runtime.MEMORY_EPOCHS + 2):
         loader.set_epoch(epoch)
         for _ in loader:
@@ -640,6 +646,28 @@ def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
             assert loader._runtime is not None and loader._runtime.last is not None
             assert loader._runtime.last.worker_memory_bytes == 3 * 2**20
     assert len(reads) == 2  # in epoch 0 and in epoch MEMORY_EPOCHS
+
+
+def test_the_workers_memory_is_not_read_where_no_raise_could_meet_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh loader's reading of 8 workers costs about 110 ms of CPU (0.95x over two
+    epochs of mixed reads that fill the cores); where the most workers a raise may start,
+    at what one is known to hold, stay far inside the host-memory budget, it decides
+    nothing and is not made."""
+    from autoloader.loader import runtime
+
+    reads: list[int] = []
+    monkeypatch.setattr(runtime, "_workers_memory", lambda: reads.append(1) or 2**20)
+    loader = make(Slow(n=64), planned(2, persistent=True))
+    assert loader._runtime is not None and loader._runtime.adapter is not None
+    adapter = loader._runtime.adapter
+    ample = int(adapter._worker_bytes() * adapter.limits.max_workers * 5)  # type: ignore[operator]
+    adapter.limits = replace(adapter.limits, memory_budget_bytes=ample)
+    run(loader, 3)
+    assert reads == [] and not adapter.weighs_memory()
+    adapter.limits = replace(adapter.limits, memory_budget_bytes=ample // 2)
+    assert adapter.weighs_memory()
 
 
 def test_a_count_the_tune_saw_fail_is_never_raised_to(caplog: pytest.LogCaptureFixture) -> None:
