@@ -386,7 +386,7 @@ class RaiseOnTrial:
                 isinstance(v, (int, float))
                 and not isinstance(v, bool)
                 and math.isfinite(v)
-                and v >= 0
+                and v > 0  # the reference a trial is judged against
                 for v in numbers
             )
         )
@@ -456,7 +456,7 @@ class Adapter:
             return []
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
-        if self._fresh and m.remaining is None:
+        if self._fresh and m.batch is None:  # a whole epoch after a start
             self._restart_seconds = max(self._restart_seconds, m.start_cost)
             self._fresh = False
         self._restart_seconds = max(self._restart_seconds, m.restart_seconds)
@@ -469,7 +469,8 @@ class Adapter:
             self._trial_batches += m.steady_batches
             # judged over a few rounds of the workers: one window of 8 batches at 8
             # workers is one round, its timing the phase the workers were in
-            need = max(TRIAL_BATCHES, 2 * self.settings.num_workers)
+            # (at most SPAN: the last SPAN batches are all ``_loading`` holds)
+            need = min(SPAN, max(TRIAL_BATCHES, 2 * self.settings.num_workers))
             if m.batch is not None and self._loading.batches < need:
                 return []
             was, now = self._reference(trial), self._loading
@@ -573,7 +574,7 @@ class Adapter:
                 "a change restarts the persistent workers",
                 (
                     f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
-                    f"their start measured); the {wait:.0%} wait over an epoch like this one "
+                    f"the dearest start measured); the {wait:.0%} wait over an epoch like this one "
                     f"saves at most {saving:.2f} s: kept as they are"
                 ),
             )
@@ -810,10 +811,14 @@ class Adapter:
             return None
 
     def weighs_memory(self) -> bool:
-        """Whether measuring the workers' memory could change a decision: the most workers
-        a raise may reach, at what one is known to hold (the tune's trace, else this
-        process's resident memory, which a forked worker shares), within ``MEMORY_MARGIN``
-        of the host-memory budget (a reading costs about 14 ms of CPU a worker)."""
+        """Whether measuring the workers' memory could change a decision: a raise of
+        workers is possible, and the most workers it may reach, at what one is known to
+        hold (as last measured here, else the tune's trace, else this process's resident
+        memory, which a forked worker shares), come within ``MEMORY_MARGIN`` of the
+        host-memory budget (a reading costs about 14 ms of CPU a worker). Workers that grow
+        past that margin after a reading are the survival watch's to recycle."""
+        if "num_workers" in self._fixed or self.settings.num_workers >= self.limits.max_workers:
+            return False  # no raise of workers to bound
         per_worker = self._worker_bytes()
         if per_worker is None:
             return True

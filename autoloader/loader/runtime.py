@@ -91,7 +91,7 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
 
 
 # A reading of the workers' memory stands for MEMORY_EPOCHS epochs at the same count: a
-# read costs the node about 10 ms of CPU a worker (``background.py``), paid each epoch by a
+# read costs the node about 14 ms of CPU a worker (``background.py``), paid each epoch by a
 # loop whose workers fill the cores (mixed reads, 7 workers on 2 CPUs, two epochs of a fresh
 # loader: 0.95x the same plan without adaptation reading each epoch, 1.01x with no read).
 # A fresh loader's first read (110 ms of CPU for 8 workers, 0.95x again on two epochs) is
@@ -325,7 +325,7 @@ class EpochIter:
     """One epoch's batches as the loop sees them, timed.
 
     Times from the first ``next()`` to the end of the epoch, and the wait inside each
-    ``next()``. The worker processes' memory is read once, after the first prefetch
+    ``next()``. The worker processes' memory is read at most once, after the first prefetch
     round. An epoch abandoned before its end is not judged.
     """
 

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from autoloader import DataLoader, Plan
 from autoloader.cli import main
-from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
+from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, RaiseOnTrial, Settings
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR
 from autoloader.loop_model import Evidence
 
@@ -137,6 +137,40 @@ def test_a_raise_within_noise_in_a_long_epoch_is_judged_on_and_kept_once_it_pays
         else:  # 63 batches after it, still +2%: undone
             assert [(c.before, c.after) for c in changes] == [(4, 2)]
             assert "brought +2.0% samples/s over 35 batches" in changes[0].reason
+
+
+def test_a_raise_to_many_workers_is_judged_within_the_batches_the_adapter_keeps() -> None:
+    """Two rounds of 32 workers are 64 batches, more than the last 32 (and a window) the
+    adapter holds: a trial that waited for them was never judged, and adaptation stopped
+    with the raise on trial for good."""
+    a = adapter(workers=16, prefetch=2, cap=32)
+
+    def window(batch: int, loading: float, workers: int) -> EpochMeasure:
+        loop = 8 * loading
+        return EpochMeasure(
+            0, 8, 256, 0.4 * loop, loop, None, 0.0, workers, batch=batch, remaining=500
+        )
+
+    assert [c.after for c in a.decide(window(8, 0.020, 16))] == [32]
+    changes = []
+    for batch in range(16, 80, 8):  # 10% slower at 32 workers
+        changes += a.decide(window(batch, 0.022, 32))
+    assert [(c.before, c.after) for c in changes] == [(32, 16)] and a.on_trial is None
+
+
+def test_a_saved_trial_without_a_reference_is_not_resumed() -> None:
+    saved = {"setting": "num_workers", "before": 2, "after": 4, "workers": 2, "epoch": 1}
+    assert (
+        RaiseOnTrial.from_dict(
+            {**saved, "baseline_samples_per_second": 100.0, "loading_seconds": 0.01}
+        )
+        is not None
+    )
+    for zero in (
+        {"baseline_samples_per_second": 0.0, "loading_seconds": 0.01},
+        {"baseline_samples_per_second": 100.0, "loading_seconds": 0.0},
+    ):
+        assert RaiseOnTrial.from_dict({**saved, **zero}) is None  # a division by zero
 
 
 def loaded(epoch: int, wait: float, sps: float, workers: int, loading: float) -> EpochMeasure:
@@ -633,11 +667,8 @@ def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
     monkeypatch.setattr(runtime, "_workers_memory", read)
     loader = make(Slow(n=64), planned(2, persistent=True))
     assert loader._runtime is not None and loader._runtime.adapter is not None
-    # a host-memory budget the workers could meet (at the 1.5 MiB a worker each reading
-    # finds, the most workers a raise may start within 4x of it): worth a reading
-    limits = loader._runtime.adapter.limits
-    tight = int(1.5 * 2**20 * limits.max_workers * 2)
-    loader._runtime.adapter.limits = replace(limits, memory_budget_bytes=tight)
+    # where the workers' memory could decide a raise (Adapter.weighs_memory)
+    monkeypatch.setattr(type(loader._runtime.adapter), "weighs_memory", lambda self: True)
     for epoch in range(runtime.MEMORY_EPOCHS + 2):
         loader.set_epoch(epoch)
         for _ in loader:
@@ -667,6 +698,8 @@ def test_the_workers_memory_is_not_read_where_no_raise_could_meet_the_budget(
     run(loader, 3)
     assert reads == [] and not adapter.weighs_memory()
     adapter.limits = replace(adapter.limits, memory_budget_bytes=ample // 2)
+    assert not adapter.weighs_memory()  # at its cap: no raise to bound
+    adapter.limits = replace(adapter.limits, max_workers=adapter.limits.max_workers + 1)
     assert adapter.weighs_memory()
 
 
