@@ -82,7 +82,7 @@ def run_demo(
 
     port = serve_metrics(port=0)
     say(f"[4/5] training  one epoch on {where}; metrics at http://127.0.0.1:{port}/metrics")
-    figures, stats = _train(DataLoader(dataset, plan=plan_path), TrainStep(device), progress)
+    figures, stats = _train(DataLoader(dataset, plan=plan_path), device, progress)
     figures["scraped_batches"] = _scrape_batches(port)
     say("[5/5] summary")
     say(
@@ -111,9 +111,11 @@ def _calibrate(tuning: Callable[..., Plan], say: Callable[..., None]) -> tuple[P
     return probe, budget
 
 
-def _train(loader: DataLoader, step: TrainStep, progress: bool) -> tuple[dict[str, float], Any]:
-    """One epoch of the planned loader: its figures, and the loader's statistics."""
+def _train(loader: DataLoader, device: str, progress: bool) -> tuple[dict[str, float], Any]:
+    """One epoch of the planned loader with a model seeded afresh: its figures, and the
+    loader's statistics."""
     torch.manual_seed(0)
+    step = TrainStep(device)
     loader.set_epoch(0)
     t0 = time.perf_counter()
     batches = tqdm(loader, desc="training", unit="batch", disable=not progress, file=sys.stderr)
