@@ -294,6 +294,13 @@ def test_rows_in_no_event_are_named_when_the_table_opens(
         assert len(autoloader.open_dataset(spec)) == 2
     assert "counts cover 7 of the columns' 10 rows: the other 3 are in no event" in caplog.text
     caplog.clear()
+    # km3pipe's _indices may overlap: 5 of the 10 rows, twice
+    table = np.array([(0, 5), (0, 5)], dtype=[("index", "<i8"), ("n_items", "<i8")])
+    overlap = _h5(tmp_path / "overlap.h5", lambda f: _table(f, _indices=table))
+    with caplog.at_level("WARNING"):
+        autoloader.open_dataset(overlap)
+    assert "_indices cover 5 of the columns' 10 rows: the other 5 are in no event" in caplog.text
+    caplog.clear()
     whole = _h5(tmp_path / "whole.h5", lambda f: _table(f, counts=np.array([3, 7])))
     with caplog.at_level("WARNING"):
         autoloader.open_dataset(whole)

@@ -235,7 +235,7 @@ class H5Table(BlockReader):
                 f"{self.where}: {self._what}: event {e} ends at item {int(self._stops[e])}, "
                 f"past the columns' end ({length} rows)"
             )
-        covered = int(np.sum(self._stops - self._starts))
+        covered = _union_length(self._starts, self._stops)  # _indices may overlap
         if covered < length:  # a wrong extents column, or a table sliced before it was saved
             log.warning(
                 "%s: %s cover %d of the columns' %d rows: the other %d are in no event and "
@@ -476,3 +476,15 @@ def open_table(path: Path, spec: Any) -> H5Table:
             )
         group = next(iter(tables))
     return H5Table(path, group, spec.fields, spec.event_fields)
+
+
+def _union_length(starts: np.ndarray, stops: np.ndarray) -> int:
+    """Rows in at least one of the ranges ``[starts[i], stops[i])``."""
+    starts = starts[: len(stops)]  # counts of no event leave one start and no stop
+    if len(starts) == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], stops[order]
+    reach = np.maximum.accumulate(e)  # the furthest row covered by the ranges so far
+    before = np.concatenate([[0], reach[:-1]])
+    return int(np.sum(np.maximum(0, e - np.maximum(s, before))))
