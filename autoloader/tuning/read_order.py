@@ -93,11 +93,17 @@ def choose_read_order(
     ``strategy`` in a global shuffle, which the windowed replay is held against."""
     local_batch_size = shuffled.local_batch_size
     blocks = storage_blocks(work.dataset)
-    cache = cache_bytes(work.dataset)  # asked once: a user's dataset answers it
-    unmeasured = _nothing_to_measure(work, blocks, cache)
+    unmeasured = _nothing_to_measure(blocks)
     if unmeasured is not None:
         return _shuffle(unmeasured)
     assert blocks is not None
+    cache = cache_bytes(work.dataset)  # asked once: a user's dataset answers it
+    total = int(work.sizes.sum())
+    if total <= cache:
+        return _shuffle(
+            f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
+            "a global shuffle decodes each block once too"
+        )
     windows, speedup, evidence = _measure_orders(
         work, local_batch_size, blocks, cache, memory_budget_bytes
     )
@@ -130,9 +136,8 @@ def choose_read_order(
     return ReadOrder(windows, evidence, windowed)
 
 
-def _nothing_to_measure(work: Workload, blocks: np.ndarray | None, cache: int) -> str | None:
-    """Why windows cannot pay on this data, unmeasured (None: they may); ``cache``: a
-    reader's cache, in bytes."""
+def _nothing_to_measure(blocks: np.ndarray | None) -> str | None:
+    """Why the data's storage blocks leave windows nothing to shuffle (None: they may)."""
     if blocks is None:
         return (
             "the dataset names no storage blocks (jagged tables do: HDF5 chunks, "
@@ -141,12 +146,6 @@ def _nothing_to_measure(work: Workload, blocks: np.ndarray | None, cache: int) -
     count = len(blocks) - 1
     if count < MIN_BLOCKS:
         return f"the data is {count} storage block{'s' * (count != 1)}: nothing to shuffle between"
-    total = int(work.sizes.sum())
-    if total <= cache:
-        return (
-            f"all {_mib(total)} of the data fits a reader's cache ({_mib(cache)}): "
-            "a global shuffle decodes each block once too"
-        )
     return None
 
 
