@@ -187,7 +187,7 @@ class H5Table(BlockReader):
             self._starts, counts, what = offsets[:-1], np.diff(offsets), "offsets"
         elif "counts" in g:
             counts, what = _integers(g["counts"], self.where, "counts"), "counts"
-            self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            self._starts = np.concatenate([[0], np.cumsum(counts)])[:-1].astype(np.int64)
         else:
             raise DatasetError(f"{self.where}: {_without_extents(g)}")
         negative = np.flatnonzero(counts < 0)
@@ -480,7 +480,6 @@ def open_table(path: Path, spec: Any) -> H5Table:
 
 def _union_length(starts: np.ndarray, stops: np.ndarray) -> int:
     """Rows in at least one of the ranges ``[starts[i], stops[i])``."""
-    starts = starts[: len(stops)]  # counts of no event leave one start and no stop
     if len(starts) == 0:
         return 0
     order = np.argsort(starts, kind="stable")
