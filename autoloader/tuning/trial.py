@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -78,17 +78,18 @@ def run_trial(
     s = trial.settings
     threads = s.num_threads or torch.get_num_threads()
     # Untimed: the first batch (start-up) and those the workers queued while starting.
-    queued = s.num_workers * (s.prefetch_factor or PREFETCH_FACTOR) if s.num_workers else 1
-    warm = min(max(1, queued), max(1, len(trial.batches) // 2))
-    batches = trial.batches[: timing.iterations + warm]
-    sizes = [len(b) for b in batches]
+    # Where one epoch holds fewer batches than that and the timing, the loop goes on into
+    # the next epochs, as training does, their refills timed: a window inside one short
+    # epoch would time only batches its workers had queued before it began.
+    warm = max(1, s.num_workers * (s.prefetch_factor or PREFETCH_FACTOR))
+    sizes = [len(b) for b in trial.batches]
     init = StartThreads(trial.worker_init_fn) if s.num_workers else trial.worker_init_fn
     with _threads(s.num_threads), warnings.catch_warnings():
         # More workers than torch suggests may be the user's choice, or the plan's measured one.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         loader = StartSafeLoader(  # workers that cannot start fail the trial cleanly
             cast(Any, Guarded(work.dataset, work.timeout)),
-            batch_sampler=batches,
+            batch_sampler=trial.batches,
             num_workers=s.num_workers,
             collate_fn=NamedCollate(work.collate_fn),
             pin_memory=s.pin_memory and work.device.type != "cpu",
@@ -118,7 +119,7 @@ def _loop(
     loop: list[float] = []  # wait + step of each timed batch (after the warm-up)
     status, startup = "ok", math.inf
     start = time.perf_counter()
-    batches = _batches(loader, device, depth)
+    batches = _epochs(loader, device, depth)
     try:
         for i, batch in enumerate(_waited(batches, waits)):
             began = time.perf_counter()
@@ -138,12 +139,13 @@ def _loop(
         raise_if_stopped(exc, loader)  # workers killed by the job's stop are not a failure
         status = ("out of memory" if is_oom(exc) else "failed") + f": {failure_text(exc)}"
     finally:
+        batches.close()
         del batches, loader  # the workers shut down with their iterator
     timed = slice(warm, len(steps))
     return _result(
         waits[timed],
         steps[timed],
-        sizes[timed],
+        [sizes[i % len(sizes)] for i in range(warm, len(steps))],
         startup,
         threads,
         status,
@@ -183,10 +185,18 @@ def _result(
     )
 
 
-def _batches(loader: DataLoader, device: torch.device, depth: int) -> Iterator[Any]:
-    if device.type == "cuda" and depth > 0:
-        return DeviceFeed(iter(loader), device, depth)
-    return iter(loader)
+def _epochs(loader: DataLoader, device: torch.device, depth: int) -> Generator[Any, None, None]:
+    """The loader's batches, epoch after epoch (each on the device where a feed copies
+    them ahead), until the loop stops asking; none where an epoch has none."""
+    while True:
+        epoch = iter(loader)
+        batches = DeviceFeed(epoch, device, depth) if device.type == "cuda" and depth > 0 else epoch
+        empty = True
+        for batch in batches:
+            empty = False
+            yield batch
+        if empty:
+            return
 
 
 def _waited(batches: Iterator[Any], waits: list[float]) -> Iterator[Any]:
