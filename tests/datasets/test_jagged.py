@@ -316,7 +316,7 @@ def test_a_field_that_is_not_numeric_or_matches_nothing_is_named(
 
     spec = _h5(tmp_path / "s.h5", strings)
     assert autoloader.open_dataset(spec).fields == ["q", "t"]  # skipped when not named
-    with pytest.raises(DatasetError, match=r"field 'label' is not a numeric column"):
+    with pytest.raises(DatasetError, match=r"field 'label' cannot be read: not a numeric column"):
         autoloader.open_dataset(spec + "?fields=t,label")
     with pytest.raises(
         DatasetError,
@@ -465,6 +465,42 @@ def test_a_copy_of_the_file_elsewhere_has_the_same_fingerprint(
 
 # -- per-event unsigned integers, fixed-size arrays per item, odd specs and values ------------
 U64_BIG = np.array([1, 2**63 + 5], dtype=np.uint64)  # the second passes int64's range
+
+
+def test_an_event_field_that_is_not_a_number_says_so_in_each_layout(tmp_path: Path) -> None:
+    """A run label stored as a string is there, and cannot ride along as a number: the
+    error says that, not that the name matches nothing."""
+    import awkward as ak
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import uproot
+
+    def h5(f):
+        _table(f, counts=np.array([5, 5]))
+        f["label"] = np.array([b"a", b"b"])
+        f["info"] = np.array([(1, b"x"), (2, b"y")], dtype=[("n", "<i8"), ("s", "S4")])
+
+    items = ak.Array([[1.0, 2.0], [3.0]])
+    pq.write_table(
+        pa.table({"a": pa.array(items.to_list()), "label": ["a", "b"]}), tmp_path / "s.parquet"
+    )
+    with uproot.recreate(tmp_path / "s.root") as f:
+        f.mktree("Events", {"a": items.type, "xyz": np.dtype(("f4", (3,)))})
+        f["Events"].extend({"a": items, "xyz": np.zeros((2, 3), np.float32)})
+    spec = _h5(tmp_path / "s.h5", h5)
+    expected = {
+        f"{spec}?fields=t&event_fields=label": "event field 'label' cannot be read: |S1: not one",
+        f"{spec}?fields=t&event_fields=info/*": "event field 'info/s' cannot be read: |S4: not one",
+        f"{tmp_path / 's.parquet'}?fields=a&event_fields=lab*": "event field 'label' cannot be "
+        "read: string: not one number per event",
+        f"{tmp_path / 's.root'}?fields=a&event_fields=xyz": "event field 'xyz' cannot be read: "
+        "float[3]: not one number per event",
+    }
+    for given, message in expected.items():
+        with pytest.raises(DatasetError, match=re.escape(message)):
+            autoloader.open_dataset(given)
+    numbers = autoloader.open_dataset(f"{spec}?fields=t&event_fields=info/n")
+    assert int(numbers[1].n) == 2
 
 
 def _unsigned_files(d: Path) -> dict[str, str]:

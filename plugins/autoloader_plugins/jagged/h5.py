@@ -211,14 +211,13 @@ class H5Table(BlockReader):
                 log.info("%s: column %r skipped: not a numeric array", self.where, n)
             names = list(usable)
         else:
-            names = select(patterns, columns, where=self.where)
-            for n in names:
-                if n not in usable:
-                    d = columns[n]
-                    raise DatasetError(
-                        f"{self.where}: field {n!r} is not a numeric column of one row per "
-                        f"item (found {d.dtype} with shape {d.shape})"
-                    )
+            odd = {
+                n: f"not a numeric column of one row per item (found {d.dtype} with shape "
+                f"{d.shape})"
+                for n, d in columns.items()
+                if n not in usable
+            }
+            names = select(patterns, columns, where=self.where, unreadable=odd)
         if not names:
             raise DatasetError(f"{self.where}: no numeric per-item column to read")
         length = usable[names[0]].shape[0]
@@ -255,7 +254,8 @@ class H5Table(BlockReader):
     def _choose_events(self, f: h5py.File, g: h5py.Group, patterns: tuple[str, ...]) -> list[str]:
         if not patterns:
             return []
-        return select(patterns, _per_event(f, g, len(self)), where=self.where, what="event field")
+        names, odd = _per_event(f, g, len(self))
+        return select(patterns, names, where=self.where, what="event field", unreadable=odd)
 
     def _event_column(self, f: h5py.File, g: h5py.Group, name: str) -> np.ndarray:
         table, _, field = name.rpartition("/")
@@ -428,24 +428,29 @@ def _chunk_items(d: h5py.Dataset) -> int:
     return max(1, _UNCHUNKED_BLOCK_BYTES // row)
 
 
-def _per_event(f: h5py.File, g: h5py.Group, events: int) -> list[str]:
+def _per_event(f: h5py.File, g: h5py.Group, events: int) -> tuple[list[str], dict[str, str]]:
     """Names of per-event values with ``events`` rows: the scalar fields of compound tables
     (``table/field``) in the table's group or at the top of the file, and 1-D numeric
-    datasets at the top of the file."""
+    datasets at the top of the file; and those of one row per event that are not numbers
+    (name -> why)."""
     names: list[str] = []
+    odd: dict[str, str] = {}
     for base in (g, f):
         for n, d in base.items():
             if not isinstance(d, h5py.Dataset) or n in EXTENTS or d.ndim != 1 or len(d) != events:
                 continue
             if d.dtype.names:
-                names += [
-                    f"{n}/{k}"
-                    for k in d.dtype.names
-                    if d.dtype[k].kind in "biuf" and d.dtype[k].shape == ()
-                ]
+                for k in d.dtype.names:
+                    kind = d.dtype[k]
+                    if kind.kind in "biuf" and kind.shape == ():
+                        names.append(f"{n}/{k}")
+                    else:
+                        odd[f"{n}/{k}"] = f"{kind}: not one number per event"
             elif base is f and d.dtype.kind in "biuf":
                 names.append(n)
-    return list(dict.fromkeys(names))
+            elif base is f:
+                odd[n] = f"{d.dtype}: not one number per event"
+    return list(dict.fromkeys(names)), odd
 
 
 def _listed(tables: dict[str, int]) -> str:

@@ -81,17 +81,24 @@ class ParquetTable(BlockReader):
                 log.info("%s: column %r skipped (%s)", self.where, n, why)
             names = list(items)
         else:
-            names = select(fields, [*items, *skipped], where=self.where)
-            for n in names:
-                if n in skipped:
-                    raise DatasetError(f"{self.where}: field {n!r} cannot be read: {skipped[n]}")
+            names = select(fields, items, where=self.where, unreadable=skipped)
         if not names:
             raise DatasetError(f"{self.where}: no list column of numbers to read")
         self._columns = {n: items[n][0] for n in names}  # name -> (top, child or None)
         self._bytes = {n: _byte_width(schema, *items[n][0]) for n in names}
         self.fields = tuple(Field(n, items[n][1]) for n in names)
         self.event_fields = tuple(
-            select(event_fields, scalars, where=self.where, what="event field")
+            select(
+                event_fields,
+                scalars,
+                where=self.where,
+                what="event field",
+                unreadable={
+                    c.name: f"{c.type}: not one number per event"
+                    for c in schema
+                    if c.name not in scalars
+                },
+            )
             if event_fields
             else ()
         )

@@ -98,7 +98,17 @@ class RootTree(BlockReader):
         chosen = self._collection(tree, items, skipped, fields)
         self.fields = tuple(Field(n, items[n]) for n in chosen)
         self.event_fields = tuple(
-            select(event_fields, scalars, where=self.where, what="event field")
+            select(
+                event_fields,
+                scalars,
+                where=self.where,
+                what="event field",
+                unreadable={
+                    n: f"{b.typename or 'unknown type'}: not one number per event"
+                    for n, b in tree.iteritems(recursive=True)
+                    if not len(b.branches) and n not in scalars
+                },
+            )
             if event_fields
             else ()
         )
@@ -210,10 +220,7 @@ class RootTree(BlockReader):
         patterns: tuple[str, ...] | None,
     ) -> list[str]:
         if patterns is not None:
-            names = select(patterns, [*items, *skipped], where=self.where)
-            for n in names:
-                if n in skipped:
-                    raise DatasetError(f"{self.where}: field {n!r} cannot be read: {skipped[n]}")
+            names = select(patterns, items, where=self.where, unreadable=skipped)
         else:
             names = list(items)
         if not names:

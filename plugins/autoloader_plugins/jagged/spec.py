@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -121,15 +121,24 @@ def _names_something(head: str) -> bool:
 
 
 def select(
-    patterns: Sequence[str], names: Iterable[str], *, where: str, what: str = "field"
+    patterns: Sequence[str],
+    names: Iterable[str],
+    *,
+    where: str,
+    what: str = "field",
+    unreadable: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``names`` matched by ``patterns`` (globs, as uproot's ``filter_name``), in the order
-    of the patterns, each name once.
+    of the patterns, each name once. ``unreadable``: names that exist but cannot be read
+    as ``what`` (name -> why); a pattern that chooses one is refused with the reason.
 
     Raises:
-        DatasetError: a pattern matches nothing; the message lists what exists.
+        DatasetError: a pattern matches nothing, or chooses an unreadable name; the
+            message lists what exists, or says why the name cannot be read.
     """
+    unreadable = unreadable or {}
     names = list(names)
+    names += [n for n in unreadable if n not in names]
     chosen: list[str] = []
     for pattern in patterns:
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
@@ -138,5 +147,8 @@ def select(
                 f"{where}: {what} pattern {pattern!r} matches nothing; "
                 f"found {', '.join(names) if names else 'none'}"
             )
+        bad = next((n for n in matched if n in unreadable), None)
+        if bad is not None:
+            raise DatasetError(f"{where}: {what} {bad!r} cannot be read: {unreadable[bad]}")
         chosen.extend(n for n in matched if n not in chosen)
     return chosen
