@@ -174,6 +174,59 @@ def test_workers_that_leave_a_fifth_of_the_cores_idle_are_not_the_end() -> None:
     ), reach
 
 
+def test_workers_that_wait_for_a_cpu_another_process_holds_do_not_take_the_search_past() -> None:
+    """Reads that compute all the time beside a neighbour holding half the cores: 2
+    workers compute 50% of their time and wait for a CPU the other 50%. Their CPU time
+    alone read as a core left idle, and the search went past the cores, onto a neighbour's;
+    the time waited for a CPU counts as a core taken."""
+    curve, _ = waiting(0.064, floor=0.004, cpu=0.064)
+    node = ModelledNode(curve, seed=0, share=lambda w: 0.5, wait=lambda w: 0.5, cv=0.05)
+    trace, reach = fast_search(node.measure(Timing(iterations=100)), 2, Rule(), extent())
+    assert max(c.workers for c in trace) == 2
+    assert reach == (
+        "stopped at 2 (this rank's CPUs): 2 workers were busy 50% of their time and waited "
+        "50% for a CPU that other processes held (1.0 of 2 CPUs computing): the cores are "
+        "taken, not idle"
+    )
+
+
+class Computing(Dataset):
+    """Samples that compute for ``seconds`` of CPU time each."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.process_time() + 0.002
+        while time.process_time() < end:
+            pass
+        return torch.zeros(4)
+
+
+def _on_one_cpu(worker_id: int) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_the_search_measures_the_time_workers_wait_for_a_cpu() -> None:
+    """Two computing workers held to one CPU: each computes about half its time and waits
+    for the CPU the other half (more where other processes share it; the two sum to
+    about all of it either way)."""
+    data = Computing()
+    cand = measure(
+        data,
+        sample_sizes(data),
+        4,
+        2,
+        timing=Timing(iterations=40),
+        device=torch.device("cpu"),
+        worker_init_fn=_on_one_cpu,
+    )
+    assert cand.ok and cand.cpu_share is not None and cand.cpu_wait_share is not None
+    assert cand.cpu_share <= 0.6 and cand.cpu_wait_share >= 0.3
+    assert cand.cpu_share + cand.cpu_wait_share >= 0.8
+
+
 def test_the_cores_a_computing_step_keeps_are_not_the_workers() -> None:
     """Reads that compute half the time, beside a step that keeps 1.2 cores busy: the
     workers have 1 core of the 2 in the loop, and 2 workers busy 1.0 of it stop the search

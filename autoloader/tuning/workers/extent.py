@@ -6,7 +6,8 @@ and a count far past the cores is what keeps such a loop fed: Synn and Kim's 0..
 N = CPUs plans no workers at all for reads that sleep. So the search goes on past the cores
 while the counts measured there leave cores idle (their processes' CPU time over wall
 time, times their count, under ``SPARE_CORES`` of the CPUs: reads that compute half the
-time and wait the other half still leave a core idle at 2 workers on 2 CPUs), doubling
+time and wait the other half still leave a core idle at 2 workers on 2 CPUs; time they
+waited for a CPU that another process held counts as a core taken), doubling
 until the loop stops getting faster, and never past what the host can hold.
 Whether the next count is faster is measured, not predicted from the CPU time: workers busy
 80% of 2 CPUs leave a fifth of the cores idle (reads of 1 ms of computing and 1 ms of
@@ -81,6 +82,13 @@ class Extent:
             return (
                 f"{cand.workers} workers were busy {share:.0%} of their time ({cores:.1f} of "
                 f"{self.cpus} CPUs{step}): more would compete for the cores"
+            )
+        waited = cand.cpu_wait_share or 0.0
+        if (share + waited) * max(1, cand.workers) >= SPARE_CORES * room:
+            return (
+                f"{cand.workers} workers were busy {share:.0%} of their time and waited "
+                f"{waited:.0%} for a CPU that other processes held ({cores:.1f} of "
+                f"{self.cpus} CPUs computing): the cores are taken, not idle"
             )
         return None
 

@@ -48,12 +48,14 @@ class ModelledNode:
         cv: float = 0.25,
         seed: int = 0,
         share: Curve | None = None,
+        wait: Curve | None = None,
         worker_bytes: int = 0,
     ) -> None:
         self.curve = curve
         self.shape = 1.0 / cv**2
         self.rng = np.random.default_rng(seed)
         self.share = share  # each worker's CPU share with ``w`` workers
+        self.wait = wait  # each worker's share of its time waiting for a CPU
         self.worker_bytes = worker_bytes  # memory each worker holds
 
     def measure(self, timing: Timing) -> Callable[[int, float | None], Candidate]:
@@ -63,6 +65,10 @@ class ModelledNode:
             while not timing.enough(times, slower_than):
                 times.append(float(self.rng.gamma(self.shape, mean / self.shape)))
             cand = Candidate.from_times(w, times, startup=0.0, memory=self.worker_bytes * w)
-            return replace(cand, cpu_share=self.share(w) if self.share else None)
+            return replace(
+                cand,
+                cpu_share=self.share(w) if self.share else None,
+                cpu_wait_share=self.wait(w) if self.wait else None,
+            )
 
         return measure_w
