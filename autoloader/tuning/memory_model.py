@@ -30,6 +30,8 @@ class MemoryModel:
     pcc: float | None = None  # Pearson correlation of the measured points
     points: list[tuple[int, int]] = field(default_factory=list)  # (batch bytes, peak bytes)
     source: str = "default"  # "step" (calibrated) or "default"
+    # the default's scale for a transform that makes samples larger than their stored sizes
+    growth: float | None = None
 
     def predict(self, batch_bytes: float) -> int:
         return math.ceil(self.intercept + self.slope * batch_bytes)
@@ -41,7 +43,12 @@ class MemoryModel:
     def describe(self) -> str:
         line = f"peak = {self.intercept / 2**20:.1f} MiB + {self.slope:.2f} x batch bytes"
         if self.source == "default":
-            return line + " (conservative default: no --step was given to calibrate it)"
+            grown = (
+                f", x{self.growth:.2f} for the bytes the transform adds to stored samples"
+                if self.growth
+                else ""
+            )
+            return line + f" (conservative default{grown}: no --step was given to calibrate it)"
         if self.pcc is None:  # every calibration batch weighed the same: a line through 0
             return line + f" (through the origin: all {len(self.points)} steps had equal batches)"
         return line + f" (fitted to {len(self.points)} steps, Pearson r = {self.pcc:.3f})"
@@ -55,6 +62,8 @@ class MemoryModel:
         }
         if self.pcc is not None:
             out["pcc"] = round(self.pcc, 4)
+        if self.growth is not None:
+            out["transform_growth"] = round(self.growth, 4)
         return out
 
 
@@ -69,10 +78,14 @@ def from_dict(data: dict[str, Any] | MemoryModel) -> MemoryModel:
         data.get("pcc"),
         points,
         str(data.get("source", "step")),
+        data.get("transform_growth"),
     )
 
 
-def default_model() -> MemoryModel:
+def default_model(growth: float = 1.0) -> MemoryModel:
+    """The conservative default, scaled by what a transform adds (``growth`` above 1)."""
+    if growth > 1.0:
+        return MemoryModel(0.0, DEFAULT_SLOPE * growth, growth=growth)
     return MemoryModel(0.0, DEFAULT_SLOPE)
 
 

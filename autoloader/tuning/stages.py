@@ -112,12 +112,28 @@ def memory_model(
         return model_from_dict(earlier), []
     step = work.step
     if step is None:
-        return default_model(), []
+        return default_model(_transform_growth(team, work)), []
     log.info("calibrating the step's peak memory on %s (4 batches and a warm-up)", work.device)
     points: list[Point] = team.once(
         lambda: calibrate_step(step, work, opts.local_batch_size, REPLAY_EPOCHS)
     )
     return fit([(p.batch_bytes, p.peak_bytes) for p in points if p.peak_bytes]), points
+
+
+def _transform_growth(team: Team, work: Workload) -> float:
+    """How many times its stored bytes a transform makes a sample (1.0 without one):
+    measured on rank 0, as the samples are the same on every rank."""
+    growth = getattr(work.dataset, "growth", None)
+    if not getattr(work.dataset, "autoloader_transformed", False) or growth is None:
+        return 1.0
+    measured: float = team.once(lambda: growth(work.sizes, work.timeout))
+    if measured > 1.0:
+        log.info(
+            "the transform makes samples %.2fx their stored bytes: the default memory "
+            "model is scaled by it (give --step to calibrate instead)",
+            measured,
+        )
+    return measured
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,19 @@ from memory_steps import (
 )
 
 from autoloader import DeviceError, tune
+from autoloader.datasets.reads import SampleError
+from autoloader.datasets.transform import Transformed
 from autoloader.feed.collate import collate
 from autoloader.samplers import make_sampler
 from autoloader.sizes import sample_sizes
 from autoloader.tuning import stages
 from autoloader.tuning.batching import all_local_batches, choose_batching, local_batch_sizes
 from autoloader.tuning.calibrate import measure_peaks
+from autoloader.tuning.collective import Solo
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
+from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.options import tune_options
+from autoloader.tuning.workload import Workload
 
 
 def test_fit_bounds_every_point_and_reports_correlation() -> None:
@@ -50,6 +56,34 @@ def test_default_model_says_it_is_a_default() -> None:
     model = default_model()
     assert model.predict(1000) == 8000
     assert "conservative default: no --step" in model.describe()
+
+
+def _tripled(sample: torch.Tensor) -> torch.Tensor:
+    return torch.cat([sample, sample, sample])
+
+
+def test_without_a_step_the_default_grows_with_what_a_transform_adds() -> None:
+    """Sizes stay the stored samples' (a transform runs in the workers); a transform that
+    makes each sample three times its bytes (a kNN graph built from hits does more) was
+    predicted at the stored bytes by the default model, a third of what the batch holds."""
+    stored = SkewedVectors(64)
+    grown = Transformed(stored, _tripled)
+    sizes = sample_sizes(stored)
+    opts = tune_options(global_batch_size=8, progress=False)
+
+    def modelled(dataset: Any) -> MemoryModel:
+        work = Workload(dataset, sizes, torch.device("cpu"), concat, 10.0, 0, 1)
+        return stages.memory_model(Solo(), work, opts, None)[0]
+
+    plain, scaled = modelled(stored), modelled(grown)
+    assert plain == default_model() and scaled.predict(1000) == 3 * plain.predict(1000)
+    assert "x3.00 for the bytes the transform adds" in scaled.describe()
+    assert scaled.to_dict()["transform_growth"] == 3.0
+    assert model_from_dict(scaled.to_dict()) == scaled
+    halved = Transformed(stored, lambda t: t[: len(t) // 2])  # a shrink: the default stays
+    assert modelled(halved) == default_model()
+    with pytest.raises(SampleError, match=r"sample \d+ raised ZeroDivisionError"):
+        modelled(Transformed(stored, lambda t: 1 / 0))
 
 
 def test_cpu_calibration_reads_the_allocator_exactly(events_h5: Path) -> None:
