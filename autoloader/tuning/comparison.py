@@ -53,6 +53,9 @@ class Comparison:
     plan: Side
     budget_bytes: int
     diagnosis: Diagnosis
+    # the plan's loop timed before and after the baseline's: how far apart the two were,
+    # as a share of their mean (None: timed once)
+    noise: float | None = None
 
     def ratios(self) -> dict[str, float]:
         """Plan over baseline: above 1 is faster for samples/s, below 1 is smaller."""
@@ -67,7 +70,7 @@ class Comparison:
         return {k: round(v, 3) for k, v in out.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "given": self.given,
             "diagnosis": self.diagnosis.kind,
             "verdict": self.diagnosis.text,
@@ -75,21 +78,35 @@ class Comparison:
             "ratios": self.ratios(),
             "measured": {"baseline": self.baseline.to_dict(), "plan": self.plan.to_dict()},
         }
+        if self.noise is not None:
+            out["noise"] = round(self.noise, 4)
+        return out
 
 
-def diagnose(baseline: Side, plan: Side, budget_bytes: int, *, plan_batching: str) -> Diagnosis:
+def diagnose(
+    baseline: Side,
+    plan: Side,
+    budget_bytes: int,
+    *,
+    plan_batching: str,
+    noise: float | None = None,
+) -> Diagnosis:
     """One line from the measurements: what held the baseline back, and what the plan did.
+    ``noise``: how far the plan's own two timings were apart (a share of their mean).
 
     Memory first (a job that dies does not care how fast it was), then the data wait.
     """
     b, p = baseline.loop, plan.loop
-    speed = (
-        f"{p.samples_per_second / b.samples_per_second:.2f}x samples/s"
-        if b.ok and p.ok and b.samples_per_second > 0
-        else "speed not compared"
-    )
-    if b.ok and p.ok and _same_loader(baseline.settings, plan.settings):
+    compared = b.ok and p.ok and b.samples_per_second > 0
+    ratio = p.samples_per_second / b.samples_per_second if compared else 0.0
+    speed = f"{ratio:.2f}x samples/s" if compared else "speed not compared"
+    if compared and _same_loader(baseline.settings, plan.settings):
         speed += ": the plan's loader is the baseline's, so that is measurement noise"
+    elif compared and noise is not None and abs(ratio - 1) <= noise:
+        speed += (
+            f", within the {noise:.0%} by which the plan's own two timings differed: "
+            "not a measured difference"
+        )
     if baseline.predicted_peak_bytes > budget_bytes or b.status.startswith("out of memory"):
         cause = (
             "ran out of memory"
@@ -204,7 +221,8 @@ def baseline_wins(c: Comparison, local_batch_size: int) -> str | None:
     it should not). The worker search times loading alone; the loop with the step can
     show what it cannot, such as workers taking the cores the step needs. Only a
     comparable baseline counts: timed with the step, at the plan's batch size, predicted
-    within the budget, and ``ADOPT_GAIN`` faster in the same run."""
+    within the budget, and ``ADOPT_GAIN`` faster in the same run, and faster by more than
+    the plan's own two timings differed."""
     b, p = c.baseline.loop, c.plan.loop
     if not (b.ok and p.ok) or b.wait_share is None or p.samples_per_second <= 0:
         return None
@@ -213,7 +231,7 @@ def baseline_wins(c: Comparison, local_batch_size: int) -> str | None:
     if c.baseline.predicted_peak_bytes > c.budget_bytes:
         return None
     ratio = b.samples_per_second / p.samples_per_second
-    if ratio < 1 + ADOPT_GAIN:
+    if ratio < 1 + max(ADOPT_GAIN, c.noise or 0.0):
         return None
     return (
         f"the baseline's loader ran the loop with the step {ratio:.2f}x faster than the "

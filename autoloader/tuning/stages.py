@@ -507,14 +507,14 @@ def trials(
         if base is None:
             return Trials(threads, None, loops=_at_threads(loops, loop.num_threads), climb=climb)
         ran = replace(
-            planned,
-            num_workers=climb.workers if climb is not None else planned.num_workers,
+            sized_for(climb.choice, planned) if climb is not None else planned,
             num_threads=threads.chosen if threads is not None else None,
         )
         read = {"read_order": work.read_order.options()} if work.read_order else {}
         worst = choice.replays[choice.strategy].worst_batch_bytes
         plan_side = Side({**ran.to_dict(), **read}, loop, worst, choice.predicted_peak_bytes)
-        compared = _compare(work, opts, model, budget_bytes, choice, plan_side, step, timing)
+        again = replace(plan_trial, settings=ran)  # the plan's loop, timed once more after
+        compared = _compare(work, opts, model, budget_bytes, choice, plan_side, again, step, timing)
         judged = _judged(
             threads,
             compared,
@@ -714,9 +714,13 @@ def _compare(
     budget_bytes: int,
     choice: BatchingChoice,
     plan: Side,
+    again: trial.Trial,
     step: Any,
     timing: workers.Timing,
 ) -> Comparison:
+    """The baseline's loop, timed between the plan's (timed before, and ``again`` after
+    it): a machine that speeds up or slows down during the tune moves both sides alike,
+    and how far the plan's two timings differ is the noise a ratio is read against."""
     base = opts.baseline
     assert base is not None
     size = base.batch_size or opts.local_batch_size
@@ -728,6 +732,9 @@ def _compare(
         )
     ]
     loop = trial.run_trial(work, trial.Trial(batches, settings), step, timing)
+    after = trial.run_trial(work, again, step, timing)
+    noise = trial.spread(plan.loop, after)
+    plan = replace(plan, loop=trial.pooled(plan.loop, after))
     worst = replay(
         "random", work.sizes, size, world_size=opts.world_size, epochs=REPLAY_EPOCHS, seed=opts.seed
     ).worst_batch_bytes
@@ -735,6 +742,5 @@ def _compare(
     accum = f" x {choice.grad_accum_steps} accumulation" if choice.grad_accum_steps > 1 else ""
     what = f"{choice.strategy} batches of {choice.local_batch_size}{accum}"
     given = base.describe() + (", torch's defaults" if base == TORCH_DEFAULTS else "")
-    return Comparison(
-        given, side, plan, budget_bytes, diagnose(side, plan, budget_bytes, plan_batching=what)
-    )
+    diagnosis = diagnose(side, plan, budget_bytes, plan_batching=what, noise=noise)
+    return Comparison(given, side, plan, budget_bytes, diagnosis, noise)

@@ -14,7 +14,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
 
 import torch
@@ -151,6 +151,37 @@ def _loop(
         status,
         timed_step=step is not None,
     )
+
+
+def pooled(first: LoopResult, second: LoopResult) -> LoopResult:
+    """Two timings of one loop as one, each weighed by its timed batches (one that failed
+    gives way to one that did not); their spread is ``spread``."""
+    if not (first.ok and second.ok):
+        return first if first.ok or not second.ok else second
+    n = first.batches + second.batches
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        if a is None or b is None:
+            return a if b is None else b
+        return (a * first.batches + b * second.batches) / n
+
+    return replace(
+        first,
+        batches=n,
+        samples_per_second=cast(float, mean(first.samples_per_second, second.samples_per_second)),
+        wait_share=mean(first.wait_share, second.wait_share),
+        step_p50_seconds=mean(first.step_p50_seconds, second.step_p50_seconds),
+        step_p90_seconds=mean(first.step_p90_seconds, second.step_p90_seconds),
+    )
+
+
+def spread(first: LoopResult, second: LoopResult) -> float | None:
+    """How far two timings of one loop are apart, as a share of their mean (None where
+    either failed): the run's own noise, against which a difference is read."""
+    a, b = first.samples_per_second, second.samples_per_second
+    if not (first.ok and second.ok) or a + b <= 0:
+        return None
+    return abs(a - b) / ((a + b) / 2)
 
 
 def _result(

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,15 @@ from autoloader import Plan, PlanError, UsageError
 from autoloader.cli import main
 from autoloader.loop_model import Evidence
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
-from autoloader.tuning.comparison import Side, choose_threads, diagnose
-from autoloader.tuning.trial import LoopResult
+from autoloader.tuning.comparison import (
+    Comparison,
+    Diagnosis,
+    Side,
+    baseline_wins,
+    choose_threads,
+    diagnose,
+)
+from autoloader.tuning.trial import LoopResult, pooled, spread
 
 MIB = 2**20
 
@@ -125,6 +133,31 @@ def test_the_diagnosis_names_what_held_the_baseline_back() -> None:
         "0.94x samples/s: the plan's loader is the baseline's, so that is measurement "
         "noise" in alone.text
     )
+
+
+def test_a_ratio_within_the_plans_own_spread_is_not_called_a_difference() -> None:
+    """The plan's loop is timed before and after the baseline's: on a machine that sped up
+    between trials, identical loaders read 0.74x-1.46x. A ratio no further from 1 than the
+    plan's two timings were apart is said to be no measured difference, and does not make
+    the plan take the baseline's loader."""
+    budget = 10 * MIB
+    first, second = loop(100.0, 0.3), replace(loop(116.0, 0.5), batches=60)
+    assert spread(first, second) == pytest.approx(16 / 108)
+    both = pooled(first, second)
+    assert both.batches == 80 and both.samples_per_second == pytest.approx(112.0)
+    assert both.wait_share == pytest.approx(0.45)
+    assert pooled(first, loop(0.0, None, status="failed: x")) == first
+    assert spread(first, loop(0.0, None, status="failed: x")) is None
+    plan = side(100.0, 0.3, workers=2)
+    near = diagnose(side(110.0, 0.3), plan, budget, plan_batching="x", noise=0.12).text
+    assert "0.91x samples/s, within the 12% by which the plan's own two timings" in near
+    far = diagnose(side(130.0, 0.3), plan, budget, plan_batching="x", noise=0.12).text
+    assert "0.77x samples/s" in far and "within the" not in far
+    base = Side({"num_workers": 0, "batch_size": 32}, loop(110.0, 0.3), MIB, MIB)
+    compared = Comparison("torch", base, plan, budget, Diagnosis("x", "x"))
+    assert baseline_wins(compared, 32) is not None  # 1.10x, timed once
+    assert baseline_wins(replace(compared, noise=0.12), 32) is None
+    assert baseline_wins(replace(compared, noise=0.08), 32) is not None
 
 
 def test_the_verdict_advises_only_what_the_plan_has_not_done() -> None:
