@@ -123,6 +123,14 @@ class MemoryReading:
         found, at, when = self._found
         return found if at == workers and 0 <= epoch - when < MEMORY_EPOCHS else None
 
+    def known(self, workers: int) -> int | None:
+        """The last bytes read at ``workers``, however old: they stand while a new read
+        at that count runs (on a loaded node it can outlast an epoch)."""
+        self._collect()
+        if self._found is None or self._found[1] != workers:
+            return None
+        return self._found[0]
+
     def _collect(self) -> None:
         """Keep the running read's result, with what it was asked for, once it finished."""
         if self._asked is None:
@@ -417,13 +425,14 @@ class EpochIter:
         """The batch after which the workers' memory is read, their first prefetch round
         past ``count`` (-1, never: without workers, where a reading at this count is
         recent, ``MEMORY_EPOCHS``, or where no raise could meet the host-memory budget),
-        and that reading."""
+        and the reading that stands until then (an older one at the same count)."""
         workers = self._window_workers
         known = self._runtime.memory.fresh(workers, self._runtime.epoch)
         adapter = self._runtime.adapter
         if not workers or known is not None or adapter is None or not adapter.weighs_memory():
             return -1, known
-        return count + workers * (self._loader.prefetch_factor or 2) + 1, None
+        due = count + workers * (self._loader.prefetch_factor or 2) + 1
+        return due, self._runtime.memory.known(workers)
 
     def _samples(self) -> int:
         if self._runtime.recorder is not None:

@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -655,13 +656,17 @@ def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
     """Reading the workers' PSS costs the node about 10 ms of CPU a worker: a loop whose
     workers fill the cores paid it each epoch (mixed reads, 7 workers on 2 CPUs: 0.95x the
     same plan held fixed). One reading at a count stands for MEMORY_EPOCHS epochs, and
-    the adapter still has it in every epoch."""
+    the adapter still has it in every epoch: the one before stands while the next runs,
+    which on a loaded node can outlast the epoch it began in (here it waits until then)."""
     from autoloader.loader import runtime
 
     reads: list[int] = []
+    ended = threading.Event()
 
     def read() -> int:
         reads.append(1)
+        if len(reads) == 2:
+            ended.wait(timeout=30)
         return 3 * 2**20
 
     monkeypatch.setattr(runtime, "_workers_memory", read)
@@ -676,6 +681,8 @@ def test_the_workers_memory_is_read_once_at_a_count_not_each_epoch(
         if epoch:  # epoch 0's read may finish after it: collected as the next one starts
             assert loader._runtime is not None and loader._runtime.last is not None
             assert loader._runtime.last.worker_memory_bytes == 3 * 2**20
+        if epoch == runtime.MEMORY_EPOCHS:
+            ended.set()
     assert len(reads) == 2  # in epoch 0 and in epoch MEMORY_EPOCHS
 
 
