@@ -84,6 +84,25 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def affinity_cpus() -> list[int]:
+    """The CPUs this process may run on (every CPU where the system does not say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def busy_cpu_seconds(cpus: list[int]) -> float:
+    """Seconds these CPUs have spent running anything (every process, the kernel's
+    interrupts, and time a hypervisor took: all of it was not there for others)."""
+    try:
+        times = psutil.cpu_times(percpu=True)
+    except (OSError, RuntimeError):  # pragma: no cover - /proc/stat unreadable
+        return 0.0
+    busy = ("user", "nice", "system", "irq", "softirq", "steal")
+    return sum(sum(getattr(times[c], k, 0.0) for k in busy) for c in cpus if c < len(times))
+
+
 def available_memory(root: Path = Path("/sys/fs/cgroup")) -> int:
     """Memory this process's tree may still take: the host's available memory, or less
     where a cgroup limit (a container's, a Slurm job's) is nearer: the OOM killer acts at

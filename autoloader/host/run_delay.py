@@ -6,17 +6,12 @@ is not a wait for data, and more workers would only lengthen it, so the run-time
 adaptation leaves it out (``autoloader.loader.runtime``). Linux counts it per thread: the
 second field of ``/proc/thread-self/schedstat``, in nanoseconds. Elsewhere, or where the
 kernel does not keep it, the delay reads 0 and nothing is left out.
-
-The same count over every thread of other processes (``processes_run_delay``) tells the
-worker search whether workers that used less than their cores were waiting on storage,
-which leaves a core idle, or for a CPU that another process held, which does not.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 _local = threading.local()
 
@@ -45,20 +40,3 @@ def _open() -> int:
         fd = -1
     _local.fd = fd
     return fd
-
-
-def processes_run_delay(pids: list[int]) -> float:
-    """Seconds the threads of these processes have been runnable without running (a
-    vanished process, or one the kernel does not say of, counts 0)."""
-    total = 0
-    for pid in pids:
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                total += int((task / "schedstat").read_bytes().split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return total / 1e9

@@ -6,8 +6,8 @@ and a count far past the cores is what keeps such a loop fed: Synn and Kim's 0..
 N = CPUs plans no workers at all for reads that sleep. So the search goes on past the cores
 while the counts measured there leave cores idle (their processes' CPU time over wall
 time, times their count, under ``SPARE_CORES`` of the CPUs: reads that compute half the
-time and wait the other half still leave a core idle at 2 workers on 2 CPUs; time they
-waited for a CPU that another process held counts as a core taken), doubling
+time and wait the other half still leave a core idle at 2 workers on 2 CPUs; cores that
+other processes kept busy meanwhile, a neighbour's job, are not counted idle), doubling
 until the loop stops getting faster, and never past what the host can hold.
 Whether the next count is faster is measured, not predicted from the CPU time: workers busy
 80% of 2 CPUs leave a fifth of the cores idle (reads of 1 ms of computing and 1 ms of
@@ -34,6 +34,7 @@ from autoloader.host.limits import ProcessLimits
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
 SPARE_CORES = 0.9  # past the CPUs only while the workers use less than this share of them
+OTHERS_NOTED = 0.25  # cores other processes kept busy, named in the reason past this
 MIN_STEP_CORES = 0.05  # a step busy less than this is waiting on a device or sleeping
 HARD_CAP_PER_CPU = 8
 HARD_CAP = 64
@@ -70,25 +71,22 @@ class Extent:
         if share is None:
             return f"the CPU time of {cand.workers} workers could not be read"
         cores = share * max(1, cand.workers)
+        # cores other processes kept busy are not ours to fill (a neighbour's job beside
+        # this one; ranks sharing the node already divide ``cpus``, hence the minimum)
+        mine = self.cpus if cand.free_cores is None else min(self.cpus, cand.free_cores)
         # the step's cores are not the workers' (at least one is left them: past the CPUs
         # the search is for reads that wait)
-        room = max(1.0, self.cpus - self.step_cores)
+        room = max(1.0, mine - self.step_cores)
         if cores >= SPARE_CORES * room:
-            step = (
-                f", the step keeping {self.step_cores:.1f} busy"
-                if self.step_cores >= MIN_STEP_CORES
-                else ""
-            )
+            held = []
+            if self.step_cores >= MIN_STEP_CORES:
+                held.append(f"the step keeping {self.step_cores:.1f} busy")
+            if mine < self.cpus - OTHERS_NOTED:
+                held.append(f"other processes keeping {self.cpus - mine:.1f} busy")
             return (
                 f"{cand.workers} workers were busy {share:.0%} of their time ({cores:.1f} of "
-                f"{self.cpus} CPUs{step}): more would compete for the cores"
-            )
-        waited = cand.cpu_wait_share or 0.0
-        if (share + waited) * max(1, cand.workers) >= SPARE_CORES * room:
-            return (
-                f"{cand.workers} workers were busy {share:.0%} of their time and waited "
-                f"{waited:.0%} for a CPU that other processes held ({cores:.1f} of "
-                f"{self.cpus} CPUs computing): the cores are taken, not idle"
+                f"{self.cpus} CPUs{''.join(', ' + h for h in held)}): more would compete for "
+                "the cores"
             )
         return None
 

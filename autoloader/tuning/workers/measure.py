@@ -24,8 +24,7 @@ from torch.utils.data import DataLoader
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.feed.collate import collate
 from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text
-from autoloader.host import cpu_seconds, tree_memory_bytes
-from autoloader.host.run_delay import processes_run_delay
+from autoloader.host import affinity_cpus, busy_cpu_seconds, cpu_seconds, tree_memory_bytes
 from autoloader.samplers import RandomBatchSampler
 from autoloader.samplers.order import Windows
 from autoloader.stops import raise_if_stopped
@@ -50,9 +49,9 @@ class Candidate:
     # CPU time of the loading processes over their wall time while timed (per worker; the
     # main process's without workers): near 1 they compute, near 0 they wait (on storage)
     cpu_share: float | None = None
-    # the time they could have run but waited for a CPU, over the same wall time: cores
-    # that other processes held, not idle ones
-    cpu_wait_share: float | None = None
+    # this process's CPUs less what other processes (a neighbour's job) used of them
+    # meanwhile: the cores this loader had, where fewer than its CPUs
+    free_cores: float | None = None
 
     @classmethod
     def from_times(cls, workers: int, times: list[float], startup: float, memory: int) -> Candidate:
@@ -236,39 +235,53 @@ def _measure(
         max(times),
         memory,
         cpu_share=busy.share(),
-        cpu_wait_share=busy.wait_share(),
+        free_cores=busy.free_cores(),
     )
 
 
 class _Busy:
     """The loading processes' CPU seconds over their wall seconds, from the first batch
     to the end of the timing: how much of the time each one computed rather than
-    waited; and the seconds each was ready to compute while another process held the
-    CPU, over the same wall seconds."""
+    waited; and what the CPUs this process may use ran for anyone else meanwhile."""
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
-        self.start: tuple[float, float, float] | None = None
-        self.last: tuple[float, float, float] | None = None
+        self.ours = sorted({*pids, os.getpid()})  # the workers and the loop
+        self.cpus = affinity_cpus()
+        self.start: tuple[float, float, float, float] | None = None
+        self.last: tuple[float, float, float, float] | None = None
 
     def mark(self) -> None:
-        now = (time.perf_counter(), cpu_seconds(self.pids), processes_run_delay(self.pids))
+        now = (
+            time.perf_counter(),
+            cpu_seconds(self.pids),
+            cpu_seconds(self.ours),
+            busy_cpu_seconds(self.cpus),
+        )
         if self.start is None:
             self.start = now
         else:
             self.last = now
 
-    def share(self) -> float | None:
-        return self._share(1)
-
-    def wait_share(self) -> float | None:
-        return self._share(2)
-
-    def _share(self, column: int) -> float | None:
+    def _deltas(self) -> tuple[float, float, float, float] | None:
         if self.start is None or self.last is None or self.last[0] <= self.start[0]:
             return None
-        wall = (self.last[0] - self.start[0]) * len(self.pids)
-        return round(max(0.0, self.last[column] - self.start[column]) / wall, 4)
+        wall, loading, ours, busy = (b - a for a, b in zip(self.start, self.last, strict=True))
+        return wall, loading, ours, busy
+
+    def share(self) -> float | None:
+        d = self._deltas()
+        if d is None:
+            return None
+        return round(max(0.0, d[1]) / (d[0] * len(self.pids)), 4)
+
+    def free_cores(self) -> float | None:
+        """The CPUs less the cores other processes kept busy (None: not measured)."""
+        d = self._deltas()
+        if d is None or d[3] <= 0:
+            return None
+        others = max(0.0, d[3] - d[2]) / d[0]
+        return round(max(0.0, len(self.cpus) - others), 2)
 
 
 def _loading_pids(loader: DataLoader) -> list[int]:

@@ -48,14 +48,14 @@ class ModelledNode:
         cv: float = 0.25,
         seed: int = 0,
         share: Curve | None = None,
-        wait: Curve | None = None,
+        free: float | None = None,
         worker_bytes: int = 0,
     ) -> None:
         self.curve = curve
         self.shape = 1.0 / cv**2
         self.rng = np.random.default_rng(seed)
         self.share = share  # each worker's CPU share with ``w`` workers
-        self.wait = wait  # each worker's share of its time waiting for a CPU
+        self.free = free  # the cores other processes left (None: all of them)
         self.worker_bytes = worker_bytes  # memory each worker holds
 
     def measure(self, timing: Timing) -> Callable[[int, float | None], Candidate]:
@@ -68,7 +68,7 @@ class ModelledNode:
             return replace(
                 cand,
                 cpu_share=self.share(w) if self.share else None,
-                cpu_wait_share=self.wait(w) if self.wait else None,
+                free_cores=self.free,
             )
 
         return measure_w
