@@ -482,7 +482,8 @@ def test_an_event_field_that_is_not_a_number_says_so_in_each_layout(tmp_path: Pa
 
     items = ak.Array([[1.0, 2.0], [3.0]])
     pq.write_table(
-        pa.table({"a": pa.array(items.to_list()), "label": ["a", "b"]}), tmp_path / "s.parquet"
+        pa.table({"a": pa.array(items.to_list()), "label": ["a", "b"], "run": [7, 8]}),
+        tmp_path / "s.parquet",
     )
     with uproot.recreate(tmp_path / "s.root") as f:
         f.mktree("Events", {"a": items.type, "xyz": np.dtype(("f4", (3,)))})
@@ -490,7 +491,7 @@ def test_an_event_field_that_is_not_a_number_says_so_in_each_layout(tmp_path: Pa
     spec = _h5(tmp_path / "s.h5", h5)
     expected = {
         f"{spec}?fields=t&event_fields=label": "event field 'label' cannot be read: |S1: not one",
-        f"{spec}?fields=t&event_fields=info/*": "event field 'info/s' cannot be read: |S4: not one",
+        f"{spec}?fields=t&event_fields=info/s": "event field 'info/s' cannot be read: |S4: not one",
         f"{tmp_path / 's.parquet'}?fields=a&event_fields=lab*": "event field 'label' cannot be "
         "read: string: not one number per event",
         f"{tmp_path / 's.root'}?fields=a&event_fields=xyz": "event field 'xyz' cannot be read: "
@@ -501,6 +502,17 @@ def test_an_event_field_that_is_not_a_number_says_so_in_each_layout(tmp_path: Pa
             autoloader.open_dataset(given)
     numbers = autoloader.open_dataset(f"{spec}?fields=t&event_fields=info/n")
     assert int(numbers[1].n) == 2
+    # a glob takes what it can read: the events' numbers, not the per-item branches
+    everything = {
+        "hdf5": f"{spec}?fields=t&event_fields=*",
+        "parquet": f"{tmp_path / 's.parquet'}?fields=a&event_fields=*",
+        "root": f"{tmp_path / 's.root'}?fields=a&event_fields=*",
+    }
+    assert {k: autoloader.open_dataset(v).attrs for k, v in everything.items()} == {
+        "hdf5": ["n"],
+        "parquet": ["run"],
+        "root": ["na"],
+    }
 
 
 def _unsigned_files(d: Path) -> dict[str, str]:

@@ -217,7 +217,7 @@ class H5Table(BlockReader):
                 for n, d in columns.items()
                 if n not in usable
             }
-            names = select(patterns, columns, where=self.where, unreadable=odd)
+            names = select(patterns, usable, where=self.where, unreadable=odd)
         if not names:
             raise DatasetError(f"{self.where}: no numeric per-item column to read")
         length = usable[names[0]].shape[0]

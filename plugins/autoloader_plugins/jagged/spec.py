@@ -130,25 +130,25 @@ def select(
 ) -> list[str]:
     """``names`` matched by ``patterns`` (globs, as uproot's ``filter_name``), in the order
     of the patterns, each name once. ``unreadable``: names that exist but cannot be read
-    as ``what`` (name -> why); a pattern that chooses one is refused with the reason.
+    as ``what`` (name -> why): a pattern that matches only such names is refused with the
+    reason; one that also matches readable names takes those.
 
     Raises:
-        DatasetError: a pattern matches nothing, or chooses an unreadable name; the
-            message lists what exists, or says why the name cannot be read.
+        DatasetError: a pattern matches nothing, or only unreadable names; the message
+            lists what can be read, or says why the name cannot be.
     """
-    unreadable = unreadable or {}
     names = list(names)
-    names += [n for n in unreadable if n not in names]
+    unreadable = {n: why for n, why in (unreadable or {}).items() if n not in names}
     chosen: list[str] = []
     for pattern in patterns:
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matched:
+            bad = next((n for n in unreadable if fnmatch.fnmatchcase(n, pattern)), None)
+            if bad is not None:
+                raise DatasetError(f"{where}: {what} {bad!r} cannot be read: {unreadable[bad]}")
             raise DatasetError(
                 f"{where}: {what} pattern {pattern!r} matches nothing; "
                 f"found {', '.join(names) if names else 'none'}"
             )
-        bad = next((n for n in matched if n in unreadable), None)
-        if bad is not None:
-            raise DatasetError(f"{where}: {what} {bad!r} cannot be read: {unreadable[bad]}")
         chosen.extend(n for n in matched if n not in chosen)
     return chosen
