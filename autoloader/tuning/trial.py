@@ -31,6 +31,9 @@ from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Timing
 from autoloader.tuning.workload import Workload
 
 MAX_SECONDS = 15.0  # a trial stops after this long, whatever its batch count
+# and times from this long on even where the workers' first queue is not yet through (a
+# slow step behind many workers: 38 queued batches of a 0.4 s step left nothing timed)
+WARM_SECONDS = MAX_SECONDS / 3
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ def _loop(
     steps: list[float] = []
     loop: list[float] = []  # wait + step of each timed batch (after the warm-up)
     status, startup = "ok", math.inf
+    first: int | None = None  # the first timed batch
     start = time.perf_counter()
     batches = _epochs(loader, device, depth)
     try:
@@ -129,7 +133,9 @@ def _loop(
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             steps.append(time.perf_counter() - began)
-            if i >= warm:
+            if first is None and (i >= warm or time.perf_counter() - start > WARM_SECONDS):
+                first = i
+            if first is not None:
                 loop.append(waits[i] + steps[i])
             if timing.enough(loop, block=block) or time.perf_counter() - start > MAX_SECONDS:
                 break
@@ -141,11 +147,11 @@ def _loop(
     finally:
         batches.close()
         del batches, loader  # the workers shut down with their iterator
-    timed = slice(warm, len(steps))
+    first = len(steps) if first is None else first
     return _result(
-        waits[timed],
-        steps[timed],
-        [sizes[i % len(sizes)] for i in range(warm, len(steps))],
+        waits[first:],
+        steps[first:],
+        [sizes[i % len(sizes)] for i in range(first, len(steps))],
         startup,
         threads,
         status,
@@ -203,7 +209,7 @@ def _result(
         p50 = statistics.median(steps[:n])
         p90 = statistics.quantiles(steps[:n], n=10)[-1] if n > 1 else steps[0]
     if n == 0 and status == "ok":
-        status = "failed: too few batches to time (a larger dataset or --iterations)"
+        status = "failed: no batch was timed (none came, or none after the first queue)"
     return LoopResult(
         n,
         rate,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset
 
@@ -54,4 +55,19 @@ def test_a_trial_of_no_batches_fails_with_its_reason() -> None:
     work = Workload(Waiting(4, 0.0), np.full(4, 16), CPU, collate, 10.0, 0, 1)
     settings = LoopSettings(num_workers=0, pin_memory=False)
     loop = run_trial(work, Trial([], settings), None, Timing(iterations=10))
-    assert not loop.ok and "too few batches" in loop.status
+    assert not loop.ok and "no batch was timed" in loop.status
+
+
+def test_a_slow_step_behind_a_long_queue_is_still_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Untimed, the workers' first queue (here 4 x 2 batches) behind a step slower than
+    the trial's time limit left nothing timed (19 workers x 2 and a 0.4 s step against
+    15 s): the timing now begins once a third of the limit is spent, queue or not."""
+    from autoloader.tuning import trial
+
+    monkeypatch.setattr(trial, "MAX_SECONDS", 0.6)
+    monkeypatch.setattr(trial, "WARM_SECONDS", 0.2, raising=False)
+    work = Workload(Waiting(64, 0.0), np.full(64, 16), CPU, collate, 10.0, 0, 1)
+    epoch = [list(range(i, i + 4)) for i in range(0, 64, 4)]
+    settings = LoopSettings(num_workers=4, prefetch_factor=2, persistent_workers=True)
+    loop = run_trial(work, Trial(epoch, settings), lambda b: time.sleep(0.1), Timing())
+    assert loop.ok and loop.batches >= 1 and loop.wait_share is not None
