@@ -78,8 +78,16 @@ def from_dict(data: dict[str, Any] | MemoryModel) -> MemoryModel:
         data.get("pcc"),
         points,
         str(data.get("source", "step")),
-        data.get("transform_growth"),
+        _growth(data.get("transform_growth")),
     )
+
+
+def _growth(value: Any) -> float | None:
+    """A recorded transform growth, where it is a number above 1 (a hand-edited plan may
+    hold anything there: the slope, not this, is what predicts)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+        return float(value)
+    return None
 
 
 def default_model(growth: float = 1.0) -> MemoryModel:

@@ -129,8 +129,8 @@ def _transform_growth(team: Team, work: Workload) -> float:
     measured: float = team.once(lambda: growth(work.sizes, work.timeout))
     if measured > 1.0:
         log.info(
-            "the transform makes samples %.2fx their stored bytes: the default memory "
-            "model is scaled by it (give --step to calibrate instead)",
+            "read through the transform, samples are %.2fx their stored bytes: the default "
+            "memory model is scaled by it (give --step to calibrate instead)",
             measured,
         )
     return measured

@@ -80,6 +80,8 @@ def test_without_a_step_the_default_grows_with_what_a_transform_adds() -> None:
     assert "x3.00 for the bytes the transform adds" in scaled.describe()
     assert scaled.to_dict()["transform_growth"] == 3.0
     assert model_from_dict(scaled.to_dict()) == scaled
+    edited = {**scaled.to_dict(), "transform_growth": "lots"}  # a hand-edited plan
+    assert "for the bytes the transform adds" not in model_from_dict(edited).describe()
     halved = Transformed(stored, lambda t: t[: len(t) // 2])  # a shrink: the default stays
     assert modelled(halved) == default_model()
     with pytest.raises(SampleError, match=r"sample \d+ raised ZeroDivisionError"):
