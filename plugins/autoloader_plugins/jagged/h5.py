@@ -40,7 +40,7 @@ from autoloader_plugins.jagged.reader import (
     ranges_index,
     runs,
 )
-from autoloader_plugins.jagged.spec import select
+from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class H5Table(BlockReader):
         if not patterns:
             return []
         names, odd = _per_event(f, g, len(self))
-        return select(patterns, names, where=self.where, what="event field", unreadable=odd)
+        return list(select_event_fields(patterns, names, odd.items(), where=self.where))
 
     def _event_column(self, f: h5py.File, g: h5py.Group, name: str) -> np.ndarray:
         table, _, field = name.rpartition("/")
@@ -432,7 +432,7 @@ def _per_event(f: h5py.File, g: h5py.Group, events: int) -> tuple[list[str], dic
     """Names of per-event values with ``events`` rows: the scalar fields of compound tables
     (``table/field``) in the table's group or at the top of the file, and 1-D numeric
     datasets at the top of the file; and those of one row per event that are not numbers
-    (name -> why)."""
+    (name -> type)."""
     names: list[str] = []
     odd: dict[str, str] = {}
     for base in (g, f):
@@ -445,11 +445,11 @@ def _per_event(f: h5py.File, g: h5py.Group, events: int) -> tuple[list[str], dic
                     if kind.kind in "biuf" and kind.shape == ():
                         names.append(f"{n}/{k}")
                     else:
-                        odd[f"{n}/{k}"] = f"{kind}: not one number per event"
+                        odd[f"{n}/{k}"] = str(kind)
             elif base is f and d.dtype.kind in "biuf":
                 names.append(n)
             elif base is f:
-                odd[n] = f"{d.dtype}: not one number per event"
+                odd[n] = str(d.dtype)
     return list(dict.fromkeys(names)), odd
 
 

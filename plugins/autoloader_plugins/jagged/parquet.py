@@ -20,7 +20,7 @@ import numpy as np
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
-from autoloader_plugins.jagged.spec import select
+from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +87,8 @@ class ParquetTable(BlockReader):
         self._columns = {n: items[n][0] for n in names}  # name -> (top, child or None)
         self._bytes = {n: _byte_width(schema, *items[n][0]) for n in names}
         self.fields = tuple(Field(n, items[n][1]) for n in names)
-        self.event_fields = tuple(
-            select(
-                event_fields,
-                scalars,
-                where=self.where,
-                what="event field",
-                unreadable={
-                    c.name: f"{c.type}: not one number per event"
-                    for c in schema
-                    if c.name not in scalars
-                },
-            )
-            if event_fields
-            else ()
+        self.event_fields = select_event_fields(
+            event_fields, scalars, [(c.name, str(c.type)) for c in schema], where=self.where
         )
         self._one_collection(names)
         try:

@@ -23,7 +23,7 @@ import numpy as np
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
-from autoloader_plugins.jagged.spec import select
+from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +97,12 @@ class RootTree(BlockReader):
         items, scalars, skipped = self._branches(tree, named=fields is not None)
         chosen = self._collection(tree, items, skipped, fields)
         self.fields = tuple(Field(n, items[n]) for n in chosen)
-        self.event_fields = tuple(
-            select(
-                event_fields,
-                scalars,
-                where=self.where,
-                what="event field",
-                unreadable={
-                    n: f"{b.typename or 'unknown type'}: not one number per event"
-                    for n, b in tree.iteritems(recursive=True)
-                    if not len(b.branches) and n not in scalars
-                },
-            )
-            if event_fields
-            else ()
+        leaves = [(n, b) for n, b in tree.iteritems(recursive=True) if not len(b.branches)]
+        self.event_fields = select_event_fields(
+            event_fields,
+            scalars,
+            [(n, b.typename or "unknown type") for n, b in leaves],
+            where=self.where,
         )
         try:
             self.offsets = self._read_offsets(tree, chosen[0])

@@ -152,3 +152,19 @@ def select(
             )
         chosen.extend(n for n in matched if n not in chosen)
     return chosen
+
+
+def select_event_fields(
+    patterns: Sequence[str],
+    numbers: Sequence[str],
+    kinds: Iterable[tuple[str, str]],
+    *,
+    where: str,
+) -> tuple[str, ...]:
+    """The per-event fields ``patterns`` choose among ``numbers`` (the candidates of one
+    number per event); ``kinds``: the other candidates' names and types, named in the
+    error where a pattern chooses only them (``select``)."""
+    if not patterns:
+        return ()
+    odd = {n: f"{kind}: not one number per event" for n, kind in kinds if n not in numbers}
+    return tuple(select(patterns, numbers, where=where, what="event field", unreadable=odd))
