@@ -19,10 +19,7 @@ from autoloader.launch import local_world_size
 
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        count = os.cpu_count() or 1
+    count = len(affinity_cpus())
     quota = cgroup_cpu_limit()
     if quota is not None:
         count = min(count, max(1, math.floor(quota)))

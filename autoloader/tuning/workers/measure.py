@@ -246,18 +246,15 @@ class _Busy:
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
-        self.ours = sorted({*pids, os.getpid()})  # the workers and the loop
+        self.loop = [] if os.getpid() in pids else [os.getpid()]  # ours beside the loaders
         self.cpus = affinity_cpus()
         self.start: tuple[float, float, float, float] | None = None
         self.last: tuple[float, float, float, float] | None = None
 
     def mark(self) -> None:
-        now = (
-            time.perf_counter(),
-            cpu_seconds(self.pids),
-            cpu_seconds(self.ours),
-            busy_cpu_seconds(self.cpus),
-        )
+        loading = cpu_seconds(self.pids)
+        ours = loading + cpu_seconds(self.loop)  # the workers and the loop
+        now = (time.perf_counter(), loading, ours, busy_cpu_seconds(self.cpus))
         if self.start is None:
             self.start = now
         else:
