@@ -97,11 +97,14 @@ class RootTree(BlockReader):
         items, scalars, skipped = self._branches(tree, named=fields is not None)
         chosen = self._collection(tree, items, skipped, fields)
         self.fields = tuple(Field(n, items[n]) for n in chosen)
-        leaves = [(n, b) for n, b in tree.iteritems(recursive=True) if not len(b.branches)]
         self.event_fields = select_event_fields(
             event_fields,
             scalars,
-            [(n, b.typename or "unknown type") for n, b in leaves],
+            (
+                (n, b.typename or "unknown type")
+                for n, b in tree.iteritems(recursive=True)
+                if not len(b.branches)
+            ),
             where=self.where,
         )
         try:

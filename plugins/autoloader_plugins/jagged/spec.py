@@ -138,7 +138,8 @@ def select(
             lists what can be read, or says why the name cannot be.
     """
     names = list(names)
-    unreadable = {n: why for n, why in (unreadable or {}).items() if n not in names}
+    known = set(names)
+    unreadable = {n: why for n, why in (unreadable or {}).items() if n not in known}
     chosen: list[str] = []
     for pattern in patterns:
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
@@ -165,6 +166,7 @@ def select_event_fields(
     number per event); ``kinds``: the other candidates' names and types, named in the
     error where a pattern chooses only them (``select``)."""
     if not patterns:
-        return ()
-    odd = {n: f"{kind}: not one number per event" for n, kind in kinds if n not in numbers}
+        return ()  # ``kinds`` is not read: a tree's branches are not walked for nothing
+    known = set(numbers)
+    odd = {n: f"{kind}: not one number per event" for n, kind in kinds if n not in known}
     return tuple(select(patterns, numbers, where=where, what="event field", unreadable=odd))
