@@ -60,12 +60,18 @@ class Transformed(Dataset):
         order = np.argsort(sizes, kind="stable")
         largest = order[-GROWTH_SAMPLES:]
         spread = order[np.linspace(0, len(order) - 1, min(GROWTH_SAMPLES, len(order))).astype(int)]
+        read_bytes: dict[int, int] = {}  # each sample read once, where the two sets share it
+
+        def grown(i: int) -> int:
+            if i not in read_bytes:
+                read_bytes[i] = nbytes(read(self, i, timeout=timeout))
+            return read_bytes[i]
+
         ratios = [1.0]
         for chosen in (largest, spread):
             stored = int(sizes[chosen].sum())
             if stored > 0:
-                grown = sum(nbytes(read(self, int(i), timeout=timeout)) for i in chosen)
-                ratios.append(grown / stored)
+                ratios.append(sum(grown(int(i)) for i in chosen) / stored)
         return max(ratios)
 
     def __getattr__(self, name: str) -> Any:
