@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,21 @@ class Slow(Dataset):
 
 
 SLOW = Slow()
+
+
+class Waiting(Dataset):
+    """Samples that each take ``seconds`` to read, waiting rather than computing (as
+    reads from storage do), so workers read side by side on any number of cores."""
+
+    def __init__(self, count: int, seconds: float) -> None:
+        self.count, self.seconds = count, seconds
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return torch.zeros(4)
 
 
 def torchrun(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> None:

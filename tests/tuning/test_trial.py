@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from conftest import Waiting
 
 from autoloader.feed.collate import collate
 from autoloader.tuning.baseline import LoopSettings
@@ -17,21 +17,6 @@ from autoloader.tuning.workers.measure import Timing
 from autoloader.tuning.workload import Workload
 
 CPU = torch.device("cpu")
-
-
-class Waiting(Dataset):
-    """Samples that each take ``seconds`` to read, waiting rather than computing (as
-    reads from storage do), so workers read side by side on any number of cores."""
-
-    def __init__(self, count: int, seconds: float) -> None:
-        self.count, self.seconds = count, seconds
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return torch.zeros(4)
 
 
 def test_a_short_epoch_is_timed_across_its_refills_not_from_the_queue() -> None:

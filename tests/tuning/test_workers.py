@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import Waiting
 from prometheus_client import CollectorRegistry
 from torch.utils.data import Dataset
 
@@ -194,17 +195,6 @@ def test_cores_another_process_keeps_busy_do_not_take_the_search_past_the_cpus()
     assert max(c.workers for c in trace) == 4 and reach is not None and "other" not in reach
 
 
-class Waiting(Dataset):
-    """Samples that wait 2 ms each, computing nothing."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.002)
-        return torch.zeros(4)
-
-
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -221,7 +211,7 @@ def test_the_search_measures_the_cores_other_processes_keep_busy() -> None:
     hog = multiprocessing.get_context("fork").Process(target=_spin, args=(30.0,), daemon=True)
     hog.start()
     try:
-        data = Waiting()
+        data = Waiting(64, 0.002)
         cand = measure(
             data, sample_sizes(data), 4, 1, timing=Timing(iterations=60), device=torch.device("cpu")
         )
