@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +97,7 @@ class StartThreads:
                 _start_resource_sharer()
             except (RuntimeError, OSError, MemoryError):
                 os._exit(NO_THREAD_EXIT)
+            _quiet_when_the_reader_leaves()
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -129,3 +132,22 @@ def _start_resource_sharer() -> None:
             if listener is not None:
                 listener.close()
             raise
+
+
+def _quiet_when_the_reader_leaves() -> None:
+    """The sharer's thread hands each tensor's file descriptor to the training process
+    and reports a failed hand-over through ``sys.excepthook``, as a traceback on the
+    job's stderr. A hand-over the reader left half-way (the training process ended by a
+    lost peer's watch, a kill, the OOM killer) is no error of the worker's: drop that one,
+    report the rest."""
+    from multiprocessing import resource_sharer
+
+    sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
+    chained = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        left = issubclass(kind, (ConnectionError, EOFError))
+        if not (left and threading.current_thread() is sharer._thread):
+            chained(kind, value, tb)
+
+    sys.excepthook = hook

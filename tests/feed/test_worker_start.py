@@ -1,0 +1,50 @@
+"""Tuner workers started by ``StartThreads``, in real worker processes."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+from conftest import run_reaped
+
+# A tuner's loader whose one worker tells where its resource sharer listens; the training
+# process connects there and leaves mid-handshake, as a process ended by a lost peer's
+# watch (os._exit) does while it collects a batch's tensors.
+LEFT_MID_HANDSHAKE = textwrap.dedent(
+    """
+    import socket, time
+    from multiprocessing import resource_sharer
+    import torch
+    import torch.multiprocessing
+    from torch.utils.data import Dataset
+    from autoloader.feed.start import StartSafeLoader, StartThreads
+
+    class Where(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return resource_sharer._resource_sharer._address, torch.full((64,), float(i))
+
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    loader = StartSafeLoader(
+        Where(), batch_size=1, num_workers=1, worker_init_fn=StartThreads(),
+        collate_fn=lambda batch: batch[0], persistent_workers=True,
+    )
+    batches = iter(loader)
+    address, first = next(batches)
+    reader = socket.socket(socket.AF_UNIX)
+    reader.connect(address)
+    time.sleep(0.5)  # the worker's challenge arrives and is left unread
+    reader.close()  # the worker reads a reset connection
+    rest = [float(t[0]) for _, t in batches]
+    print("served", float(first[0]), rest)
+    """
+)
+
+
+def test_a_reader_that_leaves_mid_handshake_is_no_worker_traceback() -> None:
+    run = run_reaped([sys.executable, "-c", LEFT_MID_HANDSHAKE], timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "served 0.0 [1.0, 2.0, 3.0]" in run.stdout  # the worker went on serving
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
