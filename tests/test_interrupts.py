@@ -8,6 +8,7 @@ been renamed into place), never after a sleep.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -38,16 +39,29 @@ SEARCH = [
 STOPPED = "autoloader: interrupted; nothing was written\n"
 
 
-def start(tmp_path: Path, spec: str, code: str | None = None) -> tuple[subprocess.Popen[Any], Path]:
+def start(
+    tmp_path: Path, spec: str, code: str | None = None, *, timeout: str = "60"
+) -> tuple[subprocess.Popen[Any], Path]:
     """``autoloader tune SPEC`` over an existing plan, in a session of its own; with
-    ``code``, run as ``python -c CODE`` that ends by running the command line."""
+    ``code``, run as ``python -c CODE`` that ends by running the command line;
+    ``timeout``: its ``--worker-timeout``."""
     out = tmp_path / "plan.toml"
     out.write_text(GOOD_PLAN)
     (tmp_path / "marks").mkdir()
     env = {**prepend_pythonpath(TESTS), "SIGNAL_MARKS": str(tmp_path / "marks")}
     program = ["-m", "autoloader"] if code is None else ["-c", code]
     proc = spawn(
-        [sys.executable, *program, "tune", spec, "-o", str(out), *SEARCH],
+        [
+            sys.executable,
+            *program,
+            "tune",
+            spec,
+            "-o",
+            str(out),
+            *SEARCH,
+            "--worker-timeout",
+            timeout,
+        ],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -70,10 +84,12 @@ def running_workers(proc: subprocess.Popen[Any], tmp_path: Path) -> list[int]:
     return workers(tmp_path)
 
 
-def assert_stopped(proc: subprocess.Popen[Any], tmp_path: Path, out: Path) -> None:
+def assert_stopped(
+    proc: subprocess.Popen[Any], tmp_path: Path, out: Path, *, within: float = 120
+) -> None:
     """Exit 130, one line, the old plan as it was, nothing left in the directory and no
     worker process alive (the tune reaped every one before it exited)."""
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=within)
     assert (proc.returncode, err) == (130, STOPPED)
     assert out.read_text() == GOOD_PLAN
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marks", "plan.toml"]
@@ -101,6 +117,22 @@ def test_sighup_to_the_tune_alone_reaps_its_workers(tmp_path: Path) -> None:
         running_workers(proc, tmp_path)
         proc.send_signal(signal.SIGHUP)
         assert_stopped(proc, tmp_path, out)
+
+
+def test_a_stop_the_kernel_hands_to_another_thread_stops_the_tune(tmp_path: Path) -> None:
+    """A signal sent to the process may land on any thread that does not block it (the
+    kernel passes over a main thread with a signal already pending): the main thread's
+    wait for a batch is then not interrupted, and the tune went on until the worker
+    timeout ended that wait. Sent to one of its other threads (tgkill), it stops at once."""
+    proc, out = start(tmp_path, "signal_data:HELD", timeout="600")
+    with reaped(proc):
+        running_workers(proc, tmp_path)
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "the tune runs no thread beside its main one"
+        tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(tgkill, proc.pid, others[0], int(signal.SIGHUP)) == 0
+        assert_stopped(proc, tmp_path, out, within=60)  # far inside the 600 s timeout
 
 
 @pytest.mark.slow

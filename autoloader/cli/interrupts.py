@@ -23,6 +23,12 @@ unwinds ``tune`` before it writes anything. These rules make that hold at any mo
   handler or the stop's own clean-up. Once torch is loaded (``stop_with_workers``), a
   worker killed by a stop signal is delivered as that stop; from the first stop on,
   SIGCHLD goes to a handler that does nothing.
+* **It reaches the main thread.** The kernel hands a signal sent to the process to any
+  of its threads that does not block it (a queue's feeder thread, say, where the main
+  thread already has one pending); Python's handler then waits for the main thread's
+  blocking call (a batch's wait, up to the worker timeout) to return by itself. The C
+  handler writes each signal to a wakeup socket, and a relay thread sends a stop the
+  handler has not taken within ``_RELAY_SECONDS`` to the main thread itself.
 * **Workers die of it.** A DataLoader worker forked with this handler (SIGINT and
   SIGHUP; torch sets its own for SIGTERM) is ended by the signal, as by default.
 * **Once.** The first signal stops the command; later ones (an impatient second Ctrl-C)
@@ -38,8 +44,11 @@ unwinds ``tune`` before it writes anything. These rules make that hold at any mo
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -54,6 +63,7 @@ SIGNALS = STOP_SIGNALS
 INTERRUPTED = 130
 STOPPED = "autoloader: interrupted; nothing was written"
 _POLL_SECONDS = 0.01
+_RELAY_SECONDS = 0.05  # a stop not taken by the handler in this long goes to the main thread
 _REAP_SECONDS = 2.0
 _STOP_BOUND_SECONDS = 15.0  # a stop takes well under a second; past this it is a deadlock
 
@@ -70,6 +80,8 @@ class Interrupts:
         self.settled = False  # the result is in place: no signal changes the outcome now
         self._holding = False
         self._signum: int = signal.SIGINT
+        self.calls = 0  # runs of the handler in this process's main thread
+        self.last_call = -math.inf  # when it last ran
         self._redelivery = False
         self._watching = False
         self._ending = False
@@ -92,6 +104,8 @@ class Interrupts:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        self.calls += 1  # the relay's evidence that the signal reached this thread
+        self.last_call = time.monotonic()
         redelivery, self._redelivery = self._redelivery, False
         if self.settled or self.taken or (self.seen and not redelivery):
             return  # decided, or already stopping
@@ -204,10 +218,12 @@ def handled(*, for_the_process: bool = False) -> Iterator[Interrupts]:
     unraisable = sys.unraisablehook
     watch = _DropWatch(interrupts, unraisable)
     sys.unraisablehook = watch
+    relay = _Relay(interrupts)
     try:
         yield interrupts
     finally:
         interrupts.active = False
+        relay.close()
         if for_the_process:
             for sig in SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
@@ -289,6 +305,108 @@ class _DropWatch:
             if self.interrupts.seen:
                 return  # our own stop: it is delivered again, and says nothing here
         self.chained(unraisable)
+
+
+class _Relay:
+    """Sends a stop signal that another thread received on to the main thread.
+
+    Python's C handler only notes a signal and writes its number to the wakeup socket;
+    the Python handler runs in the main thread once that thread runs Python code. A stop
+    whose byte arrives with the handler not run in the last ``_RELAY_SECONDS``, and not
+    run in the ``_RELAY_SECONDS`` after, is sent again with ``pthread_kill``, which
+    interrupts the main thread's blocking call; the byte that this signal writes in turn
+    is owed, not news.
+    """
+
+    def __init__(self, interrupts: Interrupts) -> None:
+        self.interrupts = interrupts
+        self._main = threading.main_thread().ident
+        self._reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._writer = writer
+        self._previous: int | None = None
+        try:
+            self._previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            self._close_sockets()
+            self._reader.close()
+            return
+        global _relay
+        _relay = self
+        threading.Thread(target=self._run, name="autoloader-stop-relay", daemon=True).start()
+
+    def close(self) -> None:
+        global _relay
+        if self._previous is None:
+            return
+        _relay = None
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._previous)
+        self._previous = None
+        self._close_sockets()
+
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): its signals are its own, not news
+        for the parent's relay."""
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        self._previous = None
+        self._writer.close()
+        self._reader.close()
+
+    def _close_sockets(self) -> None:
+        with contextlib.suppress(OSError):
+            self._writer.shutdown(socket.SHUT_RDWR)  # wakes the relay's select: it ends
+        self._writer.close()
+
+    def _run(self) -> None:
+        stops = {int(sig) for sig in SIGNALS}
+        pending: int | None = None  # a stop the handler has not taken yet
+        calls = owed = 0
+        due = 0.0  # when to send it on
+        try:
+            while True:
+                wait = None if pending is None else max(0.0, due - time.monotonic())
+                if select.select([self._reader], [], [], wait)[0]:
+                    data = self._reader.recv(64)
+                    if not data:
+                        return  # closed: the handlers are restored
+                    for number in data:
+                        if number not in stops:
+                            continue
+                        if owed:
+                            owed -= 1  # written by our own pthread_kill
+                        elif pending is None:
+                            now = time.monotonic()
+                            if self.interrupts.last_call >= now - _RELAY_SECONDS:
+                                continue  # the handler took it as it came
+                            pending, calls = number, self.interrupts.calls
+                            due = now + _RELAY_SECONDS
+                if pending is None:
+                    continue
+                if self.interrupts.calls != calls or not self.interrupts.active:
+                    pending = None  # taken by the handler
+                elif time.monotonic() >= due and self._main is not None:
+                    owed += 1
+                    due = time.monotonic() + _RELAY_SECONDS
+                    signal.pthread_kill(self._main, pending)
+        except (OSError, ValueError):
+            return  # the socket closed under us, or the main thread is gone
+        finally:
+            self._reader.close()
+
+
+_relay: _Relay | None = None  # the relay while ``handled`` runs
+
+
+def _forget_relay_in_child() -> None:
+    global _relay
+    if _relay is not None:
+        _relay.forget_in_child()
+        _relay = None
+
+
+os.register_at_fork(after_in_child=_forget_relay_in_child)
 
 
 def quiet_from_now_on() -> None:
