@@ -14,13 +14,14 @@ import errno
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing
 from torch.utils.data import DataLoader
 
-from autoloader.compat import BaseIter, MultiProcessIter, abandon_start
+from autoloader.compat import BaseIter, MultiProcessIter, abandon_start, shut_down_workers
 from autoloader.errors import one_line
 
 
@@ -69,13 +70,26 @@ class StartSafeIter(StartSafe, MultiProcessIter):
 
 
 class StartSafeLoader(DataLoader):
-    """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders)."""
+    """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders),
+    and ended by ``end_workers`` when its user is done with it."""
+
+    _latest: weakref.ref[StartSafeIter] | None = None
 
     def _get_iterator(self) -> BaseIter:
         if self.num_workers == 0:
             return super()._get_iterator()
         self.check_worker_number_rationality()
-        return StartSafeIter(self)
+        it = StartSafeIter(self)
+        self._latest = weakref.ref(it)
+        return it
+
+    def end_workers(self) -> None:
+        """Shut down the workers of the latest iterator now, whoever still holds it. A
+        failure's traceback holds it in a reference cycle, and the collector that ends
+        it later closes its queues first: each worker then waits out its 5 s poll."""
+        it = self._latest() if self._latest is not None else None
+        if it is not None:
+            shut_down_workers(it)
 
 
 NO_THREAD_EXIT = 75  # a worker that could not start a thread it needs exits with this

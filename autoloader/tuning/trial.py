@@ -106,7 +106,7 @@ def run_trial(
 
 def _loop(
     work: Workload,
-    loader: DataLoader,
+    loader: StartSafeLoader,
     depth: int,
     step: Callable[[Any], Any] | None,
     sizes: list[int],
@@ -146,7 +146,8 @@ def _loop(
         status = ("out of memory" if is_oom(exc) else "failed") + f": {failure_text(exc)}"
     finally:
         batches.close()
-        del batches, loader  # the workers shut down with their iterator
+        loader.end_workers()  # now, not when a failure's traceback is collected
+        del batches, loader
     first = len(steps) if first is None else first
     return _result(
         waits[first:],

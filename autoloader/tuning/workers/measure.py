@@ -224,6 +224,7 @@ def _measure(
         return Candidate.not_measured(workers, f"failed: {failure_text(exc)}")
     finally:
         batches.close()
+        loader.end_workers()  # now, not when a failure's traceback is collected
         del loader
     total = sum(times)
     return Candidate(
