@@ -211,6 +211,11 @@ def workers(it: Any) -> list[Any]:
     return list(getattr(it, "_workers", []))
 
 
+def kept_workers(loader: Any) -> list[Any]:
+    """The worker processes of the iterator a DataLoader keeps (``persistent_workers``)."""
+    return workers(getattr(loader, "_iterator", None))
+
+
 def is_shut_down(it: Any) -> bool:
     return bool(getattr(it, "_shutdown", True))
 

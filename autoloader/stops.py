@@ -37,7 +37,9 @@ def raise_if_stopped(exc: BaseException, loader: Any = None) -> None:
     Raises:
         KeyboardInterrupt: from ``exc``.
     """
-    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    from autoloader import compat  # torch is loaded: it raised ``exc``
+
+    workers = compat.kept_workers(loader)
     stopped = any(stopped_by_signal(getattr(w, "exitcode", None)) for w in workers)
     if stopped or stop_named_in(exc) is not None:
         raise KeyboardInterrupt from exc

@@ -164,6 +164,8 @@ def test_torchs_private_api_is_reached_through_one_module() -> None:
         for node in ast.walk(TREES[name]):
             if isinstance(node, ast.Attribute) and node.attr in TORCH_STATE:
                 used.add(node.attr)
+            elif isinstance(node, ast.Constant) and node.value in TORCH_STATE:  # getattr
+                used.add(node.value)
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch."):
                 names = [f"{node.module}.{a.name}" for a in node.names]
                 used.update(n for n in names if "._" in n)

@@ -13,6 +13,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from autoloader import compat
+
 
 def find_poison(loader: Any, indices: list[int]) -> tuple[int, int] | None:
     """The first of ``indices`` that kills a worker reading it alone, with that worker's
@@ -38,13 +40,11 @@ def find_poison(loader: Any, indices: list[int]) -> tuple[int, int] | None:
         # torch's "worker ... killed by signal" or "exited unexpectedly", or a batch that
         # could not be fetched from a worker gone: its reader ended before its last task,
         # whatever its status (sys.exit() in __getitem__ exits 0)
-        dead = [w for w in getattr(batches, "_workers", []) if w.exitcode is not None]
+        dead = [w for w in compat.workers(batches) if w.exitcode is not None]
         if dead and read < len(indices):
             return indices[read], int(dead[0].exitcode)
     except Exception:  # a sample that raises is the loader's to report, as torch does
         pass
     finally:
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        compat.shut_down_workers(batches)
     return None

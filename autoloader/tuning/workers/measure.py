@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from autoloader import compat
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.feed.collate import collate
 from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text
@@ -284,7 +285,7 @@ class _Busy:
 
 def _loading_pids(loader: DataLoader) -> list[int]:
     """The processes that load batches: the workers, or this process without them."""
-    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    workers = compat.kept_workers(loader)
     pids = [p.pid for p in workers if getattr(p, "pid", None)]
     return pids or [os.getpid()]
 
