@@ -8,11 +8,13 @@ been renamed into place), never after a sleep.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 from conftest import GOOD_PLAN, prepend_pythonpath, reaped, spawn
 
 from autoloader import Plan
+from autoloader.cli import interrupts
 
 TESTS = Path(__file__).parent
 SEARCH = [
@@ -127,11 +130,12 @@ def test_a_stop_the_kernel_hands_to_another_thread_stops_the_tune(tmp_path: Path
     proc, out = start(tmp_path, "signal_data:HELD", timeout="600")
     with reaped(proc):
         running_workers(proc, tmp_path)
-        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
-        assert others, "the tune runs no thread beside its main one"
+        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))[1:]
+        # the first started is the relay; the newest, one of torch's (a queue's feeder)
+        assert len(others) >= 2, "the tune runs no thread beside its main one and the relay"
         tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
         libc = ctypes.CDLL(None, use_errno=True)
-        assert libc.syscall(tgkill, proc.pid, others[0], int(signal.SIGHUP)) == 0
+        assert libc.syscall(tgkill, proc.pid, others[-1], int(signal.SIGHUP)) == 0
         assert_stopped(proc, tmp_path, out, within=60)  # far inside the 600 s timeout
 
 
@@ -216,3 +220,44 @@ def test_a_stop_while_torch_is_still_importing_leaves_torch_alone(monkeypatch: A
         monkeypatch.setattr(stops, "_last_resort", lambda: None)
         stops.ending()
         assert marked == ([] if importing else [True])
+
+
+def test_an_asyncio_loops_signals_reach_it_while_the_command_runs() -> None:
+    """The stop relay takes Python's wakeup fd while a command runs; the signals it does
+    not stop on go on to the fd set before, which is how asyncio hears its own."""
+    got: list[str] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, lambda: got.append("usr1"))
+        try:
+            with interrupts.handled():
+                os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(100):  # until the loop has run its callback
+                if got:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+    asyncio.run(run())
+    assert got == ["usr1"]
+
+
+def test_a_stop_whose_handler_is_not_the_commands_is_not_sent_again() -> None:
+    """Code inside the command that sets its own SIGINT handler gets each signal once:
+    the relay sends on only the stops that the command's own handler is to take."""
+    runs: list[float] = []
+    sent = threading.Event()
+    with interrupts.handled():
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: runs.append(1.0))
+        try:
+            threading.Thread(
+                target=lambda: (os.kill(os.getpid(), signal.SIGINT), sent.set())
+            ).start()
+            sent.wait(10)
+            for _ in range(20):  # the relay's 50 ms several times over
+                time.sleep(0.05)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert runs == [1.0]

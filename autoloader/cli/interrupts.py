@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import select
 import signal
 import socket
 import sys
@@ -64,6 +63,7 @@ INTERRUPTED = 130
 STOPPED = "autoloader: interrupted; nothing was written"
 _POLL_SECONDS = 0.01
 _RELAY_SECONDS = 0.05  # a stop not taken by the handler in this long goes to the main thread
+_RELAY_TRIES = 3  # times it is sent there, at most
 _REAP_SECONDS = 2.0
 _STOP_BOUND_SECONDS = 15.0  # a stop takes well under a second; past this it is a deadlock
 
@@ -313,37 +313,55 @@ class _Relay:
     Python's C handler only notes a signal and writes its number to the wakeup socket;
     the Python handler runs in the main thread once that thread runs Python code. A stop
     whose byte arrives with the handler not run in the last ``_RELAY_SECONDS``, and not
-    run in the ``_RELAY_SECONDS`` after, is sent again with ``pthread_kill``, which
-    interrupts the main thread's blocking call; the byte that this signal writes in turn
-    is owed, not news.
+    run in the ``_RELAY_SECONDS`` after, is sent again with ``pthread_kill`` (which
+    interrupts the main thread's blocking call), at most ``_RELAY_TRIES`` times and only
+    while the handler is ours; the byte that this signal writes in turn is owed, not
+    news. Other signals' bytes go on to the wakeup fd set before (asyncio's). Where the
+    relay cannot start (no socket, no thread), signals behave as before it.
     """
 
     def __init__(self, interrupts: Interrupts) -> None:
         self.interrupts = interrupts
         self._main = threading.main_thread().ident
-        self._reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        self._writer = writer
         self._previous: int | None = None
+        self._pass_to = -1
+        self._thread: threading.Thread | None = None
         try:
-            self._previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except ValueError:  # not the main thread of the main interpreter
-            self._close_sockets()
-            self._reader.close()
+            self._reader, self._writer = socket.socketpair()
+        except OSError:  # no file descriptor left: no relay
+            return
+        try:
+            self._writer.setblocking(False)
+            self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+            self._pass_to = self._previous  # kept past close: the last bytes go there too
+            self._thread = threading.Thread(
+                target=self._run, name="autoloader-stop-relay", daemon=True
+            )
+            self._thread.start()
+        except (OSError, RuntimeError, ValueError):  # not the main thread; no thread left
+            self._thread = None
+            self.close()
             return
         global _relay
         _relay = self
-        threading.Thread(target=self._run, name="autoloader-stop-relay", daemon=True).start()
 
     def close(self) -> None:
+        """Give the wakeup fd back, end the relay's thread, close the sockets."""
         global _relay
-        if self._previous is None:
+        if _relay is self:
+            _relay = None
+        if self._previous is not None:
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(self._previous)
+            self._previous = None
+        if not hasattr(self, "_writer"):
             return
-        _relay = None
-        with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(self._previous)
-        self._previous = None
-        self._close_sockets()
+        with contextlib.suppress(OSError):
+            self._writer.shutdown(socket.SHUT_WR)  # the relay passes on what is left, ends
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        self._writer.close()
+        self._reader.close()
 
     def forget_in_child(self) -> None:
         """In a forked child (a DataLoader worker): its signals are its own, not news
@@ -354,46 +372,50 @@ class _Relay:
         self._writer.close()
         self._reader.close()
 
-    def _close_sockets(self) -> None:
-        with contextlib.suppress(OSError):
-            self._writer.shutdown(socket.SHUT_RDWR)  # wakes the relay's select: it ends
-        self._writer.close()
-
     def _run(self) -> None:
         stops = {int(sig) for sig in SIGNALS}
         pending: int | None = None  # a stop the handler has not taken yet
-        calls = owed = 0
+        calls = owed = tries = 0
         due = 0.0  # when to send it on
-        try:
-            while True:
-                wait = None if pending is None else max(0.0, due - time.monotonic())
-                if select.select([self._reader], [], [], wait)[0]:
-                    data = self._reader.recv(64)
-                    if not data:
-                        return  # closed: the handlers are restored
-                    for number in data:
-                        if number not in stops:
-                            continue
-                        if owed:
-                            owed -= 1  # written by our own pthread_kill
-                        elif pending is None:
-                            now = time.monotonic()
-                            if self.interrupts.last_call >= now - _RELAY_SECONDS:
-                                continue  # the handler took it as it came
-                            pending, calls = number, self.interrupts.calls
-                            due = now + _RELAY_SECONDS
-                if pending is None:
-                    continue
-                if self.interrupts.calls != calls or not self.interrupts.active:
-                    pending = None  # taken by the handler
-                elif time.monotonic() >= due and self._main is not None:
-                    owed += 1
-                    due = time.monotonic() + _RELAY_SECONDS
+        while True:
+            wait = None if pending is None else max(0.0, due - time.monotonic())
+            try:
+                self._reader.settimeout(wait)
+                data = self._reader.recv(64)
+            except TimeoutError:
+                data = None
+            except OSError:
+                return  # closed under us
+            if data == b"":
+                return  # closed: the handlers are restored
+            for number in data or b"":
+                if number not in stops:
+                    self._pass_on(number)
+                elif owed:
+                    owed -= 1  # written by our own pthread_kill
+                elif pending is None:
+                    now = time.monotonic()
+                    if self.interrupts.last_call >= now - _RELAY_SECONDS:
+                        continue  # the handler took it as it came
+                    pending, calls, tries = number, self.interrupts.calls, 0
+                    due = now + _RELAY_SECONDS
+            if pending is None:
+                continue
+            handler: object = signal.getsignal(pending)
+            ours = handler is self.interrupts and self.interrupts.active
+            if self.interrupts.calls != calls or not ours or tries >= _RELAY_TRIES:
+                pending = None  # taken by the handler, or no longer ours to send
+            elif time.monotonic() >= due and self._main is not None:
+                owed, tries = owed + 1, tries + 1
+                due = time.monotonic() + _RELAY_SECONDS
+                with contextlib.suppress(OSError, ValueError):
                     signal.pthread_kill(self._main, pending)
-        except (OSError, ValueError):
-            return  # the socket closed under us, or the main thread is gone
-        finally:
-            self._reader.close()
+
+    def _pass_on(self, number: int) -> None:
+        """A signal that is not a stop, for whoever set a wakeup fd before."""
+        if self._pass_to >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._pass_to, bytes([number]))
 
 
 _relay: _Relay | None = None  # the relay while ``handled`` runs
