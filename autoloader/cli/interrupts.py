@@ -378,11 +378,12 @@ class _Relay:
         calls = owed = tries = 0
         due = 0.0  # when to send it on
         while True:
-            wait = None if pending is None else max(0.0, due - time.monotonic())
+            # never 0: a zero timeout makes the socket non-blocking
+            wait = None if pending is None else max(0.001, due - time.monotonic())
             try:
                 self._reader.settimeout(wait)
                 data = self._reader.recv(64)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
                 data = None
             except OSError:
                 return  # closed under us
