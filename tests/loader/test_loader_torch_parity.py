@@ -16,6 +16,9 @@ import operator
 import os
 import signal
 import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +32,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as MultiProcessingIter
 
 import autoloader
 
@@ -39,6 +43,25 @@ IDS = ["torch", "autoloader"]
 @pytest.fixture(params=LOADERS, ids=IDS)
 def Loader(request: pytest.FixtureRequest) -> type:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def workers_end_with_their_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that catches a worker's error leaves the iterator in the error's reference
+    cycle; the collector that frees it later closes its queues first, and torch's
+    shutdown then waits out each worker's 5 s poll in whichever test runs then. Each
+    test's iterators are shut down as it ends, as a program's are when it exits."""
+    started: weakref.WeakSet[Any] = weakref.WeakSet()
+    init = MultiProcessingIter.__init__
+
+    def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        started.add(self)
+
+    monkeypatch.setattr(MultiProcessingIter, "__init__", tracked)
+    yield
+    for it in list(started):
+        it._shutdown_workers()
 
 
 @pytest.fixture
