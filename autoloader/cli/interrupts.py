@@ -80,8 +80,7 @@ class Interrupts:
         self.settled = False  # the result is in place: no signal changes the outcome now
         self._holding = False
         self._signum: int = signal.SIGINT
-        self.calls = 0  # runs of the handler in this process's main thread
-        self.last_call = -math.inf  # when it last ran
+        self.last_call = -math.inf  # when the handler last ran in this process's main thread
         self._redelivery = False
         self._watching = False
         self._ending = False
@@ -104,8 +103,7 @@ class Interrupts:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        self.calls += 1  # the relay's evidence that the signal reached this thread
-        self.last_call = time.monotonic()
+        self.last_call = time.monotonic()  # the relay's evidence that the signal got here
         redelivery, self._redelivery = self._redelivery, False
         if self.settled or self.taken or (self.seen and not redelivery):
             return  # decided, or already stopping
@@ -375,8 +373,8 @@ class _Relay:
     def _run(self) -> None:
         stops = {int(sig) for sig in SIGNALS}
         pending: int | None = None  # a stop the handler has not taken yet
-        calls = owed = tries = 0
-        due = 0.0  # when to send it on
+        owed = tries = 0
+        since = due = 0.0  # when the pending stop's byte arrived; when to send it on
         while True:
             # never 0: a zero timeout makes the socket non-blocking
             wait = None if pending is None else max(0.001, due - time.monotonic())
@@ -398,13 +396,13 @@ class _Relay:
                     now = time.monotonic()
                     if self.interrupts.last_call >= now - _RELAY_SECONDS:
                         continue  # the handler took it as it came
-                    pending, calls, tries = number, self.interrupts.calls, 0
+                    pending, since, tries = number, now, 0
                     due = now + _RELAY_SECONDS
             if pending is None:
                 continue
             handler: object = signal.getsignal(pending)
             ours = handler is self.interrupts and self.interrupts.active
-            if self.interrupts.calls != calls or not ours or tries >= _RELAY_TRIES:
+            if self.interrupts.last_call >= since or not ours or tries >= _RELAY_TRIES:
                 pending = None  # taken by the handler, or no longer ours to send
             elif time.monotonic() >= due and self._main is not None:
                 owed, tries = owed + 1, tries + 1
