@@ -130,7 +130,8 @@ def test_a_stop_the_kernel_hands_to_another_thread_stops_the_tune(tmp_path: Path
     proc, out = start(tmp_path, "signal_data:HELD", timeout="600")
     with reaped(proc):
         running_workers(proc, tmp_path)
-        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))[1:]
+        tasks = (int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+        others = sorted(t for t in tasks if t != proc.pid)  # the main thread's id is the pid
         # the first started is the relay; the newest, one of torch's (a queue's feeder)
         assert len(others) >= 2, "the tune runs no thread beside its main one and the relay"
         tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
