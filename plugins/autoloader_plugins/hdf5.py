@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torch_geometric.data import Data
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader_plugins.graphs import import_pyg
 from autoloader_plugins.h5file import LazyFile
 from autoloader_plugins.jagged.h5 import find_tables, refuse_columns_without_extents
 from autoloader_plugins.jagged.plugin import open_h5
 from autoloader_plugins.jagged.spec import parse
 from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SUFFIXES = (".h5", ".hdf5", ".he5")
@@ -59,11 +63,14 @@ class GraphEventsH5(LazyFile, Dataset):
             )
         self._file: h5py.File | None = None
         self._pid: int | None = None
+        import_pyg()
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Data:
+        from torch_geometric.data import Data  # imported as the dataset opened
+
         # h5py's low-level API: half the time of Group.items() and Dataset[()] per event.
         group = h5py.h5g.open(self._handle().id, self.keys[index].encode())
         tensors = {name.decode(): torch.from_numpy(array) for name, array in _read_all(group)}

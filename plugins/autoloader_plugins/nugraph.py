@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader_plugins.graphs import import_pyg
 from autoloader_plugins.h5file import LazyFile
 from autoloader_plugins.nugraph_sizes import check_field, itemsizes, not_compound
 
@@ -84,6 +85,7 @@ class NuGraphEvents(LazyFile, Dataset):
             raise DatasetError(f"{where}: {part} is empty: expected event names, found none")
         self._file: h5py.File | None = None
         self._pid: int | None = None
+        import_pyg()
 
     def __len__(self) -> int:
         return len(self.names)

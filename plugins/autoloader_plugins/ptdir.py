@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader.sizes import nbytes_of
+from autoloader_plugins.graphs import import_pyg
 
 
 class PtDirectory(Dataset):
@@ -32,6 +33,7 @@ class PtDirectory(Dataset):
         self.files = sorted(self.directory.glob("*.pt"))
         if not self.files:
             raise DatasetError(f"DATASET '{directory}': empty: the directory has no .pt files")
+        import_pyg()  # a saved graph's classes (``_pyg_classes``)
 
     def __len__(self) -> int:
         return len(self.files)

@@ -255,3 +255,29 @@ def test_pt_files_load_weights_only_unless_the_user_opts_in(
     monkeypatch.setenv("AUTOLOADER_PT_WEIGHTS_ONLY", "0")  # the documented opt-in
     open_dataset(str(hostile))[0]
     assert marker.exists()
+
+
+def test_loading_the_plugins_leaves_pyg_to_the_datasets_that_build_graphs(
+    events_h5: Path,
+) -> None:
+    """Every tune loads every plugin: PyG (~3 s of CPU) is imported only when a graph
+    dataset opens, and then in the opening process, which its forked workers share."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from autoloader.datasets import load_plugins, open_dataset
+        load_plugins()
+        print("torch_geometric" in sys.modules)
+        open_dataset({str(events_h5)!r})
+        print("torch_geometric" in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=prepend_pythonpath(),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True"]

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torch_geometric.data import Data
 
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
+from autoloader_plugins.graphs import import_pyg
 from autoloader_plugins.jagged.reader import BlockCache, Reader
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
@@ -62,6 +62,7 @@ class JaggedEvents(Dataset):
             for name in first.event_fields
         }
         self.cache = BlockCache()
+        import_pyg()
 
     @property
     def fields(self) -> list[str]:
@@ -102,6 +103,8 @@ class JaggedEvents(Dataset):
                 f"DATASET '{self.spec}': {self.readers[k].path}: read {len(rows)} items for "
                 f"events {int(mine[0])}..{int(mine[-1])}, expected {int(counts.sum())}"
             )
+        from torch_geometric.data import Data  # imported as the dataset opened
+
         out = []
         for i, x in zip(mine.tolist(), np.split(rows, np.cumsum(counts)[:-1]), strict=True):
             data = Data(x=torch.from_numpy(np.ascontiguousarray(x).copy()), num_nodes=len(x))
