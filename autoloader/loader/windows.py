@@ -18,10 +18,13 @@ WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 
 
 def window_size(epoch_batches: int) -> int | None:
-    """Batches per window for an epoch of ``epoch_batches`` (None: judge whole epochs;
-    an epoch of fewer than four windows is short enough)."""
+    """Batches per window for an epoch of ``epoch_batches`` (None: judge whole epochs,
+    where fewer than two windows fit). A window is measured as well in a short epoch as in
+    a long one, and one judged before the epoch's end lets a change act within it: with
+    epochs of 30 batches judged whole, reads that became 10x slower were answered at the
+    end of the first slow epoch, and the workers that answer it started in the next."""
     size = max(MIN_WINDOW, epoch_batches // WINDOWS_PER_EPOCH)
-    return size if epoch_batches >= 4 * size else None
+    return size if epoch_batches >= 2 * size else None
 
 
 class Window:

@@ -580,6 +580,7 @@ def make(ds: Dataset, plan: Plan, **kw: Any) -> DataLoader:
     return DataLoader(ds, plan=plan, check_fingerprint=False, registry=CollectorRegistry(), **kw)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
 @pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
 def test_adaptation_never_changes_which_samples_an_epoch_yields(
     workers: int, persistent: bool
@@ -588,11 +589,23 @@ def test_adaptation_never_changes_which_samples_an_epoch_yields(
     # epochs long enough (24 batches of 32 ms of reads) that a raise clearly repays a
     # restart of persistent workers (~0.1 s): the verdict must not hang on timing
     data = Slow(n=96, delay=0.008)
-    adapted = make(data, plan, adapt_max_workers=2)
+    # room above the plan's workers: the first change a starved loop makes is a raise of
+    # them (these reads are uniformly slow, so a deeper queue is declined once measured)
+    adapted = make(data, plan, adapt_max_workers=4)
     fixed = make(data, plan, adapt=False)
     assert run(adapted, 4) == run(fixed, 4)
     assert adapted.adaptations, "the starved loader should have adapted"
     assert fixed.adaptations == [] and fixed.num_workers == workers
+
+
+def test_a_short_epoch_is_adapted_within_itself() -> None:
+    """An epoch of 24 batches holds windows: a starved loop is answered inside it, not at
+    its end, where a restart of the workers would weigh on the next epoch."""
+    loader = make(Slow(n=96, delay=0.008), planned(0), adapt_max_workers=2)
+    run(loader, 1)
+    first = loader.adaptations[0]
+    assert (first.epoch, first.setting, first.before) == (0, "num_workers", 0)
+    assert first.batch is not None and first.batch < 24
 
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
@@ -644,7 +657,9 @@ def test_workers_are_capped_by_host_memory(monkeypatch: pytest.MonkeyPatch) -> N
         available = 2 * 2**20  # 1 MiB of budget: a worker process holds more
 
     monkeypatch.setattr(runtime.psutil, "virtual_memory", lambda: Tiny)
-    loader = make(Slow(n=64), planned(1), adapt_max_workers=2)
+    # epochs of 12 batches, judged whole: a deeper queue is tried (windows would measure
+    # these uniformly slow reads first and decline it)
+    loader = make(Slow(n=48), planned(1), adapt_max_workers=2)
     run(loader, 3)
     assert loader.num_workers == 1
     assert [a.setting for a in loader.adaptations][:1] == ["prefetch_factor"]
