@@ -107,6 +107,7 @@ class EpochMeasure:
     workers: int | None = None  # the workers that loaded the epoch
     batch: int | None = None  # a window inside the epoch: the batches served at its end
     remaining: int | None = None  # a window: the epoch's batches still to come
+    epoch_batches: int | None = None  # a window: the batches of its whole epoch
     # a window: what (re)starting the epoch's iterator cost the loop, as measured
     restart_seconds: float = 0.0
     # the transient: the batches after a start until the prefetch queue was first full,
@@ -556,7 +557,10 @@ class Adapter:
         inside = m.remaining is not None
         if not inside and not self.persistent:
             return True  # new workers start every epoch anyway
-        saving = wait * (per_batch * (m.remaining or 0) if inside else m.loop_seconds)
+        # inside: the batches left; at the end: an epoch like this one (a window that ends
+        # with its epoch is priced over the whole next epoch, not over its own batches)
+        ahead = m.remaining or m.epoch_batches or m.batches
+        saving = wait * per_batch * ahead
         cost = 2 * max(self._restart_seconds, per_batch)
         if saving >= cost:
             return True

@@ -365,6 +365,9 @@ class EpochIter:
         positioned = isinstance(sampler, SizeBatchSampler) and runtime.adapter is not None
         self._window_size = window_size(len(sampler)) if positioned else None
         self._window: Window | None = None
+        # a window of this epoch was judged: the epoch is not judged again as a whole (one
+        # whose transient left no window complete, many workers in a short epoch, is)
+        self._windows_judged = False
 
     def __iter__(self) -> EpochIter:
         return self
@@ -411,7 +414,7 @@ class EpochIter:
                         began, count = self._restarted
                         self._refills.append((time.perf_counter() - began, self._count - count))
                         self._restarted = None
-            elif self._window is not None and self._window.add(waited):
+            elif self._window is not None and self._window.add(waited, self._left()):
                 self._judge_window()
         return batch
 
@@ -443,12 +446,19 @@ class EpochIter:
         """Judge the window just complete; apply a change at once, at this batch."""
         window, loader = self._window, self._loader
         assert window is not None and self._window_size is not None
+        self._windows_judged = True
         self._collect_memory()
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
         served = loader._position.batches
-        left = len(loader.batch_sampler) - served
+        left = self._left()
         # At the epoch's end a change waits for the next iter(): no restart to repay.
-        m = replace(m, batch=served, remaining=left or None, restart_seconds=self._restart_cost(m))
+        m = replace(
+            m,
+            batch=served,
+            remaining=left or None,
+            restart_seconds=self._restart_cost(m),
+            epoch_batches=len(loader.batch_sampler),
+        )
         if self._runtime.judge(m) and left:
             self._restarted = (time.perf_counter(), self._count)
             self._batches = loader._restart_in_epoch()
@@ -458,6 +468,10 @@ class EpochIter:
             self._window = None
             return
         self._window = Window(self._window_size, self._window_workers, self._samples())
+
+    def _left(self) -> int:
+        """The epoch's batches not yet served."""
+        return len(self._loader.batch_sampler) - self._loader._position.batches
 
     def _restart_cost(self, m: EpochMeasure) -> float:
         """What a restart costs the loop, as this epoch measured its (re)starts: the
@@ -491,7 +505,7 @@ class EpochIter:
             warm_batches=warm,
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
         )
-        runtime.end(measure, self._last_bytes, self._count, judged=self._window is not None)
+        runtime.end(measure, self._last_bytes, self._count, judged=self._windows_judged)
 
 
 def _workers_memory() -> int | None:

@@ -36,13 +36,17 @@ class Window:
         self.wait = self.first_wait = 0.0
         self.count = 0
 
-    def add(self, waited: float) -> bool:
-        """Count one batch; whether the window is complete."""
+    def add(self, waited: float, left: int) -> bool:
+        """Count one batch, with ``left`` of the epoch's batches still to come; whether
+        the window is complete: at its size, or, where fewer than a window's batches would
+        be left after it, at the epoch's end. A window judged with a few batches left is
+        priced over those alone, so a change it asks for could never repay a restart, and
+        the epoch's end, where it costs least, would go unjudged."""
         if self.count == 0:
             self.first_wait = waited
         self.wait += waited
         self.count += 1
-        return self.count >= self.size
+        return left == 0 or (self.count >= self.size and left >= self.size)
 
     def measure(self, epoch: int, samples: int, worker_memory: int | None) -> EpochMeasure:
         loop = time.perf_counter() - self.start

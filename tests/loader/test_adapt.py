@@ -586,9 +586,10 @@ def test_adaptation_never_changes_which_samples_an_epoch_yields(
     workers: int, persistent: bool
 ) -> None:
     plan = planned(workers, persistent)
-    # epochs long enough (24 batches of 32 ms of reads) that a raise clearly repays a
-    # restart of persistent workers (~0.1 s): the verdict must not hang on timing
-    data = Slow(n=96, delay=0.008)
+    # epochs long enough (48 batches of 32 ms of reads) that a raise inside one clearly
+    # repays a restart of persistent workers (~0.1 s, 0.2 s on a loaded machine): the
+    # verdict must not hang on timing
+    data = Slow(n=192, delay=0.008)
     # room above the plan's workers: the first change a starved loop makes is a raise of
     # them (these reads are uniformly slow, so a deeper queue is declined once measured)
     adapted = make(data, plan, adapt_max_workers=4)
@@ -606,6 +607,26 @@ def test_a_short_epoch_is_adapted_within_itself() -> None:
     first = loader.adaptations[0]
     assert (first.epoch, first.setting, first.before) == (0, "num_workers", 0)
     assert first.batch is not None and first.batch < 24
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
+@pytest.mark.parametrize(("workers", "prefetch"), [(4, 2), (2, 8)])
+def test_the_last_window_of_a_short_epoch_runs_to_its_end(workers: int, prefetch: int) -> None:
+    """Epochs of 20 batches: after the queue's first fill (8 or 16 batches) fewer than two
+    windows' batches are left, and the last window takes them all, judged at the epoch's
+    end, where a change costs no restart; judged with 4 batches left, a raise could never
+    repay one, and the epoch would go unjudged every time."""
+    tables = planned(workers).to_dict()
+    tables["loader"]["prefetch_factor"] = prefetch
+    loader = make(Slow(n=80, delay=0.008), Plan.from_dict(tables), adapt_max_workers=8)
+    run(loader, 1)  # the raise is made at the end: the next epoch would start its workers
+    first = loader.adaptations[0]
+    assert (first.epoch, first.batch, first.setting, first.before) == (
+        0,
+        20,
+        "num_workers",
+        workers,
+    )
 
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
