@@ -449,15 +449,14 @@ class EpochIter:
         self._windows_judged = True
         self._collect_memory()
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
-        served = loader._position.batches
-        left = self._left()
+        served, left = loader._position.batches, self._left()
         # At the epoch's end a change waits for the next iter(): no restart to repay.
         m = replace(
             m,
             batch=served,
             remaining=left or None,
             restart_seconds=self._restart_cost(m),
-            epoch_batches=len(loader.batch_sampler),
+            epoch_batches=served + left,
         )
         if self._runtime.judge(m) and left:
             self._restarted = (time.perf_counter(), self._count)
