@@ -38,7 +38,8 @@ The policy is a hill climb with one step back:
   by chance, so a neighbour that took a core went unseen for epochs.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
-to say anything. This module decides; ``autoloader.loader.dataloader`` applies.
+to say anything. A raise whose workers' first fill takes every batch of an epoch is judged
+on whole epochs, their starts included (``WholeEpochs``). This module decides; ``autoloader.loader.dataloader`` applies.
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ class EpochMeasure:
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
         return max(0.0, self.loop_seconds - self._warm) / steady
+
+
+def _and_epochs(done: int) -> str:
+    """The epochs a run is expected to go on for after the one under way: as many again
+    as are complete."""
+    return f" and {done} more epoch{'s' if done > 1 else ''} like it" if done else ""
 
 
 def refill_cost(first_wait: float, refills: Iterable[tuple[float, int]], pace: float) -> float:
@@ -394,6 +401,49 @@ class RaiseOnTrial:
         return trial if ok else None
 
 
+class WholeEpochs:
+    """Whole epochs, their starts included, at the settings each ran at from its first
+    batch to its last: the reference for a raise whose workers' first fill takes every
+    batch of an epoch (16 workers x 2 in epochs of 20 batches), where nothing is steady.
+
+    Without persistent workers every epoch starts its own, so the start is part of what a
+    raise costs each epoch and both sides include it; with them, only the first epoch at
+    new settings starts workers, and an epoch after it is compared."""
+
+    def __init__(self, persistent: bool) -> None:
+        self.persistent = persistent
+        self._began: Settings | None = None  # the settings the epoch under way began with
+        self._last: Settings | None = None  # those of the last epoch run at one setting
+        self.run = 0  # complete epochs in a row at ``_last`` (0: the last was not one)
+        self._samples_per_second: dict[Settings, float] = {}
+
+    def began(self, settings: Settings) -> None:
+        if self._began is not None:  # the epoch before was left before its end
+            self._last, self.run = None, 0
+        self._began = settings
+
+    def ended(self, m: EpochMeasure, mixed: bool) -> None:
+        """A complete epoch; ``mixed``: its settings changed inside it."""
+        settings, self._began = self._began, None
+        if settings is None or mixed:
+            self._last, self.run = None, 0
+            return
+        self.run = self.run + 1 if settings == self._last else 1
+        self._last = settings
+        if self.comparable:
+            self._samples_per_second[settings] = m.samples_per_second
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the last epoch ran at one setting and began as the next at it will:
+        every one without persistent workers, all but the first with them."""
+        return self.run >= (2 if self.persistent else 1)
+
+    def at(self, settings: Settings) -> float | None:
+        """Samples/s of the last comparable epoch at ``settings``."""
+        return self._samples_per_second.get(settings)
+
+
 class Adapter:
     """Decides the next epoch's settings from the last complete epoch's measurement.
 
@@ -450,11 +500,27 @@ class Adapter:
         # its own start says nothing of what a restart costs)
         self._restart_seconds = 0.0
         self._fresh = True
+        self._epochs = WholeEpochs(persistent)
+        self._history_at_start = 0  # changes made before the epoch under way began
+
+    def epoch_began(self) -> None:
+        """An epoch begins at ``settings``."""
+        self._epochs.began(self.settings)
+        self._history_at_start = len(self.history)
+
+    def epoch_ended(self, m: EpochMeasure) -> None:
+        """A complete epoch, before it is judged (its windows may have been)."""
+        changed = self.history[self._history_at_start :]
+        # a change at the epoch's last batch applies from the next epoch
+        mixed = any(c.batch is None or c.batch < m.batches for c in changed)
+        self._epochs.ended(m, mixed)
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
-        if m.steady_batches < MIN_BATCHES - 1 or m.loop_seconds <= 0:
+        if m.loop_seconds <= 0:
             return []
+        if m.steady_batches < MIN_BATCHES - 1:
+            return self._judge_whole(m)
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
         if self._fresh and m.batch is None:  # a whole epoch after a start
@@ -482,17 +548,9 @@ class Adapter:
                 and self._trial_batches < TRIAL_MAX_BATCHES
             ):
                 return []  # not yet told apart from noise: judged on
-            self._trial, self._before_raise = None, None
-            if gain < self.min_gain:
-                self._settled[trial.setting] = was
-                return self._change(
-                    m,
-                    trial.setting,
-                    trial.before,
-                    f"the raise to {trial.after} brought {gain:+.1%} samples/s over "
-                    f"{now.batches} batches (needs {self.min_gain:+.0%}); back to "
-                    f"{trial.before}, no more raises while loading stays as it is",
-                )
+            changes = self._verdict(m, trial, gain, f"over {now.batches} batches")
+            if changes:
+                return changes
         wait = m.steady_wait_fraction
         if wait <= self.threshold:
             return []
@@ -524,6 +582,53 @@ class Adapter:
             return self._change(m, setting, after, why)
         return []
 
+    def _judge_whole(self, m: EpochMeasure) -> list[Adaptation]:
+        """A whole epoch with no steady batch: the raise on trial, if any, is judged on
+        it, start included, against a comparable epoch before the raise (``WholeEpochs``),
+        or with persistent workers and none, against the steady loop before it (an
+        epoch's boundary is in one side only: the raise is the one that must show it
+        pays). Without persistent workers and no such epoch, it is kept, and said so: no
+        like figure says it costs, and the loop's wait asked for it."""
+        trial, epochs = self._trial, self._epochs
+        if trial is None or m.batch is not None or m.batches < MIN_BATCHES:
+            return []
+        if not epochs.comparable:
+            return []  # the restart's own epoch: the next one is judged
+        was = epochs.at(self.confirmed)
+        if was is None and self.persistent:
+            was = self._reference(trial).samples_per_second
+        fill = f"its workers' first fill takes every batch of an epoch of {m.batches}"
+        if was is None:
+            self._trial, self._before_raise = None, None
+            self._decline(
+                m,
+                trial.setting,
+                f"the raise to {trial.after} cannot be judged: {fill}, and no whole epoch "
+                f"at {trial.before} began as this one did; kept",
+            )
+            return []
+        gain = m.samples_per_second / was - 1
+        return self._verdict(m, trial, gain, f"over a whole epoch, its start included ({fill})")
+
+    def _verdict(
+        self, m: EpochMeasure, trial: RaiseOnTrial, gain: float, over: str
+    ) -> list[Adaptation]:
+        """End ``trial``: kept where ``gain`` reaches ``min_gain``, else undone and the
+        setting settled while loading stays as it was before the raise."""
+        was = self._reference(trial)
+        self._trial, self._before_raise = None, None
+        if gain >= self.min_gain:
+            return []
+        self._settled[trial.setting] = was
+        return self._change(
+            m,
+            trial.setting,
+            trial.before,
+            f"the raise to {trial.after} brought {gain:+.1%} samples/s {over} (needs "
+            f"{self.min_gain:+.0%}); back to {trial.before}, no more raises while loading "
+            "stays as it is",
+        )
+
     def _reference(self, trial: RaiseOnTrial) -> Loading:
         """Loading as it was before ``trial``'s raise, to tell when it has moved: the
         windows before the raise, filled on by the ones after its undo (a trial resumed
@@ -549,17 +654,20 @@ class Adapter:
     def _repays(self, m: EpochMeasure, wait: float) -> bool:
         """Whether a change may be made now: it restarts the workers (and an undo again)
         inside an epoch, or at its end where persistent workers would carry on; worth it
-        only if removing all the wait over what is ahead (the batches left, or an epoch
-        like this one) could repay two restarts, each priced as the dearest (re)start this
-        run measured (an epoch read ahead begins with its queue full: its own start says
-        nothing of what a restart inside it costs)."""
+        only if removing all the wait over what is ahead could repay two restarts, each
+        priced as the dearest (re)start this run measured (an epoch read ahead begins with
+        its queue full: its own start says nothing of what a restart inside it costs).
+        Ahead are the batches left (at the end, an epoch like this one) and, as a run is
+        expected to go on as long again as it has gone, as many epochs again as are
+        complete: the change is kept for them."""
         per_batch = m.loop_seconds / m.batches
         inside = m.remaining is not None
         if not inside and not self.persistent:
             return True  # new workers start every epoch anyway
-        # inside: the batches left; at the end: an epoch like this one (a window that ends
-        # with its epoch is priced over the whole next epoch, not over its own batches)
-        ahead = m.remaining or m.epoch_batches or m.batches
+        # a window that ends with its epoch is priced over the next epochs, not over its
+        # own batches
+        epoch = m.epoch_batches or m.batches
+        ahead = (m.remaining or epoch) + m.epoch * epoch
         saving = wait * per_batch * ahead
         cost = 2 * max(self._restart_seconds, per_batch)
         if saving >= cost:
@@ -569,8 +677,9 @@ class Adapter:
                 "a change inside the epoch",
                 (
                     f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
-                    f"undo); the {wait:.0%} wait over the {m.remaining} batches left saves at "
-                    f"most {saving:.2f} s: left to the epoch's end"
+                    f"undo); the {wait:.0%} wait over the {m.remaining} batches left"
+                    f"{_and_epochs(m.epoch)} saves at most {saving:.2f} s: left to the "
+                    "epoch's end"
                 ),
             )
         else:
@@ -578,8 +687,8 @@ class Adapter:
                 "a change restarts the persistent workers",
                 (
                     f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
-                    f"the dearest start measured); the {wait:.0%} wait over an epoch like this one "
-                    f"saves at most {saving:.2f} s: kept as they are"
+                    f"the dearest start measured); the {wait:.0%} wait over an epoch like this "
+                    f"one{_and_epochs(m.epoch)} saves at most {saving:.2f} s: kept as they are"
                 ),
             )
         self._decline(m, "all", why, key=key)

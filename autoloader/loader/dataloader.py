@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -353,11 +354,12 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         if self.grad_accum_steps > 1 and not self._accumulating:
             self._warn_accumulation()
+        began = time.perf_counter()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         batches = self._chain()
         if self._runtime is not None:
-            batches = self._runtime.wrap(batches, self)
+            batches = self._runtime.wrap(batches, self, time.perf_counter() - began)
         return batches
 
     def _chain(self) -> Iterator[Any]:

@@ -211,8 +211,13 @@ class Runtime:
         self.begin(loader)
         return True
 
-    def wrap(self, batches: Iterator[Any], loader: Any) -> EpochIter:
-        return EpochIter(batches, self, loader)
+    def wrap(self, batches: Iterator[Any], loader: Any, opening: float = 0.0) -> EpochIter:
+        """The epoch's batches, timed; ``opening``: the seconds ``iter()`` took (the old
+        workers' shutdown and the new ones' start, without persistent workers every
+        epoch's), which the loop waited for as it waits for a batch."""
+        if self.adapter is not None:
+            self.adapter.epoch_began()
+        return EpochIter(batches, self, loader, opening)
 
     def end(
         self, m: EpochMeasure, last_bytes: int | None, batches: int, *, judged: bool = False
@@ -223,6 +228,8 @@ class Runtime:
         self.last = m
         if self.recorder is not None:
             self.recorder.epoch_done(self.epoch, m.wait_fraction, m.samples_per_second)
+        if self.adapter is not None:
+            self.adapter.epoch_ended(m)
         if not judged:
             self.judge(m)
         if self.watch is not None:
@@ -337,8 +344,11 @@ class EpochIter:
     round. An epoch abandoned before its end is not judged.
     """
 
-    def __init__(self, batches: Iterator[Any], runtime: Runtime, loader: Any) -> None:
+    def __init__(
+        self, batches: Iterator[Any], runtime: Runtime, loader: Any, opening: float = 0.0
+    ) -> None:
         self._batches = batches
+        self._opening = opening
         self._runtime = runtime
         self._loader = loader
         self._start: float | None = None
@@ -378,8 +388,8 @@ class EpochIter:
     def __next__(self) -> Any:
         runtime = self._runtime
         now, delayed = time.perf_counter(), run_delay()
-        if self._start is None:
-            self._start = now
+        if self._start is None:  # the epoch began with iter(): its seconds are a wait
+            self._start = now - self._opening
             if runtime.watch is not None:
                 runtime.watch.start_epoch()
         if runtime.watch is not None:
@@ -392,6 +402,8 @@ class EpochIter:
         # the wall clock less the time this thread waited for a CPU, which is not a wait
         # for data (a loaded node: host.run_delay)
         waited = max(0.0, time.perf_counter() - now - (run_delay() - delayed))
+        if self._count == 0:
+            waited += self._opening
         self._wait += waited
         if self._count == 0:
             self._first_wait = waited

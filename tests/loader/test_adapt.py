@@ -64,6 +64,13 @@ def test_persistent_workers_are_restarted_only_where_the_next_epoch_repays_it() 
     assert "restarts the persistent workers" in kept.declined[-1].reason
     raised = adapter(8, 2, cap=8, persistent=False)
     assert [c.setting for c in raised.decide(epoch)] == ["prefetch_factor"]
+    # a run is expected to go on as long again as it has gone: after 5 epochs, 5 more
+    # save at most 0.33 s; after 12, the 0.6 s of restarts are repaid
+    later = adapter(8, 2, cap=8, persistent=True)
+    assert later.decide(replace(epoch, epoch=4)) == []
+    assert "and 4 more epochs like it saves at most 0.33 s" in later.declined[-1].reason
+    later = adapter(8, 2, cap=8, persistent=True)
+    assert [c.setting for c in later.decide(replace(epoch, epoch=11))] == ["prefetch_factor"]
 
 
 def test_a_starved_loop_climbs_the_worker_grid_and_says_why() -> None:
@@ -110,6 +117,54 @@ def test_a_raise_that_costs_is_undone_at_once() -> None:
     a = adapter()
     assert [c.after for c in a.decide(measure(0, 0.5, 100))] == [1]
     assert [c.after for c in a.decide(measure(1, 0.5, 90))] == [0]  # -10%: no noise
+
+
+def epoch_through(a: Adapter, m: EpochMeasure) -> list[Any]:
+    """``m`` as the runtime hands a complete epoch over: begun, ended, judged."""
+    a.epoch_began()
+    a.epoch_ended(m)
+    return a.decide(m)
+
+
+# 20-batch epochs at 4 workers x 2: 8 batches of start-up and first fill (0.1 s), then 12
+# that waited 90% of their 0.3 s; a step of 4 ms a batch asks for 16 workers
+STARVED = EpochMeasure(0, 20, 80, 0.32, 0.4, None, 0.05, 4, warm_batches=8, warm_seconds=0.1)
+
+
+def filled(epoch: int, loop: float) -> EpochMeasure:
+    """An epoch of 16 workers x 2 whose first fill (32 batches) takes all its 20."""
+    return EpochMeasure(
+        epoch, 20, 80, 0.8 * loop, loop, None, 0.1, 16, warm_batches=20, warm_seconds=loop
+    )
+
+
+@pytest.mark.parametrize(("loop", "kept"), [(0.5, False), (0.3, True)])
+def test_a_raise_whose_first_fill_takes_every_batch_is_judged_on_whole_epochs(
+    loop: float, kept: bool
+) -> None:
+    """Without persistent workers every epoch starts its own, so both sides include the
+    start: 200 samples/s at 4 workers against 160 (undone) or 267 (kept) at 16. Judged on
+    steady batches alone, of which there are none, the raise stayed on trial for good."""
+    a = adapter(4, 2, cap=16)
+    assert [(c.before, c.after) for c in epoch_through(a, STARVED)] == [(4, 16)]
+    back = epoch_through(a, filled(1, loop))
+    assert a.on_trial is None
+    if kept:
+        assert back == [] and a.settings.num_workers == 16
+    else:
+        assert [(c.before, c.after) for c in back] == [(16, 4)]
+        assert "-20.0% samples/s over a whole epoch, its start included" in back[0].reason
+        assert "first fill takes every batch of an epoch of 20" in back[0].reason
+
+
+def test_a_raise_whose_first_fill_takes_every_batch_of_persistent_workers() -> None:
+    """With persistent workers only the raise's own epoch starts them: the epoch after
+    it is judged, against the steady loop before the raise (160 samples/s)."""
+    a = adapter(4, 2, cap=16, persistent=True)
+    assert [c.after for c in epoch_through(a, STARVED)] == [16]
+    assert epoch_through(a, filled(1, 0.2)) == [] and a.on_trial is not None
+    assert [(c.before, c.after) for c in epoch_through(a, filled(2, 0.6))] == [(16, 4)]
+    assert a.on_trial is None
 
 
 def test_a_raise_within_noise_in_a_long_epoch_is_judged_on_and_kept_once_it_pays() -> None:
@@ -627,6 +682,37 @@ def test_the_last_window_of_a_short_epoch_runs_to_its_end(workers: int, prefetch
         "num_workers",
         workers,
     )
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
+def test_an_epoch_is_timed_from_iter_where_its_workers_start() -> None:
+    """Without persistent workers each ``iter()`` starts new ones (here it forks 4): the
+    loop waits for that as for a batch, so the epoch's samples/s counts it, and a raise
+    that adds workers is charged for their start every epoch."""
+    registry = CollectorRegistry()
+    loader = DataLoader(
+        Slow(n=16, delay=0), plan=planned(4), check_fingerprint=False, registry=registry
+    )
+    began = time.perf_counter()
+    batches = iter(loader)
+    opened = time.perf_counter() - began
+    assert sum(len(b) for b in batches) == 16
+    whole = time.perf_counter() - began
+    sps = registry.get_sample_value("autoloader_samples_per_second", {"rank": "0"})
+    assert sps is not None and 16 / sps >= whole - opened / 2, (16 / sps, whole, opened)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 16 workers, 2 CPUs
+def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged() -> None:
+    """Epochs of 20 batches, starved at 4 workers x 2: the loop asks for 16, whose first
+    fill (32 batches) leaves no epoch a steady batch. The raise is judged on whole epochs
+    (kept or undone, as they measure); before, it stayed on trial for good and nothing
+    else could change."""
+    loader = make(Slow(n=80, delay=0.008), planned(4), adapt_max_workers=16)
+    run(loader, 3)
+    first = loader.adaptations[0]
+    assert (first.epoch, first.before, first.after) == (0, 4, 16)
+    assert "trial" not in loader.state_dict(), loader.state_dict()["trial"]
 
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
