@@ -39,10 +39,7 @@ The policy is a hill climb with one step back:
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
 to say anything. A raise whose workers' first fill takes every batch of an epoch is judged
-on whole epochs, their starts included (``WholeEpochs``). A raise on trial while other
-processes took or gave back a core of a saturated node is kept without a verdict
-(``autoloader.host.neighbours``). This module decides; ``autoloader.loader.dataloader``
-applies.
+on whole epochs, their starts included (``WholeEpochs``). This module decides; ``autoloader.loader.dataloader`` applies.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ import psutil
 from autoloader.host import doubling_grid
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
-from autoloader.host.neighbours import CpuSpan
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loop_model import Evidence, moved, noise
 from autoloader.thresholds import WAIT_THRESHOLD
@@ -119,7 +115,6 @@ class EpochMeasure:
     # and the loop's seconds over them (None: the first batch's wait alone)
     warm_batches: int = 1
     warm_seconds: float | None = None
-    cpu: CpuSpan | None = None  # what other processes took of the CPUs, where known
 
     @property
     def _warm(self) -> float:
@@ -186,29 +181,6 @@ class EpochMeasure:
         return max(0.0, self.loop_seconds - self._warm) / steady
 
 
-# A neighbour that took (or gave back) this many cores of CPUs with less than SATURATED
-# of them idle changed the conditions a raise on trial is judged in. One process spinning
-# beside 4 workers that read 1 ms of Python a sample and a loop, on 2 cores: 0.29-0.77 of a
-# core a window (the scheduler shares them out), against 0.00-0.08 before it came.
-NEIGHBOUR_CORES, SATURATED = 0.25, 0.5
-
-
-def neighbours_moved(before: CpuSpan | None, after: CpuSpan | None) -> str | None:
-    """Why the conditions changed between two spans: other processes took a quarter of a
-    core more or less of CPUs that were (in one of them) all but saturated; None where
-    not, or not known. Where a core stays free, a neighbour takes nothing the loop needs."""
-    if before is None or after is None:
-        return None
-    if abs(after.others - before.others) < NEIGHBOUR_CORES:
-        return None
-    if min(before.idle, after.idle) >= SATURATED:
-        return None
-    return (
-        f"other processes went from {before.others:.1f} to {after.others:.1f} busy cores "
-        f"of this loop's CPUs while it was on trial"
-    )
-
-
 def _and_epochs(done: int) -> str:
     """The epochs a run is expected to go on for after the one under way: as many again
     as are complete."""
@@ -232,7 +204,6 @@ class _Part:
     loop: float  # seconds of the loop over them
     wait: float  # seconds of it waiting for them
     window: bool  # a window (a whole epoch's bursts cannot be seen)
-    cpu: CpuSpan | None = None
 
     @classmethod
     def of(cls, m: EpochMeasure) -> _Part:
@@ -244,7 +215,6 @@ class _Part:
             m.loop_seconds - m._warm,
             max(0.0, m.wait_seconds - m.first_wait_seconds),
             m.batch is not None,
-            m.cpu,
         )
 
 
@@ -307,18 +277,6 @@ class Loading:
     def windows(self) -> bool:
         """Measured in windows (whose waits show bursts), not whole epochs."""
         return bool(self._parts) and all(p.window for p in self._parts)
-
-    @property
-    def cpu(self) -> CpuSpan | None:
-        """What other processes took of the CPUs over these batches (None: not known
-        for all of them)."""
-        loop = sum(p.loop for p in self._parts)
-        if loop <= 0 or any(p.cpu is None for p in self._parts):
-            return None
-        return CpuSpan(
-            sum(p.cpu.others * p.loop for p in self._parts if p.cpu) / loop,
-            sum(p.cpu.idle * p.loop for p in self._parts if p.cpu) / loop,
-        )
 
     def starved(self, threshold: float) -> bool:
         """The loop waited past ``threshold`` over these batches together."""
@@ -583,17 +541,6 @@ class Adapter:
             if m.batch is not None and self._loading.batches < need:
                 return []
             was, now = self._reference(trial), self._loading
-            moved = neighbours_moved(was.cpu, m.cpu)  # the latest: one that just came
-            if moved is not None:  # not blamed on the raise, nor credited to it
-                self._trial, self._before_raise = None, None
-                self._decline(
-                    m,
-                    trial.setting,
-                    f"the raise to {trial.after} is kept without a verdict: {moved}, so the "
-                    "loop before it ran under other conditions",
-                    key=f"the raise to {trial.after} is kept without",
-                )
-                return self._raise_if_starved(m)
             gain = now.samples_per_second / was.samples_per_second - 1
             if (
                 m.batch is not None  # a window: a whole epoch is judged once
@@ -604,10 +551,6 @@ class Adapter:
             changes = self._verdict(m, trial, gain, f"over {now.batches} batches")
             if changes:
                 return changes
-        return self._raise_if_starved(m)
-
-    def _raise_if_starved(self, m: EpochMeasure) -> list[Adaptation]:
-        """The raise ``m``'s wait asks for, where one is possible and repays itself."""
         wait = m.steady_wait_fraction
         if wait <= self.threshold:
             return []

@@ -26,7 +26,6 @@ from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
-from autoloader.host.neighbours import CpuReading, CpuWatch, span
 from autoloader.host.run_delay import run_delay
 from autoloader.loader.adapt import (
     SETTINGS,
@@ -165,9 +164,6 @@ class Runtime:
         self.stale: str | None = None
         self._warned_drift = False
         self.memory = MemoryReading()
-        # what other processes take of the CPUs, for the adapter to tell a neighbour's
-        # arrival from a raise's effect
-        self.cpu = CpuWatch() if adapter is not None else None
         if recorder is not None:
             limit = adapter.limits.max_workers if adapter is not None else None
             recorder.runtime_started(limit, SETTINGS)
@@ -356,7 +352,6 @@ class EpochIter:
         self._runtime = runtime
         self._loader = loader
         self._start: float | None = None
-        self._cpu_start: CpuReading | None = None
         self._wait = 0.0
         self._first_wait = 0.0
         self._count = 0
@@ -395,7 +390,6 @@ class EpochIter:
         now, delayed = time.perf_counter(), run_delay()
         if self._start is None:  # the epoch began with iter(): its seconds are a wait
             self._start = now - self._opening
-            self._cpu_start = self._read_cpu()
             if runtime.watch is not None:
                 runtime.watch.start_epoch()
         if runtime.watch is not None:
@@ -427,7 +421,7 @@ class EpochIter:
             if self._skip > 0:
                 self._skip -= 1
                 if self._skip == 0:  # the queue is full: the evidence starts here
-                    self._window = self._new_window()
+                    self._window = Window(self._window_size, self._window_workers, self._samples())
                     if self._restarted is not None:
                         began, count = self._restarted
                         self._refills.append((time.perf_counter() - began, self._count - count))
@@ -475,7 +469,6 @@ class EpochIter:
             remaining=left or None,
             restart_seconds=self._restart_cost(m),
             epoch_batches=served + left,
-            cpu=span(window.cpu, self._read_cpu()),
         )
         if self._runtime.judge(m) and left:
             self._restarted = (time.perf_counter(), self._count)
@@ -485,20 +478,7 @@ class EpochIter:
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
-        self._window = self._new_window()
-
-    def _new_window(self) -> Window:
-        assert self._window_size is not None
-        return Window(self._window_size, self._window_workers, self._samples(), self._read_cpu())
-
-    def _read_cpu(self) -> CpuReading | None:
-        """The CPUs, this process's time and its workers' (None without an adapter)."""
-        watch = self._runtime.cpu
-        if watch is None:
-            return None
-        live = self._loader._live
-        it = live() if live is not None else None
-        return watch.read(p.pid for p in compat.workers(it) if p.pid is not None)
+        self._window = Window(self._window_size, self._window_workers, self._samples())
 
     def _left(self) -> int:
         """The epoch's batches not yet served."""
@@ -535,7 +515,6 @@ class EpochIter:
             self._window_workers,
             warm_batches=warm,
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
-            cpu=span(self._cpu_start, self._read_cpu()),
         )
         runtime.end(measure, self._last_bytes, self._count, judged=self._windows_judged)
 

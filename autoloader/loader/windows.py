@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from autoloader.host.neighbours import CpuReading
 from autoloader.loader.adapt import EpochMeasure
 
 MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
@@ -31,11 +30,8 @@ def window_size(epoch_batches: int) -> int | None:
 class Window:
     """One window's wait and loop time; its first batch apart (a restart's start-up)."""
 
-    def __init__(
-        self, size: int, workers: int, samples: int, cpu: CpuReading | None = None
-    ) -> None:
+    def __init__(self, size: int, workers: int, samples: int) -> None:
         self.size, self.workers, self.samples_at_start = size, workers, samples
-        self.cpu = cpu  # the CPUs as read at its start (autoloader.host.neighbours)
         self.start = time.perf_counter()
         self.wait = self.first_wait = 0.0
         self.count = 0

@@ -22,7 +22,6 @@ from torch.utils.data import Dataset, get_worker_info
 
 from autoloader import DataLoader, Plan
 from autoloader.cli import main
-from autoloader.host.neighbours import CpuSpan
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, RaiseOnTrial, Settings
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR
 from autoloader.loop_model import Evidence
@@ -194,35 +193,6 @@ def test_a_raise_within_noise_in_a_long_epoch_is_judged_on_and_kept_once_it_pays
         else:  # 63 batches after it, still +2%: undone
             assert [(c.before, c.after) for c in changes] == [(4, 2)]
             assert "brought +2.0% samples/s over 35 batches" in changes[0].reason
-
-
-@pytest.mark.parametrize("seen", [True, False])
-def test_a_raise_on_trial_when_a_neighbour_came_is_not_blamed_for_it(seen: bool) -> None:
-    """A raise 2 -> 4 on trial while another process took half a core of the saturated
-    CPUs: the loop at 4 ran 20% slower than at 2 before, under other conditions. Kept,
-    and said why; unseen (no CPU readings, as off Linux), the same windows undo it."""
-    quiet, busy = (CpuSpan(0.02, 0.05), CpuSpan(0.5, 0.0)) if seen else (None, None)
-
-    def window(batch: int, loading: float, workers: int, cpu: CpuSpan | None) -> EpochMeasure:
-        loop = 8 * loading
-        return EpochMeasure(
-            0, 8, 256, 0.4 * loop, loop, None, 0.0, workers, batch=batch, remaining=500, cpu=cpu
-        )
-
-    a = adapter(workers=2, prefetch=MAX_PREFETCH_FACTOR, cap=4)
-    assert [c.after for c in a.decide(window(8, 0.020, 2, quiet))] == [4]
-    changes = [c for b in (16, 24, 32) for c in a.decide(window(b, 0.025, 4, busy))]
-    assert a.on_trial is None
-    if seen:
-        assert changes == [] and a.settings.num_workers == 4
-        assert a.declined[-1].reason == (
-            "the raise to 4 is kept without a verdict: other processes went from 0.0 to 0.5 "
-            "busy cores of this loop's CPUs while it was on trial, so the loop before it ran "
-            "under other conditions"
-        )
-    else:
-        assert [(c.before, c.after) for c in changes] == [(4, 2)]
-        assert "brought -20.0% samples/s" in changes[0].reason
 
 
 def test_a_raise_to_many_workers_is_judged_within_the_batches_the_adapter_keeps() -> None:
