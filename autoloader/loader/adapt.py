@@ -39,7 +39,8 @@ The policy is a hill climb with one step back:
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
 to say anything. A raise whose workers' first fill takes every batch of an epoch is judged
-on whole epochs, their starts included (``WholeEpochs``). This module decides; ``autoloader.loader.dataloader`` applies.
+on whole epochs, their starts included (``WholeEpochs``). This module decides;
+``autoloader.loader.dataloader`` applies.
 """
 
 from __future__ import annotations
@@ -179,6 +180,11 @@ class EpochMeasure:
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
         return max(0.0, self.loop_seconds - self._warm) / steady
+
+
+def whole(m: EpochMeasure) -> bool:
+    """Whether ``m`` is an epoch from its first batch to its last, long enough to judge."""
+    return m.batch is None and m.batches >= MIN_BATCHES and m.batches >= (m.epoch_batches or 0)
 
 
 def _and_epochs(done: int) -> str:
@@ -423,9 +429,10 @@ class WholeEpochs:
         self._began = settings
 
     def ended(self, m: EpochMeasure, mixed: bool) -> None:
-        """A complete epoch; ``mixed``: its settings changed inside it."""
+        """A complete epoch; ``mixed``: its settings changed inside it. One resumed part of
+        the way through, or too short to measure, is no reference either."""
         settings, self._began = self._began, None
-        if settings is None or mixed:
+        if settings is None or mixed or not whole(m) or m.samples_per_second <= 0:
             self._last, self.run = None, 0
             return
         self.run = self.run + 1 if settings == self._last else 1
@@ -511,8 +518,10 @@ class Adapter:
     def epoch_ended(self, m: EpochMeasure) -> None:
         """A complete epoch, before it is judged (its windows may have been)."""
         changed = self.history[self._history_at_start :]
-        # a change at the epoch's last batch applies from the next epoch
-        mixed = any(c.batch is None or c.batch < m.batches for c in changed)
+        # a change at the epoch's last batch (its position: a resumed epoch's count of
+        # batches served starts past 0) applies from the next epoch
+        end = m.epoch_batches or m.batches
+        mixed = any(c.batch is None or c.batch < end for c in changed)
         self._epochs.ended(m, mixed)
 
     def decide(self, m: EpochMeasure) -> list[Adaptation]:
@@ -590,13 +599,13 @@ class Adapter:
         pays). Without persistent workers and no such epoch, it is kept, and said so: no
         like figure says it costs, and the loop's wait asked for it."""
         trial, epochs = self._trial, self._epochs
-        if trial is None or m.batch is not None or m.batches < MIN_BATCHES:
-            return []
+        if trial is None or m.batch is not None or not whole(m):
+            return []  # a resumed epoch's tail may be all start: the next full one is judged
         if not epochs.comparable:
             return []  # the restart's own epoch: the next one is judged
         was = epochs.at(self.confirmed)
         if was is None and self.persistent:
-            was = self._reference(trial).samples_per_second
+            was = self._reference(trial).samples_per_second or None
         fill = f"its workers' first fill takes every batch of an epoch of {m.batches}"
         if was is None:
             self._trial, self._before_raise = None, None
@@ -667,7 +676,9 @@ class Adapter:
         # a window that ends with its epoch is priced over the next epochs, not over its
         # own batches
         epoch = m.epoch_batches or m.batches
-        ahead = (m.remaining or epoch) + m.epoch * epoch
+        ahead = m.remaining or epoch
+        if self.persistent:  # else a change at the epoch's end is free: only this one counts
+            ahead += m.epoch * epoch
         saving = wait * per_batch * ahead
         cost = 2 * max(self._restart_seconds, per_batch)
         if saving >= cost:
@@ -678,8 +689,8 @@ class Adapter:
                 (
                     f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
                     f"undo); the {wait:.0%} wait over the {m.remaining} batches left"
-                    f"{_and_epochs(m.epoch)} saves at most {saving:.2f} s: left to the "
-                    "epoch's end"
+                    f"{_and_epochs(m.epoch if self.persistent else 0)} saves at most "
+                    f"{saving:.2f} s: left to the epoch's end"
                 ),
             )
         else:

@@ -28,6 +28,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.host.run_delay import run_delay
 from autoloader.loader.adapt import (
+    MIN_BATCHES,
     SETTINGS,
     Adaptation,
     Adapter,
@@ -373,6 +374,7 @@ class EpochIter:
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
         positioned = isinstance(sampler, SizeBatchSampler) and runtime.adapter is not None
+        self._positioned = positioned
         self._window_size = window_size(len(sampler)) if positioned else None
         self._window: Window | None = None
         # a window of this epoch was judged: the epoch is not judged again as a whole (one
@@ -458,6 +460,11 @@ class EpochIter:
         """Judge the window just complete; apply a change at once, at this batch."""
         window, loader = self._window, self._loader
         assert window is not None and self._window_size is not None
+        if not self._left() and window.count < MIN_BATCHES:
+            # a tail of 1-3 batches after a first fill says nothing: the epoch is judged
+            # whole if no window of it was (a raise whose fill takes nearly every batch)
+            self._window = None
+            return
         self._windows_judged = True
         self._collect_memory()
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
@@ -515,6 +522,8 @@ class EpochIter:
             self._window_workers,
             warm_batches=warm,
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
+            # the whole epoch's length: fewer batches were served where it was resumed
+            epoch_batches=len(self._loader.batch_sampler) if self._positioned else None,
         )
         runtime.end(measure, self._last_bytes, self._count, judged=self._windows_judged)
 

@@ -157,6 +157,23 @@ def test_a_raise_whose_first_fill_takes_every_batch_is_judged_on_whole_epochs(
         assert "first fill takes every batch of an epoch of 20" in back[0].reason
 
 
+def test_a_resumed_or_empty_epoch_is_no_reference_for_a_whole_epoch() -> None:
+    """An epoch resumed at its end (no batch served, only the start) or part of the way
+    through (its start spread over a few batches) is no reference: the raise that follows
+    a mixed epoch at those settings finds none and is kept, not divided by zero."""
+    a = adapter(4, 2, cap=16)
+    empty = EpochMeasure(0, 0, 0, 0.1, 0.1, None, 0.1, 4, epoch_batches=20)
+    tail = EpochMeasure(0, 4, 16, 0.1, 0.2, None, 0.1, 4, epoch_batches=20)  # fed
+    for partial in (empty, tail):
+        assert epoch_through(a, partial) == []
+    # epoch 1 raised inside itself: mixed, no reference either
+    a.epoch_began()
+    assert [c.after for c in a.decide(replace(STARVED, epoch=1, batch=12, remaining=40))] == [16]
+    a.epoch_ended(replace(STARVED, epoch=1, epoch_batches=20))
+    assert epoch_through(a, filled(2, 0.5)) == [] and a.on_trial is None
+    assert "cannot be judged" in a.declined[-1].reason
+
+
 def test_a_raise_whose_first_fill_takes_every_batch_of_persistent_workers() -> None:
     """With persistent workers only the raise's own epoch starts them: the epoch after
     it is judged, against the steady loop before the raise (160 samples/s)."""
@@ -383,6 +400,9 @@ def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
         "a change inside the epoch restarts its iterator (~0.40 s with an undo); the 10% wait "
         "over the 16 batches left saves at most 0.16 s: left to the epoch's end"
     )
+    # new workers start every epoch anyway: a later epoch's change is made at its end,
+    # free, so only the batches left count however long the run has gone
+    assert a.decide(replace(window, epoch=10)) == [] and a.history == []
     later = [c.after for c in a.decide(replace(window, remaining=160))]
     assert later == [4] and a.history[0].batch == 16
 
@@ -703,15 +723,19 @@ def test_an_epoch_is_timed_from_iter_where_its_workers_start() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 16 workers, 2 CPUs
-def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged() -> None:
+@pytest.mark.parametrize(("batches", "cap"), [(20, 16), (18, 8)])
+def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, cap: int) -> None:
     """Epochs of 20 batches, starved at 4 workers x 2: the loop asks for 16, whose first
-    fill (32 batches) leaves no epoch a steady batch. The raise is judged on whole epochs
+    fill (32 batches) leaves no epoch a steady batch; or of 18 batches raised to 8, whose
+    fill (16) leaves a tail of 2 that says nothing. The raise is judged on whole epochs
     (kept or undone, as they measure); before, it stayed on trial for good and nothing
     else could change."""
-    loader = make(Slow(n=80, delay=0.008), planned(4), adapt_max_workers=16)
+    # reads of 30 ms: a loop on a loaded machine, whose run delay counts as its own time,
+    # still asks for 16 (it would take over 16 ms of it a batch to ask for 8)
+    loader = make(Slow(n=4 * batches, delay=0.03), planned(4), adapt_max_workers=cap)
     run(loader, 3)
     first = loader.adaptations[0]
-    assert (first.epoch, first.before, first.after) == (0, 4, 16)
+    assert (first.epoch, first.before, first.after) == (0, 4, cap)
     assert "trial" not in loader.state_dict(), loader.state_dict()["trial"]
 
 
