@@ -109,7 +109,7 @@ class EpochMeasure:
     workers: int | None = None  # the workers that loaded the epoch
     batch: int | None = None  # a window inside the epoch: the batches served at its end
     remaining: int | None = None  # a window: the epoch's batches still to come
-    epoch_batches: int | None = None  # a window: the batches of its whole epoch
+    epoch_batches: int | None = None  # the batches of the whole epoch (fewer: resumed)
     # a window: what (re)starting the epoch's iterator cost the loop, as measured
     restart_seconds: float = 0.0
     # the transient: the batches after a start until the prefetch queue was first full,
@@ -188,8 +188,8 @@ def whole(m: EpochMeasure) -> bool:
 
 
 def _and_epochs(done: int) -> str:
-    """The epochs a run is expected to go on for after the one under way: as many again
-    as are complete."""
+    """The epochs a run is expected to go on for after the next: one for each complete
+    before the one under way (``done``)."""
     return f" and {done} more epoch{'s' if done > 1 else ''} like it" if done else ""
 
 
@@ -666,9 +666,10 @@ class Adapter:
         only if removing all the wait over what is ahead could repay two restarts, each
         priced as the dearest (re)start this run measured (an epoch read ahead begins with
         its queue full: its own start says nothing of what a restart inside it costs).
-        Ahead are the batches left (at the end, an epoch like this one) and, as a run is
-        expected to go on as long again as it has gone, as many epochs again as are
-        complete: the change is kept for them."""
+        Ahead are the batches left (at the end, an epoch like this one) and, with
+        persistent workers, as a run is expected to go on as long again as it has gone,
+        one more epoch for each complete before this one: the change is kept for them
+        (without them, the same change at the epoch's end is free)."""
         per_batch = m.loop_seconds / m.batches
         inside = m.remaining is not None
         if not inside and not self.persistent:

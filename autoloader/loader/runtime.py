@@ -406,11 +406,10 @@ class EpochIter:
         waited = max(0.0, time.perf_counter() - now - (run_delay() - delayed))
         if self._count == 0:
             waited += self._opening
-        self._wait += waited
-        if self._count == 0:
             self._first_wait = waited
             if runtime.adapter is not None:  # a descriptor each in flight: open files
                 runtime.adapter.batch_tensors = max(1, sum(1 for _ in tensors(batch)))
+        self._wait += waited
         self._count += 1
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)
