@@ -58,7 +58,7 @@ class _Recording:
     def __next__(self) -> Any:
         start = time.perf_counter()
         try:
-            batch = unpacked(super().__next__())  # type: ignore[misc]
+            batch = unpacked(compat.next_batch(self, super().__next__))  # type: ignore[misc]
         except StopIteration:
             self._recorder.flush()
             raise

@@ -314,3 +314,35 @@ def test_torchs_worker_count_warning_is_said_once_and_never_against_a_timed_plan
         said = [w for w in seen if "suggested max number of worker" in str(w.message)]
         assert len(said) == warned
     assert sum("as the plan's worker search timed them" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_profilers_range_is_recorded_only_while_a_profiler_records(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch wraps each batch in a profiler range, recorded or not (about 0.2 ms of the
+    loop's CPU a batch with 8 workers on 2 cores): a loader takes its batches without it
+    while no profiler records, and a trace taken with one still shows each batch's."""
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers, **({"prefetch_factor": 2} if workers else {})},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
+    data = [torch.tensor([i]) for i in range(16)]
+    loader = DataLoader(data, plan=plan, check_fingerprint=False, registry=CollectorRegistry())
+    names: list[str] = []
+    real = torch.autograd.profiler.record_function
+
+    def counted(name: str, *args: object) -> object:
+        names.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", counted)
+    assert sum(len(b) for b in loader) == 16 and names == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert sum(len(b) for b in loader) == 16
+    assert len(names) == 4 + 1  # each batch, and the end of the epoch
+    events = {e.key for e in prof.key_averages()}
+    assert any(k.startswith("enumerate(DataLoader)") for k in events), events
