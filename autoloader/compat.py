@@ -79,6 +79,8 @@ def check_torch_internals() -> None:
             if init is not None and n not in init.co_names
         ]
         missing += _missing_worker_state(dataloader)
+    if not hasattr(torch.autograd, "_profiler_enabled"):
+        missing.append("torch.autograd._profiler_enabled")
     if missing:
         raise UnsupportedTorchError(
             f"torch {torch.__version__} is not supported: it lacks {', '.join(missing)}; "
@@ -168,6 +170,7 @@ def torch_release(version: str) -> tuple[int, int]:
 check_torch_internals()
 
 from torch.autograd import _profiler_enabled  # noqa: E402
+from torch.autograd import profiler as torch_profiler  # noqa: E402
 from torch.utils.data import _utils  # noqa: E402
 from torch.utils.data._utils.collate import collate as torch_collate  # noqa: E402, F401
 from torch.utils.data._utils.collate import default_collate_fn_map  # noqa: E402, F401
@@ -184,10 +187,13 @@ from torch.utils.data.dataloader import (  # noqa: E402, F401
 STATUS_INTERVAL: float = _utils.MP_STATUS_CHECK_INTERVAL  # torch's poll of its workers
 
 # torch's iterator ``__next__`` wraps each batch in a profiler range, recorded or not: the
-# range costs the loop's thread about 0.2 ms a batch (0.70 -> 0.51 ms of its CPU in
-# ``next()`` with 8 workers on 2 cores, benchmarks/loop_limit.py's I/O-like reads). Where
-# its body is the one known (exactly these names), a map-style dataset's batch is taken as
-# the body takes it, without the range, while no profiler records; else torch's own.
+# range cost the loop's thread about 0.2 ms a batch (0.70 -> 0.51 ms of its CPU in
+# ``next()`` with 8 workers on 2 cores, benchmarks/loop_limit.py's I/O-like reads; 11-19 us
+# timed alone). Where the ``__next__`` that would run is torch's own, with the body known
+# (exactly these names), a map-style dataset's batch is taken as the body takes it, without
+# the range, while no profiler records on this thread or on all threads (torch's own flag
+# for those); else torch's own, range and all. Tracers outside torch's profiler that hook
+# every range (an on-demand trace, an execution-trace observer) see no DataLoader range.
 _NEXT_NAMES = frozenset(
     {
         "Iterable",
@@ -209,14 +215,25 @@ _NEXT_NAMES = frozenset(
         "warnings",
     }
 )
-_next_code = _code(BaseIter.__next__)
+_TORCH_NEXT = BaseIter.__dict__.get("__next__")
+_next_code = getattr(_TORCH_NEXT, "__code__", None)  # not unwrapped: a patch is not torch's
 _PLAIN_NEXT = _next_code is not None and set(_next_code.co_names) == _NEXT_NAMES
+
+
+def _profiling() -> bool:
+    """Whether a profiler records on this thread, or on all of them."""
+    return _profiler_enabled() or bool(getattr(torch_profiler, "_is_profiler_enabled", True))
 
 
 def next_batch(it: Any, torch_next: Any) -> Any:
     """The next batch of torch's iterator ``it``: ``torch_next()`` (its ``__next__``), or
     its body without the profiler range where that is the same but for the range."""
-    if not _PLAIN_NEXT or it._dataset_kind != _DatasetKind.Map or _profiler_enabled():
+    if (
+        not _PLAIN_NEXT
+        or getattr(torch_next, "__func__", None) is not _TORCH_NEXT
+        or it._dataset_kind != _DatasetKind.Map
+        or _profiling()
+    ):
         return torch_next()
     if it._sampler_iter is None:
         it._reset()

@@ -316,13 +316,25 @@ def test_torchs_worker_count_warning_is_said_once_and_never_against_a_timed_plan
     assert sum("as the plan's worker search timed them" in r.message for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "all_threads"), [(0, False), (2, False), (0, True)])
 def test_a_profilers_range_is_recorded_only_while_a_profiler_records(
-    workers: int, monkeypatch: pytest.MonkeyPatch
+    workers: int, all_threads: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch wraps each batch in a profiler range, recorded or not (about 0.2 ms of the
     loop's CPU a batch with 8 workers on 2 cores): a loader takes its batches without it
-    while no profiler records, and a trace taken with one still shows each batch's."""
+    while no profiler records, and a trace taken with one, on this thread or on all of
+    them, still shows each batch's."""
+    from autoloader import compat
+
+    assert compat._PLAIN_NEXT, "torch's iterator __next__ is not the body autoloader knows"
+    config: dict[str, object] = {}
+    if all_threads:
+        try:
+            config["experimental_config"] = torch._C._profiler._ExperimentalConfig(
+                profile_all_threads=True
+            )
+        except TypeError:
+            pytest.skip("this torch's profiler cannot record all threads")
     plan = Plan.from_dict(
         {
             "schema": 1,
@@ -341,7 +353,8 @@ def test_a_profilers_range_is_recorded_only_while_a_profiler_records(
 
     monkeypatch.setattr(torch.autograd.profiler, "record_function", counted)
     assert sum(len(b) for b in loader) == 16 and names == []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=cpu, **config) as prof:  # type: ignore[arg-type]
         assert sum(len(b) for b in loader) == 16
     assert len(names) == 4 + 1  # each batch, and the end of the epoch
     events = {e.key for e in prof.key_averages()}
