@@ -15,8 +15,9 @@ sample) with a matmul step, and mixed reads (1 ms of Python, 1 ms of waiting) wi
   cost what the plan already won: adapted / fixed is the goal's ratio).
 
 The training loops run interleaved, in rounds whose order rotates (each round a fresh
-loader over ``--epochs`` epochs, start-up included); each arm's figure is the median over
-rounds of samples/s. Prints each tool's tuning time and the ratios.
+loader over ``--epochs`` epochs, start-up included), after one untimed epoch of each arm
+(what the process pays once); each arm's figure is the median over rounds of samples/s.
+Prints each tool's tuning time and the ratios.
 Run: ``python benchmarks/peer.py [--rounds 3] [--epochs 2] [--peer-python VENV/bin/python]``.
 """
 
@@ -233,6 +234,11 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     got: dict[str, list[float]] = {k: [] for k in arms}
     adapted: list[str] = []  # what the adapter changed, over the rounds
     names = list(arms)
+    # one untimed epoch of each arm first: what a process pays once (imports, its first
+    # fork of workers) fell on whichever planned loader ran first, the adapted one in
+    # rounds 0 and 1 (its on / off read 0.75-0.78 in round 0, run after run)
+    for k in names:
+        loop(arms[k], step, 1)
     for r in range(args.rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             got[k].append(loop(arms[k], step, args.epochs, adapted if k == "autoloader" else None))
