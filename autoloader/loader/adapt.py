@@ -677,9 +677,10 @@ class Adapter:
         # a window that ends with its epoch is priced over the next epochs, not over its
         # own batches
         epoch = m.epoch_batches or m.batches
-        ahead = m.remaining or epoch
-        if self.persistent:  # else a change at the epoch's end is free: only this one counts
-            ahead += m.epoch * epoch
+        # epochs expected after the next (without persistent workers a change at the
+        # epoch's end is free: only the batches left count)
+        later = m.epoch if self.persistent else 0
+        ahead = (m.remaining or epoch) + later * epoch
         saving = wait * per_batch * ahead
         cost = 2 * max(self._restart_seconds, per_batch)
         if saving >= cost:
@@ -690,7 +691,7 @@ class Adapter:
                 (
                     f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
                     f"undo); the {wait:.0%} wait over the {m.remaining} batches left"
-                    f"{_and_epochs(m.epoch if self.persistent else 0)} saves at most "
+                    f"{_and_epochs(later)} saves at most "
                     f"{saving:.2f} s: left to the epoch's end"
                 ),
             )
@@ -700,7 +701,7 @@ class Adapter:
                 (
                     f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
                     f"the dearest start measured); the {wait:.0%} wait over an epoch like this "
-                    f"one{_and_epochs(m.epoch)} saves at most {saving:.2f} s: kept as they are"
+                    f"one{_and_epochs(later)} saves at most {saving:.2f} s: kept as they are"
                 ),
             )
         self._decline(m, "all", why, key=key)
