@@ -230,6 +230,24 @@ def test_workers_that_leak_are_recycled_at_the_position(
     assert "a leak in the dataset or the collate function?" in caplog.text
 
 
+def test_workers_under_their_budget_are_not_walked_each_check(
+    monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
+) -> None:
+    """Their PSS (each worker's page tables walked) is read at start; after that, where
+    their RSS is under the budget, it is not read again (it cost 8-10% of samples/s)."""
+    import autoloader.loader.survival as survival
+
+    p = plan(host={"memory_budget_bytes": 2**40})  # the host's own budget, far above
+    expected = reference(p)
+    walked: list[int] = []
+    pss = survival.tree_memory_bytes
+    monkeypatch.setattr(survival, "tree_memory_bytes", lambda pid: walked.append(pid) or pss(pid))
+    monkeypatch.setattr(survival, "CHECK_SECONDS", 0.0)  # a check at every batch
+    loader = DataLoader(Numbers(64, delay=0.02), plan=p, registry=registry, adapt=False)
+    assert [b.flatten().tolist() for b in loader] == expected
+    assert 2 <= len(walked) <= 4  # the workers' start read exactly, once or twice
+
+
 def test_shared_memory_held_is_counted_once() -> None:
     tensor = torch.zeros(2 * 2**20 // 4)
     tensor.share_memory_()
