@@ -20,9 +20,10 @@ samples per 10 ms, 3,200 samples/s. Goal (issue 37): plan / limit >= 0.90 on bot
 cores the mixed reads cannot reach it: they spin 1 ms of a core per sample, so 2 cores
 read at most about 2,000 samples/s (the spin is on the wall clock and ends on time even
 when it lost the core, so a little more where many workers share the cores), and `best`
-shows what any count reached. Each arm is also timed past each epoch's first batch: what
-the epoch's start costs (one worker reading a whole batch while the loop waits) is the gap
-between the two.
+shows what any count reached. Each arm is also shown against the machine's limit, the
+lower of the step's bound and the CPUs' (usable CPUs / the spin a sample), and timed past
+each epoch's first batch: what the epoch's start costs (one worker reading a whole batch
+while the loop waits) is the gap between the two.
 Run: `python benchmarks/loop_limit.py [--epochs 3] [--samples 3200] [--only io|mixed]`.
 """
 
@@ -40,6 +41,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from regimes import BATCH, Scenario, Shifting, step, tune  # beside this script
 
+from autoloader.host import usable_cpus
 from autoloader.loader.lookahead import Lookahead
 
 STEP_SECONDS = 0.010
@@ -52,6 +54,15 @@ WORKLOADS = {
 def limit() -> tuple[float, str]:
     """The loop's samples/s were loading free: the step's bound."""
     return BATCH / STEP_SECONDS, f"the step: {BATCH} samples per {STEP_SECONDS * 1e3:g} ms"
+
+
+def machine_limit(sc: Scenario) -> tuple[float, str]:
+    """The lower of the step's bound and what the usable CPUs can spin."""
+    bound, why = limit()
+    spin, cpus = sc.before[0], usable_cpus()
+    if spin and cpus / spin < bound:
+        return cpus / spin, f"{cpus} CPUs / {spin * 1e3:g} ms of spin a sample"
+    return bound, why
 
 
 def epoch(loader: Any, k: int) -> tuple[float, float]:
@@ -148,20 +159,25 @@ def run(name: str, samples: int, epochs: int, workdir: Path) -> dict[str, float]
         sc, samples, plan_path, lp.num_workers, epochs
     )
     bound, why = limit()
+    machine, mwhy = machine_limit(sc)
     print(
         f"[{name}] {sc.what}; plan: {lp.num_workers} workers, prefetch {lp.prefetch_factor}, "
-        f"persistent {lp.persistent_workers}; limit {bound:,.0f} samples/s ({why})"
+        f"persistent {lp.persistent_workers}; limit {bound:,.0f} samples/s ({why}); "
+        f"the machine's {machine:,.0f} ({mwhy})"
     )
     for arm, rate in rates.items():
         print(
             f"  {arm:8} {rate:8,.0f} samples/s   / limit {rate / bound:.2f}"
             f"   past the epoch's first batch: {past_start[arm] / bound:.2f}"
+            f"   / the machine's limit {rate / machine:.2f}"
         )
     print(f"  plan / torch with the plan's settings: {rates['plan'] / rates['torch']:.2f}x")
     best = rates["plan"] / rates["best"]
     print(f"  plan / the best fixed count ({best_count} workers): {best:.2f}")
     print(f"  plan / the same without reading ahead: {rates['plan'] / rates['no-ahead']:.2f}x")
-    return {arm: rate / bound for arm, rate in rates.items()}
+    return {arm: rate / bound for arm, rate in rates.items()} | {
+        f"{arm} machine": rate / machine for arm, rate in rates.items()
+    }
 
 
 def main() -> None:
@@ -179,6 +195,10 @@ def main() -> None:
         + ", ".join(f"{n} {r['plan']:.2f}" for n, r in results.items())
         + "; the best fixed count / limit: "
         + ", ".join(f"{n} {r['best']:.2f}" for n, r in results.items())
+        + "\nplan held fixed / the machine's limit: "
+        + ", ".join(f"{n} {r['plan machine']:.2f}" for n, r in results.items())
+        + "; adapted: "
+        + ", ".join(f"{n} {r['adapted machine']:.2f}" for n, r in results.items())
     )
 
 
