@@ -38,8 +38,8 @@ The policy is a hill climb with one step back:
   by chance, so a neighbour that took a core went unseen for epochs.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
-to say anything. A raise whose workers' first fill takes every batch of an epoch is judged
-on whole epochs, their starts included (``WholeEpochs``). This module decides;
+to say anything. A raise whose workers' first fill takes all but a window's batches of an
+epoch is judged on whole epochs, their starts included (``WholeEpochs``). This module decides;
 ``autoloader.loader.dataloader`` applies.
 """
 
@@ -68,6 +68,7 @@ MEMORY_MARGIN = 4
 log = logging.getLogger("autoloader")
 
 MIN_BATCHES = 4
+MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
 SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
 # The bound on oscillation whatever conditions do: after ``MAX_UNDONE`` raises of a
 # setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
@@ -528,7 +529,10 @@ class Adapter:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
         if m.loop_seconds <= 0:
             return []
-        if m.steady_batches < MIN_BATCHES - 1:
+        if m.steady_batches < MIN_BATCHES - 1 or (
+            self._trial is not None and m.batch is None and m.steady_batches < MIN_WINDOW
+        ):
+            # the few batches after the fill are the queue draining, not a steady pace
             return self._judge_whole(m)
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
@@ -592,8 +596,9 @@ class Adapter:
         return []
 
     def _judge_whole(self, m: EpochMeasure) -> list[Adaptation]:
-        """A whole epoch with no steady batch: the raise on trial, if any, is judged on
-        it, start included, against a comparable epoch before the raise (``WholeEpochs``),
+        """A whole epoch with fewer steady batches than a window (those after the first
+        fill, a queue draining, have no steady pace): the raise on trial, if any, is judged
+        on it, start included, against a comparable epoch before the raise (``WholeEpochs``),
         or with persistent workers and none, against the steady loop before it (an
         epoch's boundary is in one side only: the raise is the one that must show it
         pays). Without persistent workers and no such epoch, it is kept, and said so: no

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import time
 
-from autoloader.loader.adapt import EpochMeasure
+from autoloader.loader.adapt import MIN_WINDOW, EpochMeasure
 
-MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
 WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 
 

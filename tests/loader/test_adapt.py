@@ -685,12 +685,15 @@ def test_a_short_epoch_is_adapted_within_itself() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
-@pytest.mark.parametrize(("workers", "prefetch"), [(4, 2), (2, 8)])
-def test_the_last_window_of_a_short_epoch_runs_to_its_end(workers: int, prefetch: int) -> None:
-    """Epochs of 20 batches: after the queue's first fill (8 or 16 batches) fewer than two
+@pytest.mark.parametrize(("workers", "prefetch", "batch"), [(4, 2, 20), (2, 8, None)])
+def test_the_last_window_of_a_short_epoch_runs_to_its_end(
+    workers: int, prefetch: int, batch: int | None
+) -> None:
+    """Epochs of 20 batches: after the queue's first fill of 8 batches fewer than two
     windows' batches are left, and the last window takes them all, judged at the epoch's
     end, where a change costs no restart; judged with 4 batches left, a raise could never
-    repay one, and the epoch would go unjudged every time."""
+    repay one, and the epoch would go unjudged every time. After a fill of 16, the 4 left
+    are the queue draining, no window: the epoch is judged whole, at its end too."""
     tables = planned(workers).to_dict()
     tables["loader"]["prefetch_factor"] = prefetch
     loader = make(Slow(n=80, delay=0.008), Plan.from_dict(tables), adapt_max_workers=8)
@@ -698,7 +701,7 @@ def test_the_last_window_of_a_short_epoch_runs_to_its_end(workers: int, prefetch
     first = loader.adaptations[0]
     assert (first.epoch, first.batch, first.setting, first.before) == (
         0,
-        20,
+        batch,
         "num_workers",
         workers,
     )
@@ -723,20 +726,21 @@ def test_an_epoch_is_timed_from_iter_where_its_workers_start() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 16 workers, 2 CPUs
-@pytest.mark.parametrize(("batches", "cap"), [(20, 16), (18, 8)])
+@pytest.mark.parametrize(("batches", "cap"), [(20, 16), (18, 8), (20, 8)])
 def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, cap: int) -> None:
     """Epochs of 20 batches, starved at 4 workers x 2: the loop asks for 16, whose first
-    fill (32 batches) leaves no epoch a steady batch; or of 18 batches raised to 8, whose
-    fill (16) leaves a tail of 2 that says nothing. The raise is judged on whole epochs
-    (kept or undone, as they measure); before, it stayed on trial for good and nothing
-    else could change."""
+    fill (32 batches) leaves no epoch a steady batch; or of 18 or 20 batches raised to 8,
+    whose fill (16) leaves a tail of 2 or 4, the queue draining. The raise is judged on
+    whole epochs (kept or undone, as they measure); before, it stayed on trial for good
+    and nothing else could change, or (a tail of 4) for 6 epochs, judged on the drain."""
     # reads of 30 ms: a loop on a loaded machine, whose run delay counts as its own time,
     # still asks for 16 (it would take over 16 ms of it a batch to ask for 8)
     loader = make(Slow(n=4 * batches, delay=0.03), planned(4), adapt_max_workers=cap)
     run(loader, 3)
     first = loader.adaptations[0]
     assert (first.epoch, first.before, first.after) == (0, 4, cap)
-    assert "trial" not in loader.state_dict(), loader.state_dict()["trial"]
+    trial = loader.state_dict().get("trial", {})  # judged: a later raise may be on trial
+    assert trial.get("setting") != "num_workers" or trial.get("epoch") != 0, trial
 
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
