@@ -69,14 +69,34 @@ def tree_memory_bytes(pid: int | None = None, *, include_root: bool = True) -> i
     return total
 
 
-def children_resident_bytes() -> int | None:
-    """Resident set size (RSS) summed over this process's descendants (every loader's
-    workers and whatever they started): a bound their PSS never exceeds, since RSS counts a
-    page shared after fork in full in each sharer. It costs a read of ``/proc/PID/statm``
-    a process (tens of microseconds) where PSS walks each process's page tables (7-14 ms
-    a torch worker). None where a descendant's cannot be read."""
+def tree_resident_bytes(pids: list[int]) -> int | None:
+    """Resident set size (RSS) summed over this process's children ``pids`` (a loader's
+    workers) and their descendants: a bound their PSS never exceeds, since RSS counts a
+    page shared after fork in full in each sharer. It costs one scan of the host's
+    processes (``/proc/*/stat``, as ``psutil`` finds children) and a read of
+    ``/proc/PID/statm`` each, where PSS walks each process's page tables (7-14 ms a torch
+    worker). None where one of them is not this process's child, or cannot be read."""
+    family = psutil.Process().children(recursive=True)
+    roots, parent = set(pids), {}
+    for proc in family:
+        try:
+            parent[proc.pid] = proc.ppid()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    if not roots <= parent.keys():
+        return None
+
+    def ours(pid: int) -> bool:
+        while pid not in roots:
+            if pid not in parent:
+                return False
+            pid = parent[pid]
+        return True
+
     total = 0
-    for proc in psutil.Process().children(recursive=True):
+    for proc in family:
+        if not ours(proc.pid):
+            continue
         try:
             total += int(proc.memory_info().rss)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):

@@ -38,9 +38,9 @@ The policy is a hill climb with one step back:
   by chance, so a neighbour that took a core went unseen for epochs.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
-to say anything. A raise whose workers' first fill takes all but a window's batches of an
-epoch is judged on whole epochs, their starts included (``WholeEpochs``). This module decides;
-``autoloader.loader.dataloader`` applies.
+to say anything. A raise whose workers' first fill leaves fewer than a window's batches
+of an epoch is judged on whole epochs, their starts included (``WholeEpochs``). This
+module decides; ``autoloader.loader.dataloader`` applies.
 """
 
 from __future__ import annotations
@@ -611,7 +611,10 @@ class Adapter:
         was = epochs.at(self.confirmed)
         if was is None and self.persistent:
             was = self._reference(trial).samples_per_second or None
-        fill = f"its workers' first fill takes every batch of an epoch of {m.batches}"
+        fill = (
+            f"its workers' first fill leaves {m.steady_batches} of an epoch's {m.batches} "
+            f"batches, fewer than a window of {MIN_WINDOW}"
+        )
         if was is None:
             self._trial, self._before_raise = None, None
             self._decline(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.datasets.reads import SampleError
-from autoloader.host import children_resident_bytes, tree_memory_bytes
+from autoloader.host import tree_memory_bytes, tree_resident_bytes
 from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
@@ -186,7 +186,7 @@ class Survival:
                 # PSS walks each worker's page tables: 100 ms of CPU a second for 8 workers,
                 # 8-10% of a 2-core node's samples/s where their reads use its CPUs. Their
                 # RSS bounds it for a fraction of that: under the budget, nothing to judge.
-                bound = children_resident_bytes()
+                bound = tree_resident_bytes(pids)
                 if bound is not None and bound <= budget:
                     return shm, bound
             return shm, sum(tree_memory_bytes(p) for p in pids)

@@ -154,7 +154,7 @@ def test_a_raise_whose_first_fill_takes_every_batch_is_judged_on_whole_epochs(
     else:
         assert [(c.before, c.after) for c in back] == [(16, 4)]
         assert "-20.0% samples/s over a whole epoch, its start included" in back[0].reason
-        assert "first fill takes every batch of an epoch of 20" in back[0].reason
+        assert "first fill leaves 0 of an epoch's 20 batches" in back[0].reason
 
 
 def test_a_resumed_or_empty_epoch_is_no_reference_for_a_whole_epoch() -> None:

@@ -248,6 +248,31 @@ def test_workers_under_their_budget_are_not_walked_each_check(
     assert 2 <= len(walked) <= 4  # the workers' start read exactly, once or twice
 
 
+def test_a_leak_is_found_once_the_workers_rss_passes_the_budget(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, registry: CollectorRegistry
+) -> None:
+    """Under the budget by their RSS at first (no PSS read), the leaking workers pass it:
+    their PSS is read again, and they are recycled."""
+    import autoloader.loader.survival as survival
+
+    # forked workers start with about this process's RSS each (their pages shared with it)
+    budget = 2 * psutil.Process().memory_info().rss + 128 * 2**20
+    p = plan(host={"memory_budget_bytes": budget})
+    expected = reference(p, 256)
+    bounds: list[int | None] = []
+    rss = survival.tree_resident_bytes
+    monkeypatch.setattr(
+        survival, "tree_resident_bytes", lambda pids: bounds.append(rss(pids)) or bounds[-1]
+    )
+    monkeypatch.setattr(survival, "CHECK_SECONDS", 0.1)
+    leaky = Numbers(256, delay=0.02, leak=8 * 2**20)  # 8 MiB more per sample read
+    loader = DataLoader(leaky, plan=p, registry=registry, adapt=False)
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        assert [b.flatten().tolist() for b in loader] == expected
+    assert any(b is not None and b <= budget for b in bounds)  # judged by RSS at first
+    assert restarts(registry, "memory") >= 1, caplog.text
+
+
 def test_shared_memory_held_is_counted_once() -> None:
     tensor = torch.zeros(2 * 2**20 // 4)
     tensor.share_memory_()
