@@ -290,6 +290,8 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         """Every few seconds: shared memory for the metrics, and the workers' memory
         against their budget (recycled at the position when past it)."""
         assert self._survival is not None
+        if not self._survival.due():
+            return  # called at every batch: the workers are listed only when checked
         pids = [w.pid for w in compat.workers(self) if w.pid is not None]
         at = self._start + self._yielded
         if self._survival.check(pids, at) is not None:

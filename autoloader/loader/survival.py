@@ -168,13 +168,16 @@ class Survival:
             f"sample {culprit} alone {exit_text(code)}"
         )
 
+    def due(self) -> bool:
+        """Whether ``check`` would read now (``CHECK_SECONDS`` since the last)."""
+        return time.monotonic() - self._checked_at >= CHECK_SECONDS
+
     def check(self, pids: list[int], batch: int) -> str | None:
         """At most every ``CHECK_SECONDS``: export the loader's shared memory, and say why
         the workers (``pids``) must be recycled (their memory past the budget), else None."""
-        now = time.monotonic()
-        if now - self._checked_at < CHECK_SECONDS:
+        if not self.due():
             return None
-        self._checked_at = now
+        self._checked_at = time.monotonic()
         main, budget = os.getpid(), self.memory_budget
         exact = self._first_held is None  # what the workers hold at start is read exactly
 
