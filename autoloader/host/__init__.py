@@ -87,11 +87,13 @@ def tree_resident_bytes(pids: list[int]) -> int | None:
         return None
 
     def ours(pid: int) -> bool:
-        while pid not in roots:
+        for _ in range(len(parent) + 1):  # bounded: a pid reused mid-scan could loop
+            if pid in roots:
+                return True
             if pid not in parent:
                 return False
             pid = parent[pid]
-        return True
+        return False
 
     total = 0
     for proc in family:

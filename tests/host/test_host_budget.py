@@ -5,16 +5,20 @@ plan to the node it runs on, the adapter never raises past them, and a small /de
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from autoloader import Plan
-from autoloader.host import cgroup_memory_room
+from autoloader.host import cgroup_memory_room, tree_memory_bytes, tree_resident_bytes
 from autoloader.host.budget import HostBudget, is_shm_failure, shm_fix
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
 from autoloader.loader.host_fit import fit_to_host
@@ -190,3 +194,36 @@ def test_docker_default_shm_torch_dies_and_the_planned_loader_serves(tmp_path: P
     assert fitted.returncode == 0, fitted.stderr
     assert "served 12 of 12 with 0 workers" in fitted.stdout
     assert fitted.stderr.count("instead of the plan's 2 x prefetch_factor 2") == 1
+
+
+def _holder(ready: Any, grandchild: bool) -> None:
+    """A process that holds 64 MiB of its own (and, with ``grandchild``, starts one more
+    that does), then waits to be killed."""
+    if grandchild:
+        mp.get_context("fork").Process(target=_holder, args=(ready, False), daemon=False).start()
+    held = bytearray(64 * MiB)
+    held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
+    ready.put(os.getpid())
+    time.sleep(60)
+
+
+def test_the_workers_rss_bounds_their_pss_children_included() -> None:
+    """The cheap bound the memory watch reads each second: the RSS of the given children
+    and their descendants, never below their PSS; None for a process not this one's."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Queue()
+    child = ctx.Process(target=_holder, args=(ready, True))
+    child.start()
+    try:
+        pids = {ready.get(timeout=30), ready.get(timeout=30)}  # the child and its child
+        assert child.pid in pids
+        bound = tree_resident_bytes([child.pid])
+        alone = psutil.Process(child.pid).memory_info().rss
+        assert bound is not None and bound >= alone + 64 * MiB  # the grandchild's counted
+        assert bound >= tree_memory_bytes(child.pid)
+        assert tree_resident_bytes([os.getppid()]) is None  # not this process's child
+    finally:
+        family = psutil.Process(child.pid)
+        for proc in [*family.children(recursive=True), family]:
+            proc.kill()
+        child.join()

@@ -245,7 +245,9 @@ def test_workers_under_their_budget_are_not_walked_each_check(
     monkeypatch.setattr(survival, "CHECK_SECONDS", 0.0)  # a check at every batch
     loader = DataLoader(Numbers(64, delay=0.02), plan=p, registry=registry, adapt=False)
     assert [b.flatten().tolist() for b in loader] == expected
-    assert 2 <= len(walked) <= 4  # the workers' start read exactly, once or twice
+    # the workers' start read exactly, once or twice (a loaded machine may not have
+    # begun the reads by the epoch's end: no lower bound); before, at every check
+    assert len(walked) <= 4
 
 
 def test_a_leak_is_found_once_the_workers_rss_passes_the_budget(
