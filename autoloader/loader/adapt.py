@@ -529,17 +529,18 @@ class Adapter:
         """Judge the epoch ``m``; update ``settings``; return the changes (often none)."""
         if m.loop_seconds <= 0:
             return []
-        if m.steady_batches < MIN_BATCHES - 1 or (
-            self._trial is not None and m.batch is None and m.steady_batches < MIN_WINDOW
-        ):
-            # the few batches after the fill are the queue draining, not a steady pace
-            return self._judge_whole(m)
+        # what the workers hold and what a start costs, from every epoch, however judged
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
         if self._fresh and m.batch is None:  # a whole epoch after a start
             self._restart_seconds = max(self._restart_seconds, m.start_cost)
             self._fresh = False
         self._restart_seconds = max(self._restart_seconds, m.restart_seconds)
+        if m.steady_batches < MIN_BATCHES - 1 or (
+            self._trial is not None and m.batch is None and m.steady_batches < MIN_WINDOW
+        ):
+            # the few batches after the fill are the queue draining, not a steady pace
+            return self._judge_whole(m)
         self._loading.add(m)
         for ref in self._settled.values():
             if ref.workers == m.workers:

@@ -157,6 +157,19 @@ def test_a_raise_whose_first_fill_takes_every_batch_is_judged_on_whole_epochs(
         assert "first fill leaves 0 of an epoch's 20 batches" in back[0].reason
 
 
+def test_a_start_that_took_the_whole_epoch_prices_a_restart() -> None:
+    """Persistent workers whose start took 2 s, the whole first epoch: a raise after the
+    next, starved, epoch would restart them for at most 0.7 s saved, so it is not made.
+    Before, an epoch judged whole was not read for what a start costs, and the raise was
+    priced at the second epoch's 0.05 s first wait."""
+    a = adapter(4, 2, cap=16, persistent=True)
+    start = EpochMeasure(0, 20, 80, 2.2, 2.4, None, 2.0, 4, warm_batches=20, warm_seconds=2.4)
+    assert epoch_through(a, start) == []
+    assert epoch_through(a, replace(STARVED, epoch=1)) == []
+    assert a.settings.num_workers == 4
+    assert "a change restarts the persistent workers" in a.declined[-1].reason
+
+
 def test_a_resumed_or_empty_epoch_is_no_reference_for_a_whole_epoch() -> None:
     """An epoch resumed at its end (no batch served, only the start) or part of the way
     through (its start spread over a few batches) is no reference: the raise that follows
