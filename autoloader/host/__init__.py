@@ -19,11 +19,15 @@ from autoloader.launch import local_world_size
 
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota."""
-    count = len(affinity_cpus())
+    return max(1, math.floor(usable_cores()))
+
+
+def usable_cores() -> float:
+    """The cores this process and its children may keep busy at once: its affinity mask,
+    capped by a cgroup CPU quota (which may be a fraction of one)."""
+    count = float(len(affinity_cpus()))
     quota = cgroup_cpu_limit()
-    if quota is not None:
-        count = min(count, max(1, math.floor(quota)))
-    return max(1, count)
+    return min(count, quota) if quota is not None and quota > 0 else count
 
 
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:

@@ -35,7 +35,13 @@ The policy is a hill climb with one step back:
   from what it was then. Each decision not to raise is kept, with its reason, in
   ``declined``. Whether loading moved is judged over the last ``SPAN`` batches or more at
   the count in force (``Loading``), not over one window: a window of 8 batches moves 71%
-  by chance, so a neighbour that took a core went unseen for epochs.
+  by chance, so a neighbour that took a core went unseen for epochs;
+- the workers' own processes come next (``autoloader.loader.cores``): a count that could
+  not load ``min_gain`` faster on the cores they and other processes share is not tried,
+  nor a deeper queue for workers that never waited on a full one, and a change is priced
+  by the gain the cores leave and by the workers it starts. Where other processes' threads
+  ready for the cores double or halve (a neighbour came or went), the loop is measured
+  afresh: a raise is judged against the loop since, and a settled setting tried again.
 
 Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
 to say anything. A raise whose workers' first fill leaves fewer than a window's batches
@@ -57,6 +63,7 @@ from autoloader.host import doubling_grid
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
+from autoloader.loader.cores import Cores
 from autoloader.loop_model import Evidence, moved, noise
 from autoloader.thresholds import WAIT_THRESHOLD
 
@@ -78,11 +85,22 @@ MAX_UNDONE, CHANGE_EPOCHS = 2, 10
 # over 32 (``noise``), 71% over one window of 8.
 SPAN = 32
 TRIAL_BATCHES = 16  # a raise is judged over at least this many batches after it
+# Where the loop was measured afresh after a neighbour came or went, a raise made before
+# two windows of it (their steady batches) has no reference to be judged against: one
+# window moves 71% by chance (the first beside a neighbour that had just come read 1,498
+# samples/s where the loop ran 1,100-1,300, and a raise to 4 workers, 1,450, was undone as
+# -11%). It is judged against the count before it as the cores then have it.
+MIN_REFERENCE = 2 * (MIN_WINDOW - 1)
 # A raise whose gain is within ``min_gain`` either way in windows of a long epoch is judged
 # on, over the last SPAN batches (the ones nearest its restart drop out first), until this
 # many batches after it: workers started together deliver in step at first, and only later
 # at their pace. A whole epoch is judged once (the next may be another's conditions).
 TRIAL_MAX_BATCHES = 2 * SPAN
+# Other processes' threads ready for the cores (``Cores.others``), with half a thread
+# added, doubled or halved: a neighbour came or went, and the loop before is no reference
+# for the loop after (at 2 to 8 workers on 2 cores, none read 0.0-0.1 and one spinning
+# 0.7-1.9, at 8 workers 1.2-1.9 from one window to the next)
+OTHERS_MOVED = 2.0
 
 
 @dataclass(frozen=True)
@@ -111,12 +129,16 @@ class EpochMeasure:
     batch: int | None = None  # a window inside the epoch: the batches served at its end
     remaining: int | None = None  # a window: the epoch's batches still to come
     epoch_batches: int | None = None  # the batches of the whole epoch (fewer: resumed)
-    # a window: what (re)starting the epoch's iterator cost the loop, as measured
-    restart_seconds: float = 0.0
+    # a window: what (re)starting the epoch's iterator cost the loop for each worker it
+    # started, as measured (the dearest start: forks and first batches grow with the count)
+    restart_per_worker: float = 0.0
     # the transient: the batches after a start until the prefetch queue was first full,
     # and the loop's seconds over them (None: the first batch's wait alone)
     warm_batches: int = 1
     warm_seconds: float | None = None
+    # the cores the workers and this process kept busy, and the workers queued for, on
+    # average over the measure (None: not measured)
+    cores: Cores | None = None
 
     @property
     def _warm(self) -> float:
@@ -183,6 +205,18 @@ class EpochMeasure:
         return max(0.0, self.loop_seconds - self._warm) / steady
 
 
+def others_moved(before: float | None, now: float | None) -> str | None:
+    """How the threads of other processes ready for the cores moved, where by
+    ``OTHERS_MOVED`` (a neighbour came or went: conditions a raise is not judged across);
+    None where they did not, or were not measured."""
+    if before is None or now is None:
+        return None
+    low, high = sorted((before + 0.5, now + 0.5))
+    if high < OTHERS_MOVED * low:
+        return None
+    return f"other processes' threads ready for the cores moved from {before:.1f} to {now:.1f}"
+
+
 def whole(m: EpochMeasure) -> bool:
     """Whether ``m`` is an epoch from its first batch to its last, long enough to judge."""
     return m.batch is None and m.batches >= MIN_BATCHES and m.batches >= (m.epoch_batches or 0)
@@ -192,6 +226,16 @@ def _and_epochs(done: int) -> str:
     """The epochs a run is expected to go on for after the next: one for each complete
     before the one under way (``done``)."""
     return f" and {done} more epoch{'s' if done > 1 else ''} like it" if done else ""
+
+
+def _and_served(epochs: int, batches: int) -> str:
+    """The rest of a run after an epoch under way: as long again as it has gone, the
+    ``epochs`` complete before it and its ``batches`` so far."""
+    if not epochs and not batches:
+        return ""
+    done = [f"{epochs} epoch{'s' if epochs > 1 else ''}"] if epochs else []
+    done += [f"{batches} batches"] if batches else []
+    return f" and as many again as the run has served ({' and '.join(done)})"
 
 
 def refill_cost(first_wait: float, refills: Iterable[tuple[float, int]], pace: float) -> float:
@@ -211,6 +255,7 @@ class _Part:
     loop: float  # seconds of the loop over them
     wait: float  # seconds of it waiting for them
     window: bool  # a window (a whole epoch's bursts cannot be seen)
+    others: float | None = None  # other processes' threads ready for the cores (``Cores``)
 
     @classmethod
     def of(cls, m: EpochMeasure) -> _Part:
@@ -222,6 +267,7 @@ class _Part:
             m.loop_seconds - m._warm,
             max(0.0, m.wait_seconds - m.first_wait_seconds),
             m.batch is not None,
+            m.cores.others if m.cores is not None else None,
         )
 
 
@@ -234,15 +280,21 @@ class Loading:
         self.span = span
         self.workers: int | None = None
         self._parts: list[_Part] = []
+        self.afresh = False  # the parts before were dropped: other processes' threads moved
 
     def add(self, m: EpochMeasure) -> None:
         if m.workers != self.workers:
-            self.workers, self._parts = m.workers, []
+            self.workers, self._parts, self.afresh = m.workers, [], False
         if self.span is None and self.batches >= SPAN:
             return
         if m.steady_batches < 1 or m.loading_seconds <= 0:
             return
-        self._parts.append(_Part.of(m))
+        part = _Part.of(m)
+        if others_moved(self.others, part.others) is not None:
+            if self.span is None:
+                return  # a reference stays as the conditions it was measured in
+            self._parts, self.afresh = [], True  # the loop under other conditions
+        self._parts.append(part)
         while (
             self.span
             and len(self._parts) > 1
@@ -262,7 +314,7 @@ class Loading:
     def reference(self) -> Loading:
         """A copy that goes on filling to ``SPAN`` batches at this count, then holds."""
         ref = Loading(span=None)
-        ref.workers, ref._parts = self.workers, list(self._parts)
+        ref.workers, ref._parts, ref.afresh = self.workers, list(self._parts), self.afresh
         return ref
 
     @property
@@ -279,6 +331,14 @@ class Loading:
     def samples_per_second(self) -> float:
         loop = sum(p.loop for p in self._parts)
         return sum(p.samples for p in self._parts) / loop if loop > 0 else 0.0
+
+    @property
+    def others(self) -> float | None:
+        """Other processes' threads ready for the cores over these batches, on average
+        (None: not measured)."""
+        known = [(p.others, p.batches) for p in self._parts if p.others is not None]
+        count = sum(b for _, b in known)
+        return sum(o * b for o, b in known) / count if count else None
 
     @property
     def windows(self) -> bool:
@@ -336,6 +396,7 @@ class Limits:
     batch_bytes: int = 0  # the plan's worst batch: what one batch in flight holds
     process: ProcessLimits | None = None  # open files, processes, address space
     failed_at: tuple[int, str] | None = None  # the fewest workers the tune saw fail, and how
+    cpus: float = 0.0  # the cores this process and its workers may keep busy (0: unknown)
 
     def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:
         """Why ``workers`` x ``prefetch`` batches in flight do not fit /dev/shm."""
@@ -502,11 +563,14 @@ class Adapter:
         self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
         self.persistent = persistent
-        # the dearest (re)start of the workers measured in this run: their start-up and the
-        # queue's first fill, as the first epoch after a start or a window after a restart
-        # inside an epoch measured it (an epoch read ahead starts with its queue full, so
-        # its own start says nothing of what a restart costs)
-        self._restart_seconds = 0.0
+        # the dearest (re)start of the workers measured in this run, per worker started:
+        # their start-up and the queue's first fill, as the first epoch after a start or a
+        # window after a restart inside an epoch measured it (an epoch read ahead starts
+        # with its queue full, so its own start says nothing of what a restart costs).
+        # Per worker: each is forked in turn, and on busy cores each one's first batch
+        # shares them with the others' (8 workers beside a neighbour on 2 cores took 0.38 s
+        # to start where 2 had taken 0.085 s)
+        self._start_per_worker = 0.0
         self._fresh = True
         self._epochs = WholeEpochs(persistent)
         self._history_at_start = 0  # changes made before the epoch under way began
@@ -533,9 +597,10 @@ class Adapter:
         if m.worker_memory_bytes is not None and self.settings.num_workers > 0:
             self._per_worker_bytes = m.worker_memory_bytes / self.settings.num_workers
         if self._fresh and m.batch is None:  # a whole epoch after a start
-            self._restart_seconds = max(self._restart_seconds, m.start_cost)
+            started = max(1, m.workers or 0)
+            self._start_per_worker = max(self._start_per_worker, m.start_cost / started)
             self._fresh = False
-        self._restart_seconds = max(self._restart_seconds, m.restart_seconds)
+        self._start_per_worker = max(self._start_per_worker, m.restart_per_worker)
         if m.steady_batches < MIN_BATCHES - 1 or (
             self._trial is not None and m.batch is None and m.steady_batches < MIN_WINDOW
         ):
@@ -556,13 +621,17 @@ class Adapter:
                 return []
             was, now = self._reference(trial), self._loading
             gain = now.samples_per_second / was.samples_per_second - 1
+            over = f"over {now.batches} batches"
+            across = self._across(m, trial, was, now)
+            if across is not None:
+                gain, over = across
             if (
                 m.batch is not None  # a window: a whole epoch is judged once
                 and -self.min_gain < gain < self.min_gain
                 and self._trial_batches < TRIAL_MAX_BATCHES
             ):
                 return []  # not yet told apart from noise: judged on
-            changes = self._verdict(m, trial, gain, f"over {now.batches} batches")
+            changes = self._verdict(m, trial, gain, over)
             if changes:
                 return changes
         wait = m.steady_wait_fraction
@@ -579,9 +648,12 @@ class Adapter:
                 ),
             )
             return []
-        if not self._repays(m, wait):
-            return []
         for setting, after, why in self._raises(m):
+            bound = self._cores_gain(m, after) if setting == "num_workers" else None
+            by_cores = bound is not None and bound < best
+            gain = bound if bound is not None and by_cores else best
+            if not self._repays(m, gain, setting, after, by_cores):
+                return []
             self._before_raise = self._loading.reference()
             self._trial_batches = 0
             self._trial = RaiseOnTrial(
@@ -647,6 +719,31 @@ class Adapter:
             "stays as it is",
         )
 
+    def _across(
+        self, m: EpochMeasure, trial: RaiseOnTrial, was: Loading, now: Loading
+    ) -> tuple[float, str] | None:
+        """A raise of workers with no reference measured in its trial's conditions: other
+        processes' threads ready for the cores moved during the trial (a neighbour came or
+        went), or moved just before the raise, and the loop since was measured over fewer
+        than ``MIN_REFERENCE`` batches. Its gain as the cores measured now have the count
+        before it, and why (None: a reference stands, or nothing measured to judge by)."""
+        moved = others_moved(was.others, now.others)
+        short = was.afresh and was.batches < MIN_REFERENCE
+        if (moved is None and not short) or trial.setting != "num_workers":
+            return None
+        back = self._cores_gain(m, trial.before) if m.workers == trial.after else None
+        if back is None or back <= -1:
+            return None
+        why = (
+            f"{moved} since the raise"
+            if moved is not None
+            else f"the loop before it measured over {was.batches} batches since other "
+            "processes' threads ready for the cores moved"
+        )
+        return 1 / (1 + back) - 1, (
+            f"against {trial.before} as the cores measured now have them ({why})"
+        )
+
     def _reference(self, trial: RaiseOnTrial) -> Loading:
         """Loading as it was before ``trial``'s raise, to tell when it has moved: the
         windows before the raise, filled on by the ones after its undo (a trial resumed
@@ -669,16 +766,51 @@ class Adapter:
         """The raise not yet judged, if one is."""
         return self._trial
 
-    def _repays(self, m: EpochMeasure, wait: float) -> bool:
-        """Whether a change may be made now: it restarts the workers (and an undo again)
-        inside an epoch, or at its end where persistent workers would carry on; worth it
-        only if removing all the wait over what is ahead could repay two restarts, each
-        priced as the dearest (re)start this run measured (an epoch read ahead begins with
-        its queue full: its own start says nothing of what a restart inside it costs).
-        Ahead are the batches left (at the end, an epoch like this one) and, with
+    def _cores_gain(self, m: EpochMeasure, workers: int) -> float | None:
+        """How much faster ``workers`` could load than ``m``'s on the cores this host
+        gives (``autoloader.loader.cores``; None: not measured, or no workers)."""
+        if m.cores is None or not m.workers:
+            return None
+        return m.cores.gain(m.workers, workers)
+
+    def _cores_allow(self, m: EpochMeasure, workers: int) -> bool:
+        """Whether ``workers`` could load ``min_gain`` faster on this host's cores than
+        ``m``'s did (declined, with why, where they could not)."""
+        gain = self._cores_gain(m, workers)
+        if gain is None or gain >= self.min_gain:
+            return True
+        assert m.cores is not None
+        self._decline(
+            m,
+            "num_workers",
+            (
+                f"{m.cores.describe()}: {workers} workers could load at most {gain:+.1%} "
+                f"faster on them, not the {self.min_gain:+.0%} a raise must bring"
+            ),
+            key="the workers ran",
+        )
+        return False
+
+    def _start_seconds(self, workers: int, per_batch: float) -> float:
+        """What starting ``workers`` costs the loop: the dearest start per worker this run
+        measured, for each, and at least a batch."""
+        return max(per_batch, self._start_per_worker * max(1, workers))
+
+    def _repays(
+        self, m: EpochMeasure, gain: float, setting: str, after: int, by_cores: bool = False
+    ) -> bool:
+        """Whether raising ``setting`` to ``after`` may be made now, where loading could
+        go at most ``gain`` faster (``by_cores``: as the cores bound it, else as all the
+        wait removed): it restarts the workers (and an undo again) inside an
+        epoch, or at its end where persistent workers would carry on; worth it only if
+        the loop time that gain saves over what is ahead repays both starts, each priced
+        per worker as the dearest (re)start this run measured (an epoch read ahead begins
+        with its queue full: its own start says nothing of what a restart inside it
+        costs). Ahead are the batches left (at the end, an epoch like this one) and, with
         persistent workers, as a run is expected to go on as long again as it has gone,
-        one more epoch for each complete before this one: the change is kept for them
-        (without them, the same change at the epoch's end is free)."""
+        as many again as it has served: the epochs complete before this one and this
+        one's batches so far. The change is kept for them (without persistent workers, the
+        same change at the epoch's end is free)."""
         per_batch = m.loop_seconds / m.batches
         inside = m.remaining is not None
         if not inside and not self.persistent:
@@ -689,27 +821,36 @@ class Adapter:
         # epochs expected after the next (without persistent workers a change at the
         # epoch's end is free: only the batches left count)
         later = m.epoch if self.persistent else 0
-        ahead = (m.remaining or epoch) + later * epoch
-        saving = wait * per_batch * ahead
-        cost = 2 * max(self._restart_seconds, per_batch)
+        served = (m.batch or 0) if self.persistent and inside else 0  # this epoch's so far
+        ahead = (m.remaining or epoch) + later * epoch + served
+        saved = gain / (1 + gain) if math.isfinite(gain) else 1.0  # of the loop's time
+        saving = saved * per_batch * ahead
+        workers = self.settings.num_workers
+        started = after if setting == "num_workers" else workers
+        cost = self._start_seconds(started, per_batch) + self._start_seconds(workers, per_batch)
         if saving >= cost:
             return True
+        what = (
+            f"the {saved:.0%} of the loop's time its idle cores could win back"
+            if by_cores
+            else f"the {m.steady_wait_fraction:.0%} wait"
+        )
+        starts = f"~{cost:.2f} s to start {started} workers, with an undo"
         if inside:
             key, why = (
                 "a change inside the epoch",
                 (
-                    f"a change inside the epoch restarts its iterator (~{cost:.2f} s with an "
-                    f"undo); the {wait:.0%} wait over the {m.remaining} batches left"
-                    f"{_and_epochs(later)} saves at most "
-                    f"{saving:.2f} s: left to the epoch's end"
+                    f"a change inside the epoch restarts its iterator ({starts}); {what} over "
+                    f"the {m.remaining} batches left{_and_served(later, served)} saves at "
+                    f"most {saving:.2f} s: left to the epoch's end"
                 ),
             )
         else:
             key, why = (
                 "a change restarts the persistent workers",
                 (
-                    f"a change restarts the persistent workers (~{cost:.2f} s with an undo, as "
-                    f"the dearest start measured); the {wait:.0%} wait over an epoch like this "
+                    f"a change restarts the persistent workers ({starts}, at the dearest "
+                    f"start per worker measured); {what} over an epoch like this "
                     f"one{_and_epochs(later)} saves at most {saving:.2f} s: kept as they are"
                 ),
             )
@@ -762,7 +903,8 @@ class Adapter:
             return None
         ratio = now.moved_from(before)
         if ratio is None:
-            return None
+            moved = others_moved(before.others, now.others)
+            return None if moved is None else f"; {moved} since the raise in vain: trying again"
         return (
             f"; loading per batch moved {ratio:.2f}x since the raise in vain "
             f"({before.seconds:.4f} s -> {now.seconds:.4f} s over the last "
@@ -861,7 +1003,7 @@ class Adapter:
             why = self._worker_raise(m, count, waited)
             if why is None and count > following:  # the sized count ruled out: the next may
                 count, why = following, self._worker_raise(m, following, waited)  # not be
-            if why is not None:
+            if why is not None and self._cores_allow(m, count):
                 out.append(("num_workers", count, why))
         depth = s.prefetch_factor or 2
         deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
@@ -899,7 +1041,21 @@ class Adapter:
         among fast ones, so waits come and go; where the loop was starved over the last
         ``SPAN`` batches at these settings, the workers are behind the step on average,
         and the raise would only restart them (declined, with why). Measured in windows,
-        that takes ``SPAN`` batches to tell; whole epochs cannot tell (tried)."""
+        that takes ``SPAN`` batches to tell; whole epochs cannot tell (tried), but workers
+        that ran or were ready to run nearly all of one (``Cores.always_ready``) never
+        waited on a full queue: they are behind on average."""
+        whole = m.batch is None  # a window may be one burst: windows are told apart below
+        if whole and m.cores is not None and m.workers and m.cores.always_ready(m.workers):
+            ready = (m.cores.workers + m.cores.queued) / m.workers
+            self._decline(
+                m,
+                setting,
+                f"the workers ran or were ready to run {ready:.0%} of the time, never "
+                "waiting on a full queue: they are behind the step on average, which a "
+                "deeper queue cannot change",
+                key="the workers ran or were ready",
+            )
+            return False
         loading = self._loading
         if not loading.windows:
             return True

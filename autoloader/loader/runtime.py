@@ -23,7 +23,7 @@ import psutil
 
 from autoloader import compat
 from autoloader.batches import tensors
-from autoloader.host import cpus_per_rank, tree_memory_bytes
+from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.host.run_delay import run_delay
@@ -35,9 +35,9 @@ from autoloader.loader.adapt import (
     EpochMeasure,
     Limits,
     Settings,
-    refill_cost,
 )
 from autoloader.loader.background import Background
+from autoloader.loader.cores import Cores, CoreUse
 from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
@@ -60,8 +60,8 @@ def default_limits(
     where the tune found the workers waiting on reads; never below the plan's count) and
     below the fewest it saw fail, half the available RAM split over the node's ranks for
     the worker processes, the batches in flight within this node's /dev/shm, this
-    process's limits (``process``), and a device feed only as deep as the plan's memory
-    budget allows."""
+    process's limits (``process``), a device feed only as deep as the plan's memory
+    budget allows, and the cores this process and its workers may keep busy."""
     evidence = plan.evidence
     search = evidence.workers
     if max_workers is None:
@@ -76,6 +76,7 @@ def default_limits(
         evidence.worst_batch_bytes,
         process,
         failed,
+        usable_cores(),
     )
 
 
@@ -358,8 +359,17 @@ class EpochIter:
         self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
-        self._window_workers = loader.num_workers
+        self._window_workers = self._began_workers = loader.num_workers
         self._memory_at, self._worker_memory = self._memory_after(0)
+        self._cores: CoreUse | None = None  # the whole epoch's, from its first batch
+        # read at its last batch (an epoch's workers without persistent_workers end before
+        # the loop hears that it is over); the count of that batch, from the position
+        # where there is one (a resumed epoch), else the iterator's length
+        self._epoch_cores: Cores | None = None
+        try:
+            self._expected: int | None = len(batches)  # type: ignore[arg-type]
+        except TypeError:
+            self._expected = None
         # the transient: batches until the prefetch queue is first full, and the loop's
         # wait and seconds over them (no judged window holds them)
         self._warm_batches = self._fill()
@@ -368,8 +378,9 @@ class EpochIter:
         self._skip = self._warm_batches
         # a restart inside the epoch until its queue is full (when it began, the batch
         # count then), and each (re)start's seconds until the queue was full, its batches
-        self._restarted: tuple[float, int] | None = None
-        self._refills: list[tuple[float, int]] = []
+        # and the workers it started
+        self._restarted: tuple[float, int, int] | None = None
+        self._refills: list[tuple[float, int, int]] = []
         self._done = False
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
@@ -407,25 +418,33 @@ class EpochIter:
         if self._count == 0:
             waited += self._opening
             self._first_wait = waited
+            self._cores = self._core_use()
             if runtime.adapter is not None:  # a descriptor each in flight: open files
                 runtime.adapter.batch_tensors = max(1, sum(1 for _ in tensors(batch)))
         self._wait += waited
         self._count += 1
+        if self._count == 1 and self._positioned:
+            self._expected = 1 + self._left()
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)
+        if self._count == self._expected and self._cores is not None:
+            self._epoch_cores = self._cores.read()
         if self._count == self._warm_batches:
             self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
-            self._refills.append((self._warm_seconds, self._warm_batches))
+            self._refills.append((self._warm_seconds, self._warm_batches, self._began_workers))
         if self._count == self._memory_at:  # read off the loop's thread, taken when judged
             self._runtime.memory.start(self._window_workers, self._runtime.epoch)
         if self._window_size is not None:
             if self._skip > 0:
                 self._skip -= 1
                 if self._skip == 0:  # the queue is full: the evidence starts here
-                    self._window = Window(self._window_size, self._window_workers, self._samples())
+                    self._window = self._new_window()
                     if self._restarted is not None:
-                        began, count = self._restarted
-                        self._refills.append((time.perf_counter() - began, self._count - count))
+                        # the old workers' shutdown is in it too: per the more of the two
+                        began, count, old = self._restarted
+                        seconds = time.perf_counter() - began
+                        workers = max(old, self._window_workers)
+                        self._refills.append((seconds, self._count - count, workers))
                         self._restarted = None
             elif self._window is not None and self._window.add(waited, self._left()):
                 self._judge_window()
@@ -474,29 +493,47 @@ class EpochIter:
             m,
             batch=served,
             remaining=left or None,
-            restart_seconds=self._restart_cost(m),
+            restart_per_worker=self._restart_per_worker(m),
             epoch_batches=served + left,
         )
         if self._runtime.judge(m) and left:
-            self._restarted = (time.perf_counter(), self._count)
+            self._restarted = (time.perf_counter(), self._count, self._window_workers)
             self._batches = loader._restart_in_epoch()
             self._window_workers = loader.num_workers
             self._memory_at, self._worker_memory = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
-        self._window = Window(self._window_size, self._window_workers, self._samples())
+        self._window = self._new_window()
+
+    def _new_window(self) -> Window:
+        assert self._window_size is not None
+        return Window(self._window_size, self._window_workers, self._samples(), self._core_use())
+
+    def _core_use(self) -> CoreUse | None:
+        """The CPU of the workers loading the epoch now, and of this process, from now on
+        (None without workers, or without adaptation to read it)."""
+        adapter = self._runtime.adapter
+        live = self._loader._live() if getattr(self._loader, "_live", None) else None
+        pids = [w.pid for w in compat.workers(live) if w.pid is not None]
+        if adapter is None or not pids:
+            return None
+        return CoreUse(pids, adapter.limits.cpus)
 
     def _left(self) -> int:
         """The epoch's batches not yet served."""
         return len(self._loader.batch_sampler) - self._loader._position.batches
 
-    def _restart_cost(self, m: EpochMeasure) -> float:
-        """What a restart costs the loop, as this epoch measured its (re)starts: the
-        seconds from the start (or the change, the old workers' shutdown with it) until
-        the queue was full, over what those batches take at ``m``'s pace; the dearest, and
-        at least the epoch's first wait."""
-        return refill_cost(self._first_wait, self._refills, m.loop_seconds / m.batches)
+    def _restart_per_worker(self, m: EpochMeasure) -> float:
+        """What a restart costs the loop for each worker it starts, as this epoch measured
+        its (re)starts: the seconds from the start (or the change, the old workers'
+        shutdown with it) until the queue was full, over what those batches take at
+        ``m``'s pace, per worker started; the dearest, and at least the epoch's first wait
+        (a fork each, and on busy cores each worker's first batch beside the others')."""
+        pace = m.loop_seconds / m.batches
+        costs = [self._first_wait / max(1, self._began_workers)]
+        costs += [(seconds - batches * pace) / max(1, w) for seconds, batches, w in self._refills]
+        return max(costs)
 
     def _collect_memory(self) -> None:
         """The workers' memory, where a read at this count has finished."""
@@ -511,6 +548,9 @@ class EpochIter:
         loop = time.perf_counter() - self._start
         self._collect_memory()
         warm = min(self._warm_batches, self._count)
+        cores = self._epoch_cores
+        if cores is None and self._cores is not None:
+            cores = self._cores.read()
         measure = EpochMeasure(
             runtime.epoch,
             self._count,
@@ -524,6 +564,7 @@ class EpochIter:
             warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
             # the whole epoch's length: fewer batches were served where it was resumed
             epoch_batches=len(self._loader.batch_sampler) if self._positioned else None,
+            cores=cores,
         )
         runtime.end(measure, self._last_bytes, self._count, judged=self._windows_judged)
 

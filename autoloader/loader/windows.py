@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from autoloader.loader.adapt import MIN_WINDOW, EpochMeasure
+from autoloader.loader.cores import CoreUse
 
 WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 
@@ -29,9 +30,10 @@ def window_size(epoch_batches: int) -> int | None:
 class Window:
     """One window's wait and loop time; its first batch apart (a restart's start-up)."""
 
-    def __init__(self, size: int, workers: int, samples: int) -> None:
+    def __init__(self, size: int, workers: int, samples: int, cores: CoreUse | None = None) -> None:
         self.size, self.workers, self.samples_at_start = size, workers, samples
         self.start = time.perf_counter()
+        self.cores = cores  # the workers' and the loop's CPU, from the window's start
         self.wait = self.first_wait = 0.0
         self.count = 0
 
@@ -49,6 +51,7 @@ class Window:
 
     def measure(self, epoch: int, samples: int, worker_memory: int | None) -> EpochMeasure:
         loop = time.perf_counter() - self.start
+        cores = self.cores.read() if self.cores is not None else None
         return EpochMeasure(
             epoch,
             self.count,
@@ -58,4 +61,5 @@ class Window:
             worker_memory,
             self.first_wait,
             self.workers,
+            cores=cores,
         )

@@ -24,6 +24,7 @@ from autoloader import DataLoader, Plan
 from autoloader.cli import main
 from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, RaiseOnTrial, Settings
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR
+from autoloader.loader.cores import Cores
 from autoloader.loop_model import Evidence
 
 SCRIPTS = Path(__file__).parent.parent / "distributed"
@@ -403,15 +404,16 @@ def test_a_fed_step_bound_loop_is_not_a_changed_loop() -> None:
 
 def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
     a = adapter(workers=2, prefetch=2, cap=4)
-    # 8 batches of 0.1 s, 10% waiting, 0.2 s to start the workers, 16 batches left:
-    # at most 0.16 s to save against 0.4 s of restarts
+    # 8 batches of 0.1 s, 10% waiting, 0.1 s to start each worker, 16 batches left:
+    # at most 0.16 s to save against 0.6 s of restarts (4 workers, then 2 again)
     window = EpochMeasure(
-        0, 8, 256, 0.08, 0.8, None, 0.0, 2, batch=16, remaining=16, restart_seconds=0.2
+        0, 8, 256, 0.08, 0.8, None, 0.0, 2, batch=16, remaining=16, restart_per_worker=0.1
     )
     assert a.decide(window) == []
     assert a.declined[0].reason == (
-        "a change inside the epoch restarts its iterator (~0.40 s with an undo); the 10% wait "
-        "over the 16 batches left saves at most 0.16 s: left to the epoch's end"
+        "a change inside the epoch restarts its iterator (~0.60 s to start 4 workers, with an "
+        "undo); the 10% wait over the 16 batches left saves at most 0.16 s: left to the "
+        "epoch's end"
     )
     # new workers start every epoch anyway: a later epoch's change is made at its end,
     # free, so only the batches left count however long the run has gone
@@ -420,16 +422,54 @@ def test_inside_an_epoch_a_change_must_repay_its_restarts() -> None:
     assert later == [4] and a.history[0].batch == 16
 
 
+def test_a_persistent_restart_inside_an_epoch_counts_its_batches_served() -> None:
+    """A run is expected to go on as long again as it has gone, the epoch under way's
+    batches so far included: 8 workers started and 2 again (0.8 s) against half the loop's
+    time saved over what is ahead (10 ms a batch)."""
+    a = adapter(workers=2, prefetch=2, cap=8, persistent=True)
+    window = EpochMeasure(
+        1,
+        8,
+        256,
+        0.08,
+        0.16,
+        None,
+        0.0,
+        2,
+        batch=12,
+        remaining=18,
+        epoch_batches=30,
+        restart_per_worker=0.08,
+    )
+    # in epoch 1: the 18 left, and one epoch and 12 batches again: 60 batches, 0.60 s
+    assert a.decide(window) == []
+    assert a.declined[-1].reason.endswith(
+        "the 50% wait over the 18 batches left and as many again as the run has served "
+        "(1 epoch and 12 batches) saves at most 0.60 s: left to the epoch's end"
+    )
+    # in epoch 2 at its 20th batch: 10 left, and 2 epochs and 20 batches again: 90 of
+    # them, 0.90 s (counting whole epochs alone, 70: 0.70 s, and declined)
+    later = replace(window, epoch=2, batch=20, remaining=10)
+    assert [
+        c.after
+        for c in adapter(workers=2, prefetch=2, cap=8, persistent=True).decide(
+            replace(later, restart_per_worker=0.08)
+        )
+    ] == [8]
+
+
 def test_a_restart_is_priced_as_the_dearest_one_this_run_measured() -> None:
     """An epoch read ahead begins with its queue full, so its own start costs nothing;
-    the restart measured in an earlier epoch (0.4 s) still prices a change in it."""
+    the restart measured in an earlier epoch (0.1 s a worker) still prices a change in it,
+    for each worker it starts."""
     a = adapter(workers=4, prefetch=2, cap=8)
     fed = EpochMeasure(1, 8, 256, 0.0, 0.2, None, 0.0, 4, batch=40, remaining=60)
-    assert a.decide(replace(fed, restart_seconds=0.4)) == []
-    # 24% waiting, 60 batches of 25 ms left: at most 0.36 s to save against 0.8 s
+    assert a.decide(replace(fed, restart_per_worker=0.1)) == []
+    # 24% waiting, 60 batches of 25 ms left: at most 0.36 s to save against 1.2 s (8
+    # workers started, then 4 again)
     starved = EpochMeasure(3, 8, 256, 0.048, 0.2, None, 0.0, 4, batch=32, remaining=60)
-    assert a.decide(replace(starved, restart_seconds=0.001)) == []
-    assert "(~0.80 s with an undo)" in a.declined[-1].reason
+    assert a.decide(replace(starved, restart_per_worker=0.0001)) == []
+    assert "(~1.20 s to start 8 workers, with an undo)" in a.declined[-1].reason
     assert [c.after for c in adapter(workers=4, prefetch=2, cap=8).decide(starved)] == [8]
 
 
@@ -538,6 +578,116 @@ def test_a_settled_raise_is_tried_again_once_loading_moved_over_enough_windows()
     # a window's loading: its 7 batches past the first; the reference holds 35 before
     assert "moved 1.36x since the raise in vain (0.0238 s -> 0.0322 s over the last 35 " in (
         changes[0].reason
+    )
+
+
+def _window(
+    batch: int, wait: float, loading: float, workers: int = 2, cores: Cores | None = None
+) -> EpochMeasure:
+    """A window of 8 batches of 32 samples, ``loading`` seconds each, ``wait`` of it
+    waiting, in a long epoch."""
+    loop = 8 * loading
+    return EpochMeasure(
+        0, 8, 256, wait * loop, loop, None, 0.0, workers, batch=batch, remaining=500, cores=cores
+    )
+
+
+ALONE = Cores(workers=1.87, queued=0.12, loop=0.06, cpus=2)  # 2 workers fill 2 cores
+BESIDE = Cores(workers=1.21, queued=0.75, loop=0.04, cpus=2)  # and beside a neighbour
+
+
+def test_a_loop_whose_workers_fill_the_cores_raises_nothing() -> None:
+    """Two workers of Python reads on 2 cores ran 1.87 of them and the loop still waited
+    26%: no count could load faster, and no deeper queue either (they never waited on a
+    full one). A raise would only restart them: once its trial then met a neighbour's
+    arrival, it was blamed and undone."""
+    a = adapter(workers=2, prefetch=2, cap=8)
+    for batch in range(8, 80, 8):
+        assert a.decide(_window(batch, 0.3, 0.018, cores=ALONE)) == []
+    assert a.history == []
+    why = {d.setting: d.reason for d in a.declined}
+    assert why["num_workers"] == (
+        "the workers ran 1.87 cores and queued for 0.12 more, of 2: 4 workers could load at "
+        "most +0.0% faster on them, not the +5% a raise must bring"
+    )
+    assert why["prefetch_factor"].startswith("the loop waited past 5% of its time over its")
+    # a whole epoch cannot tell a burst from the workers' pace by its wait; the cores say
+    # they never waited on a full queue (without them, a deeper queue is tried)
+    whole = EpochMeasure(1, 50, 1600, 0.3 * 0.9, 0.9, None, 0.0, 2, cores=ALONE)
+    at_cap = adapter(workers=2, prefetch=2, cap=2)
+    assert at_cap.decide(whole) == []
+    assert at_cap.declined[-1].reason.startswith("the workers ran or were ready to run 100%")
+    assert [
+        c.setting for c in adapter(workers=2, prefetch=2, cap=2).decide(replace(whole, cores=None))
+    ] == ["prefetch_factor"]
+
+
+def test_a_raise_is_judged_against_the_loop_since_a_neighbour_came() -> None:
+    """The loop at 2 workers filled the cores for 32 batches (1,780 samples/s), then a
+    neighbour took one (1,100): the raise it asks for is judged against the loop beside
+    the neighbour, not against 32 batches that reach back before it."""
+    a = adapter(workers=2, prefetch=2, cap=8)
+    for batch in range(8, 40, 8):
+        assert a.decide(_window(batch, 0.3, 0.018, cores=ALONE)) == []
+    assert a.decide(_window(40, 0.04, 0.029, cores=BESIDE)) == []  # a window fed
+    raised = a.decide(_window(48, 0.5, 0.029, cores=BESIDE))
+    assert [(c.setting, c.after) for c in raised] == [("num_workers", 8)]
+    beside_eight = Cores(workers=1.6, queued=6.0, loop=0.05, cpus=2)
+    for batch in (56, 64, 72):  # 1,600 samples/s at 8: +45% against the loop beside it
+        assert a.decide(_window(batch, 0.2, 0.020, workers=8, cores=beside_eight)) == []
+    assert a.on_trial is None and a.settings.num_workers == 8
+    assert len(a.history) == 1
+
+
+def test_a_raise_on_one_window_since_a_neighbour_came_is_judged_as_the_cores_have_it() -> None:
+    """The first window beside a neighbour that had just come read 1,500 samples/s (the
+    loop ran 1,100-1,300 beside it): a raise made on it would be judged against that one
+    window, and 8 workers at 1,450 undone as -3%. The cores say 2 would be slower now."""
+    a = adapter(workers=2, prefetch=2, cap=8)
+    for batch in range(8, 40, 8):
+        assert a.decide(_window(batch, 0.3, 0.018, cores=ALONE)) == []
+    raised = a.decide(_window(40, 0.5, 0.0213, cores=BESIDE))
+    assert [(c.setting, c.after) for c in raised] == [("num_workers", 8)]
+    beside_eight = Cores(workers=1.6, queued=6.0, loop=0.05, cpus=2)
+    for batch in range(48, 136, 8):
+        assert a.decide(_window(batch, 0.2, 0.022, workers=8, cores=beside_eight)) == []
+    assert a.on_trial is None and a.settings.num_workers == 8 and len(a.history) == 1
+
+
+def test_a_raise_whose_trial_a_neighbour_left_in_is_judged_as_the_cores_have_it_now() -> None:
+    """Raised to 8 beside a neighbour, which then leaves: 8 workers deliver 60% more than
+    2 did beside it, but 2 alone would fill the cores as well. The raise is judged against
+    2 as the cores measured now have them, not credited with the neighbour's going."""
+    a = adapter(workers=2, prefetch=2, cap=8)
+    raised = a.decide(_window(8, 0.5, 0.029, cores=BESIDE))
+    assert [(c.setting, c.after) for c in raised] == [("num_workers", 8)]
+    alone_eight = Cores(workers=1.95, queued=6.03, loop=0.05, cpus=2)  # all theirs now
+    changes: list[Any] = []
+    for batch in range(16, 112, 8):  # 1,780 samples/s: +61% against 2 beside it
+        changes += a.decide(_window(batch, 0.2, 0.018, workers=8, cores=alone_eight))
+    assert [(c.setting, c.after) for c in changes] == [("num_workers", 2)]
+    assert "against 2 as the cores measured now have them (other processes' threads " in (
+        changes[0].reason
+    )
+
+
+def test_a_settled_raise_is_tried_again_once_a_neighbour_comes() -> None:
+    """A raise in vain settles workers while loading stays as it was; a neighbour that
+    takes a core moves loading by less than a window's noise at first, but the cores say
+    at once that the conditions are not the ones the raise was judged in."""
+    a = adapter(workers=2, prefetch=MAX_PREFETCH_FACTOR, cap=8)
+    idle = Cores(workers=1.0, queued=0.0, loop=0.05, cpus=2)  # reads that wait, cores idle
+    assert [c.after for c in a.decide(_window(8, 0.4, 0.020, cores=idle))] == [8]
+    for batch in (16, 24, 32):
+        a.decide(_window(batch, 0.3, 0.022, workers=8))
+    assert a.settings.num_workers == 2  # it cost 9%: undone
+    for batch in (40, 48, 56, 64):  # settled, as loading was
+        assert a.decide(_window(batch, 0.4, 0.021, cores=idle)) == []
+    changes = a.decide(_window(72, 0.5, 0.023, cores=BESIDE))  # loading 1.1x: noise
+    assert [(c.setting, c.before) for c in changes] == [("num_workers", 2)]
+    assert changes[0].reason.endswith(
+        "other processes' threads ready for the cores moved from 0.0 to 1.2 since the raise "
+        "in vain: trying again"
     )
 
 
@@ -666,6 +816,54 @@ def compute(seconds: float) -> None:
 
 def make(ds: Dataset, plan: Plan, **kw: Any) -> DataLoader:
     return DataLoader(ds, plan=plan, check_fingerprint=False, registry=CollectorRegistry(), **kw)
+
+
+class Spin(Dataset):
+    """Sample i after ``cpu`` seconds of the reading process's CPU."""
+
+    def __init__(self, n: int, cpu: float) -> None:
+        self.n, self.cpu = n, cpu
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.process_time() + self.cpu
+        while time.process_time() < end:
+            pass
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_adapter_is_told_the_cores_the_real_workers_ran(
+    monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    """Each window and each whole epoch is measured with the cores its workers ran, read
+    from the worker processes themselves, on the cores this host gives."""
+    from autoloader.host import usable_cores
+
+    seen: list[EpochMeasure] = []
+    decide = Adapter.decide
+
+    def spy(self: Adapter, m: EpochMeasure) -> list[Any]:
+        seen.append(m)
+        return decide(self, m)
+
+    monkeypatch.setattr(Adapter, "decide", spy)
+    # 24 batches an epoch are judged in windows; 10, as whole epochs
+    for n in (96, 40):
+        loader = make(Spin(n=n, cpu=0.002), planned(2, persistent=persistent))
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+    windows = [m for m in seen if m.batch is not None]
+    assert windows and all(m.cores is not None for m in windows), seen
+    wholes = [m for m in seen if m.batch is None]
+    assert wholes and all(m.cores is not None for m in wholes), seen
+    for m in windows + wholes:
+        assert m.cores is not None and m.cores.cpus == usable_cores()
+        assert m.cores.workers > 0 and m.cores.queued >= 0 and m.cores.loop >= 0
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
