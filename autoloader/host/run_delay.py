@@ -8,13 +8,14 @@ second field of ``/proc/thread-self/schedstat``, in nanoseconds. Elsewhere, or w
 kernel does not keep it, the delay reads 0 and nothing is left out.
 
 The first field of the same file is the time the task ran on a CPU: the loader reads both
-for its worker processes (``on_cpu_seconds``) to tell how much of the cores they keep
+for its worker processes (``SchedStat``) to tell how much of the cores they keep
 busy and how long they wait for one, to the nanosecond where ``/proc/PID/stat`` counts
 10 ms ticks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable
@@ -48,16 +49,46 @@ def _open() -> int:
     return fd
 
 
-def on_cpu_seconds(pids: Iterable[int]) -> list[tuple[float, float]] | None:
-    """Seconds each of these processes has run on a CPU, and waited ready to run for one:
+class SchedStat:
+    """Seconds each of some processes has run on a CPU, and waited ready to run for one:
     its main thread, as ``/proc/PID/schedstat`` counts it (a worker's other threads are not
-    counted). None where one cannot be read: it has ended, or the kernel does not say."""
-    out = []
-    for pid in pids:
+    counted). Each file is opened once and read again in place (a read costs a few
+    microseconds; an open, with the workers busy on the cores, most of a millisecond); the
+    descriptor belongs to the process, not to its number, so one that has ended reads as
+    gone even where the number is reused."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self._fds: list[int] = []
         try:
-            with open(f"/proc/{pid}/schedstat", "rb") as f:
-                fields = f.read().split()
-            out.append((int(fields[0]) / 1e9, int(fields[1]) / 1e9))
-        except (OSError, ValueError, IndexError):
+            for pid in pids:
+                self._fds.append(os.open(f"/proc/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            self.close()
+            self._fds = []
+            self.ok = False
+        else:
+            self.ok = bool(self._fds)
+
+    def read(self) -> list[tuple[float, float]] | None:
+        """(ran, waited) seconds for each process; None where one has ended, or the kernel
+        does not say."""
+        if not self.ok:
             return None
-    return out
+        out = []
+        try:
+            for fd in self._fds:
+                fields = os.pread(fd, 128, 0).split()
+                out.append((int(fields[0]) / 1e9, int(fields[1]) / 1e9))
+        except (OSError, ValueError, IndexError):
+            self.close()
+            return None
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds, self.ok = [], False
+
+    def __del__(self) -> None:
+        self.close()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoloader.host.run_delay import on_cpu_seconds
+from autoloader.host.run_delay import SchedStat
 
 # The workers' time queued for a core, as a share of the time they ran, that says the
 # cores were full: none below the first figure (two workers alone on 2 cores queued 5% of
@@ -32,6 +32,10 @@ from autoloader.host.run_delay import on_cpu_seconds
 # (beside a neighbour: 50-60%), in proportion between, so that no reading just past a
 # threshold invents a neighbour out of idle cores
 CONTENDED = (0.1, 0.4)
+# ... and the share of the cores the training process leaves that the workers ran on:
+# workers that wait on reads run little, and a few microseconds of waking late are a
+# large share of that little (their cores are idle, whatever the ratio says)
+BUSY = (0.25, 0.5)
 # workers running or ready to run for this share of the time or more never waited on a
 # full prefetch queue (nor on storage): they are behind the loop on average
 ALWAYS_READY = 0.9
@@ -67,12 +71,13 @@ class Cores:
         queue for a core (the idle cores were there for them), None where not measured."""
         if self.workers <= 0 or self.cpus <= 0:
             return None
-        low, high = CONTENDED
-        full = min(1.0, max(0.0, (self.queued / self.workers - low) / (high - low)))
+        free = self.cpus - self.loop
+        if free <= 0:
+            return None
+        full = _ramp(self.queued / self.workers, CONTENDED) * _ramp(self.workers / free, BUSY)
         if full <= 0:
             return 0.0
-        ready = (self.cpus - self.loop) / self._share - (self.workers + self.queued)
-        return full * max(0.0, ready)
+        return full * max(0.0, free / self._share - (self.workers + self.queued))
 
     def gain(self, count: int, after: int) -> float | None:
         """How much faster ``after`` workers could load than the ``count`` that ran the
@@ -110,27 +115,49 @@ class Cores:
         )
 
 
+def _ramp(value: float, between: tuple[float, float]) -> float:
+    """0 at or below the first figure, 1 at or above the second, in proportion between."""
+    low, high = between
+    return min(1.0, max(0.0, (value - low) / (high - low)))
+
+
 class CoreUse:
-    """The workers' and this process's CPU from now to ``read()``, on ``cpus`` cores."""
+    """The workers' and this process's CPU, on ``cpus`` cores: since the start
+    (``total``), or since the last ``lap``. Holds the workers' schedstat files open until
+    ``close``."""
 
     def __init__(self, pids: Sequence[int], cpus: float) -> None:
-        self._pids, self._cpus = list(pids), cpus
-        self._start = time.perf_counter()
-        self._began = on_cpu_seconds(self._pids) if self._pids else None
-        self._loop = time.process_time()  # every thread of this process
+        self._cpus = cpus
+        self._stat = SchedStat(pids)
+        self._start = self._last = self._now()
 
-    def read(self) -> Cores | None:
-        """The cores since the start. None without workers, or where one of them has
-        ended (restarted: the span is not theirs alone)."""
-        if self._began is None:
+    def _now(self) -> tuple[float, float, list[tuple[float, float]] | None]:
+        return time.perf_counter(), time.process_time(), self._stat.read()
+
+    def lap(self) -> Cores | None:
+        """The cores since the last lap (or the start); the next lap starts now."""
+        now = self._now()
+        cores, self._last = self._between(self._last, now), now
+        return cores
+
+    def total(self) -> Cores | None:
+        """The cores since the start."""
+        return self._between(self._start, self._now())
+
+    def close(self) -> None:
+        self._stat.close()
+
+    def _between(
+        self,
+        began: tuple[float, float, list[tuple[float, float]] | None],
+        ended: tuple[float, float, list[tuple[float, float]] | None],
+    ) -> Cores | None:
+        """None without workers, or where one of them has ended (restarted: the span is
+        not theirs alone)."""
+        (t0, loop0, at0), (t1, loop1, at1) = began, ended
+        wall = t1 - t0
+        if at0 is None or at1 is None or wall <= 0:
             return None
-        now = on_cpu_seconds(self._pids)
-        wall = time.perf_counter() - self._start
-        if now is None or wall <= 0:
-            return None
-        deltas = [(r - r0, q - q0) for (r, q), (r0, q0) in zip(now, self._began, strict=True)]
-        if any(r < 0 or q < 0 for r, q in deltas):
-            return None  # a pid reused by another process
-        ran, queued = sum(r for r, _ in deltas), sum(q for _, q in deltas)
-        loop = time.process_time() - self._loop
-        return Cores(ran / wall, queued / wall, loop / wall, self._cpus, wall)
+        ran = sum(r1 - r0 for (r0, _), (r1, _) in zip(at0, at1, strict=True))
+        queued = sum(q1 - q0 for (_, q0), (_, q1) in zip(at0, at1, strict=True))
+        return Cores(ran / wall, queued / wall, (loop1 - loop0) / wall, self._cpus, wall)

@@ -361,7 +361,9 @@ class EpochIter:
         self._last_bytes: int | None = None
         self._window_workers = self._began_workers = loader.num_workers
         self._memory_at, self._worker_memory = self._memory_after(0)
-        self._cores: CoreUse | None = None  # the whole epoch's, from its first batch
+        # the workers' and the loop's CPU, from the epoch's first batch (laps: the windows)
+        self._cores: CoreUse | None = None
+        self._cores_whole = True  # no restart inside the epoch: its total is the epoch's
         # read at its last batch (an epoch's workers without persistent_workers end before
         # the loop hears that it is over); the count of that batch, from the position
         # where there is one (a resumed epoch), else the iterator's length
@@ -427,8 +429,8 @@ class EpochIter:
             self._expected = 1 + self._left()
         if runtime.watch is not None:
             self._last_bytes = nbytes_of(batch)
-        if self._count == self._expected and self._cores is not None:
-            self._epoch_cores = self._cores.read()
+        if self._count == self._expected and self._cores is not None and self._cores_whole:
+            self._epoch_cores = self._cores.total()
         if self._count == self._warm_batches:
             self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
             self._refills.append((self._warm_seconds, self._warm_batches, self._began_workers))
@@ -486,7 +488,8 @@ class EpochIter:
             return
         self._windows_judged = True
         self._collect_memory()
-        m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory)
+        cores = self._cores.lap() if self._cores is not None else None
+        m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory, cores)
         served, left = loader._position.batches, self._left()
         # At the epoch's end a change waits for the next iter(): no restart to repay.
         m = replace(
@@ -500,6 +503,9 @@ class EpochIter:
             self._restarted = (time.perf_counter(), self._count, self._window_workers)
             self._batches = loader._restart_in_epoch()
             self._window_workers = loader.num_workers
+            if self._cores is not None:
+                self._cores.close()
+            self._cores, self._cores_whole = self._core_use(), False  # the new workers'
             self._memory_at, self._worker_memory = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
@@ -508,7 +514,9 @@ class EpochIter:
 
     def _new_window(self) -> Window:
         assert self._window_size is not None
-        return Window(self._window_size, self._window_workers, self._samples(), self._core_use())
+        if self._cores is not None:
+            self._cores.lap()  # the window's CPU from its start
+        return Window(self._window_size, self._window_workers, self._samples())
 
     def _core_use(self) -> CoreUse | None:
         """The CPU of the workers loading the epoch now, and of this process, from now on
@@ -549,8 +557,10 @@ class EpochIter:
         self._collect_memory()
         warm = min(self._warm_batches, self._count)
         cores = self._epoch_cores
-        if cores is None and self._cores is not None:
-            cores = self._cores.read()
+        if self._cores is not None:
+            if cores is None and self._cores_whole:
+                cores = self._cores.total()
+            self._cores.close()
         measure = EpochMeasure(
             runtime.epoch,
             self._count,

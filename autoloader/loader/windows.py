@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from autoloader.loader.adapt import MIN_WINDOW, EpochMeasure
-from autoloader.loader.cores import CoreUse
+from autoloader.loader.cores import Cores
 
 WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 
@@ -30,10 +30,9 @@ def window_size(epoch_batches: int) -> int | None:
 class Window:
     """One window's wait and loop time; its first batch apart (a restart's start-up)."""
 
-    def __init__(self, size: int, workers: int, samples: int, cores: CoreUse | None = None) -> None:
+    def __init__(self, size: int, workers: int, samples: int) -> None:
         self.size, self.workers, self.samples_at_start = size, workers, samples
         self.start = time.perf_counter()
-        self.cores = cores  # the workers' and the loop's CPU, from the window's start
         self.wait = self.first_wait = 0.0
         self.count = 0
 
@@ -49,9 +48,11 @@ class Window:
         self.count += 1
         return left == 0 or (self.count >= self.size and left >= self.size)
 
-    def measure(self, epoch: int, samples: int, worker_memory: int | None) -> EpochMeasure:
+    def measure(
+        self, epoch: int, samples: int, worker_memory: int | None, cores: Cores | None = None
+    ) -> EpochMeasure:
+        """The window as an epoch's measure; ``cores``: as read over it."""
         loop = time.perf_counter() - self.start
-        cores = self.cores.read() if self.cores is not None else None
         return EpochMeasure(
             epoch,
             self.count,

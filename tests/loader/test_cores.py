@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from autoloader.host.run_delay import on_cpu_seconds
+from autoloader.host.run_delay import SchedStat
 from autoloader.loader.cores import Cores, CoreUse
 
 
@@ -92,18 +92,27 @@ def test_the_workers_cpu_is_read_from_the_real_processes() -> None:
         use = CoreUse(pids, 2.0)
         ready.wait(timeout=30)
         assert all(e.wait(timeout=60) for e in events)
-        cores = use.read()
+        cores = use.lap()
         assert cores is not None and cores.cpus == 2.0
         assert 0.19 <= cores.workers * cores.seconds <= 0.3  # CPU seconds, on any load
         assert cores.queued >= 0 and cores.loop >= 0
+        # the next lap starts where this one ended: the burning is over
+        after = use.lap()
+        assert after is not None and after.workers * after.seconds < 0.05
+        total = use.total()
+        assert total is not None and 0.19 <= total.workers * total.seconds <= 0.3
     finally:
         for p in procs:
             p.kill()
             p.join()
     # the processes have ended: the span is not theirs alone any more
-    assert use.read() is None
-    assert on_cpu_seconds([os.getpid()]) is not None
-    assert CoreUse([], 2.0).read() is None  # no workers: nothing to read
+    assert use.lap() is None and use.total() is None
+    use.close()
+    mine = SchedStat([os.getpid()])
+    assert mine.read() is not None
+    mine.close()
+    assert mine.read() is None
+    assert CoreUse([], 2.0).lap() is None  # no workers: nothing to read
 
 
 def _wait_then_burn(
