@@ -64,8 +64,6 @@ class SchedStat:
                 self._fds.append(os.open(f"/proc/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC))
         except OSError:
             self.close()
-            self._fds = []
-            self.ok = False
         else:
             self.ok = bool(self._fds)
 

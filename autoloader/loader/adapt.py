@@ -650,8 +650,8 @@ class Adapter:
             return []
         for setting, after, why in self._raises(m):
             bound = self._cores_gain(m, after) if setting == "num_workers" else None
-            by_cores = bound is not None and bound < best
-            gain = bound if bound is not None and by_cores else best
+            gain = best if bound is None else min(best, bound)
+            by_cores = gain < best
             if not self._repays(m, gain, setting, after, by_cores):
                 return []
             self._before_raise = self._loading.reference()
@@ -1046,13 +1046,12 @@ class Adapter:
         waited on a full queue: they are behind on average."""
         whole = m.batch is None  # a window may be one burst: windows are told apart below
         if whole and m.cores is not None and m.workers and m.cores.always_ready(m.workers):
-            ready = (m.cores.workers + m.cores.queued) / m.workers
             self._decline(
                 m,
                 setting,
-                f"the workers ran or were ready to run {ready:.0%} of the time, never "
-                "waiting on a full queue: they are behind the step on average, which a "
-                "deeper queue cannot change",
+                f"the workers ran or were ready to run {m.cores.ready(m.workers):.0%} of the "
+                "time, never waiting on a full queue: they are behind the step on average, "
+                "which a deeper queue cannot change",
                 key="the workers ran or were ready",
             )
             return False

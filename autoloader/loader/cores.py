@@ -53,11 +53,15 @@ class Cores:
     cpus: float
     seconds: float = 0.0  # the span's wall clock
 
+    def ready(self, count: int) -> float:
+        """The share of the time the ``count`` workers ran or were ready to run."""
+        return (self.workers + self.queued) / count if count > 0 else 0.0
+
     def always_ready(self, count: int) -> bool:
         """Whether the ``count`` workers ran or were ready to run nearly all the time
         (``ALWAYS_READY``): a loop that waited for them then waited for their speed, not
         for a burst a deeper queue would absorb."""
-        return count > 0 and self.workers + self.queued >= ALWAYS_READY * count
+        return count > 0 and self.ready(count) >= ALWAYS_READY
 
     @property
     def _share(self) -> float:
