@@ -38,6 +38,36 @@ def run_delay() -> float:
         return 0.0
 
 
+class SampledDelay:
+    """A loop's run delay inside its calls for the next batch: read around the call where
+    asked and around one in ``every`` other, and for the rest estimated from the share of
+    the wall clock that the read calls lost, recent ones weighing more (``memory`` a read).
+
+    A read costs little in a tight loop (1.5 us here) but tens of microseconds on a CPU
+    that has just woken from the loop's step (28 us): two around every batch cost a loop
+    of 10 ms steps on 2 cores 1-2% of its samples/s, one read in five a fifth of that."""
+
+    def __init__(self, every: int = 5, memory: float = 0.9) -> None:
+        self._every, self._memory = every, memory
+        self._calls = 0
+        self._at: float | None = None  # the delay before the call, where it is read
+        self._wall = self._lost = 0.0  # the read calls' seconds and delay, decayed
+
+    def before(self, *, read: bool = False) -> None:
+        """A call begins; ``read``: read around this one whatever its turn."""
+        self._at = run_delay() if read or self._calls % self._every == 0 else None
+        self._calls += 1
+
+    def less(self, wall: float) -> float:
+        """The call's ``wall`` seconds less the time its thread waited for a CPU."""
+        if self._at is None:
+            return wall * (1.0 - self._lost / self._wall) if self._wall > 0 else wall
+        lost = min(wall, max(0.0, run_delay() - self._at))
+        self._wall = self._wall * self._memory + wall
+        self._lost = self._lost * self._memory + lost
+        return wall - lost
+
+
 def _open() -> int:
     """This thread's schedstat, opened once per thread (the path names the thread that
     opens it); -1 where there is none."""

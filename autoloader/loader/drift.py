@@ -98,6 +98,11 @@ class MemoryWatch:
         if self._peak is not None:
             self._peak.reset()
 
+    @property
+    def watching(self) -> bool:
+        """This epoch has a peak to read (CUDA in use): its batches' bytes are wanted."""
+        return self._peak is not None
+
     def before_batch(self, index: int, previous_bytes: int | None) -> None:
         """Called before batch ``index`` is fetched: the step of batch ``index - 1`` ran."""
         if self._peak is None or index == 0:

@@ -26,7 +26,7 @@ from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
-from autoloader.host.run_delay import run_delay
+from autoloader.host.run_delay import SampledDelay
 from autoloader.loader.adapt import (
     MIN_WINDOW,
     SETTINGS,
@@ -166,6 +166,7 @@ class Runtime:
         self.stale: str | None = None
         self._warned_drift = False
         self.memory = MemoryReading()
+        self.delay = SampledDelay()  # the loop's thread waiting for a CPU inside next()
         if recorder is not None:
             limit = adapter.limits.max_workers if adapter is not None else None
             recorder.runtime_started(limit, SETTINGS)
@@ -359,6 +360,7 @@ class EpochIter:
         self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
+        self._watch: MemoryWatch | None = None  # this epoch's, where it reads a peak
         self._window_workers = self._began_workers = loader.num_workers
         self._memory_at, self._worker_memory = self._memory_after(0)
         # the workers' and the loop's CPU, from the epoch's first batch (laps: the windows)
@@ -402,21 +404,24 @@ class EpochIter:
 
     def __next__(self) -> Any:
         runtime = self._runtime
-        now, delayed = time.perf_counter(), run_delay()
+        delay = runtime.delay
+        delay.before(read=self._count == 0)
+        now = time.perf_counter()
         if self._start is None:  # the epoch began with iter(): its seconds are a wait
             self._start = now - self._opening
             if runtime.watch is not None:
                 runtime.watch.start_epoch()
-        if runtime.watch is not None:
-            runtime.watch.before_batch(self._count, self._last_bytes)
+                self._watch = runtime.watch if runtime.watch.watching else None
+        if self._watch is not None:
+            self._watch.before_batch(self._count, self._last_bytes)
         try:
             batch = next(self._batches)
         except StopIteration:
             self._finish()
             raise
         # the wall clock less the time this thread waited for a CPU, which is not a wait
-        # for data (a loaded node: host.run_delay)
-        waited = max(0.0, time.perf_counter() - now - (run_delay() - delayed))
+        # for data (a loaded node: host.run_delay), read at some batches, estimated at others
+        waited = max(0.0, delay.less(time.perf_counter() - now))
         if self._count == 0:
             waited += self._opening
             self._first_wait = waited
@@ -427,7 +432,7 @@ class EpochIter:
         self._count += 1
         if self._count == 1 and self._positioned:
             self._expected = 1 + self._left()
-        if runtime.watch is not None:
+        if self._watch is not None:
             self._last_bytes = nbytes_of(batch)
         if self._count == self._expected and self._cores is not None and self._cores_whole:
             self._epoch_cores = self._cores.total()
@@ -510,11 +515,13 @@ class EpochIter:
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
-        self._window = self._new_window()
+        self._window = self._new_window(lapped=True)
 
-    def _new_window(self) -> Window:
+    def _new_window(self, *, lapped: bool = False) -> Window:
+        """A window from now; ``lapped``: the workers' CPU was just read (one window's end
+        is the next one's start)."""
         assert self._window_size is not None
-        if self._cores is not None:
+        if self._cores is not None and not lapped:
             self._cores.lap()  # the window's CPU from its start
         return Window(self._window_size, self._window_workers, self._samples())
 
