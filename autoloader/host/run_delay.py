@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _local = threading.local()
 
@@ -39,32 +40,49 @@ def run_delay() -> float:
 
 
 class SampledDelay:
-    """A loop's run delay inside its calls for the next batch: read around the call where
-    asked and around one in ``every`` other, and for the rest estimated from the share of
-    the wall clock that the read calls lost, recent ones weighing more (``memory`` a read).
+    """A loop's run delay inside its calls for the next batch, for one run of the same
+    workers (an epoch, or the rest of one after a restart).
+
+    Read around the calls asked for (a start, whose delay is the start's own and is not
+    taken as the loop's), around the loop's first ``first`` calls (the first window is
+    judged on them, a few batches after the start), and around one call in ``every`` after
+    those, drawn at random (a fixed turn would fall on the same step of a loop that logs or
+    accumulates every 5 or 10 batches). The others lose the mean delay of the recent read
+    calls (``memory`` a read), never more than their own wall clock: a thread waits for a
+    CPU when it wakes or is preempted, which a call does about as often whether its batch
+    was ready or not, so the delay goes by call, not by second.
 
     A read costs little in a tight loop (1.5 us here) but tens of microseconds on a CPU
     that has just woken from the loop's step (28 us): two around every batch cost a loop
-    of 10 ms steps on 2 cores 1-2% of its samples/s, one read in five a fifth of that."""
+    of 10 ms steps on 2 cores 1-2% of its samples/s."""
 
-    def __init__(self, every: int = 5, memory: float = 0.9) -> None:
-        self._every, self._memory = every, memory
-        self._calls = 0
+    def __init__(
+        self,
+        every: int = 5,
+        memory: float = 0.9,
+        first: int = 4,
+        draw: Callable[[], float] | None = None,
+    ) -> None:
+        self._share, self._memory, self._first = 1.0 / every, memory, first
+        self._draw = draw or random.Random().random
         self._at: float | None = None  # the delay before the call, where it is read
-        self._wall = self._lost = 0.0  # the read calls' seconds and delay, decayed
+        self._taken = False  # the call read is one of the loop's own (not a start)
+        self._calls = self._lost = 0.0  # the loop's read calls and their delay, decayed
 
-    def before(self, *, read: bool = False) -> None:
-        """A call begins; ``read``: read around this one whatever its turn."""
-        self._at = run_delay() if read or self._calls % self._every == 0 else None
-        self._calls += 1
+    def before(self, *, start: bool = False) -> None:
+        """A call begins; ``start``: it waits for a start, read but not taken as the loop's."""
+        read = start or self._first > 0 or self._draw() < self._share
+        self._at, self._taken = (run_delay() if read else None), not start
 
     def less(self, wall: float) -> float:
         """The call's ``wall`` seconds less the time its thread waited for a CPU."""
         if self._at is None:
-            return wall * (1.0 - self._lost / self._wall) if self._wall > 0 else wall
+            return wall - min(wall, self._lost / self._calls) if self._calls else wall
         lost = min(wall, max(0.0, run_delay() - self._at))
-        self._wall = self._wall * self._memory + wall
-        self._lost = self._lost * self._memory + lost
+        if self._taken:
+            self._first -= 1
+            self._calls = self._calls * self._memory + 1.0
+            self._lost = self._lost * self._memory + lost
         return wall - lost
 
 

@@ -166,7 +166,6 @@ class Runtime:
         self.stale: str | None = None
         self._warned_drift = False
         self.memory = MemoryReading()
-        self.delay = SampledDelay()  # the loop's thread waiting for a CPU inside next()
         if recorder is not None:
             limit = adapter.limits.max_workers if adapter is not None else None
             recorder.runtime_started(limit, SETTINGS)
@@ -360,6 +359,9 @@ class EpochIter:
         self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
+        # the loop's thread waiting for a CPU inside next(), for these workers; the first
+        # batch after their start is read, apart
+        self._delay, self._starting = SampledDelay(), True
         self._watch: MemoryWatch | None = None  # this epoch's, where it reads a peak
         self._window_workers = self._began_workers = loader.num_workers
         self._memory_at, self._worker_memory = self._memory_after(0)
@@ -404,8 +406,9 @@ class EpochIter:
 
     def __next__(self) -> Any:
         runtime = self._runtime
-        delay = runtime.delay
-        delay.before(read=self._count == 0)
+        delay = self._delay
+        delay.before(start=self._starting)
+        self._starting = False
         now = time.perf_counter()
         if self._start is None:  # the epoch began with iter(): its seconds are a wait
             self._start = now - self._opening
@@ -511,6 +514,7 @@ class EpochIter:
             if self._cores is not None:
                 self._cores.close()
             self._cores, self._cores_whole = self._core_use(), False  # the new workers'
+            self._delay, self._starting = SampledDelay(), True
             self._memory_at, self._worker_memory = self._memory_after(self._count)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None

@@ -1,6 +1,9 @@
-"""The loop's run delay read at some of its batches and estimated at the others."""
+"""The loop's run delay, read around some of its calls for a batch and estimated for the
+others (``SampledDelay``)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
@@ -8,7 +11,7 @@ from autoloader.host import run_delay as rd
 
 
 class Clock:
-    """The thread's run delay as the kernel would count it: set by the test."""
+    """The thread's run delay as the kernel would count it: moved by the test."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -26,36 +29,72 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
-def test_one_call_in_five_is_read_and_the_rest_take_its_share(clock: Clock) -> None:
-    delay = rd.SampledDelay(every=5)
-    waited = []
-    for _ in range(10):
-        delay.before()
-        clock.now += 0.001  # a quarter of each call's 4 ms went waiting for a CPU
-        waited.append(delay.less(0.004))
-    assert clock.reads == 4  # two calls read, each before and after
-    assert waited == pytest.approx([0.003] * 10)
+def draws(*values: float) -> Iterator[float]:
+    yield from values
+    while True:
+        yield 0.99  # never read from here on
 
 
-def test_a_call_asked_for_is_read_whatever_its_turn(clock: Clock) -> None:
-    delay = rd.SampledDelay(every=5)
-    delay.before()
-    assert delay.less(0.010) == 0.010  # read: no delay
-    delay.before(read=True)
-    clock.now += 0.004
-    assert delay.less(0.010) == pytest.approx(0.006)
+def call(delay: rd.SampledDelay, clock: Clock, wall: float, lost: float, **kw: bool) -> float:
+    delay.before(**kw)
+    clock.now += lost
+    return delay.less(wall)
+
+
+def test_the_read_calls_lose_their_delay_and_the_others_its_recent_mean(clock: Clock) -> None:
+    drawn = draws(0.1, 0.1)  # the first two calls are drawn for a read
+    delay = rd.SampledDelay(every=5, memory=1.0, first=0, draw=lambda: next(drawn))
+    assert call(delay, clock, 0.010, 0.001) == pytest.approx(0.009)
+    assert call(delay, clock, 0.010, 0.003) == pytest.approx(0.007)
+    assert clock.reads == 4
+    # not read: the mean delay of a read call (2 ms), whatever this call's wall clock
+    assert call(delay, clock, 0.050, 0.0) == pytest.approx(0.048)
+    assert call(delay, clock, 0.001, 0.0) == 0.0  # never more than the call itself
     assert clock.reads == 4
 
 
-def test_before_any_read_nothing_is_left_out(clock: Clock) -> None:
+def test_a_start_is_read_but_is_not_the_loops_delay(clock: Clock) -> None:
+    """An epoch's first batch waits for the workers' start (1.5 s, 0.4 s of it for a CPU):
+    taken as the loop's, it would cut every batch after it by that much."""
+    drawn = draws(0.99, 0.1)
+    delay = rd.SampledDelay(every=5, first=0, draw=lambda: next(drawn))
+    assert call(delay, clock, 1.5, 0.4, start=True) == pytest.approx(1.1)
+    assert call(delay, clock, 0.010, 0.0) == 0.010  # nothing read of the loop's yet
+    assert call(delay, clock, 0.010, 0.0005) == pytest.approx(0.0095)
+    assert call(delay, clock, 0.010, 0.0) == pytest.approx(0.0095)
+    assert clock.reads == 4
+
+
+def test_the_loops_first_calls_are_all_read(clock: Clock) -> None:
+    """The first window is judged a few batches after the start: before any call of the
+    loop's was read, none would lose anything."""
+    delay = rd.SampledDelay(every=5, first=4, draw=lambda: 0.99)
+    call(delay, clock, 1.5, 0.4, start=True)
+    waited = [call(delay, clock, 0.010, 0.001) for _ in range(6)]
+    assert clock.reads == 2 + 2 * 4
+    assert waited == pytest.approx([0.009] * 6)  # the last two at the first four's mean
+
+
+def test_recent_reads_weigh_more(clock: Clock) -> None:
+    """A neighbour comes: the delay the read calls lose goes from 0 to 2 ms, and the
+    estimate follows it within a few reads, not the run's whole history."""
+    delay = rd.SampledDelay(every=1, memory=0.5)
+    for _ in range(20):
+        call(delay, clock, 0.010, 0.0)
+    for _ in range(5):
+        call(delay, clock, 0.010, 0.002)
+    never = rd.SampledDelay(every=1, memory=0.5, first=0, draw=lambda: 0.99)
+    never._calls, never._lost = delay._calls, delay._lost  # the same history, not read
+    assert never.less(0.010) == pytest.approx(0.010 - 0.002 * (1 - 0.5**5), rel=1e-6)
+
+
+def test_one_call_in_every_is_read_on_average(clock: Clock) -> None:
     delay = rd.SampledDelay(every=5)
-    delay._calls = 1  # not this call's turn, and none read yet
-    delay.before()
-    assert delay.less(0.010) == 0.010 and clock.reads == 0
+    for _ in range(2000):
+        call(delay, clock, 0.010, 0.0)
+    assert 250 < clock.reads / 2 < 550  # 400 expected: a binomial's 7 deviations apart
 
 
 def test_a_delay_is_never_more_than_the_call(clock: Clock) -> None:
     delay = rd.SampledDelay(every=1)
-    delay.before()
-    clock.now += 1.0  # the read itself waited past the call's wall clock
-    assert delay.less(0.010) == 0.0
+    assert call(delay, clock, 0.010, 1.0) == 0.0  # the read itself waited past the call
