@@ -79,7 +79,9 @@ def tree_resident_bytes(pids: list[int]) -> int | None:
     page shared after fork in full in each sharer. It costs one scan of the host's
     processes (``/proc/*/stat``, as ``psutil`` finds children) and a read of
     ``/proc/PID/statm`` each, where PSS walks each process's page tables (7-14 ms a torch
-    worker). None where one of them is not this process's child, or cannot be read."""
+    worker). One that has exited holds nothing (a loader's workers exit at its epoch's
+    end, perhaps mid-read). None where one of them is a live process not this one's
+    child, or cannot be read."""
     family = psutil.Process().children(recursive=True)
     roots, parent = set(pids), {}
     for proc in family:
@@ -87,7 +89,7 @@ def tree_resident_bytes(pids: list[int]) -> int | None:
             parent[proc.pid] = proc.ppid()
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    if not roots <= parent.keys():
+    if any(_alive(pid) for pid in roots - parent.keys()):
         return None
 
     def ours(pid: int) -> bool:
@@ -110,6 +112,16 @@ def tree_resident_bytes(pids: list[int]) -> int | None:
         except psutil.AccessDenied:
             return None
     return total
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that runs (not gone, not a zombie)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
 
 
 def cpu_seconds(pids: list[int]) -> float:

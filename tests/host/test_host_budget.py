@@ -226,4 +226,11 @@ def test_the_workers_rss_bounds_their_pss_children_included() -> None:
         family = psutil.Process(child.pid)
         for proc in [*family.children(recursive=True), family]:
             proc.kill()
-        child.join()
+    # exited: a zombie until it is joined, then gone; it holds nothing either way
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert tree_resident_bytes([child.pid]) == 0
+    child.join()
+    assert tree_resident_bytes([child.pid]) == 0
