@@ -16,9 +16,9 @@ where a worker that dies raises from ``iter()`` and one that hangs blocks it, ou
 reach of the loader's survival and stall watch.
 
 The guess is the current epoch plus the last step the loop took between epochs: one for
-``set_epoch(e + 1)``, the usual loop (and before any step is seen), none for a loop that
-never calls ``set_epoch`` (it reads the same batches each epoch), none after a step
-back.
+``set_epoch(e + 1)``, the usual loop, none for a loop that never calls ``set_epoch`` (it
+reads the same batches each epoch), none after a step back. Before any step is seen, one
+where ``set_epoch`` was called before the first epoch, else none.
 
 What this changes for a dataset: at most ``num_workers`` batches of an epoch are read
 before the loop has finished the one before (torch reads ``num_workers x
@@ -83,6 +83,8 @@ class Lookahead:
             # how the loop moves from epoch to epoch
             if not first_iter and self._last_epoch is not None:
                 self._epoch_step = max(0, sampler.epoch - self._last_epoch)
+            elif self._last_epoch is None:
+                self._epoch_step = int(sampler.epoch_set)
             self._last_epoch = sampler.epoch
         self._first_task = 0
         if first_iter or ahead is None or ahead.end is None or not ahead.sent:

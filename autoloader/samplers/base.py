@@ -76,6 +76,7 @@ class SizeBatchSampler(Sampler[list[int]]):
             )
         self.read_order = read_order
         self.epoch = 0
+        self.epoch_set = False  # set_epoch called: the loop chooses its epochs
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
         self._read_ahead: tuple[Any, list[np.ndarray]] | None = None  # see batches_for
 
@@ -98,7 +99,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         epoch = check_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self.resume = 0
-        self.epoch = epoch
+        self.epoch, self.epoch_set = epoch, True
 
     def resume_at(self, batches: int) -> None:
         """The next iteration of this epoch starts after its first ``batches`` batches

@@ -100,6 +100,17 @@ def test_the_batches_read_ahead_are_used_not_read_again() -> None:
     assert 4 * N < reads <= 4 * N + AHEAD
 
 
+def test_a_loop_that_never_sets_the_epoch_reads_it_ahead_from_the_first() -> None:
+    """No set_epoch: every epoch is epoch 0, and the guess is that from the start (a guess
+    of epoch 1 would read its first batches in vain, then epoch 0's again)."""
+    data = Counted()
+    loader = make(data, planned())
+    for _ in range(3):
+        assert epoch(loader) == expected(loader, 0)
+    reads = settled(data.reads, 3 * N + AHEAD)
+    assert 3 * N < reads <= 3 * N + AHEAD
+
+
 def test_an_epoch_left_early_drops_what_was_read_ahead() -> None:
     data = Counted()
     loader = make(data, planned())
