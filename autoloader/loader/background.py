@@ -26,8 +26,7 @@ class Background:
     def latest(self, read: Callable[[], Any]) -> Any:
         """The result of the last ``read`` that finished (None before any has, or when it
         failed), and a new one started unless one is still running."""
-        if self._thread is not None and not self._thread.is_alive():
-            self._collect()
+        self.last()
         if self._thread is None:
             found: list[Any] = []
 
@@ -40,6 +39,13 @@ class Background:
             self._found = found
             self._thread = threading.Thread(target=run, name="autoloader-reads", daemon=True)
             self._thread.start()
+        return self._last
+
+    def last(self) -> Any:
+        """The result of the last ``read`` that finished (None before any has), starting
+        none."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._collect()
         return self._last
 
     @property

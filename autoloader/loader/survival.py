@@ -179,31 +179,32 @@ class Survival:
             return None
         self._checked_at = time.monotonic()
         main, budget = os.getpid(), self.memory_budget
-        exact = self._first_held is None  # what the workers hold at start is read exactly
+        self._first_read(self._reads.last())
+        # what the workers hold at start is read exactly, once: the next read waits for it
+        exact = self._first_held is None
 
-        def read() -> tuple[int, int | None]:  # on the reading thread, not the loop's
+        def read() -> tuple[int, int | None, bool]:  # on the reading thread, not the loop's
             shm = loader_shm_bytes([main, *pids])
             if not budget or not pids:
-                return shm, None
+                return shm, None, exact
             if not exact:
                 # PSS walks each worker's page tables: 100 ms of CPU a second for 8 workers,
                 # 8-10% of a 2-core node's samples/s where their reads use its CPUs. Their
                 # RSS bounds it for a fraction of that: under the budget, nothing to judge.
                 bound = tree_resident_bytes(pids)
                 if bound is not None and bound <= budget:
-                    return shm, bound
-            return shm, sum(tree_memory_bytes(p) for p in pids)
+                    return shm, bound, exact
+            return shm, sum(tree_memory_bytes(p) for p in pids), exact
 
         found = self._reads.latest(read)  # the last check's figures: the loop never waits
         if found is None:
             return None
-        shm, held = found
+        self._first_read(found)
+        shm, held, _ = found
         if self.recorder is not None:
             self.recorder.shm_used(shm)
-        if budget is None or held is None:
+        if budget is None or held is None or self._first_held is None:
             return None
-        if self._first_held is None:
-            self._first_held = held  # what these workers held when first read
         # Past the budget and grown since they started: a leak, which a restart clears.
         # Workers that start that large are not recycled (a restart would not help).
         if held <= budget or held < GROWTH * self._first_held:
@@ -217,6 +218,11 @@ class Survival:
         log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why, batch)
         self._restarted("memory")
         return why
+
+    def _first_read(self, found: tuple[int, int | None, bool] | None) -> None:
+        """What these workers held when first read, from the exact read (``found``)."""
+        if found is not None and found[2] and self._first_held is None:
+            self._first_held = found[1]
 
     def _step_down(self, loader: Any, why: str) -> None:
         workers = loader.num_workers
