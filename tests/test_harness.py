@@ -24,14 +24,18 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:  # reaped since
+        return False
 
 
 def test_a_timed_out_command_takes_its_children_with_it(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     with pytest.raises(subprocess.TimeoutExpired):
-        run_reaped([sys.executable, "-c", GRANDCHILD, str(pidfile)], timeout=3)
+        # long enough for two interpreters to start and the pid to be written, loaded
+        run_reaped([sys.executable, "-c", GRANDCHILD, str(pidfile)], timeout=5)
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while _alive(grandchild) and time.monotonic() < deadline:

@@ -922,10 +922,19 @@ def test_the_last_window_of_a_short_epoch_runs_to_its_end(
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
-def test_an_epoch_is_timed_from_iter_where_its_workers_start() -> None:
+def test_an_epoch_is_timed_from_iter_where_its_workers_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without persistent workers each ``iter()`` starts new ones (here it forks 4): the
     loop waits for that as for a batch, so the epoch's samples/s counts it, and a raise
     that adds workers is charged for their start every epoch."""
+    chain = DataLoader._chain
+
+    def slow_start(self: DataLoader) -> Any:  # a start of 0.3 s: the workers' forks
+        time.sleep(0.3)  # alone take 10-40 ms, as long as a preemption on a loaded machine
+        return chain(self)
+
+    monkeypatch.setattr(DataLoader, "_chain", slow_start)
     registry = CollectorRegistry()
     loader = DataLoader(
         Slow(n=16, delay=0), plan=planned(4), check_fingerprint=False, registry=registry
@@ -947,9 +956,10 @@ def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, 
     whose fill (16) leaves a tail of 2 or 4, the queue draining. The raise is judged on
     whole epochs (kept or undone, as they measure); before, it stayed on trial for good
     and nothing else could change, or (a tail of 4) for 6 epochs, judged on the drain."""
-    # reads of 30 ms: a loop on a loaded machine, whose run delay counts as its own time,
-    # still asks for 16 (it would take over 16 ms of it a batch to ask for 8)
-    loader = make(Slow(n=4 * batches, delay=0.03), planned(4), adapt_max_workers=cap)
+    # reads of 80 ms: a loop on a loaded machine, whose run delay counts as its own time,
+    # still asks for 16 (it would take over 22 ms of it a batch to ask for 8; 30 ms reads
+    # asked for 8 beside another run of the suite)
+    loader = make(Slow(n=4 * batches, delay=0.08), planned(4), adapt_max_workers=cap)
     run(loader, 3)
     first = loader.adaptations[0]
     assert (first.epoch, first.before, first.after) == (0, 4, cap)
@@ -959,8 +969,14 @@ def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, 
 
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     registry = CollectorRegistry()
+    # reads of 20 ms, 80 ms a batch: a loop on a loaded machine, whose run delay counts as
+    # its own time, still asks for more than 2 (it would take over 44 ms of it a batch)
     loader = DataLoader(
-        Slow(), plan=planned(0), check_fingerprint=False, registry=registry, adapt_max_workers=2
+        Slow(delay=0.02),
+        plan=planned(0),
+        check_fingerprint=False,
+        registry=registry,
+        adapt_max_workers=2,
     )
     run(loader, 2)
     first = loader.adaptations[0]
