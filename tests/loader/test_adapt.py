@@ -789,6 +789,23 @@ def planned(workers: int = 0, persistent: bool = False, **memory: int) -> Plan:
     return Plan.from_dict(tables)
 
 
+@pytest.fixture
+def ample_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's available memory held at 256 GiB where a loader probes it: a raise is
+    not refused by what other processes take and free meanwhile (the leak tests beside
+    this one take gigabytes; this process's RSS, a worker's bound until one is read, is
+    a large one's after many tests)."""
+    import autoloader.host.budget as budget
+
+    monkeypatch.setattr(budget, "available_memory", lambda: 256 * 2**30)
+
+
+def declined(loader: DataLoader) -> list[str]:
+    """What the loader's adapter declined, and why: the message of a verdict on a raise."""
+    adapter = loader._runtime.adapter if loader._runtime is not None else None
+    return [d.reason for d in adapter.declined] if adapter is not None else []
+
+
 def run(
     loader: DataLoader, epochs: int, step: float = 0.0, *, busy: bool = False
 ) -> list[list[list[int]]]:
@@ -871,6 +888,7 @@ def test_the_adapter_is_told_the_cores_the_real_workers_ran(
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
 @pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+@pytest.mark.usefixtures("ample_memory")
 def test_adaptation_never_changes_which_samples_an_epoch_yields(
     workers: int, persistent: bool
 ) -> None:
@@ -884,10 +902,11 @@ def test_adaptation_never_changes_which_samples_an_epoch_yields(
     adapted = make(data, plan, adapt_max_workers=4)
     fixed = make(data, plan, adapt=False)
     assert run(adapted, 4) == run(fixed, 4)
-    assert adapted.adaptations, "the starved loader should have adapted"
+    assert adapted.adaptations, f"the starved loader should have adapted: {declined(adapted)}"
     assert fixed.adaptations == [] and fixed.num_workers == workers
 
 
+@pytest.mark.usefixtures("ample_memory")
 def test_a_short_epoch_is_adapted_within_itself() -> None:
     """An epoch of 24 batches holds windows: a starved loop is answered inside it, not at
     its end, where a restart of the workers would weigh on the next epoch."""
@@ -900,6 +919,7 @@ def test_a_short_epoch_is_adapted_within_itself() -> None:
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers, 2 CPUs
 @pytest.mark.parametrize(("workers", "prefetch", "batch"), [(4, 2, 20), (2, 8, None)])
+@pytest.mark.usefixtures("ample_memory")
 def test_the_last_window_of_a_short_epoch_runs_to_its_end(
     workers: int, prefetch: int, batch: int | None
 ) -> None:
@@ -950,6 +970,7 @@ def test_an_epoch_is_timed_from_iter_where_its_workers_start(
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 16 workers, 2 CPUs
 @pytest.mark.parametrize(("batches", "cap"), [(20, 16), (18, 8), (20, 8)])
+@pytest.mark.usefixtures("ample_memory")
 def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, cap: int) -> None:
     """Epochs of 20 batches, starved at 4 workers x 2: the loop asks for 16, whose first
     fill (32 batches) leaves no epoch a steady batch; or of 18 or 20 batches raised to 8,
@@ -962,11 +983,12 @@ def test_a_raise_whose_first_fill_takes_the_whole_epoch_is_judged(batches: int, 
     loader = make(Slow(n=4 * batches, delay=0.08), planned(4), adapt_max_workers=cap)
     run(loader, 3)
     first = loader.adaptations[0]
-    assert (first.epoch, first.before, first.after) == (0, 4, cap)
+    assert (first.epoch, first.before, first.after) == (0, 4, cap), declined(loader)
     trial = loader.state_dict().get("trial", {})  # judged: a later raise may be on trial
     assert trial.get("setting") != "num_workers" or trial.get("epoch") != 0, trial
 
 
+@pytest.mark.usefixtures("ample_memory")
 def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     registry = CollectorRegistry()
     # reads of 20 ms, 80 ms a batch: a loop on a loaded machine, whose run delay counts as
@@ -981,7 +1003,12 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     run(loader, 2)
     first = loader.adaptations[0]
     # loading as slow as this asks for more workers than the cap: the cap, in one raise
-    assert (first.epoch, first.setting, first.before, first.after) == (0, "num_workers", 0, 2)
+    assert (first.epoch, first.setting, first.before, first.after) == (
+        0,
+        "num_workers",
+        0,
+        2,
+    ), declined(loader)
     assert first.wait_fraction > 0.5 and "waited" in first.reason
     assert loader.num_workers == 2
     value = registry.get_sample_value
