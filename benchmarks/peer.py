@@ -17,7 +17,9 @@ sample) with a matmul step, and mixed reads (1 ms of Python, 1 ms of waiting) wi
 The training loops run interleaved, in rounds whose order rotates (each round a fresh
 loader over ``--epochs`` epochs, start-up included), after one untimed epoch of each arm
 (what the process pays once); each arm's figure is the median over rounds of samples/s.
-Prints each tool's tuning time and the ratios.
+Prints each tool's tuning time and the ratios; adapt on / off with the standard error of
+its rounds' ratios, since one round of the demo's (a CPU step on every core) spreads by
+10% either way, and a median of 5 rounds cannot tell a 2% cost from none.
 Run: ``python benchmarks/peer.py [--rounds 3] [--epochs 2] [--peer-python VENV/bin/python]``.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -259,13 +262,23 @@ def run_workload(name: str, data: str, workdir: Path, peer: str | None, args: An
     )
     # each round's pair ran minutes apart at most: their ratio is freer of the machine's drift
     pairs = [on / off for on, off in zip(got["autoloader"], got["fixed"], strict=True)]
-    print("  adapt on / off per round: " + ", ".join(f"{r:.2f}" for r in pairs))
+    spread = statistics.stdev(pairs) / math.sqrt(len(pairs)) if len(pairs) > 1 else None
+    print(
+        "  adapt on / off per round: "
+        + ", ".join(f"{r:.2f}" for r in pairs)
+        + (
+            f" (mean {statistics.fmean(pairs):.2f}, standard error {spread:.2f}: what these "
+            "rounds can tell apart)"
+            if spread is not None
+            else ""
+        )
+    )
     if fast is not None and slow is not None:
         print(
             f"  a new process builds the planned loader in {fast:.2f} s with the sizes "
             f"recorded beside the plan, {slow:.2f} s reading every sample ({slow / fast:.0f}x)"
         )
-    adapt = f"{med['autoloader'] / med['fixed']:.2f}"
+    adapt = f"{med['autoloader'] / med['fixed']:.2f}" + (f" ± {spread:.2f}" if spread else "")
     if theirs is None:
         return (
             f"| {name} | {med['autoloader'] / med['torch']:.2f}x | {adapt} | - | - | {mine} "
