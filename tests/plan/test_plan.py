@@ -263,6 +263,14 @@ def test_the_loaders_evidence_is_read_once_and_typed() -> None:
     assert (j.worst_batch_bytes, j.host, j.budget_bytes) == (0, None, None)
     assert Plan(LoaderPlan(0), BatchingPlan("random", 8)).evidence.workers is None
 
+    # read once per set of tables (a loader's start asks for it many times); another
+    # table, or another strategy, put in place is read again
+    assert plan.evidence is e
+    plan.memory = {"budget_bytes": 2**31}
+    assert plan.evidence.budget_bytes == 2**31
+    plan.batching = BatchingPlan("random", 8)
+    assert plan.evidence.replayed_worst_batch_bytes == 0  # no replay of random recorded
+
 
 @pytest.mark.parametrize("value", ["nan", "-1.0", '"fast"'])
 def test_evidence_that_no_measurement_gives_is_refused_naming_the_key(
