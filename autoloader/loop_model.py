@@ -115,7 +115,9 @@ class Evidence:
     def changed(
         self, workers: int, loading: float, compute: float = 0.0, batches: int = 100
     ) -> str | None:
-        """How loading has moved since the tune, where beyond noise (None: the same loop).
+        """How loading has slowed since the tune, where beyond noise (None: the same loop,
+        or a faster one: cheaper loading makes the counts the tune timed slower no better,
+        and a raise the tune ruled out is not tried for it).
 
         ``loading``: the run-time seconds per batch at ``workers``; without workers the
         main process's wait per batch (what the tune's trace measured at 0), with workers
@@ -131,7 +133,7 @@ class Evidence:
             expected = max(expected * (1 + MARGIN), compute)
         allowed = max(noise(batches), 3 * t.stderr_seconds / t.seconds_per_batch)
         ratio = moved(expected, loading, allowed)
-        if ratio is None:
+        if ratio is None or ratio < 1:
             return None
         what = "loading" if not workers else "the loop"
         return (

@@ -942,7 +942,7 @@ class Adapter:
             "num_workers",
             waited,
             ruled,
-            ", and loading is as the tune measured it",
+            ", and loading is no slower than the tune measured it",
             f": trying {nxt}",
         )
 
@@ -970,7 +970,7 @@ class Adapter:
     ) -> str | None:
         """Why ``setting`` may be raised, or None: settled after a raise in vain while
         loading stays as it was, or ``ruled`` out by the tune's timings while the loop is
-        as the tune measured it (then declined: ``ruled`` and ``declined`` say why)."""
+        no slower than the tune measured it (then declined: ``ruled`` and ``declined`` say why)."""
         again = self._unsettled(setting, m)
         if again is None:
             return None
