@@ -34,7 +34,7 @@ class Numbers(Dataset):
     per sample in that directory) the first time only; reading one of ``exits`` ends it
     with ``sys.exit()`` (status 0), its process lingering ``linger`` seconds after its
     exit handlers ran; ``leak`` bytes are kept per read (once ``leak_from``, an event, is
-    set, where given)."""
+    set, where given), until a worker keeps ``leak_upto`` bytes."""
 
     def __init__(
         self,
@@ -45,11 +45,13 @@ class Numbers(Dataset):
         once: Path | None = None,
         leak: int = 0,
         leak_from: Any = None,
+        leak_upto: int | None = None,
         exits: tuple[int, ...] = (),
         linger: float = 0.0,
     ) -> None:
         self.n, self.delay, self.kills, self.once, self.leak = n, delay, kills, once, leak
-        self.leak_from, self.exits, self.linger = leak_from, exits, linger
+        self.leak_from, self.leak_upto = leak_from, leak_upto
+        self.exits, self.linger = exits, linger
         self.kept: list[np.ndarray] = []
 
     def __len__(self) -> int:
@@ -63,7 +65,12 @@ class Numbers(Dataset):
                 if self.linger:  # a thread the interpreter waits for at its exit
                     threading.Thread(target=time.sleep, args=(self.linger,)).start()
                 sys.exit()
-            if self.leak and (self.leak_from is None or self.leak_from.is_set()):
+            kept = len(self.kept) * self.leak
+            if (
+                self.leak
+                and (self.leak_from is None or self.leak_from.is_set())
+                and (self.leak_upto is None or kept < self.leak_upto)
+            ):
                 self.kept.append(np.ones(self.leak // 4, dtype=np.float32))  # touched pages
         time.sleep(self.delay)
         return torch.tensor([i])
@@ -277,24 +284,29 @@ def test_a_leak_is_found_once_the_workers_rss_passes_the_budget(
     their PSS is read again, and they are recycled."""
     import autoloader.loader.survival as survival
 
-    # forked workers start with about this process's RSS each (their pages shared with it)
-    budget = 2 * psutil.Process().memory_info().rss + 128 * 2**20
+    # forked workers start with about this process's RSS each (their pages shared with it),
+    # so their PSS starts near 2/3 of it: each leaks this process's RSS and more, which
+    # takes the two past the budget by PSS whatever that RSS is (hundreds of tests in, it
+    # can reach gigabytes), within 8 reads a worker
+    rss = psutil.Process().memory_info().rss
+    budget = 2 * rss + 128 * 2**20
+    leak_upto = rss + 256 * 2**20
     p = plan(host={"memory_budget_bytes": budget})
     expected = reference(p, 256)
     settle_reads()
     bounds: list[int | None] = []
-    rss = survival.tree_resident_bytes
+    resident = survival.tree_resident_bytes
     go = multiprocessing.get_context("fork").Event()  # the leak begins once judged by RSS
 
     def bound(pids: list[int]) -> int | None:
-        bounds.append(rss(pids))
+        bounds.append(resident(pids))
         if bounds[-1] is not None and bounds[-1] <= budget:
             go.set()
         return bounds[-1]
 
     monkeypatch.setattr(survival, "tree_resident_bytes", bound)
     monkeypatch.setattr(survival, "CHECK_SECONDS", 0.1)
-    leaky = Numbers(256, delay=0.02, leak=8 * 2**20, leak_from=go)  # 8 MiB a sample read
+    leaky = Numbers(256, delay=0.02, leak=leak_upto // 8, leak_from=go, leak_upto=leak_upto)
     loader = DataLoader(leaky, plan=p, registry=registry, adapt=False)
     with caplog.at_level(logging.WARNING, logger="autoloader"):
         assert [b.flatten().tolist() for b in loader] == expected
