@@ -70,3 +70,37 @@ def holding_step(batch: Any) -> None:
         time.sleep(0.010)
     finally:
         STEPPING.value = 0
+
+
+# Reads that take 2 ms in the main process, and in a worker too while the loop steps, but
+# 20 ms in a worker otherwise: the search, timing loading alone, plans no workers; the
+# loop with the step at 0 workers waits for data, and 2 workers feed it. A step whose
+# threads oversubscribe the cores that busy workers hold: 40 ms where this process has
+# workers and as many threads as CPUs, 10 ms otherwise (what a CPU step's intra-op threads
+# do beside workers busy on every core, made deterministic).
+STEPPED_AT = multiprocessing.RawValue("d", 0.0)
+
+
+class IdleWorkersSlow(Dataset):
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torch.utils.data import get_worker_info
+
+        idle = time.monotonic() - STEPPED_AT.value > 0.05
+        time.sleep(0.020 if idle and get_worker_info() is not None else 0.002)
+        return torch.full((256,), float(i))
+
+
+idle_workers_slow = IdleWorkersSlow()
+
+
+def threads_step(batch: Any) -> None:
+    import psutil
+
+    from autoloader.host import usable_cpus
+
+    crowded = psutil.Process().children() and torch.get_num_threads() >= usable_cpus()
+    time.sleep(0.040 if crowded else 0.010)
+    STEPPED_AT.value = time.monotonic()

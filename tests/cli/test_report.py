@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 import autoloader
 from autoloader import Plan, PlanError, UsageError
 from autoloader.cli import main
+from autoloader.host import usable_cpus
 from autoloader.loop_model import Evidence
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings, parse_baseline
 from autoloader.tuning.comparison import (
@@ -386,6 +387,38 @@ def test_a_searched_count_whose_loop_still_waits_climbs_to_one_measured_faster(
         in (table["prefetch_factor_why"])
     )
     assert table["persistent_workers_why"].startswith(f"starting {chosen} workers took")
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="needs 2 CPUs: threads beside workers")
+def test_a_climb_times_more_workers_at_the_threads_chosen_for_them(tmp_path: Path) -> None:
+    """The search plans 0 workers, which leave torch's threads on every CPU; 2 workers
+    beside that many threads slow the step 4x, beside the threads they leave they feed it.
+    The climb times them as the plan would run them, so the plan climbs to 2 workers with
+    fewer threads."""
+    out = tmp_path / "plan.toml"
+    done = run_cli(
+        "tune",
+        "loop_steps:idle_workers_slow",
+        "--step",
+        "loop_steps:threads_step",
+        "--global-batch-size",
+        "8",
+        "--max-workers",
+        "2",
+        "--iterations",
+        "30",
+        "--baseline",
+        "none",
+        "-o",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    plan = Plan.load(out)
+    table = plan.tuning["workers"]
+    assert table["climbed"].startswith("the loop with the step at the search's 0 "), table
+    assert plan.loader.num_workers == 2
+    ran = {e["workers"]: e["num_threads"] for e in table["loops"]}
+    assert ran[2] < usable_cpus() and plan.loader.num_threads in (None, ran[2])
 
 
 def test_a_baseline_batch_over_the_budget_is_memory_bound() -> None:
