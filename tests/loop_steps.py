@@ -88,7 +88,7 @@ class IdleWorkersSlow(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         from torch.utils.data import get_worker_info
 
-        idle = time.monotonic() - STEPPED_AT.value > 0.05
+        idle = time.monotonic() - STEPPED_AT.value > 0.1
         time.sleep(0.020 if idle and get_worker_info() is not None else 0.002)
         return torch.full((256,), float(i))
 
