@@ -348,6 +348,15 @@ def test_a_plan_whose_loop_lost_to_the_baseline_runs_the_baselines_loader(
     assert "0 B in flight" in shown  # what the plan's loader holds: no workers, no shm
 
 
+def tuned_with_step(out: Path, dataset: str, step: str, *more: str) -> Plan:
+    """``autoloader tune DATASET --step STEP`` for batches of 8, 30 timed batches a count
+    at most, no baseline, as a user runs it; the plan it wrote to ``out``."""
+    args = ["--global-batch-size", "8", "--iterations", "30", "--baseline", "none"]
+    done = run_cli("tune", dataset, "--step", step, *args, *more, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    return Plan.load(out)
+
+
 def test_a_searched_count_whose_loop_still_waits_climbs_to_one_measured_faster(
     tmp_path: Path,
 ) -> None:
@@ -356,22 +365,7 @@ def test_a_searched_count_whose_loop_still_waits_climbs_to_one_measured_faster(
     More workers the search measured are timed in the loop, and the plan takes the count
     that ran it faster, says why, and keeps the loops as the adapter's evidence."""
     out = tmp_path / "plan.toml"
-    done = run_cli(
-        "tune",
-        "loop_steps:under_step",
-        "--step",
-        "loop_steps:holding_step",
-        "--global-batch-size",
-        "8",
-        "--iterations",
-        "30",
-        "--baseline",
-        "none",
-        "-o",
-        str(out),
-    )
-    assert done.returncode == 0, done.stderr
-    plan = Plan.load(out)
+    plan = tuned_with_step(out, "loop_steps:under_step", "loop_steps:holding_step")
     table = plan.tuning["workers"]
     loops = {e["workers"]: e["seconds_per_batch"] for e in table["loops"]}
     searched, chosen = min(loops), plan.loader.num_workers
@@ -395,25 +389,13 @@ def test_a_climb_times_more_workers_at_the_threads_chosen_for_them(tmp_path: Pat
     beside that many threads slow the step 4x, beside the threads they leave they feed it.
     The climb times them as the plan would run them, so the plan climbs to 2 workers with
     fewer threads."""
-    out = tmp_path / "plan.toml"
-    done = run_cli(
-        "tune",
+    plan = tuned_with_step(
+        tmp_path / "plan.toml",
         "loop_steps:idle_workers_slow",
-        "--step",
         "loop_steps:threads_step",
-        "--global-batch-size",
-        "8",
         "--max-workers",
         "2",
-        "--iterations",
-        "30",
-        "--baseline",
-        "none",
-        "-o",
-        str(out),
     )
-    assert done.returncode == 0, done.stderr
-    plan = Plan.load(out)
     table = plan.tuning["workers"]
     assert table["climbed"].startswith("the loop with the step at the search's 0 "), table
     assert plan.loader.num_workers == 2
