@@ -497,14 +497,12 @@ def trials(
             threads = _threads(work, plan_trial, step, loop, timing, where.cpus, busy)
             loop = threads.chosen_loop
             # both thread counts: the plan may end up running the baseline's threads
-            for timed in (threads.default_loop, threads.candidate_loop):
-                loops += _loop_entry(planned.num_workers, batch, timed) if timed else []
+            loops += _threads_entries(planned.num_workers, batch, threads)
         alone = step is not None and len(stage.nodes) <= 1  # rank 0's loop speaks for its node
         climb = _climb(work, plan_trial, step, loop, timing, stage, where.cpus) if alone else None
         if climb is not None:
             loop, threads = climb.loop, climb.threads
-            for timed in (threads.default_loop, threads.candidate_loop):
-                loops += _loop_entry(climb.workers, batch, timed) if timed else []
+            loops += _threads_entries(climb.workers, batch, threads)
         if base is None:
             return Trials(threads, None, loops=_at_threads(loops, loop.num_threads), climb=climb)
         ran = replace(
@@ -621,7 +619,7 @@ def _climb(
             ", ".join(tried),
             loop.samples_per_second,
         )
-    if best == start or best_threads is None:
+    if best_threads is None:  # set with ``best``: none where the plan's count stays
         return None
     why = (
         f"the loop with the step at the search's {start} workers waited for data "
@@ -678,6 +676,12 @@ def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[s
             "num_threads": loop.num_threads,
         }
     ]
+
+
+def _threads_entries(workers: int, batch: int, threads: ThreadsChoice) -> list[dict[str, Any]]:
+    """The loops ``threads`` timed at ``workers``, torch's threads and the candidate's."""
+    timed = (threads.default_loop, threads.candidate_loop)
+    return [e for loop in timed if loop is not None for e in _loop_entry(workers, batch, loop)]
 
 
 def _busy_cores(stage: WorkerStage, count: int) -> int:
