@@ -166,35 +166,52 @@ def test_switched_off_it_starts_each_epoch_as_torch_does(monkeypatch: pytest.Mon
     assert settled(data.reads, 3 * N + 1) == 3 * N
 
 
-class SlowReads(Dataset):
-    """Sample i is ``tensor([i])`` after 0.1 s: a batch of 4 is a 0.4 s read."""
+SLOW = 4.0  # the read of a batch ahead, in seconds: twice the loader's timeout
+
+
+class SlowAhead(Dataset):
+    """Sample i is ``tensor([i])`` after 10 ms, but the first workers' first read past
+    their share of the first epoch (the next epoch's, read ahead) takes ``SLOW`` seconds.
+    torch hands batches to its workers in turn, so each worker reads ``len // WORKERS``
+    samples of the first epoch."""
+
+    def __init__(self) -> None:
+        self.count = 0  # reads in this process
+        self.slow = multiprocessing.Value("l", 0)  # slow reads, in any process
 
     def __len__(self) -> int:
-        return 48
+        return 16
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.1)
+        self.count += 1
+        slow = False
+        if self.count == len(self) // WORKERS + 1:
+            with self.slow.get_lock():
+                slow = self.slow.value < WORKERS
+                self.slow.value += slow
+        time.sleep(SLOW if slow else 0.01)
         return torch.tensor([i])
 
 
 def test_a_wrong_guess_costs_at_most_a_batch_and_keeps_the_timeout() -> None:
     """A wrong guess (set_epoch jumps) starts the epoch with new workers rather than
-    waiting, in torch's reset, for the reads in flight, which a timeout= that one batch's
-    read keeps did not hold (3 batches a worker read ahead took 1.2 s: past it)."""
+    waiting, in torch's reset, for the reads in flight: there the batch read ahead, 4 s,
+    is past the loop's 2 s timeout; new workers read the epoch's first batch in 40 ms,
+    whatever their start costs short of 2 s."""
     plan = Plan.from_dict(
         {
             "schema": 1,
-            "loader": {"num_workers": 2, "prefetch_factor": 3, "persistent_workers": True},
-            "batching": {"strategy": "random", "local_batch_size": 4},
+            "loader": {"num_workers": WORKERS, "prefetch_factor": 3, "persistent_workers": True},
+            "batching": {"strategy": "random", "local_batch_size": BATCH},
         }
     )
     loader = DataLoader(
-        SlowReads(),
+        SlowAhead(),
         plan=plan,
         check_fingerprint=False,
         adapt=False,
         registry=CollectorRegistry(),
-        timeout=1.0,
+        timeout=SLOW / 2,
     )
     loader.set_epoch(0)
     assert epoch(loader) == expected(loader, 0)
