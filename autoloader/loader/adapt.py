@@ -217,6 +217,19 @@ def others_moved(before: float | None, now: float | None) -> str | None:
     return f"other processes' threads ready for the cores moved from {before:.1f} to {now:.1f}"
 
 
+def _slower(before: Loading, epoch_samples_per_second: float) -> bool:
+    """Whether the loop just before a raise ran slower, beyond what its batches allow,
+    than a whole epoch at the same settings: loading slowed after that epoch (reads left
+    the page cache, a neighbour came), and it is no reference for the raise. Only slower:
+    a loop that ran faster than an epoch whose start it does not share is no sign."""
+    sps = before.samples_per_second
+    return (
+        sps > 0
+        and before.batches > 0
+        and epoch_samples_per_second / sps > 1 + noise(before.batches)
+    )
+
+
 def whole(m: EpochMeasure) -> bool:
     """Whether ``m`` is an epoch from its first batch to its last, long enough to judge."""
     return m.batch is None and m.batches >= MIN_BATCHES and m.batches >= (m.epoch_batches or 0)
@@ -681,12 +694,21 @@ class Adapter:
             return []  # a resumed epoch's tail may be all start: the next full one is judged
         if not epochs.comparable:
             return []  # the restart's own epoch: the next one is judged
-        was = epochs.at(self.confirmed)
+        was, before = epochs.at(self.confirmed), self._reference(trial)
+        stale = was is not None and _slower(before, was)
+        if stale:
+            was = None  # that epoch ran before loading slowed: not the loop the raise left
         if was is None and self.persistent:
-            was = self._reference(trial).samples_per_second or None
+            was = before.samples_per_second or None
         fill = (
             f"its workers' first fill leaves {m.steady_batches} of an epoch's {m.batches} "
             f"batches, fewer than a window of {MIN_WINDOW}"
+        )
+        since = (
+            f"; the last whole epoch at {trial.before} ran before loading slowed to the "
+            f"{before.samples_per_second:,.0f} samples/s the raise was made at"
+            if stale
+            else ""
         )
         if was is None:
             self._trial, self._before_raise = None, None
@@ -694,11 +716,14 @@ class Adapter:
                 m,
                 trial.setting,
                 f"the raise to {trial.after} cannot be judged: {fill}, and no whole epoch "
-                f"at {trial.before} began as this one did; kept",
+                f"at {trial.before} began as this one did{since}; kept",
             )
             return []
         gain = m.samples_per_second / was - 1
-        return self._verdict(m, trial, gain, f"over a whole epoch, its start included ({fill})")
+        against = f", against the loop just before the raise{since}" if stale else ""
+        return self._verdict(
+            m, trial, gain, f"over a whole epoch, its start included ({fill}){against}"
+        )
 
     def _verdict(
         self, m: EpochMeasure, trial: RaiseOnTrial, gain: float, over: str

@@ -162,6 +162,36 @@ def test_a_raise_whose_first_fill_takes_every_batch_is_judged_on_whole_epochs(
         assert "first fill leaves 0 of an epoch's 20 batches" in back[0].reason
 
 
+def test_a_whole_epoch_from_before_reads_slowed_is_no_reference_for_a_raise() -> None:
+    """Persistent workers, 20-batch epochs: 1 worker ran them in 0.17 s; then reads slow
+    6x, the loop waits 83% at 1 worker, and a raise to 8 brings back 0.18 s an epoch. The
+    last whole epoch at 1 worker ran before reads slowed: judged against it the raise
+    read -6% and was undone, for good, leaving the loop at 1 s an epoch. It is judged
+    against the loop just before it, and kept."""
+
+    def at_one(epoch: int, loop: float, wait: float) -> EpochMeasure:
+        return EpochMeasure(
+            epoch, 20, 160, wait, loop, None, 0.01, 1, warm_batches=2, warm_seconds=0.02
+        )
+
+    def at_eight(epoch: int) -> EpochMeasure:
+        # 8 workers x 2 fill 16 of the 20 batches: fewer steady ones than a window
+        return EpochMeasure(
+            epoch, 20, 160, 0.02, 0.18, None, 0.01, 8, warm_batches=16, warm_seconds=0.15
+        )
+
+    a = adapter(1, 2, cap=8, persistent=True)
+    for epoch in range(3):
+        assert epoch_through(a, at_one(epoch, 0.17, 0.005)) == []
+    a.epoch_began()  # reads slow; a window of epoch 3 raises, its rest runs at 8
+    window = replace(at_one(3, 0.5, 0.415), batches=10, samples=80, batch=10, remaining=10)
+    assert [(c.before, c.after) for c in a.decide(window)] == [(1, 8)]
+    a.epoch_ended(at_one(3, 0.7, 0.5))
+    assert epoch_through(a, at_eight(4)) == []  # the restart's own epoch: not judged
+    assert epoch_through(a, at_eight(5)) == [] and a.on_trial is None
+    assert a.settings.num_workers == 8
+
+
 def test_a_start_that_took_the_whole_epoch_prices_a_restart() -> None:
     """Persistent workers whose start took 2 s, the whole first epoch: a raise after the
     next, starved, epoch would restart them for at most 0.7 s saved, so it is not made.
