@@ -294,7 +294,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
             return  # called at every batch: the workers are listed only when checked
         pids = [w.pid for w in compat.workers(self) if w.pid is not None]
         at = self._start + self._yielded
-        if self._survival.check(pids, at) is not None:
+        if self._survival.check(pids, at, compat.in_order(self)) is not None:
             self._restart()
 
     def _fresh_start(self, loader: Any) -> None:

@@ -392,7 +392,11 @@ class EpochIter:
         # Windows inside the epoch, where it is long and the position can be kept.
         positioned = isinstance(sampler, SizeBatchSampler) and runtime.adapter is not None
         self._positioned = positioned
-        self._window_size = window_size(len(sampler)) if positioned else None
+        # Not with in_order=False: its batches arrive out of order, so the batches served
+        # are no prefix of the epoch, and a restart at their count would lose some samples
+        # and repeat others; its changes wait for the epoch's end.
+        windows = positioned and loader.in_order
+        self._window_size = window_size(len(sampler)) if windows else None
         self._window: Window | None = None
         # a window of this epoch was judged: the epoch is not judged again as a whole (one
         # whose transient left no window complete, many workers in a short epoch, is)

@@ -114,6 +114,7 @@ class Survival:
     _checked_at: float = 0.0
     _first_held: int | None = None
     _reads: Background = field(default_factory=Background)  # /proc, off the loop's thread
+    _warned_unordered: bool = False
 
     def died(self, deaths: list[Death], loader: Any, at: int) -> None:
         """Workers died: log each, count the restart, and decide. Returns to restart the
@@ -172,9 +173,12 @@ class Survival:
         """Whether ``check`` would read now (``CHECK_SECONDS`` since the last)."""
         return time.monotonic() - self._checked_at >= CHECK_SECONDS
 
-    def check(self, pids: list[int], batch: int) -> str | None:
+    def check(self, pids: list[int], batch: int, in_order: bool = True) -> str | None:
         """At most every ``CHECK_SECONDS``: export the loader's shared memory, and say why
-        the workers (``pids``) must be recycled (their memory past the budget), else None."""
+        the workers (``pids``) must be recycled (their memory past the budget), else None.
+        With ``in_order`` False, never: the batches served are no prefix of the epoch, so
+        there is no batch to restart at (a restart would lose some samples and repeat
+        others); past the budget is said once, in a warning."""
         if not self.due():
             return None
         self._checked_at = time.monotonic()
@@ -215,6 +219,17 @@ class Survival:
             f"budget of {format_bytes(budget)} and {grown:.1f}x what they "
             "held at start (a leak in the dataset or the collate function?)"
         )
+        if not in_order:
+            if not self._warned_unordered:
+                self._warned_unordered = True
+                log.warning(
+                    "autoloader: rank %d: %s; not restarted: with in_order=False the "
+                    "batches served are no prefix of the epoch, so there is no batch to "
+                    "restart at",
+                    self.rank,
+                    why,
+                )
+            return None
         log.warning("autoloader: rank %d: %s; restarting them at batch %d", self.rank, why, batch)
         self._restarted("memory")
         return why

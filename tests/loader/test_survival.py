@@ -256,6 +256,25 @@ def test_workers_that_leak_are_recycled_at_the_position(
     assert "a leak in the dataset or the collate function?" in caplog.text
 
 
+def test_workers_that_leak_out_of_order_are_not_restarted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, registry: CollectorRegistry
+) -> None:
+    """With in_order=False the batches served are no prefix of the epoch: a restart at
+    their count lost some samples and repeated others. Past the budget is said, once, and
+    every sample is served once."""
+    import autoloader.loader.survival as survival
+
+    monkeypatch.setattr(survival, "CHECK_SECONDS", 0.1)
+    p = plan(host={"memory_budget_bytes": 300 * 2**20})
+    leaky = Numbers(256, delay=0.02, leak=4 * 2**20)
+    loader = DataLoader(leaky, plan=p, registry=registry, adapt=False, in_order=False)
+    with caplog.at_level(logging.WARNING, logger="autoloader"):
+        got = sorted(i for b in loader for i in b.flatten().tolist())
+    assert got == list(range(256))
+    assert restarts(registry, "memory") == 0
+    assert caplog.text.count("not restarted: with in_order=False") == 1, caplog.text
+
+
 def test_workers_under_their_budget_are_not_walked_each_check(
     monkeypatch: pytest.MonkeyPatch, registry: CollectorRegistry
 ) -> None:
