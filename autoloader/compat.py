@@ -385,9 +385,25 @@ def abandon_start(it: Any) -> None:
 def _close_queue(q: Any) -> None:
     """Close a multiprocessing queue's pipe now: where no feeder thread started,
     ``close()`` leaves it to the garbage collector (a failed start holds it in a cycle);
-    where one did, that thread closes both ends."""
+    where one did, that thread closes both ends.
+
+    A start fails where a worker dies during it: torch's SIGCHLD handler raises in this
+    thread, wherever it is, and where that is inside ``put()`` just after it took the
+    queue's lock, the lock stays taken. ``close()`` would wait for it for ever (the suite
+    hung so, in a restart after a worker was killed), as would the feeder thread: the
+    queue's pipe is then closed here, and its closing at exit called off."""
     q.cancel_join_thread()
     fed = q._thread is not None
+    if not q._notempty.acquire(timeout=1.0):  # else held for microseconds at a time
+        finalize = q._close
+        if finalize is not None:
+            finalize.cancel()  # it would take the lock, at exit
+        q._close, q._closed = None, True
+        for end in (q._reader, q._writer):
+            with contextlib.suppress(OSError):
+                end.close()
+        return
+    q._notempty.release()
     q.close()
     if not fed:
         q._reader.close()

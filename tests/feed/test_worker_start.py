@@ -48,3 +48,43 @@ def test_a_reader_that_leaves_mid_handshake_is_no_worker_traceback() -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert "served 0.0 [1.0, 2.0, 3.0]" in run.stdout  # the worker went on serving
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+# A start that fails where torch's SIGCHLD handler raised inside an index queue's put(),
+# just after it took the queue's lock: the lock stays taken, as in a restart whose new
+# worker was killed while the training process still handed out the first indices.
+LOCK_LEFT_TAKEN = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import Dataset
+    from autoloader import compat
+    from autoloader.feed.start import StartSafeLoader
+
+    class Numbers(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.tensor([i])
+
+    put = compat.MultiProcessIter._try_put_index
+
+    def dies_in_put(self):
+        put(self)  # the queue's feeder thread runs
+        self._index_queues[0]._notempty.acquire()
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly")
+
+    compat.MultiProcessIter._try_put_index = dies_in_put
+    try:
+        iter(StartSafeLoader(Numbers(), batch_size=2, num_workers=2))
+    except RuntimeError as exc:
+        print("raised", exc)
+    """
+)
+
+
+def test_a_start_that_fails_holding_a_queues_lock_raises_and_exits() -> None:
+    """Before, closing that queue waited for its lock for ever: the process hung."""
+    run = run_reaped([sys.executable, "-c", LOCK_LEFT_TAKEN], timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "raised DataLoader worker (pid 1) exited unexpectedly" in run.stdout
