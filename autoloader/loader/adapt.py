@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -410,6 +410,9 @@ class Limits:
     process: ProcessLimits | None = None  # open files, processes, address space
     failed_at: tuple[int, str] | None = None  # the fewest workers the tune saw fail, and how
     cpus: float = 0.0  # the cores this process and its workers may keep busy (0: unknown)
+    # why workers forked from this process now would share what its reads left in the
+    # dataset (``autoloader.loader.fork_hazards``; None: they are not forked)
+    fork_refuses: Callable[[], str | None] | None = None
 
     def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:
         """Why ``workers`` x ``prefetch`` batches in flight do not fit /dev/shm."""
@@ -1106,8 +1109,13 @@ class Adapter:
         s, lim = self.settings, self.limits
         if per_worker is not None and per_worker * workers > lim.memory_budget_bytes:
             return "over the host-memory budget"
-        refused = lim.shm_refuses(workers, s.prefetch_factor) or lim.start_refuses(
-            workers, s.prefetch_factor, self.batch_tensors
+        refused = (
+            lim.fork_refuses() if s.num_workers == 0 and lim.fork_refuses is not None else None
+        )
+        refused = (
+            refused
+            or lim.shm_refuses(workers, s.prefetch_factor)
+            or lim.start_refuses(workers, s.prefetch_factor, self.batch_tensors)
         )
         if refused is not None and not quiet:
             self._decline(m, "num_workers", refused)

@@ -6,11 +6,12 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import multiprocessing as mp
 import os
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.fork_hazards import fork_hazard
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
@@ -506,6 +508,7 @@ def _runtime(
     settings = _settings_of(loader)
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
+    limits = dataclasses.replace(limits, fork_refuses=_fork_refuses(loader))
     adapter = Adapter(
         settings,
         limits,
@@ -519,6 +522,29 @@ def _runtime(
     if predicted:
         watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
+
+
+def _fork_refuses(loader: DataLoader) -> Callable[[], str | None] | None:
+    """Why workers forked from this process now would share what its reads left in the
+    dataset (``autoloader.loader.fork_hazards``); None where workers are not forked."""
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else mp.get_start_method()
+    if method != "fork":
+        return None
+    dataset = loader.dataset
+
+    def refuses() -> str | None:
+        found = fork_hazard(dataset)
+        if found is None:
+            return None
+        return (
+            f"{found}, left by this process's reads: workers forked now would share it "
+            "(an open file's offset reads other records' bytes; a pool's threads are not "
+            "in the child). Open it in each process, on its first read in a new pid, and "
+            "set autoloader_fork_safe = True on its class"
+        )
+
+    return refuses
 
 
 def _survival(loader: DataLoader, rank: int) -> Survival | None:

@@ -14,6 +14,9 @@ class LazyFile:
     """An h5py handle opened lazily in each process that reads: h5py handles are not
     fork-safe, so a worker opens its own, and pickling drops it."""
 
+    # its handle reopens in a new process: workers forked after this one read are safe
+    # (autoloader.loader.fork_hazards)
+    autoloader_fork_safe = True
     path: Path
     _file: h5py.File | None = None
     _pid: int | None = None

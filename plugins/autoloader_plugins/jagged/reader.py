@@ -41,6 +41,9 @@ class Reader(ABC):
     """One file's table. Subclasses set ``fields`` and ``event_fields`` and fill
     ``offsets`` (int64, events + 1) when opened; handles open lazily in each process."""
 
+    # its handles reopen in a new process: workers forked after this one read are safe
+    # (autoloader.loader.fork_hazards)
+    autoloader_fork_safe = True
     path: Path
     name: str  # the group or tree
     holds: str = "table"  # what ``name`` names, for messages: "group", "tree"
