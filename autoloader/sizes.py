@@ -144,8 +144,9 @@ def measure_sizes(
     sample raises ``SampleError`` naming it)."""
     from tqdm import tqdm
 
-    from autoloader.datasets.reads import read
+    from autoloader.datasets.reads import read, reading_copy
 
+    dataset = reading_copy(dataset)  # what the reads open stays off what workers inherit
     out = np.empty(len(indices), dtype=np.int64)
     for k, i in enumerate(
         tqdm(indices, desc=desc, unit="sample", disable=not progress, leave=False)
@@ -276,9 +277,10 @@ def spot_check(dataset: Any, sizes: np.ndarray, *, count: int = 8) -> str | None
     Raises:
         SampleError: a sample raised, naming it.
     """
-    from autoloader.datasets.reads import read
+    from autoloader.datasets.reads import read, reading_copy
 
     n, found_n = len(sizes), _length(dataset)
+    dataset = reading_copy(dataset)  # what the reads open stays off what workers inherit
     if found_n != n:
         return f"they are for {n} samples; this dataset has {found_n}"
     rng = np.random.default_rng(n)

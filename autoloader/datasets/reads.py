@@ -13,6 +13,7 @@ workers, raise ``SampleError`` with the index.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import re
 import signal
@@ -40,6 +41,18 @@ class SampleError(DatasetError):
     def detail(self) -> str:
         found = self._LINE.findall(str(self))
         return found[-1].strip() if found else str(self).strip().splitlines()[-1]
+
+
+def reading_copy(dataset: Any) -> Any:
+    """A shallow copy of ``dataset`` for reads in the training process (sizes, a spot
+    check): what they open and keep on it (a file handle opened on the first read, the
+    pattern torch's workers are safe with) stays on the copy, off the object that forked
+    workers inherit, which would share its offset, and that ``spawn`` workers must pickle.
+    The dataset itself where it cannot be copied."""
+    try:
+        return copy.copy(dataset)
+    except Exception:  # a dataset that refuses a copy is read as it is
+        return dataset
 
 
 def read(dataset: Any, index: int, *, timeout: float | None = None, where: str = "") -> Any:

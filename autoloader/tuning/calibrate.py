@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from autoloader.accelerator import is_oom
-from autoloader.datasets.reads import NamedCollate, read
+from autoloader.datasets.reads import NamedCollate, read, reading_copy
 from autoloader.errors import AutoloaderError, DeviceError, UsageError
 from autoloader.feed.device import move
 from autoloader.tuning.step import StepFactory
@@ -74,7 +74,7 @@ def calibrate_step(
     from autoloader.tuning.batching import all_local_batches
 
     sizes, dev, collate_fn, timeout = work.sizes, work.device, work.collate_fn, work.timeout
-    dataset, world_size, seed = work.dataset, work.world_size, work.seed
+    dataset, world_size, seed = reading_copy(work.dataset), work.world_size, work.seed
 
     order = np.argsort(sizes, kind="stable")
     mid = max(0, len(sizes) // 2 - local // 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,42 @@ def test_random_batches_on_one_rank_need_no_sizes(tmp_path: Path) -> None:
     )
     assert data.reads.value == 0
     assert len(batches(loader, 1)) == 12
+
+
+class OpensOnFirstRead(Counted):
+    """Counted, whose first read in a process "opens its file": the pid is kept on the
+    instance, as a handle opened lazily is. A sample read through a handle another
+    process opened (one forked workers share: its offset too) reads -1."""
+
+    opened_in: int | None = None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.opened_in is None:
+            self.opened_in = os.getpid()
+        sample = super().__getitem__(i)
+        return sample if self.opened_in == os.getpid() else torch.full_like(sample, -1.0)
+
+
+@pytest.mark.parametrize("sizes", ["recorded", "measured"])
+def test_the_loaders_own_reads_leave_nothing_open_for_its_workers(
+    tuned: Path, tmp_path: Path, sizes: str
+) -> None:
+    """Its spot check of the recorded sizes, or its measurement of them, reads samples in
+    this process before the workers fork: what those reads opened on the dataset was
+    theirs to share (an open file's offset: other records' bytes). The reads go through a
+    copy of the dataset; the workers open their own."""
+    plan = Plan.load(tuned)
+    if sizes == "measured":
+        plan.sizes = None
+        plan_path = tmp_path / "plan.toml"  # no sizes recorded beside it
+        plan.save(plan_path)
+    else:
+        plan_path = tuned
+    data = OpensOnFirstRead()
+    loader = DataLoader(
+        data, plan=plan_path, adapt=False, metrics=False, collate_fn=list, num_workers=2
+    )
+    assert data.reads.value > 0  # read here, before the workers started
+    assert data.opened_in is None
+    served = batches(loader, 1)
+    assert sorted(i for b in served for i in b) == list(range(96))
