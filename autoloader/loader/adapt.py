@@ -411,7 +411,7 @@ class Limits:
     failed_at: tuple[int, str] | None = None  # the fewest workers the tune saw fail, and how
     cpus: float = 0.0  # the cores this process and its workers may keep busy (0: unknown)
     # why workers forked from this process now would share what its reads left in the
-    # dataset (``autoloader.loader.fork_hazards``; None: they are not forked)
+    # dataset (``autoloader.feed.fork_hazards``; None: they are not forked)
     fork_refuses: Callable[[], str | None] | None = None
 
     def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:

@@ -25,6 +25,7 @@ from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
+from autoloader.feed.fork_hazards import fork_hazard
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
@@ -34,7 +35,6 @@ from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.drift import MemoryWatch, PeakOf
-from autoloader.loader.fork_hazards import fork_hazard
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
@@ -526,7 +526,7 @@ def _runtime(
 
 def _fork_refuses(loader: DataLoader) -> Callable[[], str | None] | None:
     """Why workers forked from this process now would share what its reads left in the
-    dataset (``autoloader.loader.fork_hazards``); None where workers are not forked."""
+    dataset (``autoloader.feed.fork_hazards``); None where workers are not forked."""
     context = loader.multiprocessing_context
     method = context.get_start_method() if context is not None else mp.get_start_method()
     if method != "fork":

@@ -15,7 +15,7 @@ class LazyFile:
     fork-safe, so a worker opens its own, and pickling drops it."""
 
     # its handle reopens in a new process: workers forked after this one read are safe
-    # (autoloader.loader.fork_hazards)
+    # (autoloader.feed.fork_hazards)
     autoloader_fork_safe = True
     path: Path
     _file: h5py.File | None = None

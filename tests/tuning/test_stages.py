@@ -146,3 +146,43 @@ def test_the_worker_search_stage_and_the_report() -> None:
     assert plan.dataset["num_samples"] == 300 and "trace" in plan.tuning["workers"]
     assert plan.memory["budget_bytes"] == budget.bytes
     assert np.isfinite(plan.memory["predicted_peak_bytes"])
+
+
+class SharedOnTheClass:
+    """Sample i is 8 floats; the first read opens a "file" kept on the class, where a
+    copy of the dataset does not keep it apart."""
+
+    handle: object = None
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if SharedOnTheClass.handle is None:
+            SharedOnTheClass.handle = open(__file__, "rb")
+        return torch.full((8,), float(i))
+
+
+def test_the_worker_search_warns_where_the_workers_would_share_a_handle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import multiprocessing
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("workers are not forked here")
+    data = SharedOnTheClass()
+    opts = options()
+    try:
+        sizes = stages.sizes(Solo(), data, opts)
+        work = Workload(data, sizes, CPU, collate, 10.0, 0, 1, None)  # type: ignore[arg-type]
+        choice = stages.batching(Solo(), work, opts, MemoryModel(0.0, 8.0), 10**9)
+        with caplog.at_level(logging.WARNING, logger="autoloader"):
+            stages.worker_search(
+                Solo(), work, opts, choice, stages.Timings(), stages.placement(CPU), None
+            )
+    finally:
+        handle, SharedOnTheClass.handle = SharedOnTheClass.handle, None
+        if handle is not None:
+            handle.close()  # type: ignore[attr-defined]
+    assert "worker search: SharedOnTheClass.handle is an open file" in caplog.text

@@ -42,7 +42,7 @@ class Reader(ABC):
     ``offsets`` (int64, events + 1) when opened; handles open lazily in each process."""
 
     # its handles reopen in a new process: workers forked after this one read are safe
-    # (autoloader.loader.fork_hazards)
+    # (autoloader.feed.fork_hazards)
     autoloader_fork_safe = True
     path: Path
     name: str  # the group or tree

@@ -1,5 +1,5 @@
 """What a dataset read in the training process holds that forked workers would share
-(autoloader/loader/fork_hazards.py), and a raise from 0 workers refused for it."""
+(autoloader/feed/fork_hazards.py), and a raise from 0 workers refused for it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from torch.utils.data import Dataset
 
 from autoloader import DataLoader, Plan
-from autoloader.loader.fork_hazards import fork_hazard
+from autoloader.feed.fork_hazards import fork_hazard
 
 
 class Records(Dataset):
