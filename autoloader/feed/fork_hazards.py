@@ -114,3 +114,23 @@ def _children(obj: Any, path: str) -> list[tuple[Any, str]]:
             if not k.startswith("__") and not isinstance(v, (*_OPAQUE, *_DESCRIPTORS))
         )
     return out
+
+
+class ForkRefusal:
+    """Why workers forked now from this process would share what its reads left in
+    ``dataset``, in words for a refused raise (None: nothing found). A class, not a
+    closure: a loader that holds it pickles and deep-copies as torch's does."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self) -> str | None:
+        found = fork_hazard(self.dataset)
+        if found is None:
+            return None
+        return (
+            f"{found}, left by this process's reads: workers forked now would share it "
+            "(an open file's offset reads other records' bytes; a pool's threads are not "
+            "in the child). Open it in each process, on its first read in a new pid, and "
+            "set autoloader_fork_safe = True on its class"
+        )

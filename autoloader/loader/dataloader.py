@@ -11,7 +11,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
-from autoloader.feed.fork_hazards import fork_hazard
+from autoloader.feed.fork_hazards import ForkRefusal
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
@@ -524,27 +524,12 @@ def _runtime(
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
 
 
-def _fork_refuses(loader: DataLoader) -> Callable[[], str | None] | None:
+def _fork_refuses(loader: DataLoader) -> ForkRefusal | None:
     """Why workers forked from this process now would share what its reads left in the
     dataset (``autoloader.feed.fork_hazards``); None where workers are not forked."""
     context = loader.multiprocessing_context
     method = context.get_start_method() if context is not None else mp.get_start_method()
-    if method != "fork":
-        return None
-    dataset = loader.dataset
-
-    def refuses() -> str | None:
-        found = fork_hazard(dataset)
-        if found is None:
-            return None
-        return (
-            f"{found}, left by this process's reads: workers forked now would share it "
-            "(an open file's offset reads other records' bytes; a pool's threads are not "
-            "in the child). Open it in each process, on its first read in a new pid, and "
-            "set autoloader_fork_safe = True on its class"
-        )
-
-    return refuses
+    return ForkRefusal(loader.dataset) if method == "fork" else None
 
 
 def _survival(loader: DataLoader, rank: int) -> Survival | None:

@@ -26,13 +26,13 @@ from autoloader.errors import PlanError
 
 class Counted(Dataset):
     def __init__(self) -> None:
-        self.reads = 0
+        self.reads = [0]  # shared with the shallow copy the loader's own reads go through
 
     def __len__(self) -> int:
         return 96
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        self.reads += 1
+        self.reads[0] += 1
         return torch.full((i % 5 + 1,), float(i))
 
 
@@ -91,7 +91,7 @@ def main() -> None:
     loader = DataLoader(
         data, plan=Plan.from_dict(PLAN), check_fingerprint=False, collate_fn=list, metrics=False
     )
-    measured = data.reads
+    measured = data.reads[0]
     whole = [[int(t[0]) for t in b] for b in loader]
     it = iter(loader)
     for _ in range(5):
