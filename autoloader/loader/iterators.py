@@ -25,6 +25,7 @@ from autoloader.compat import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
 from autoloader.loader.lookahead import Lookahead
+from autoloader.loader.position import served_raising
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
@@ -55,12 +56,25 @@ class _Recording:
     def _carry_over(self, batches: list[list[int]]) -> None:
         self._pending.extend(batches)  # sent before the epoch began (loader.lookahead)
 
+    def _consumed(self, exc: Exception) -> bool:
+        """Whether ``exc`` ended a batch torch counts as handed out: the dataset's or the
+        collate function's own error, which the loop may catch and go on past."""
+        return raised_in_worker(exc)
+
     def __next__(self) -> Any:
         start = time.perf_counter()
         try:
             batch = unpacked(compat.next_batch(self, super().__next__))  # type: ignore[misc]
         except StopIteration:
             self._recorder.flush()
+            raise
+        except Exception as exc:
+            if self._consumed(exc):  # served, as a batch that raised: not to be read again
+                if self._position is not None:
+                    self._position.batches += 1
+                if self._pending:
+                    self._pending.popleft()
+                served_raising(exc)
             raise
         now = time.perf_counter()
         if self._position is not None:
@@ -72,6 +86,9 @@ class _Recording:
 
 class RecordingSingleProcessIter(_Recording, SingleProcessIter):
     """torch's single-process iterator, recording each batch."""
+
+    def _consumed(self, exc: Exception) -> bool:
+        return True  # the sampler handed the batch out before the dataset read it
 
 
 class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProcessIter):
@@ -215,11 +232,17 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                 fetch = not isinstance(exc, RuntimeError) and not raised_in_worker(exc)
                 deaths = self._deaths(patience=compat.STATUS_INTERVAL if fetch else 0)
                 if not deaths:
+                    if raised_in_worker(exc):
+                        self._yielded += 1  # handed out: a restart begins past it
                     raise
                 assert self._survival is not None
                 self._survival.died(deaths, self._loader(), self._start + self._yielded)
                 self._restart()
                 continue
+            except Exception as exc:
+                if raised_in_worker(exc):
+                    self._yielded += 1  # handed out: a restart begins past it
+                raise
             finally:
                 self._waiting = False
             self._yielded += 1

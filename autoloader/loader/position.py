@@ -16,6 +16,7 @@ Same method names as torchdata's ``StatefulDataLoader``: Lightning checkpoints i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -107,9 +108,24 @@ class Served:
         return len(self._batches)  # type: ignore[arg-type]
 
     def __next__(self) -> Any:
-        batch = next(self._batches)
+        try:
+            batch = next(self._batches)
+        except Exception as exc:
+            if getattr(exc, _SERVED_RAISING, False):
+                self._position.batches += 1
+            raise
         self._position.batches += 1
         return batch
+
+
+_SERVED_RAISING = "_autoloader_served_raising"
+
+
+def served_raising(exc: BaseException) -> None:
+    """Mark ``exc`` as ending a batch that was handed out (the dataset's error, which the
+    loop may catch and go on past): an outer count of served batches counts it too."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(exc, _SERVED_RAISING, True)
 
 
 def state(

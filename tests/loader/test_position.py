@@ -174,6 +174,55 @@ def test_prefetched_batches_are_not_counted_as_served(
     assert got + [b.tolist() for b in resumed] == [b.tolist() for b in loader]
 
 
+class RaisesAt(Plain):
+    """Plain, but sample ``bad`` raises: a corrupt event, which the loop skips."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.bad:
+            raise ValueError(f"event {i} is corrupt")
+        return super().__getitem__(i)
+
+
+def skipping(batches: DataLoader, count: int | None = None) -> list[list[int]]:
+    """The indices of ``count`` calls of next() (all: None), the batches that raised
+    skipped."""
+    got: list[list[int]] = []
+    calls = 0
+    it = iter(batches)
+    while count is None or calls < count:
+        calls += 1
+        try:
+            got.append(next(it).flatten().tolist())
+        except StopIteration:
+            break
+        except ValueError:
+            continue
+    return got
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_batch_that_raised_and_was_skipped_counts_as_served(workers: int, adapt: bool) -> None:
+    """The loop catches the batch's error and goes on: torch has handed that batch out.
+    Before, it was not counted: a resume repeated one batch, and the state said one less."""
+    kw = {"num_workers": workers} if workers else {}
+    whole = skipping(DataLoader(Plain(64), plan=planned(), check_fingerprint=False))
+    skipped = whole[2]  # its first sample raises: the third of the 10 next() calls
+    data = RaisesAt(64, skipped[0])
+    loader = DataLoader(data, plan=planned(), check_fingerprint=False, adapt=adapt, **kw)
+    got = skipping(loader, 10)
+    assert loader.state_dict()["batches"] == 10
+    resumed = DataLoader(data, plan=planned(), check_fingerprint=False)
+    resumed.load_state_dict(loader.state_dict())
+    rest = skipping(resumed)
+    served = sorted(i for b in got + rest for i in b)
+    assert served == sorted(set(range(64)) - set(skipped))
+
+
 @pytest.mark.slow
 def test_ranks_share_the_size_measurement_and_agree_on_the_epoch(tmp_path: Path) -> None:
     from conftest import torchrun
