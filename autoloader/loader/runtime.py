@@ -67,6 +67,8 @@ def default_limits(
     if max_workers is None:
         searched = (search.max_workers or 0) if search is not None else 0
         max_workers = max(settings.num_workers, cpus_per_rank(), min(searched, 1024))
+    # a cap under the count the loader runs says no raise, not "past the cap" beside it
+    max_workers = max(max_workers, settings.num_workers)
     failed = search.failed_past(settings.num_workers) if search is not None else None
     return Limits(
         max_workers,

@@ -1403,6 +1403,22 @@ def test_out_of_order_a_long_starved_epoch_is_adapted_at_its_end() -> None:
     assert loader.adaptations and all(c.batch is None for c in loader.adaptations)
 
 
+def test_a_cap_under_the_plans_count_holds_the_plans_count() -> None:
+    """adapt_max_workers=0 under a plan of 2: no raise, and the cap exported is 2, where
+    it was 0 beside 2 workers running (``autoloader status``: "at the cap of 0")."""
+    registry = CollectorRegistry()
+    loader = DataLoader(
+        Slow(n=64, delay=0.004),
+        plan=planned(2),
+        check_fingerprint=False,
+        registry=registry,
+        adapt_max_workers=0,
+    )
+    run(loader, 2, step=0.001)
+    assert loader.num_workers == 2 and loader.adaptations == []
+    assert registry.get_sample_value("autoloader_adapt_max_workers", {"rank": "0"}) == 2
+
+
 def test_a_fed_long_epoch_never_changes() -> None:
     # the main process's own loading: ~1% of the loop; a window of 8 steps of 0.1 s, so a
     # loaded machine's one 25 ms hiccup in a next() (a test beside it leaking 1 GiB) is 3%
