@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import io
+import multiprocessing as mp
 import socket
 import sqlite3
 import threading
@@ -134,3 +135,10 @@ class ForkRefusal:
             "in the child). Open it in each process, on its first read in a new pid, and "
             "set autoloader_fork_safe = True on its class"
         )
+
+
+def fork_refusal(dataset: Any, context: Any = None) -> ForkRefusal | None:
+    """The check for ``dataset`` where workers started with ``context`` (a
+    multiprocessing context, or None: the default) are forked; None where they are not."""
+    method = context.get_start_method() if context is not None else mp.get_start_method()
+    return ForkRefusal(dataset) if method == "fork" else None

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import inspect
 import logging
-import multiprocessing as mp
 import os
 import time
 import warnings
@@ -25,7 +24,7 @@ from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
-from autoloader.feed.fork_hazards import ForkRefusal
+from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
@@ -508,7 +507,8 @@ def _runtime(
     settings = _settings_of(loader)
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
-    limits = dataclasses.replace(limits, fork_refuses=_fork_refuses(loader))
+    refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
+    limits = dataclasses.replace(limits, fork_refuses=refusal)
     adapter = Adapter(
         settings,
         limits,
@@ -522,14 +522,6 @@ def _runtime(
     if predicted:
         watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
-
-
-def _fork_refuses(loader: DataLoader) -> ForkRefusal | None:
-    """Why workers forked from this process now would share what its reads left in the
-    dataset (``autoloader.feed.fork_hazards``); None where workers are not forked."""
-    context = loader.multiprocessing_context
-    method = context.get_start_method() if context is not None else mp.get_start_method()
-    return ForkRefusal(loader.dataset) if method == "fork" else None
 
 
 def _survival(loader: DataLoader, rank: int) -> Survival | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
 import socket
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -21,7 +20,7 @@ import torch
 
 from autoloader.accelerator import nvml_index
 from autoloader.errors import DatasetError, DeviceError, UsageError
-from autoloader.feed.fork_hazards import fork_hazard
+from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
 from autoloader.host.budget import HostBudget
@@ -364,15 +363,10 @@ def worker_search(
     """
     local = choice.local_batch_size
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
-    hazard = fork_hazard(work.dataset) if mp.get_start_method() == "fork" else None
-    if hazard is not None:
-        log.warning(
-            "worker search: %s, left by this process's reads: the workers it forks share "
-            "it, and may read other records' bytes or hang until --worker-timeout. Open it "
-            "in each process (on its first read in a new pid) and set "
-            "autoloader_fork_safe = True on its class",
-            hazard,
-        )
+    refusal = fork_refusal(work.dataset)
+    shared = refusal() if refusal is not None else None
+    if shared is not None:  # the search forks its workers all the same: said, not refused
+        log.warning("worker search: %s", shared)
     budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
     extent = _extent(budget, batch_bytes, where, times) if opts.max_workers is None else None
     rule = workers.Rule(
