@@ -363,10 +363,7 @@ def worker_search(
     """
     local = choice.local_batch_size
     n_max = where.cpus if opts.max_workers is None else opts.max_workers
-    refusal = fork_refusal(work.dataset)
-    shared = refusal() if refusal is not None else None
-    if shared is not None:  # the search forks its workers all the same: said, not refused
-        log.warning("worker search: %s", shared)
+    _warn_shared(work.dataset)
     budget, batch_bytes = HostBudget.probe(), search_batch_bytes(choice)
     extent = _extent(budget, batch_bytes, where, times) if opts.max_workers is None else None
     rule = workers.Rule(
@@ -425,6 +422,15 @@ def worker_search(
         log.warning("worker search: %s", host["limit"])
     top = max((c.workers for c in found.trace), default=n_max)
     return WorkerStage(result, found, max(n_max, top), nodes, host)
+
+
+def _warn_shared(dataset: Any) -> None:
+    """Say what the search's forked workers would share of what this process's reads
+    left in ``dataset`` (``feed.fork_hazards``): it forks them all the same."""
+    refusal = fork_refusal(dataset)
+    shared = refusal() if refusal is not None else None
+    if shared is not None:
+        log.warning("worker search: %s", shared)
 
 
 # the plan's [loader] table, or the settings a loop trial runs with
