@@ -25,7 +25,7 @@ from autoloader.compat import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
 from autoloader.loader.lookahead import Lookahead
-from autoloader.loader.position import served_raising
+from autoloader.loader.position import served_raising, was_served
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
@@ -214,6 +214,16 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                 w.join(timeout=compat.STATUS_INTERVAL)
 
     def __next__(self) -> Any:
+        try:
+            return self._next_surviving()
+        except Exception as exc:
+            if was_served(exc):  # the dataset's error for a batch handed out: a restart
+                self._yielded += 1  # begins past it
+            raise
+
+    def _next_surviving(self) -> Any:
+        """The next batch, the workers restarted (and the batch awaited again) where they
+        died."""
         while True:
             self._wait_began, self._stall_warned = time.monotonic(), False
             self._waiting = True
@@ -232,17 +242,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                 fetch = not isinstance(exc, RuntimeError) and not raised_in_worker(exc)
                 deaths = self._deaths(patience=compat.STATUS_INTERVAL if fetch else 0)
                 if not deaths:
-                    if raised_in_worker(exc):
-                        self._yielded += 1  # handed out: a restart begins past it
                     raise
                 assert self._survival is not None
                 self._survival.died(deaths, self._loader(), self._start + self._yielded)
                 self._restart()
                 continue
-            except Exception as exc:
-                if raised_in_worker(exc):
-                    self._yielded += 1  # handed out: a restart begins past it
-                raise
             finally:
                 self._waiting = False
             self._yielded += 1

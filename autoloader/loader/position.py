@@ -111,7 +111,7 @@ class Served:
         try:
             batch = next(self._batches)
         except Exception as exc:
-            if getattr(exc, _SERVED_RAISING, False):
+            if was_served(exc):
                 self._position.batches += 1
             raise
         self._position.batches += 1
@@ -126,6 +126,11 @@ def served_raising(exc: BaseException) -> None:
     loop may catch and go on past): an outer count of served batches counts it too."""
     with contextlib.suppress(AttributeError, TypeError):
         setattr(exc, _SERVED_RAISING, True)
+
+
+def was_served(exc: BaseException) -> bool:
+    """Whether ``exc`` ended a batch that was handed out (``served_raising``)."""
+    return getattr(exc, _SERVED_RAISING, False) is True
 
 
 def state(

@@ -203,6 +203,45 @@ def test_a_sample_that_always_exits_its_worker_is_named() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+class RaisesAt(Numbers):
+    """Numbers, but sample ``bad`` raises: a corrupt event the loop skips."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.bad:
+            raise ValueError(f"event {i} is corrupt")
+        return super().__getitem__(i)
+
+
+def test_a_restart_after_a_death_begins_past_a_batch_that_raised(
+    registry: CollectorRegistry,
+) -> None:
+    """The loop skips batch 2, whose sample raised, then a worker is killed: the restart
+    begins past the batches handed out, that one included. Before, it began one batch
+    early and served a batch twice."""
+    p = plan()
+    order = reference(p)
+    loader = DataLoader(RaisesAt(order[2][0]), plan=p, registry=registry)
+    others = {c.pid for c in psutil.Process().children()}
+    got, it = [], iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except ValueError:
+            continue
+        got.append(batch.flatten().tolist())
+        if len(got) == 5:
+            workers = [c for c in psutil.Process().children() if c.pid not in others]
+            os.kill(workers[0].pid, signal.SIGKILL)
+    assert loader.stats.worker_restarts == 1
+    assert got == order[:2] + order[3:]  # every other batch, in order, none twice
+
+
 def test_deaths_without_a_culprit_step_the_workers_down(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
