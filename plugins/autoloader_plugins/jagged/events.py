@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from autoloader.cache import NodeCache
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
@@ -128,6 +129,23 @@ class JaggedEvents(Dataset):
         """The samples' bytes (as ``autoloader_sizes`` counts them) that one reading
         process keeps decoded: a read order whose window fits reads each block once."""
         return self.cache.budget
+
+    def autoloader_node_cache(self, node: NodeCache | None) -> None:
+        """Read the blocks ``node`` keeps through it (None: from the files alone)."""
+        self.cache.node = node
+
+    def autoloader_read_block(self, block: int) -> np.ndarray:
+        """Block ``block`` (of ``autoloader_blocks``) decoded from its file, past every
+        cache: what one miss of the node cache costs."""
+        bounds = self.autoloader_blocks()
+        start, stop = int(bounds[block]), int(bounds[block + 1])
+        k = int(np.searchsorted(self.starts, start, side="right") - 1)
+        base = int(self.starts[k])
+        return self.readers[k]._read_block(start - base, stop - base)
+
+    def autoloader_decoded_bytes(self) -> int:
+        """Bytes of every block decoded (float32 items x fields): the whole node cache."""
+        return int(self.counts.sum()) * self.width * 4
 
     def autoloader_source(self) -> DataSource:
         paths = [r.path for r in self.readers]

@@ -299,7 +299,7 @@ class H5Table(BlockReader):
             if not cache.admits(key, (z - a) * self.width * 4):
                 alone[lo:hi] = True
                 continue
-            rows = cache.get(key, self._read_items, a, z)
+            rows = cache.get(key, self._read_items, a, z, shape=(z - a, self.width))
             for j in range(lo, hi):
                 out[at_[j] : at_[j + 1]] = rows[starts_[j] - a : stops_[j] - a]
         if alone.any():

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.cache import NodeCache
 from autoloader.errors import DatasetError
 
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
@@ -128,7 +129,9 @@ class BlockReader(Reader):
         row = 0
         for b in np.unique(block_of):
             start, stop = int(bounds[b]), int(bounds[b + 1])
-            rows = cache.get((self.path, self.name, start), self._read_block, start, stop)
+            shape = (int(self.offsets[stop] - self.offsets[start]), self.width)
+            key = (self.path, self.name, start)
+            rows = cache.get(key, self._read_block, start, stop, shape=shape)
             mine = events[block_of == b]
             base = self.offsets[start]
             index = ranges_index(self.offsets[mine] - base, self.offsets[mine + 1] - base)
@@ -139,10 +142,14 @@ class BlockReader(Reader):
 
 class BlockCache:
     """Decoded blocks this process keeps, least recently used first out, within a byte
-    budget; empty after pickling (each worker keeps its own)."""
+    budget; empty after pickling (each worker keeps its own).
 
-    def __init__(self, budget: int = BLOCK_CACHE_BYTES) -> None:
+    With a node cache (``node``, set by a plan's ``[cache]``), the blocks it keeps are
+    mapped from there, shared by every process on the node, and never held here."""
+
+    def __init__(self, budget: int = BLOCK_CACHE_BYTES, node: NodeCache | None = None) -> None:
         self.budget = budget
+        self.node = node
         self.clear()
 
     def clear(self) -> None:
@@ -166,6 +173,8 @@ class BlockCache:
         buy nothing."""
         if self._pid != os.getpid():
             self.clear()
+        if self.node is not None and self.node.keeps(key):
+            return True  # decoded whole once, mapped by every later read
         if key in self._blocks:
             self._again += _AGAIN_RATE * (1.0 - self._again)
             return True
@@ -181,8 +190,17 @@ class BlockCache:
             self._asked_bytes -= self._asked.popitem(last=False)[1]
         return False
 
-    def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
-        """The block ``key``, decoded by ``load(*args)`` where this process has none."""
+    def get(
+        self,
+        key: Any,
+        load: Callable[..., np.ndarray],
+        *args: Any,
+        shape: tuple[int, int] | None = None,
+    ) -> np.ndarray:
+        """The block ``key``, decoded by ``load(*args)`` where neither the node cache nor
+        this process has it (``shape``: the ``[items, width]`` it must have)."""
+        if self.node is not None and self.node.keeps(key):
+            return self.node.get(key, load, *args, shape=shape)
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
@@ -198,10 +216,11 @@ class BlockCache:
         return found
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"budget": self.budget}
+        return {"budget": self.budget, "node": self.node}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.budget = state["budget"]
+        self.node = state.get("node")
         self.clear()
 
 

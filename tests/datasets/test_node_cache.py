@@ -1,0 +1,136 @@
+"""A plan's ``[cache]`` on jagged tables (HDF5, ROOT, Parquet): a planned loader serves the
+same batches as one reading the files alone, bit for bit and in the same order, from
+blocks decoded once on the node, with workers and across a resume."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import autoloader
+from autoloader.cache import release
+from autoloader.demo.jagged_files import (
+    make_events,
+    write_km3pipe_h5,
+    write_parquet,
+    write_root,
+)
+
+N = 900
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("cached")
+    ev = make_events(N, seed=11)
+    return {
+        "km3": f"{write_km3pipe_h5(d / 'km3.h5', ev, chunk_items=1024)}#hits",
+        "root": f"{write_root(d / 'e.root', ev, events_per_basket=200)}#Events?fields=hits_*",
+        "parquet": str(write_parquet(d / "e.parquet", ev, row_group_size=200)),
+    }
+
+
+def _plan(where: Path, workers: int, cache: str = "") -> autoloader.Plan:
+    table = {"where": str(where), **({"share": float(cache)} if cache else {})}
+    return autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32, "seed": 4},
+            "cache": table,
+        }
+    )
+
+
+def _epochs(loader: autoloader.DataLoader, epochs: int) -> list[torch.Tensor]:
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out.extend(b.x.clone() for b in loader)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["km3", "root", "parquet"])
+def test_cached_batches_equal_the_files_bit_for_bit_in_the_same_order(
+    specs: dict[str, str], tmp_path: Path, layout: str, workers: int
+) -> None:
+    spec = specs[layout]
+    plan = _plan(tmp_path, workers)
+    alone = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    assert alone.node_cache is None
+    want = _epochs(alone, 2)
+    assert not tmp_path.joinpath(f"autoloader-{os.getuid()}").exists()
+    cached = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    node = cached.node_cache
+    assert node is not None
+    got = _epochs(cached, 2)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    counts = node.tally.total()  # this process's and its workers'
+    blocks = len(autoloader.open_dataset(spec).autoloader_blocks()) - 1
+    assert counts.misses == blocks == len(list(node.directory.glob("*.npy")))
+    assert counts.hits > 0
+    assert release(str(node.home)) and not node.home.exists()
+
+
+def test_a_share_of_the_blocks_is_cached_and_the_rest_read_from_the_files(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["parquet"]
+    want = _epochs(
+        autoloader.DataLoader(
+            autoloader.open_dataset(spec), plan=_plan(tmp_path, 0), cache=False, adapt=False
+        ),
+        2,
+    )
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=_plan(tmp_path, 0, "0.5"), adapt=False
+    )
+    got = _epochs(loader, 2)
+    assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
+    node = loader.node_cache
+    assert node is not None
+    blocks = len(loader.dataset.autoloader_blocks()) - 1
+    assert 0 < len(list(node.directory.glob("*.npy"))) < blocks
+
+
+def test_a_resumed_loader_serves_what_an_uninterrupted_one_does(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["km3"]
+    plan = _plan(tmp_path, 0)
+    whole = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, cache=False, adapt=False
+    )
+    want = [b.x.clone() for b in whole]
+    first = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    it = iter(first)
+    head = [next(it).x.clone() for _ in range(5)]
+    state = first.state_dict()
+    del it
+    resumed = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    resumed.load_state_dict(state)
+    tail = [b.x.clone() for b in resumed]
+    assert [t.numpy().tobytes() for t in head + tail] == [t.numpy().tobytes() for t in want]
+
+
+def test_a_plan_without_cache_or_a_dataset_without_blocks_uses_none(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, 0)
+    bare = autoloader.Plan.from_dict({k: v for k, v in plan.to_dict().items() if k != "cache"})
+    loader = autoloader.DataLoader(autoloader.open_dataset(specs["root"]), plan=bare, adapt=False)
+    assert loader.node_cache is None
+    tensors = [torch.full((3, 2), float(n)) for n in range(1, 40)]
+    plain = autoloader.DataLoader(tensors, plan=plan, adapt=False, check_fingerprint=False)
+    assert plain.node_cache is None
+    assert sum(len(b) for b in plain) == 39
+    with pytest.raises(TypeError, match="cache should be a boolean value, but got cache='no'"):
+        autoloader.DataLoader(tensors, plan=plan, cache="no")  # type: ignore[arg-type]
