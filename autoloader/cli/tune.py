@@ -199,6 +199,19 @@ def _reading_options(g: Any) -> None:
         "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
         "global shuffle (default: %(default)s)",
     )
+    cache = g.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="a node-local directory (NVMe, $TMPDIR on a Slurm node) for the node cache of "
+        "decoded blocks, instead of /dev/shm; the tune plans one where it measures faster",
+    )
+    cache.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="plan no node cache of decoded blocks",
+    )
     g.add_argument(
         "--baseline",
         metavar='"key=value,..."',

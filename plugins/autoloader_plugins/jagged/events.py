@@ -25,7 +25,7 @@ from autoloader.cache import NodeCache
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
-from autoloader_plugins.jagged.reader import BlockCache, Reader
+from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Reader
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
 
@@ -140,8 +140,10 @@ class JaggedEvents(Dataset):
         bounds = self.autoloader_blocks()
         start, stop = int(bounds[block]), int(bounds[block + 1])
         k = int(np.searchsorted(self.starts, start, side="right") - 1)
-        base = int(self.starts[k])
-        return self.readers[k]._read_block(start - base, stop - base)
+        base, reader = int(self.starts[k]), self.readers[k]
+        if not isinstance(reader, BlockReader):
+            raise TypeError(f"{reader!r} does not read storage blocks")
+        return reader._read_block(start - base, stop - base)
 
     def autoloader_decoded_bytes(self) -> int:
         """Bytes of every block decoded (float32 items x fields): the whole node cache."""
