@@ -182,6 +182,12 @@ class NodeCache:
         """Bytes of entries written, as the ledger counts them."""
         return _read_int(self.directory / "ledger")
 
+    def counts(self) -> tuple[int, int, int]:
+        """Blocks mapped and decoded by this cache's owner and its workers, and the bytes
+        of the node's cache: what the metrics export."""
+        c = self.tally.total()
+        return c.hits, c.misses, self.used_bytes()
+
     # -- the directory -------------------------------------------------------------------
     def _ready(self) -> bool:
         """The directory exists, the user's alone; older stamps of this data removed."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoloader.cli.cache_view import cache_line, cache_rows
 from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
 from autoloader.plan.view import View
@@ -36,6 +37,7 @@ def sections(plan: Plan) -> list[Section]:
         _strategies(tuning.sub("strategies"), plan.batching.strategy),
         _read_order(tuning.sub("read_order"), plan.batching.read_order),
         _host(tuning.sub("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
+        _cache(plan),
     ]
     return [s for s in found if s is not None]
 
@@ -95,6 +97,9 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"{', drop_last' if bp.drop_last else ''}"
     )
     out.append(f"read      {_order(bp.read_order, View.of(plan.dataset).count('num_samples'))}")
+    cached = cache_line(plan)
+    if cached is not None:
+        out.append(cached)
     for section in sections(plan):
         out.extend(section.lines())
     out.extend(_runtime(View.of(plan.tuning).sub("runtime")))
@@ -462,6 +467,14 @@ def _read_order(found: View, windows: dict[str, int] | None) -> Section | None:
     )
     header = ["order", "ms/sample", "speed", "blocks a batch draws from", "worst batch"]
     return Section("read order (timed on this data; * the plan's)", header, rows, notes)
+
+
+def _cache(plan: Plan) -> Section | None:
+    """``[tuning.cache]``: a block decoded against mapped, the room, and the choice."""
+    found = cache_rows(plan)
+    if found is None:
+        return None
+    return Section("node cache (timed on this data)", *found)
 
 
 def _host(host: View, workers: int, prefetch: int | None) -> Section | None:

@@ -175,6 +175,8 @@ class DataLoader(tud.DataLoader):
             )
         if self._recorder is not None:
             self._configure_metrics(self._recorder)
+            if self.node_cache is not None:
+                self._recorder.watch_cache(self.node_cache.counts)
         self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank = rank
         self._survival = _survival(self, rank)

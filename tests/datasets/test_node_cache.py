@@ -134,3 +134,31 @@ def test_a_plan_without_cache_or_a_dataset_without_blocks_uses_none(
     assert sum(len(b) for b in plain) == 39
     with pytest.raises(TypeError, match="cache should be a boolean value, but got cache='no'"):
         autoloader.DataLoader(tensors, plan=plan, cache="no")  # type: ignore[arg-type]
+
+
+def test_hits_misses_and_bytes_are_exported_and_status_shows_them(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from autoloader.cli.status import render
+    from autoloader.metrics.status import read_status
+
+    registry = CollectorRegistry()
+    spec = specs["root"]
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=_plan(tmp_path, 2), adapt=False, registry=registry
+    )
+    _epochs(loader, 2)
+    node = loader.node_cache
+    assert node is not None
+    blocks = len(loader.dataset.autoloader_blocks()) - 1
+    hits, misses, nbytes = node.counts()
+    value = registry.get_sample_value
+    assert value("autoloader_cache_misses_total", {"rank": "0"}) == misses == blocks
+    assert value("autoloader_cache_hits_total", {"rank": "0"}) == hits > 0
+    assert value("autoloader_cache_bytes", {"rank": "0"}) == nbytes == node.used_bytes() > 0
+    (rank,) = read_status(registry)["ranks"]
+    assert (rank["cache_hits"], rank["cache_misses"]) == (hits, misses)
+    shown = render(read_status(registry), tmp_path)
+    assert f"node cache: {hits} blocks mapped, {misses} decoded" in shown
