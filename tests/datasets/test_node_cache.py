@@ -162,3 +162,64 @@ def test_hits_misses_and_bytes_are_exported_and_status_shows_them(
     assert (rank["cache_hits"], rank["cache_misses"]) == (hits, misses)
     shown = render(read_status(registry), tmp_path)
     assert f"node cache: {hits} blocks mapped, {misses} decoded" in shown
+
+
+_JOB = """
+import os, sys
+import autoloader
+spec, where, keep, end = sys.argv[1:5]
+plan = autoloader.Plan.from_dict({
+    "schema": 1,
+    "loader": {"num_workers": 1},
+    "batching": {"strategy": "random", "local_batch_size": 32},
+    "cache": {"where": where, "keep": keep == "keep"},
+})
+loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+total = sum(int(b.num_nodes) for b in loader)
+hits, misses, nbytes = loader.node_cache.counts()
+print(total, hits, misses, flush=True)
+if end == "killed":
+    os._exit(0)  # as SIGKILL ends it: nothing of the process's own runs
+"""
+
+
+def _job(tmp_path: Path, spec: str, *args: str) -> list[int]:
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    done = subprocess.run(
+        [sys.executable, str(script), spec, str(tmp_path / "c"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return [int(v) for v in done.stdout.split()]
+
+
+def test_the_cache_goes_with_the_jobs_last_process_unless_kept_and_serves_the_next_job(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["parquet"]
+    home = tmp_path / "c" / f"autoloader-{os.getuid()}"
+    total, _, misses = _job(tmp_path, spec, "keep", "ended")
+    assert misses > 0 and any(home.iterdir())  # kept for the next job
+    again, hits, misses = _job(tmp_path, spec, "drop", "killed")
+    assert (again, misses) == (total, 0) and hits > 0  # the next job on the same data
+    assert any(home.iterdir())  # a killed job leaves it to the next
+    _job(tmp_path, spec, "drop", "ended")
+    assert not any(home.iterdir())  # removed with the job's last process
+
+
+def test_a_file_that_changed_is_read_anew_never_from_the_old_entries(tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    write_parquet(path, make_events(300, seed=1), row_group_size=100)
+    spec = str(path)
+    first = _job(tmp_path, spec, "keep", "ended")
+    write_parquet(path, make_events(300, seed=2), row_group_size=100)  # same name, new data
+    total, _, misses = _job(tmp_path, spec, "keep", "ended")
+    assert misses == 3 and total != first[0]  # its three row groups decoded again
+    want = sum(len(autoloader.open_dataset(spec)[i].x) for i in range(300))
+    assert total == want
