@@ -223,3 +223,31 @@ def test_a_file_that_changed_is_read_anew_never_from_the_old_entries(tmp_path: P
     assert misses == 3 and total != first[0]  # its three row groups decoded again
     want = sum(len(autoloader.open_dataset(spec)[i].x) for i in range(300))
     assert total == want
+
+
+def test_a_worker_killed_while_the_cache_fills_is_survived_with_the_same_batches(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    import signal
+
+    import psutil
+
+    spec = specs["km3"]
+    plan = _plan(tmp_path, 2)
+    want = _epochs(
+        autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False),
+        2,
+    )
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    others = {p.pid for p in psutil.Process().children()}
+    got = []
+    loader.set_epoch(0)
+    for n, batch in enumerate(loader):
+        got.append(batch.x.clone())
+        if n == 2:
+            workers = [p for p in psutil.Process().children() if p.pid not in others]
+            os.kill(workers[0].pid, signal.SIGKILL)
+    loader.set_epoch(1)
+    got.extend(b.x.clone() for b in loader)
+    assert loader.stats.worker_restarts == 1
+    assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
