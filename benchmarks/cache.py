@@ -11,10 +11,10 @@ about 1,500 items (``--median``) and six per-item fields. On each:
    The figure is epoch 1 / epoch 3 of the cached loader (the cache filled in epoch 1,
    mapped in epoch 3), beside the same ratio without the cache and the cached epoch 3
    against the uncached epoch 3 (all ratios of this run, on this machine).
-3. One copy per node: two processes of ``WORKERS`` workers each read epoch 3 of the
-   same cache at once; the bytes the cache holds (in /dev/shm: one copy) against the
-   decoded data times the reading processes (what a copy per process would hold), and
-   the processes' summed PSS at the end of the epoch.
+3. One copy per node: two processes of ``WORKERS`` workers each read an epoch of the
+   warm cache at once, then two read the files alone; the bytes the cache's files hold
+   (in /dev/shm: one copy), and each pair's summed PSS near the epoch's end (without
+   the cache, each worker keeps its own decoded blocks).
 
 Not here: a GraphNeT-layout SQLite database and a file behind the remote benchmark's
 20 ms proxy (their readers are not on this branch): ``--spec NAME=SPEC`` adds any dataset
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-EVENTS = 3_000
+EVENTS = 8_000  # ~430 MiB decoded: more than a worker's own block cache (256 MiB)
 MEDIAN_ITEMS = 1_500
 WORKERS = 2
 BATCH = 32
@@ -103,9 +103,10 @@ def epochs(spec: str, plan: Path, cache: bool, count: int = 3) -> tuple[list[flo
 
 _READER = """
 import sys, time, psutil, autoloader
-spec, plan = sys.argv[1:3]
+spec, plan, workers, cache = sys.argv[1:5]
 loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False,
-                               num_workers=int(sys.argv[3]), persistent_workers=True)
+                               num_workers=int(workers), persistent_workers=True,
+                               cache=cache == "cache")
 it = iter(loader)
 for _ in range(len(loader) - 1):
     next(it)
@@ -117,20 +118,20 @@ for _ in it:
 """
 
 
-def shared(spec: str, plan: Path) -> tuple[int, ...]:
-    """Two processes of ``WORKERS`` workers reading the warm cache at once: their PSS."""
+def shared(spec: str, plan: Path, cache: bool) -> int:
+    """Two processes of ``WORKERS`` workers reading an epoch at once (the warm cache, or
+    the files alone): their trees' summed PSS near the epoch's end."""
     script = Path(tempfile.mkdtemp()) / "reader.py"
     script.write_text(_READER)
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), spec, str(plan), str(WORKERS)],
+            [sys.executable, str(script), spec, str(plan), str(WORKERS), "cache" * cache],
             stdout=subprocess.PIPE,
             text=True,
         )
         for _ in range(2)
     ]
-    out = [int(p.communicate(timeout=900)[0].split()[0]) for p in procs]
-    return tuple(out)
+    return sum(int(p.communicate(timeout=1800)[0].split()[0]) for p in procs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         from dataclasses import replace
 
         replace(plan, cache=replace(plan.cache, keep=True)).save(kept)
-        pss = shared(spec, kept)
+        pss = (shared(spec, kept, True), shared(spec, kept, False))
         rows.append((name, with_cache, without, pss, held))
     print(
         "\nfile          e1/e3 cached  e1/e3 uncached  e3 uncached/cached  "
-        "cache files (one copy)  PSS of 2 x (1+2) processes"
+        "cache files (one copy)  PSS of 2 x (1+2) processes: cached, uncached"
     )
     for name, cached, plain, pss, held in rows:
         if cached is None:
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:13s} {cached[0] / cached[2]:10.2f}x  {plain[0] / plain[2]:12.2f}x  "
             f"{plain[2] / cached[2]:16.2f}x  {held / 2**20:18.0f} MiB  "
-            f"{sum(pss) / 2**20:20.0f} MiB"
+            f"{pss[0] / 2**20:20.0f} MiB, {pss[1] / 2**20:.0f} MiB"
         )
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on this machine)")
     return 0

@@ -82,6 +82,7 @@ class NodeCache:
         self.tally = Tally(self.directory / "tally", os.getpid())
         self._ready_pid: int | None = None
         self._broken = False
+        self._full = False  # this process found the bound or the free space reached
 
     # -- reading -------------------------------------------------------------------------
     def get(
@@ -113,6 +114,25 @@ class NodeCache:
                 # waiters re-check the entry once they hold the lock: it can go
                 _unlink(path.with_suffix(".lock"))
             return block
+
+    def lookup(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
+        """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
+        if self._broken or not self.keeps(key) or not self._ready():
+            return None
+        found = self._map(self.directory / f"{_digest(repr(key))}.npy", shape)
+        if found is not None:
+            self.tally.hit()
+        return found
+
+    def has(self, key: Any) -> bool:
+        """Whether an entry for ``key`` exists (not yet checked against its shape)."""
+        return self._ready() and (self.directory / f"{_digest(repr(key))}.npy").exists()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether this process still writes blocks: not once the cache is unusable here
+        or full (then what it lacks is read as without it, and what it has is mapped)."""
+        return not self._broken and not self._full
 
     def keeps(self, key: Any) -> bool:
         """Whether block ``key`` is one of the share kept (the same answer everywhere)."""
@@ -172,8 +192,10 @@ class NodeCache:
             used = _read_int(ledger)
             if nbytes > 0:
                 if self.budget_bytes is not None and used + nbytes > self.budget_bytes:
+                    self._full = True
                     return False
                 if self.min_free_bytes and _free(self.directory) - nbytes < self.min_free_bytes:
+                    self._full = True
                     return False
             _write_int(ledger, max(0, used + nbytes))
             return True
@@ -193,6 +215,8 @@ class NodeCache:
         """The directory exists, the user's alone; older stamps of this data removed."""
         if self._ready_pid == os.getpid():
             return True
+        if self._broken:
+            return False
         try:
             self.home.parent.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
             for d in (self.home.parent, self.home, self.directory):
@@ -221,6 +245,7 @@ class NodeCache:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_ready_pid"] = None
+        state["_full"] = False
         return state
 
 

@@ -251,3 +251,32 @@ def test_a_worker_killed_while_the_cache_fills_is_survived_with_the_same_batches
     got.extend(b.x.clone() for b in loader)
     assert loader.stats.worker_restarts == 1
     assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
+
+
+def test_a_full_cache_maps_what_it_holds_and_keeps_the_rest_in_the_process(
+    specs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoloader.cache import NodeCache
+    from autoloader_plugins.jagged.parquet import ParquetTable
+
+    spec = specs["parquet"]
+    decodes: list[int] = []
+    real = ParquetTable._read_block
+    monkeypatch.setattr(
+        ParquetTable, "_read_block", lambda self, a, z: decodes.append(a) or real(self, a, z)
+    )
+    ds = autoloader.open_dataset(spec)
+    source = ds.autoloader_source()
+    node = NodeCache(
+        str(tmp_path), f"{source.path}#{source.part}", source.stamp, budget_bytes=10**9
+    )
+    ds.autoloader_node_cache(node)
+    want = [e.x for e in autoloader.open_dataset(spec).__getitems__(list(range(0, 400, 7)))]
+    ds.__getitems__([0, 1])  # block 0 written
+    node.budget_bytes = node.used_bytes()  # now full
+    decodes.clear()
+    for _ in range(3):
+        got = ds.__getitems__(list(range(0, 400, 7)))  # blocks 0 and 1
+    assert decodes == [200]  # block 0 mapped; block 1 decoded once, kept by the process
+    assert not node.accepting
+    assert all(torch.equal(a.x, b) for a, b in zip(got, want, strict=True))

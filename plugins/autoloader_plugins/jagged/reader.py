@@ -173,7 +173,8 @@ class BlockCache:
         buy nothing."""
         if self._pid != os.getpid():
             self.clear()
-        if self.node is not None and self.node.keeps(key):
+        node = self.node
+        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
             return True  # decoded whole once, mapped by every later read
         if key in self._blocks:
             self._again += _AGAIN_RATE * (1.0 - self._again)
@@ -199,15 +200,28 @@ class BlockCache:
     ) -> np.ndarray:
         """The block ``key``, decoded by ``load(*args)`` where neither the node cache nor
         this process has it (``shape``: the ``[items, width]`` it must have)."""
-        if self.node is not None and self.node.keeps(key):
-            return self.node.get(key, load, *args, shape=shape)
+        node = self.node
+        if node is not None and node.keeps(key):
+            if node.accepting:
+                block = node.get(key, load, *args, shape=shape)
+                if node.accepting or isinstance(block, np.memmap):
+                    return block
+                return self._keep(key, block)  # the cache just filled: this process keeps it
+            mapped = node.lookup(key, shape)  # full: what it holds is still mapped
+            if mapped is not None:
+                return mapped
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
         if found is not None:
             self._blocks.move_to_end(key)
             return found
-        found = load(*args)
+        return self._keep(key, load(*args))
+
+    def _keep(self, key: Any, found: np.ndarray) -> np.ndarray:
+        """Hold ``found`` as block ``key``, the least recently used out past the budget."""
+        if self._pid != os.getpid():
+            self.clear()
         self._blocks[key] = found
         self._bytes += found.nbytes
         while self._bytes > self.budget and len(self._blocks) > 1:
