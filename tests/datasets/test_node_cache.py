@@ -256,8 +256,9 @@ def test_a_worker_killed_while_the_cache_fills_is_survived_with_the_same_batches
 def test_a_full_cache_maps_what_it_holds_and_keeps_the_rest_in_the_process(
     specs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autoloader.cache import NodeCache
     from autoloader_plugins.jagged.parquet import ParquetTable
+
+    from autoloader.cache import NodeCache
 
     spec = specs["parquet"]
     decodes: list[int] = []
