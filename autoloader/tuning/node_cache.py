@@ -92,11 +92,12 @@ def choose_cache(
     figures: dict[str, Any] = {
         "where": where,
         "blocks": count,
-        "blocks_timed": len(source),
+        "blocks_timed": len(cached),
         "decoded_bytes": decoded,
     }
-    if not source:
-        return none(f"cannot write a cache in {_place(where)}", **figures)
+    if not cached:
+        largest = f" a block of {format_bytes(max(block_bytes))}" if block_bytes else ""
+        return none(f"cannot write{largest} in {_place(where)}", **figures)
     src, hit = statistics.median(source), statistics.median(cached)
     speedup = src / max(hit, 1e-9)
     figures.update(
@@ -166,12 +167,12 @@ def _time_blocks(
             source.append(time.perf_counter() - t)
             sizes.append(int(block.nbytes))
             probe.get(b, lambda block=block: block)  # written
+            if not probe.has(b):  # unusable, or full (a container's small /dev/shm)
+                return [], [], sizes
             t = time.perf_counter()
             mapped = probe.get(b, _never)
             np.array(mapped)  # every byte read, as a batch's gather reads them
             cached.append(time.perf_counter() - t)
-            if probe._broken:
-                return [], [], []
             if time.perf_counter() - began > MEASURE_SECONDS and len(source) >= 2:
                 break
     finally:

@@ -159,3 +159,12 @@ def test_cache_options_refused_in_one_line(spec: str, tmp_path: Path) -> None:
     both = _tune(spec, tmp_path / "p.toml", "--cache-dir", str(tmp_path), "--no-cache")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_a_place_the_cache_cannot_be_written_plans_none(spec: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    found = _choose(spec, blocker / "cache")
+    assert found.plan is None
+    assert found.evidence["reason"].startswith("cannot write a block of ")
+    assert found.evidence["reason"].endswith(f" in {blocker / 'cache'}")
