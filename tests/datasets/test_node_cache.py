@@ -281,3 +281,19 @@ def test_a_full_cache_maps_what_it_holds_and_keeps_the_rest_in_the_process(
     assert decodes == [200]  # block 0 mapped; block 1 decoded once, kept by the process
     assert not node.accepting
     assert all(torch.equal(a.x, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_windowed_read_order_reads_the_same_batches_with_the_cache(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["root"]
+    raw = _plan(tmp_path, 0).to_dict()
+    raw["batching"]["read_order"] = {"block": 200, "window": 400}
+    plan = autoloader.Plan.from_dict(raw)
+    alone = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    cached = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    want, got = _epochs(alone, 2), _epochs(cached, 2)
+    assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
+    assert cached.node_cache is not None and cached.node_cache.counts()[0] > 0
