@@ -197,7 +197,7 @@ def exported_names(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
 # Exported only where a loader trains on CUDA (the memory drift watch).
 CUDA_ONLY = {"autoloader_memory_drift_ratio", "autoloader_memory_peak_bytes"}
-# Exported only where a plan's node cache is in use (tests/datasets/test_node_cache.py).
+# Exported only where a plan's node cache is in use (tests/datasets/test_jagged_cache.py).
 CACHE_ONLY = {
     "autoloader_cache_hits_total",
     "autoloader_cache_misses_total",
