@@ -1,0 +1,406 @@
+"""``DB.db#TABLE[?key=COLUMN&fields=...&events=TABLE2&event_fields=...]``: a SQLite table
+with one row per item, read as jagged events (GraphNeT's layout: a pulse table with an
+``event_no`` index, a truth table keyed by ``event_no``).
+
+The database is shared, never written: each process opens its own read-only connection
+(``mode=ro``) on its first use, so a worker forked after the parent read never touches the
+parent's (SQLite's "database disk image is malformed" across a fork). What opening reads
+(the tables, the per-key counts and row spans through the key's index, the events table)
+is one read transaction: one snapshot. A block is read by one statement, one snapshot
+too; a block whose rows no longer add up to what opening counted (a writer changed the
+table) is refused, naming the database, never returned mixed.
+
+Columns are fetched as Arrow batches through ADBC's SQLite driver (the ``sqlite`` extra:
+about 3x faster per row than building the standard library's tuples, benchmarks/keyed.py),
+else through ``sqlite3``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.reader import BlockReader, Field, fill
+from autoloader_plugins.jagged.spec import select, select_event_fields
+from autoloader_plugins.keyed.core import Spans, align, as_keys, key_order
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".db", ".sqlite", ".sqlite3")
+HEADER = b"SQLite format 3\x00"
+DEFAULT_KEY = "event_no"
+BUSY_SECONDS = 10.0  # how long a read waits on a writer's lock before it says so
+_NUMERIC = ("INT", "REAL", "FLOA", "DOUB", "NUM", "DEC", "BOOL")
+_SAMPLE = 1000  # rows whose stored types tell a typeless column's kind (GraphNeT's DDL)
+_INHERITED: list[Any] = []  # a parent's connections a forked child holds but never closes
+
+
+def is_sqlite(path: Path) -> bool:
+    """Whether ``path`` is a file with SQLite's header (or, empty, a SQLite suffix)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(HEADER))
+    except OSError:
+        return False
+    return head == HEADER or (not head and path.suffix.lower() in SUFFIXES)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The one way a database is opened: read-only, autocommit (transactions explicit).
+
+    Raises:
+        DatasetError: it cannot be opened.
+    """
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        return sqlite3.connect(
+            uri, uri=True, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise DatasetError(f"DATASET '{path}': cannot open as SQLite: {exc}") from None
+
+
+def _adbc(path: Path) -> Any:
+    """An ADBC connection to the same database, read-only; None without the driver."""
+    try:
+        import adbc_driver_sqlite.dbapi as dbapi
+    except ImportError:
+        return None
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    return dbapi.connect(uri, autocommit=True)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class SqliteTable(BlockReader):
+    """One database's keyed long table."""
+
+    def __init__(
+        self,
+        path: Path,
+        table: str | None,
+        key: str | None = None,
+        fields: tuple[str, ...] | None = None,
+        event_fields: tuple[str, ...] = (),
+        events: str | None = None,
+    ) -> None:
+        self.path, self.name = path, table or ""
+        self.key = key or DEFAULT_KEY
+        self._h: Any = None
+        self._hadbc: Any = None
+        self._hpid: int | None = None
+        con = self._db()
+        try:
+            self._run("BEGIN")
+            self._open(table, fields, event_fields, events)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        finally:
+            if con.in_transaction:
+                con.execute("COMMIT")
+
+    # -- opening --------------------------------------------------------------------------
+    def _open(
+        self,
+        table: str | None,
+        fields: tuple[str, ...] | None,
+        event_fields: tuple[str, ...],
+        events: str | None,
+    ) -> None:
+        tables = [
+            r[0]
+            for r in self._run(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            )
+        ]
+        if table is None:
+            table = self._only_table(tables)
+        elif table not in tables:
+            found = ", ".join(tables) if tables else "none"
+            raise DatasetError(f"{self.where}: no table '{table}': found tables {found}")
+        self.name = table
+        columns = self._columns(table)
+        if self.key not in columns:
+            raise DatasetError(
+                f"{self.where}: table '{table}' has no key column '{self.key}': found "
+                f"columns {', '.join(columns)}; name the key with '?key=COLUMN'"
+            )
+        numbers, odd = self._kinds(table, columns)
+        candidates = [c for c in numbers if c != self.key]
+        unreadable = {c: f"{why}: not numbers" for c, why in odd.items()}
+        if fields is None:
+            names = candidates
+        else:
+            names = select(fields, candidates, where=self.where, unreadable=unreadable)
+        if not names:
+            raise DatasetError(
+                f"{self.where}: table '{table}' has no numeric column but the key "
+                f"'{self.key}': found {', '.join(columns)}"
+            )
+        self.fields = tuple(Field(n) for n in names)
+        keys, counts, first, last = self._key_spans(table)
+        event_keys = None
+        self.event_fields = ()
+        self._values: dict[str, np.ndarray] = {}
+        if events is not None:
+            event_keys = self._events(events, tables, event_fields)
+        elif event_fields:
+            raise DatasetError(
+                f"{self.where}: event_fields= reads a table of one row per event: name it "
+                "with '?events=TABLE'"
+            )
+        self.spans: Spans = align(self.where, table, keys, counts, first, last, event_keys)
+        if event_keys is not None:
+            left = len(keys) - int(np.isin(keys, event_keys).sum())
+            if left:
+                log.info(
+                    "%s: %d keys of table '%s' are no event of '%s': not read",
+                    self.where,
+                    left,
+                    table,
+                    events,
+                )
+        self.offsets = self.spans.offsets
+
+    def _only_table(self, tables: list[str]) -> str:
+        """The one table whose key repeats; else a message listing every table."""
+        found: list[tuple[str, int, int]] = []
+        for t in tables:
+            if self.key not in self._columns(t):
+                continue
+            q = _quote(self.key)
+            rows, distinct = self._run(f"SELECT COUNT(*), COUNT(DISTINCT {q}) FROM {_quote(t)}")[0]
+            found.append((t, int(rows), int(distinct)))
+        repeating = [t for t, rows, distinct in found if rows > distinct]
+        if len(repeating) == 1:
+            return repeating[0]
+        listed = "; ".join(f"{t}: {rows} rows, {n} events" for t, rows, n in found)
+        what = "several tables" if repeating else "no table"
+        raise DatasetError(
+            f"{self.where}: {what} with rows sharing key '{self.key}' ({listed or 'none'}): "
+            f"name one as '{self.path}#TABLE'"
+            + ("" if found else f"; tables: {', '.join(tables) or 'none'}")
+        )
+
+    def _columns(self, table: str) -> list[str]:
+        return [r[1] for r in self._run(f"PRAGMA table_info({_quote(table)})")]
+
+    def _kinds(self, table: str, columns: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The numeric columns, and the others with the types found: a declared numeric
+        type, or (GraphNeT declares none) numbers stored in the first rows."""
+        declared = {
+            r[1]: (r[2] or "").upper() for r in self._run(f"PRAGMA table_info({_quote(table)})")
+        }
+        probes = ", ".join(f"group_concat(DISTINCT typeof({_quote(c)}))" for c in columns)
+        stored = self._run(f"SELECT {probes} FROM (SELECT * FROM {_quote(table)} LIMIT {_SAMPLE})")
+        numbers, odd = [], {}
+        for c, kinds in zip(columns, stored[0], strict=True):
+            seen = set((kinds or "").split(",")) - {"", "null"}
+            if seen <= {"integer", "real"} and (seen or any(t in declared[c] for t in _NUMERIC)):
+                numbers.append(c)
+            else:
+                odd[c] = ", ".join(sorted(seen)) or declared[c] or "no values"
+        return numbers, odd
+
+    def _key_spans(self, table: str) -> tuple[np.ndarray, ...]:
+        """Per key: its rows and the first and last ``rowid``, through the key's index
+        (one pass over the index, no table row read), else one scan of the key column."""
+        q, t = _quote(self.key), _quote(table)
+        if not self._indexed(table):
+            log.info(
+                "%s: table '%s' has no index on '%s': its key column is scanned once "
+                "(an index makes opening faster)",
+                self.where,
+                table,
+                self.key,
+            )
+        nulls = self._run(f"SELECT COUNT(*) FROM {t} WHERE {q} IS NULL")[0][0]
+        if nulls:
+            raise DatasetError(
+                f"{self.where}: table '{table}': key column '{self.key}' is NULL in {nulls} "
+                "rows: expected a key in every row"
+            )
+        rowid = "rowid" if self._has_rowid(table) else None
+        spans = f"MIN({rowid}), MAX({rowid})" if rowid else "-1, -1"
+        rows = self._run(f"SELECT {q}, COUNT(*), {spans} FROM {t} GROUP BY {q} ORDER BY {q}")
+        if not rows:
+            return (np.zeros(0, np.int64),) * 4
+        keys_raw, counts, first, last = (np.array(c) for c in zip(*rows, strict=True))
+        keys = as_keys(keys_raw, self.where, table, self.key)
+        if len(np.unique(keys)) != len(keys):
+            raise DatasetError(
+                f"{self.where}: table '{table}': key column '{self.key}' mixes integer and "
+                "real values of one key: expected integers"
+            )
+        return keys, counts.astype(np.int64), first.astype(np.int64), last.astype(np.int64)
+
+    def _indexed(self, table: str) -> bool:
+        for index in self._run(f"PRAGMA index_list({_quote(table)})"):
+            info = self._run(f"PRAGMA index_info({_quote(index[1])})")
+            if info and info[0][2] == self.key:
+                return True
+        return False
+
+    def _has_rowid(self, table: str) -> bool:
+        try:
+            self._run(f"SELECT rowid FROM {_quote(table)} LIMIT 1")
+        except sqlite3.OperationalError:
+            return False  # WITHOUT ROWID: read by key
+        return True
+
+    def _events(self, events: str, tables: list[str], patterns: tuple[str, ...]) -> np.ndarray:
+        """The events table's keys (ascending), its per-event values kept."""
+        where = f"{self.where}?events={events}"
+        if events not in tables:
+            raise DatasetError(f"{where}: no table '{events}': found tables {', '.join(tables)}")
+        columns = self._columns(events)
+        if self.key not in columns:
+            raise DatasetError(
+                f"{where}: table '{events}' has no key column '{self.key}': found columns "
+                f"{', '.join(columns)}"
+            )
+        q, t = _quote(self.key), _quote(events)
+        twice = self._run(f"SELECT {q}, COUNT(*) FROM {t} GROUP BY {q} HAVING COUNT(*) > 1 LIMIT 1")
+        if twice:
+            raise DatasetError(
+                f"{where}: table '{events}': key {twice[0][0]!r} is in {twice[0][1]} rows: "
+                f"expected one row per event (unique '{self.key}')"
+            )
+        numbers, odd = self._kinds(events, columns)
+        kinds = [(c, why) for c, why in odd.items()]
+        chosen = select_event_fields(
+            patterns, [c for c in numbers if c != self.key], kinds, where=where
+        )
+        cols = ", ".join([q, *(_quote(c) for c in chosen)])
+        rows = self._run(f"SELECT {cols} FROM {t} ORDER BY {q}")
+        if rows and rows[0][0] is None:
+            raise DatasetError(
+                f"{where}: table '{events}': key column '{self.key}' is NULL in some rows: "
+                "expected a key in every row"
+            )
+        data = list(zip(*rows, strict=True)) if rows else [()] * (1 + len(chosen))
+        self.event_fields = chosen
+        for name, values in zip(chosen, data[1:], strict=True):
+            array = np.array(values)
+            if array.dtype.kind not in "biuf":  # NULLs among numbers
+                array = np.array([np.nan if v is None else v for v in values], np.float64)
+            self._values[name] = array
+        keys = np.array(data[0]) if data[0] else np.zeros(0, np.int64)
+        return as_keys(keys, where, events, self.key)
+
+    # -- connections ---------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        if self._h is None or self._hpid != os.getpid():
+            if self._h is not None:
+                _INHERITED.extend([self._h, self._hadbc])  # the parent's: never closed here
+            self._h, self._hadbc = connect(self.path), None
+            self._hpid = os.getpid()
+        return self._h
+
+    def _columnar(self) -> Any:
+        self._db()
+        if self._hadbc is None:
+            self._hadbc = _adbc(self.path) or False
+        return self._hadbc or None
+
+    def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return self._db().execute(sql, params).fetchall()
+
+    def _error(self, exc: Exception) -> DatasetError:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            why = f"{text} (a writer holds it; waited {BUSY_SECONDS:g} s)"
+        elif "not a database" in text or "malformed" in text:
+            why = f"{text}: the file is truncated or corrupt"
+        else:
+            why = text
+        table = f"table '{self.name}': " if self.name else ""
+        return DatasetError(f"DATASET '{self.path}': {table}cannot read: {why}")
+
+    # -- reading ---------------------------------------------------------------------------
+    def event_values(self) -> dict[str, np.ndarray]:
+        return self._values
+
+    def _block_bounds(self) -> np.ndarray:
+        return self.spans.bounds()
+
+    def _read_block(self, start: int, stop: int) -> np.ndarray:
+        wanted = self.spans.keys[start:stop]
+        expected = int(self.spans.counts[start:stop].sum())
+        out = np.empty((expected, self.width), dtype=np.float32)
+        if expected == 0:
+            return out
+        cols = ", ".join(
+            [
+                f"CAST({_quote(self.key)} AS INTEGER)",
+                *(f"CAST({_quote(f.name)} AS REAL)" for f in self.fields),
+            ]
+        )
+        t, q = _quote(self.name), _quote(self.key)
+        lo, hi = self.spans.span(start, stop)
+        if hi >= 0 and not self.spans.scattered(start, stop):
+            sql = f"SELECT {cols} FROM {t} WHERE rowid BETWEEN ? AND ?"
+            params: tuple[Any, ...] = (lo, hi)
+        else:  # by key, through its index: ordered by key, then by rowid
+            sql = f"SELECT {cols} FROM {t} WHERE {q} BETWEEN ? AND ? ORDER BY {q}"
+            params = (int(wanted[0]), int(wanted[-1]))
+        columns = self._fetch(sql, params)
+        order = key_order(columns[0], wanted)
+        if len(order) != expected:
+            raise DatasetError(
+                f"{self.where}: events {start}..{stop - 1} (keys {int(wanted[0])}.."
+                f"{int(wanted[-1])}) have {len(order)} rows, {expected} when opened: the "
+                "database changed while it was read; reopen it once it is written"
+            )
+        for col, values in enumerate(columns[1:]):
+            if np.isnan(values[order]).any():
+                bad = self.fields[col].name
+                raise DatasetError(
+                    f"{self.where}: field '{bad}' is NULL or not a number in events "
+                    f"{start}..{stop - 1}: expected numbers"
+                )
+            fill(out, col, values[order].reshape(-1, 1))
+        return out
+
+    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[np.ndarray]:
+        """The statement's columns as arrays: key int64, fields float64 (NULL as nan)."""
+        try:
+            columnar = self._columnar()
+            if columnar is not None:
+                cur = columnar.cursor()
+                try:
+                    cur.execute(sql, params)
+                    table = cur.fetch_arrow_table()
+                finally:
+                    cur.close()
+                return [
+                    table.column(i).to_numpy()
+                    if i == 0
+                    else table.column(i).cast("double").fill_null(float("nan")).to_numpy()
+                    for i in range(table.num_columns)
+                ]
+            rows = self._db().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        except Exception as exc:  # ADBC's errors: locked, corrupt
+            if type(exc).__module__.startswith("adbc_driver"):
+                raise self._error(exc) from None
+            raise
+        width = 1 + len(self.fields)
+        if not rows:
+            return [np.zeros(0, np.int64)] + [np.zeros(0)] * (width - 1)
+        flat = np.array(rows, dtype=np.float64).reshape(len(rows), width)
+        return [flat[:, 0].astype(np.int64), *(flat[:, i] for i in range(1, width))]
+
+    def __repr__(self) -> str:
+        return f"SqliteTable('{self.path}#{self.name}', events={len(self)})"
