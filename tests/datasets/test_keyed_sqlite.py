@@ -282,7 +282,7 @@ BAD = {
     r"the file is truncated or corrupt$",
     "corrupt": r"bad\.db': table 'pulses': cannot read: file is not a database: the file is truncated or "
     r"corrupt$",
-    "events_not_unique": r"table 'runs': key 1 is in 2 rows: expected one row per event "
+    "events_not_unique": r"bad\.db#pulses\?events=runs': table 'runs': key 1 is in 2 rows: expected one row per event "
     r"\(unique 'event_no'\)$",
     "several": r"bad\.db': several tables with rows sharing key 'event_no' \(muons: 2 rows, 1 "
     r"events; pulses: 3 rows, 2 events; truth: 2 rows, 2 events\): name one as '.*bad\.db#TABLE'$",

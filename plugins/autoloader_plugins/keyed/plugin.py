@@ -16,6 +16,7 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
 from autoloader_plugins.jagged.spec import JaggedSpec, parse
+from autoloader_plugins.keyed import parquet
 from autoloader_plugins.keyed.events import KeyedEvents
 from autoloader_plugins.keyed.sqlite import SUFFIXES, SqliteTable, is_sqlite
 
@@ -49,12 +50,76 @@ def open_sqlite(spec: JaggedSpec, paths: list[Path]) -> JaggedEvents:
     return KeyedEvents(spec.text, readers, spec.key, spec.events)
 
 
+def _long_table(spec: JaggedSpec) -> tuple[Path, str, list[Path]] | None:
+    """A Parquet long table the spec names: (where, table name, its files), or None.
+
+    ``DIR#TABLE`` where ``DIR/TABLE/`` holds Parquet files (GraphNeT's merged layout); a
+    Parquet file, a directory of them or a glob, without a list column."""
+    p = Path(spec.path)
+    if spec.name and p.is_dir():
+        found = parquet.shards(p / spec.name)
+        return (p, spec.name, found) if found else None
+    if spec.name:
+        return None  # FILE.parquet#COLUMN: a struct column, or the jagged plugin's word
+    if p.is_dir():
+        found = parquet.shards(p)
+    elif p.is_file():
+        found = [p] if p.suffix.lower() in parquet.SUFFIXES else []
+    elif Path(p.name).suffix.lower() in parquet.SUFFIXES:
+        try:
+            found = spec.files(parquet.SUFFIXES)
+        except DatasetError:
+            return None
+    else:
+        return None
+    if not found:
+        return None
+    try:
+        schema = parquet.open_parquet(found[0]).schema_arrow
+    except DatasetError:
+        return None  # the jagged plugin says what is wrong with it
+    return None if parquet.has_lists(schema) else (p, "", found)
+
+
+def _events_files(spec: JaggedSpec, where: Path, name: str) -> list[Path] | None:
+    """The files of ``?events=TABLE``: a table directory (or file) beside the table."""
+    if spec.events is None:
+        return None
+    base = where if name else where.parent
+    for candidate in (base / spec.events, base / f"{spec.events}.parquet"):
+        if candidate.is_dir() and parquet.shards(candidate):
+            return parquet.shards(candidate)
+        if candidate.is_file():
+            return [candidate]
+    tables = sorted(d.name for d in base.iterdir() if d.is_dir() and parquet.shards(d))
+    raise DatasetError(
+        f"DATASET '{spec.text}': no table '{spec.events}' beside the table in '{base}': found "
+        f"{', '.join(tables) or 'none'}"
+    )
+
+
+def open_parquet(spec: JaggedSpec, found: tuple[Path, str, list[Path]]) -> JaggedEvents:
+    where, name, files = found
+    reader = parquet.ParquetLongTable(
+        where,
+        name,
+        files,
+        spec.key,
+        spec.fields,
+        spec.event_fields,
+        _events_files(spec, where, name),
+        spec.events or "",
+    )
+    return KeyedEvents(spec.text, [reader], spec.key, spec.events)
+
+
 class _Plugin:
     name = "keyed"
     priority = 4
     description = (
         "a keyed long table (one row per item, a key per event): DB.db[#TABLE] (SQLite), "
-        "with [?key=event_no&events=TABLE&fields=...&event_fields=...]"
+        "a .parquet file or directory without list columns, DIR#TABLE (Parquet table "
+        "directories), with [?key=event_no&events=TABLE&fields=...&event_fields=...]"
     )
 
     def claims(self, spec: str) -> bool:
@@ -62,14 +127,17 @@ class _Plugin:
             parsed = parse(spec)
         except DatasetError:
             return False  # the jagged plugin says why
-        return _databases(parsed) is not None
+        return _databases(parsed) is not None or _long_table(parsed) is not None
 
     def open(self, spec: str) -> JaggedEvents:
         parsed = parse(spec)
         paths = _databases(parsed)
-        if paths is None:
+        if paths is not None:
+            return open_sqlite(parsed, paths)
+        found = _long_table(parsed)
+        if found is None:
             raise DatasetError(f"DATASET '{spec}': no such file or directory: '{parsed.path}'")
-        return open_sqlite(parsed, paths)
+        return open_parquet(parsed, found)
 
 
 PLUGIN = _Plugin()

@@ -260,7 +260,7 @@ class SqliteTable(BlockReader):
 
     def _events(self, events: str, tables: list[str], patterns: tuple[str, ...]) -> np.ndarray:
         """The events table's keys (ascending), its per-event values kept."""
-        where = f"{self.where}?events={events}"
+        where = f"DATASET '{self.path}#{self.name}?events={events}'"
         if events not in tables:
             raise DatasetError(f"{where}: no table '{events}': found tables {', '.join(tables)}")
         columns = self._columns(events)
