@@ -19,6 +19,7 @@ from autoloader_plugins.jagged.spec import JaggedSpec, parse
 from autoloader_plugins.keyed import parquet
 from autoloader_plugins.keyed.events import KeyedEvents
 from autoloader_plugins.keyed.sqlite import SUFFIXES, SqliteTable, is_sqlite
+from autoloader_plugins.keyed.struct import StructColumn, struct_of_lists
 
 
 def _databases(spec: JaggedSpec) -> list[Path] | None:
@@ -56,11 +57,37 @@ def _long_table(spec: JaggedSpec) -> tuple[Path, str, list[Path]] | None:
     ``DIR#TABLE`` where ``DIR/TABLE/`` holds Parquet files (GraphNeT's merged layout); a
     Parquet file, a directory of them or a glob, without a list column."""
     p = Path(spec.path)
-    if spec.name and p.is_dir():
+    if spec.name and p.is_dir() and _tables(p):
         found = parquet.shards(p / spec.name)
-        return (p, spec.name, found) if found else None
+        if not found:
+            raise DatasetError(
+                f"DATASET '{spec.text}': no table '{spec.name}' in '{p}': found tables "
+                f"{', '.join(_tables(p))}"
+            )
+        return p, spec.name, found
     if spec.name:
         return None  # FILE.parquet#COLUMN: a struct column, or the jagged plugin's word
+    found = _parquet_files(spec)
+    if not found:
+        return None
+    try:
+        schema = parquet.open_parquet(found[0]).schema_arrow
+    except DatasetError:
+        return None  # the jagged plugin says what is wrong with it
+    return None if parquet.has_lists(schema) else (p, "", found)
+
+
+def _tables(directory: Path) -> list[str]:
+    """A directory's table subdirectories (those holding Parquet files)."""
+    try:
+        return sorted(d.name for d in directory.iterdir() if d.is_dir() and parquet.shards(d))
+    except OSError:
+        return []
+
+
+def _parquet_files(spec: JaggedSpec) -> list[Path]:
+    """The Parquet files a spec's path names: a file, a directory's, a glob's."""
+    p = Path(spec.path)
     if p.is_dir():
         found = parquet.shards(p)
     elif p.is_file():
@@ -69,16 +96,24 @@ def _long_table(spec: JaggedSpec) -> tuple[Path, str, list[Path]] | None:
         try:
             found = spec.files(parquet.SUFFIXES)
         except DatasetError:
-            return None
+            return []
     else:
+        return []
+    return found
+
+
+def _struct_files(spec: JaggedSpec) -> list[Path] | None:
+    """``FILE.parquet#COLUMN`` where COLUMN is a struct of lists: the files, or None."""
+    if not spec.name or "/" in spec.name:
         return None
+    found = _parquet_files(spec)
     if not found:
         return None
     try:
         schema = parquet.open_parquet(found[0]).schema_arrow
     except DatasetError:
-        return None  # the jagged plugin says what is wrong with it
-    return None if parquet.has_lists(schema) else (p, "", found)
+        return None
+    return found if struct_of_lists(schema, spec.name) else None
 
 
 def _events_files(spec: JaggedSpec, where: Path, name: str) -> list[Path] | None:
@@ -91,7 +126,7 @@ def _events_files(spec: JaggedSpec, where: Path, name: str) -> list[Path] | None
             return parquet.shards(candidate)
         if candidate.is_file():
             return [candidate]
-    tables = sorted(d.name for d in base.iterdir() if d.is_dir() and parquet.shards(d))
+    tables = _tables(base)
     raise DatasetError(
         f"DATASET '{spec.text}': no table '{spec.events}' beside the table in '{base}': found "
         f"{', '.join(tables) or 'none'}"
@@ -119,21 +154,35 @@ class _Plugin:
     description = (
         "a keyed long table (one row per item, a key per event): DB.db[#TABLE] (SQLite), "
         "a .parquet file or directory without list columns, DIR#TABLE (Parquet table "
-        "directories), with [?key=event_no&events=TABLE&fields=...&event_fields=...]"
+        "directories), FILE.parquet#COLUMN (a struct of lists), with "
+        "[?key=event_no&events=TABLE&fields=...&event_fields=...]"
     )
 
     def claims(self, spec: str) -> bool:
         try:
             parsed = parse(spec)
-        except DatasetError:
-            return False  # the jagged plugin says why
-        return _databases(parsed) is not None or _long_table(parsed) is not None
+            return (
+                _databases(parsed) is not None
+                or _long_table(parsed) is not None
+                or _struct_files(parsed) is not None
+            )
+        except DatasetError as exc:
+            # a query the parser refuses is the jagged plugin's to explain; a database
+            # directory naming no table of it is ours
+            return "no table" in str(exc)
 
     def open(self, spec: str) -> JaggedEvents:
         parsed = parse(spec)
         paths = _databases(parsed)
         if paths is not None:
             return open_sqlite(parsed, paths)
+        columns = _struct_files(parsed)
+        if columns is not None:
+            assert parsed.name is not None  # _struct_files said so
+            readers: list[Reader] = [
+                StructColumn(f, parsed.name, parsed.fields, parsed.event_fields) for f in columns
+            ]
+            return JaggedEvents(parsed.text, readers)
         found = _long_table(parsed)
         if found is None:
             raise DatasetError(f"DATASET '{spec}': no such file or directory: '{parsed.path}'")
