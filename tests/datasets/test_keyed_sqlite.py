@@ -96,7 +96,7 @@ def db(tmp_path_factory: pytest.TempPathFactory, counts: np.ndarray) -> Path:
 def fetch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both column fetches: ADBC's driver, and the standard library where it is absent."""
     if request.param == "sqlite3":
-        monkeypatch.setattr(sqlite, "_adbc", lambda path: None)
+        monkeypatch.setattr(sqlite, "_adbc", lambda path, autocommit=True: None)
     return request.param
 
 
@@ -164,6 +164,24 @@ def test_scattered_and_unordered_keys_are_read_by_key(
         got = ds.__getitems__(list(range(N)))
         for e in range(N):
             np.testing.assert_array_equal(got[e].x.numpy(), expected_x(e, int(counts[e])))
+
+
+def test_typeless_columns_of_integers_then_reals_read_whole(tmp_path: Path, fetch: str) -> None:
+    """GraphNeT declares no types: a column may hold integers, then a real, and an event
+    field NULL in its first rows (ADBC infers a column's type from its first rows)."""
+    path = tmp_path / "mixed.db"
+    with sqlite3.connect(path) as con:
+        con.executescript(graphnet_ddl("pulses", ["event_no", "q"], truth=False))
+        con.execute("CREATE TABLE truth (event_no INTEGER PRIMARY KEY NOT NULL, e)")
+        rows = [(e, e) for e in range(1500) for _ in range(2)] + [(1500, 2.5)]
+        con.executemany("INSERT INTO pulses VALUES (?, ?)", rows)
+        con.executemany(
+            "INSERT INTO truth VALUES (?, ?)", [(e, None) for e in range(1500)] + [(1500, 7.5)]
+        )
+    con.close()
+    ds = autoloader.open_dataset(f"{path}#pulses?events=truth&event_fields=e")
+    assert ds[1500].x.tolist() == [[2.5]] and ds[1500].e.item() == 7.5
+    assert ds[3].x.tolist() == [[3.0], [3.0]] and np.isnan(ds[3].e.item())
 
 
 def test_several_databases_are_one_dataset(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ HEADER = b"SQLite format 3\x00"
 DEFAULT_KEY = "event_no"
 BUSY_SECONDS = 10.0  # how long a read waits on a writer's lock before it says so
 _NUMERIC = ("INT", "REAL", "FLOA", "DOUB", "NUM", "DEC", "BOOL")
-_SAMPLE = 1000  # rows whose stored types tell a typeless column's kind (GraphNeT's DDL)
+_SAMPLE = 1000  # values whose stored types tell a typeless column's kind (GraphNeT's DDL)
 _INHERITED: list[Any] = []  # a parent's connections a forked child holds but never closes
 
 
@@ -67,14 +67,17 @@ def connect(path: Path) -> sqlite3.Connection:
         raise DatasetError(f"DATASET '{path}': cannot open as SQLite: {exc}") from None
 
 
-def _adbc(path: Path) -> Any:
+def _adbc(path: Path, autocommit: bool = True) -> Any:
     """An ADBC connection to the same database, read-only; None without the driver."""
     try:
         import adbc_driver_sqlite.dbapi as dbapi
     except ImportError:
         return None
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    return dbapi.connect(uri, autocommit=True)
+    try:
+        return dbapi.connect(uri, autocommit=autocommit)
+    except Exception as exc:
+        raise DatasetError(f"DATASET '{path}': cannot open as SQLite: {exc}") from None
 
 
 def _quote(name: str) -> str:
@@ -99,6 +102,9 @@ class SqliteTable(BlockReader):
         self._hadbc: Any = None
         self._hpid: int | None = None
         con = self._db()
+        # the counts and the events table are read in one transaction of a columnar
+        # connection where there is one (one snapshot, no Python tuple per key)
+        self._hsnapshot: Any = _adbc(path, autocommit=False)
         try:
             self._run("BEGIN")
             self._open(table, fields, event_fields, events)
@@ -107,6 +113,9 @@ class SqliteTable(BlockReader):
         finally:
             if con.in_transaction:
                 con.execute("COMMIT")
+            if self._hsnapshot is not None:
+                self._hsnapshot.close()
+            self._hsnapshot = None
 
     # -- opening --------------------------------------------------------------------------
     def _open(
@@ -201,10 +210,15 @@ class SqliteTable(BlockReader):
         declared = {
             r[1]: (r[2] or "").upper() for r in self._run(f"PRAGMA table_info({_quote(table)})")
         }
-        probes = ", ".join(f"group_concat(DISTINCT typeof({_quote(c)}))" for c in columns)
-        stored = self._run(f"SELECT {probes} FROM (SELECT * FROM {_quote(table)} LIMIT {_SAMPLE})")
+        stored = [
+            self._run(
+                f"SELECT group_concat(DISTINCT typeof(v)) FROM (SELECT {_quote(c)} AS v FROM "
+                f"{_quote(table)} WHERE v IS NOT NULL LIMIT {_SAMPLE})"
+            )[0][0]
+            for c in columns
+        ]
         numbers, odd = [], {}
-        for c, kinds in zip(columns, stored[0], strict=True):
+        for c, kinds in zip(columns, stored, strict=True):
             seen = set((kinds or "").split(",")) - {"", "null"}
             if seen <= {"integer", "real"} and (seen or any(t in declared[c] for t in _NUMERIC)):
                 numbers.append(c)
@@ -232,12 +246,11 @@ class SqliteTable(BlockReader):
             )
         rowid = "rowid" if self._has_rowid(table) else None
         spans = f"MIN({rowid}), MAX({rowid})" if rowid else "-1, -1"
-        rows = self._run(f"SELECT {q}, COUNT(*), {spans} FROM {t} GROUP BY {q} ORDER BY {q}")
-        if not rows:
-            return (np.zeros(0, np.int64),) * 4
-        keys_raw, counts, first, last = (np.array(c) for c in zip(*rows, strict=True))
+        keys_raw, counts, first, last = self._arrays(
+            f"SELECT {q}, COUNT(*), {spans} FROM {t} GROUP BY {q} ORDER BY {q}", 4
+        )
         keys = as_keys(keys_raw, self.where, table, self.key)
-        if len(np.unique(keys)) != len(keys):
+        if len(keys) > 1 and (np.diff(keys) <= 0).any():
             raise DatasetError(
                 f"{self.where}: table '{table}': key column '{self.key}' mixes integer and "
                 "real values of one key: expected integers"
@@ -253,7 +266,7 @@ class SqliteTable(BlockReader):
 
     def _has_rowid(self, table: str) -> bool:
         try:
-            self._run(f"SELECT rowid FROM {_quote(table)} LIMIT 1")
+            self._db().execute(f"SELECT rowid FROM {_quote(table)} LIMIT 1").fetchall()
         except sqlite3.OperationalError:
             return False  # WITHOUT ROWID: read by key
         return True
@@ -281,22 +294,33 @@ class SqliteTable(BlockReader):
         chosen = select_event_fields(
             patterns, [c for c in numbers if c != self.key], kinds, where=where
         )
-        cols = ", ".join([q, *(_quote(c) for c in chosen)])
-        rows = self._run(f"SELECT {cols} FROM {t} ORDER BY {q}")
-        if rows and rows[0][0] is None:
+        if self._run(f"SELECT COUNT(*) FROM {t} WHERE {q} IS NULL")[0][0]:
             raise DatasetError(
                 f"{where}: table '{events}': key column '{self.key}' is NULL in some rows: "
                 "expected a key in every row"
             )
-        data = list(zip(*rows, strict=True)) if rows else [()] * (1 + len(chosen))
+        cols = ", ".join([q, *(_quote(c) for c in chosen)])
+        data = self._arrays(f"SELECT {cols} FROM {t} ORDER BY {q}", 1 + len(chosen))
         self.event_fields = chosen
-        for name, values in zip(chosen, data[1:], strict=True):
+        self._values = dict(zip(chosen, data[1:], strict=True))
+        return as_keys(data[0], where, events, self.key)
+
+    def _arrays(self, sql: str, width: int) -> list[np.ndarray]:
+        """A statement's columns as arrays (NULLs among numbers as nan), through the
+        opening's columnar snapshot where there is one."""
+        table = self._columnar_table(self._hsnapshot, sql)
+        if table is not None:
+            return [np.asarray(c.to_numpy()) for c in table.columns]
+        rows = self._run(sql)
+        if not rows:
+            return [np.zeros(0, np.int64) for _ in range(width)]
+        out = []
+        for values in zip(*rows, strict=True):
             array = np.array(values)
             if array.dtype.kind not in "biuf":  # NULLs among numbers
                 array = np.array([np.nan if v is None else v for v in values], np.float64)
-            self._values[name] = array
-        keys = np.array(data[0]) if data[0] else np.zeros(0, np.int64)
-        return as_keys(keys, where, events, self.key)
+            out.append(array)
+        return out
 
     # -- connections ---------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
@@ -314,7 +338,10 @@ class SqliteTable(BlockReader):
         return self._hadbc or None
 
     def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        return self._db().execute(sql, params).fetchall()
+        try:
+            return self._db().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
 
     def _error(self, exc: Exception) -> DatasetError:
         text = str(exc)
@@ -374,33 +401,38 @@ class SqliteTable(BlockReader):
 
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[np.ndarray]:
         """The statement's columns as arrays: key int64, fields float64 (NULL as nan)."""
-        try:
-            columnar = self._columnar()
-            if columnar is not None:
-                cur = columnar.cursor()
-                try:
-                    cur.execute(sql, params)
-                    table = cur.fetch_arrow_table()
-                finally:
-                    cur.close()
-                return [
-                    table.column(i).to_numpy()
-                    if i == 0
-                    else table.column(i).cast("double").fill_null(float("nan")).to_numpy()
-                    for i in range(table.num_columns)
-                ]
-            rows = self._db().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        except Exception as exc:  # ADBC's errors: locked, corrupt
-            if type(exc).__module__.startswith("adbc_driver"):
-                raise self._error(exc) from None
-            raise
+        table = self._columnar_table(self._columnar(), sql, params)
+        if table is not None:
+            return [
+                table.column(i).to_numpy()
+                if i == 0
+                else table.column(i).cast("double").fill_null(float("nan")).to_numpy()
+                for i in range(table.num_columns)
+            ]
+        rows = self._run(sql, params)
         width = 1 + len(self.fields)
         if not rows:
             return [np.zeros(0, np.int64)] + [np.zeros(0)] * (width - 1)
         flat = np.array(rows, dtype=np.float64).reshape(len(rows), width)
         return [flat[:, 0].astype(np.int64), *(flat[:, i] for i in range(1, width))]
+
+    def _columnar_table(self, con: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        """The statement's result as an Arrow table through ADBC; None without it, or
+        where a column's stored types differ from those of its first rows (ADBC infers a
+        column's type from them: a typeless column of integers, then a real)."""
+        if con is None:
+            return None
+        try:
+            cur = con.cursor()
+            try:
+                cur.execute(sql, params)
+                return cur.fetch_arrow_table()
+            finally:
+                cur.close()
+        except Exception as exc:
+            if "Type mismatch" in str(exc):
+                return None
+            raise self._error(exc) from None
 
     def __repr__(self) -> str:
         return f"SqliteTable('{self.path}#{self.name}', events={len(self)})"
