@@ -99,6 +99,40 @@ def align(
     return Spans(events, out_counts, out_first, out_last)
 
 
+class KeyRuns:
+    """Per-key counts and row spans gathered from a key column read a piece at a time:
+    a long table's keys come in runs (an event's rows), kept as runs, not rows."""
+
+    def __init__(self) -> None:
+        self._keys: list[np.ndarray] = []
+        self._first: list[np.ndarray] = []
+        self._last: list[np.ndarray] = []
+        self._len: list[np.ndarray] = []
+
+    def add(self, keys: np.ndarray, row: int) -> None:
+        """The keys of rows ``row, row + 1, ...`` in storage order."""
+        if not len(keys):
+            return
+        heads = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
+        tails = np.append(heads[1:], len(keys))
+        self._keys.append(keys[heads])
+        self._first.append(heads + row)
+        self._last.append(tails - 1 + row)
+        self._len.append(tails - heads)
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(keys ascending, rows per key, first row, last row)."""
+        if not self._keys:
+            return (np.zeros(0, np.int64),) * 4
+        keys, inverse = np.unique(np.concatenate(self._keys), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate(self._len)).astype(np.int64)
+        first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, inverse, np.concatenate(self._first))
+        last = np.full(len(keys), -1, dtype=np.int64)
+        np.maximum.at(last, inverse, np.concatenate(self._last))
+        return keys, counts, first, last
+
+
 def key_order(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """Indices of the rows whose key is in ``wanted`` (ascending unique), in key order
     and, within a key, in the rows' own (storage) order."""

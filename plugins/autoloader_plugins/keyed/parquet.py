@@ -25,7 +25,7 @@ from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
-from autoloader_plugins.keyed.core import Spans, align, as_keys, key_order
+from autoloader_plugins.keyed.core import KeyRuns, Spans, align, as_keys, key_order
 
 SUFFIXES = (".parquet", ".parq", ".pq")
 DEFAULT_KEY = "event_no"
@@ -178,7 +178,7 @@ class ParquetLongTable(BlockReader):
     def _key_spans(self) -> tuple[np.ndarray, ...]:
         """Per key: its rows and its first and last row, from the key column alone (its
         runs: a long table's keys come in runs of an event's rows)."""
-        run_keys, run_first, run_last, run_len = [], [], [], []
+        runs = KeyRuns()
         for path, g, row in self._groups:
             try:
                 column = self._file(path).read_row_group(g, columns=[self.key]).column(0)
@@ -191,25 +191,10 @@ class ParquetLongTable(BlockReader):
                     f"{self.where}: {path.name}: key column '{self.key}' is null in "
                     f"{column.null_count} rows: expected a key in every row"
                 )
-            k = as_keys(column.to_numpy(), f"{self.where}: {path.name}", self.name, self.key)
-            if not len(k):
-                continue
-            heads = np.concatenate([[0], np.flatnonzero(np.diff(k)) + 1])
-            tails = np.append(heads[1:], len(k))
-            run_keys.append(k[heads])
-            run_first.append(heads + row)
-            run_last.append(tails - 1 + row)
-            run_len.append(tails - heads)
-        if not run_keys:
-            return (np.zeros(0, np.int64),) * 4
-        keys_all = np.concatenate(run_keys)
-        keys, inverse = np.unique(keys_all, return_inverse=True)
-        counts = np.bincount(inverse, weights=np.concatenate(run_len)).astype(np.int64)
-        first = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(first, inverse, np.concatenate(run_first))
-        last = np.full(len(keys), -1, dtype=np.int64)
-        np.maximum.at(last, inverse, np.concatenate(run_last))
-        return keys, counts, first, last
+            runs.add(
+                as_keys(column.to_numpy(), f"{self.where}: {path.name}", self.name, self.key), row
+            )
+        return runs.spans()
 
     def _events(self, files: list[Path], name: str, patterns: tuple[str, ...]) -> np.ndarray:
         """The events table's keys (ascending, unique), its per-event values kept."""

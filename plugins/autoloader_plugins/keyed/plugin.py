@@ -16,6 +16,7 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
 from autoloader_plugins.jagged.spec import JaggedSpec, parse
+from autoloader_plugins.keyed import h5 as keyed_h5
 from autoloader_plugins.keyed import parquet
 from autoloader_plugins.keyed.events import KeyedEvents
 from autoloader_plugins.keyed.sqlite import SUFFIXES, SqliteTable, is_sqlite
@@ -38,6 +39,25 @@ def _databases(spec: JaggedSpec) -> list[Path] | None:
             found = spec.files(SUFFIXES)
         except DatasetError:
             return None
+        return found
+    return None
+
+
+def _h5_files(spec: JaggedSpec) -> list[Path] | None:
+    """``FILE.h5#TABLE`` (or a directory's, a glob's) naming a long table, or None."""
+    if not spec.name:
+        return None
+    p = Path(spec.path)
+    if p.is_file():
+        found = [p] if p.suffix.lower() in keyed_h5.SUFFIXES else []
+    elif p.is_dir() or Path(p.name).suffix.lower() in keyed_h5.SUFFIXES:
+        try:
+            found = spec.files(keyed_h5.SUFFIXES)
+        except DatasetError:
+            return None
+    else:
+        return None
+    if found and keyed_h5.is_long_table(found[0], spec.name, spec.key):
         return found
     return None
 
@@ -154,7 +174,7 @@ class _Plugin:
     description = (
         "a keyed long table (one row per item, a key per event): DB.db[#TABLE] (SQLite), "
         "a .parquet file or directory without list columns, DIR#TABLE (Parquet table "
-        "directories), FILE.parquet#COLUMN (a struct of lists), with "
+        "directories), FILE.parquet#COLUMN (a struct of lists), FILE.h5#TABLE, with "
         "[?key=event_no&events=TABLE&fields=...&event_fields=...]"
     )
 
@@ -165,6 +185,7 @@ class _Plugin:
                 _databases(parsed) is not None
                 or _long_table(parsed) is not None
                 or _struct_files(parsed) is not None
+                or _h5_files(parsed) is not None
             )
         except DatasetError as exc:
             # a query the parser refuses is the jagged plugin's to explain; a database
@@ -176,6 +197,16 @@ class _Plugin:
         paths = _databases(parsed)
         if paths is not None:
             return open_sqlite(parsed, paths)
+        tables = _h5_files(parsed)
+        if tables is not None:
+            assert parsed.name is not None  # _h5_files said so
+            h5_readers: list[Reader] = [
+                keyed_h5.H5LongTable(
+                    f, parsed.name, parsed.key, parsed.fields, parsed.event_fields, parsed.events
+                )
+                for f in tables
+            ]
+            return KeyedEvents(parsed.text, h5_readers, parsed.key, parsed.events)
         columns = _struct_files(parsed)
         if columns is not None:
             assert parsed.name is not None  # _struct_files said so
