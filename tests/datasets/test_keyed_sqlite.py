@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from autoloader_plugins.keyed import core, sqlite
+from autoloader_plugins.keyed import core, sqlite, sqlite_db
 
 import autoloader
 from autoloader.errors import DatasetError
@@ -96,7 +96,7 @@ def db(tmp_path_factory: pytest.TempPathFactory, counts: np.ndarray) -> Path:
 def fetch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both column fetches: ADBC's driver, and the standard library where it is absent."""
     if request.param == "sqlite3":
-        monkeypatch.setattr(sqlite, "_adbc", lambda path, autocommit=True: None)
+        monkeypatch.setattr(sqlite, "adbc", lambda path, autocommit=True: None)
     return request.param
 
 
@@ -182,6 +182,22 @@ def test_typeless_columns_of_integers_then_reals_read_whole(tmp_path: Path, fetc
     ds = autoloader.open_dataset(f"{path}#pulses?events=truth&event_fields=e")
     assert ds[1500].x.tolist() == [[2.5]] and ds[1500].e.item() == 7.5
     assert ds[3].x.tolist() == [[3.0], [3.0]] and np.isnan(ds[3].e.item())
+
+
+def test_a_table_without_rowid_is_read_by_key(tmp_path: Path, fetch: str) -> None:
+    path = tmp_path / "norowid.db"
+    with sqlite3.connect(path) as con:
+        con.execute(
+            "CREATE TABLE p (event_no INTEGER, j INTEGER, q REAL, PRIMARY KEY (event_no, j)) "
+            "WITHOUT ROWID"
+        )
+        con.executemany(
+            "INSERT INTO p VALUES (?, ?, ?)", [(e, j, e + j / 10) for e in (5, 2) for j in range(e)]
+        )
+    con.close()
+    ds = autoloader.open_dataset(f"{path}#p?fields=q")
+    np.testing.assert_array_equal(ds[0].x[:, 0].numpy(), np.float32([2.0, 2.1]))
+    assert ds[1].num_nodes == 5
 
 
 def test_several_databases_are_one_dataset(tmp_path: Path) -> None:
@@ -322,7 +338,7 @@ def test_bad_input_is_one_line_naming_file_and_table(
 def test_a_locked_database_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite, "BUSY_SECONDS", 0.05)
+    monkeypatch.setattr(sqlite_db, "BUSY_SECONDS", 0.05)
     path = write_db(tmp_path / "locked.db", np.array([1, 2]))
     writer = sqlite3.connect(path, isolation_level=None)
     writer.execute("BEGIN EXCLUSIVE")  # a writer mid-commit, rollback journal

@@ -19,7 +19,8 @@ from autoloader_plugins.jagged.spec import JaggedSpec, parse
 from autoloader_plugins.keyed import h5 as keyed_h5
 from autoloader_plugins.keyed import parquet
 from autoloader_plugins.keyed.events import KeyedEvents
-from autoloader_plugins.keyed.sqlite import SUFFIXES, SqliteTable, is_sqlite
+from autoloader_plugins.keyed.sqlite import SqliteTable
+from autoloader_plugins.keyed.sqlite_db import SUFFIXES, is_sqlite
 from autoloader_plugins.keyed.struct import StructColumn, struct_of_lists
 
 

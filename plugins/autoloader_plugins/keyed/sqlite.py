@@ -4,11 +4,11 @@ with one row per item, read as jagged events (GraphNeT's layout: a pulse table w
 
 The database is shared, never written: each process opens its own read-only connection
 (``mode=ro``) on its first use, so a worker forked after the parent read never touches the
-parent's (SQLite's "database disk image is malformed" across a fork). What opening reads
-(the tables, the per-key counts and row spans through the key's index, the events table)
-is one read transaction: one snapshot. A block is read by one statement, one snapshot
-too; a block whose rows no longer add up to what opening counted (a writer changed the
-table) is refused, naming the database, never returned mixed.
+parent's (SQLite's "database disk image is malformed" across a fork). What opening counts
+(the per-key counts and row spans through the key's index, and the events table) is read
+in one transaction: one snapshot. A block is read by one statement, one snapshot too; a
+block whose rows no longer add up to what opening counted (a writer changed the table) is
+refused, naming the database, never returned mixed; rows appended later are not read.
 
 Columns are fetched as Arrow batches through ADBC's SQLite driver (the ``sqlite`` extra:
 about 3x faster per row than building the standard library's tuples, benchmarks/keyed.py),
@@ -22,7 +22,6 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
@@ -30,58 +29,14 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 from autoloader_plugins.keyed.core import Spans, align, as_keys, key_order
+from autoloader_plugins.keyed.sqlite_db import adbc, connect, quote_name, read_error
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = (".db", ".sqlite", ".sqlite3")
-HEADER = b"SQLite format 3\x00"
 DEFAULT_KEY = "event_no"
-BUSY_SECONDS = 10.0  # how long a read waits on a writer's lock before it says so
 _NUMERIC = ("INT", "REAL", "FLOA", "DOUB", "NUM", "DEC", "BOOL")
 _SAMPLE = 1000  # values whose stored types tell a typeless column's kind (GraphNeT's DDL)
 _INHERITED: list[Any] = []  # a parent's connections a forked child holds but never closes
-
-
-def is_sqlite(path: Path) -> bool:
-    """Whether ``path`` is a file with SQLite's header (or, empty, a SQLite suffix)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(HEADER))
-    except OSError:
-        return False
-    return head == HEADER or (not head and path.suffix.lower() in SUFFIXES)
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    """The one way a database is opened: read-only, autocommit (transactions explicit).
-
-    Raises:
-        DatasetError: it cannot be opened.
-    """
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    try:
-        return sqlite3.connect(
-            uri, uri=True, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as exc:
-        raise DatasetError(f"DATASET '{path}': cannot open as SQLite: {exc}") from None
-
-
-def _adbc(path: Path, autocommit: bool = True) -> Any:
-    """An ADBC connection to the same database, read-only; None without the driver."""
-    try:
-        import adbc_driver_sqlite.dbapi as dbapi
-    except ImportError:
-        return None
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    try:
-        return dbapi.connect(uri, autocommit=autocommit)
-    except Exception as exc:
-        raise DatasetError(f"DATASET '{path}': cannot open as SQLite: {exc}") from None
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class SqliteTable(BlockReader):
@@ -104,7 +59,7 @@ class SqliteTable(BlockReader):
         con = self._db()
         # the counts and the events table are read in one transaction of a columnar
         # connection where there is one (one snapshot, no Python tuple per key)
-        self._hsnapshot: Any = _adbc(path, autocommit=False)
+        self._hsnapshot: Any = adbc(path, autocommit=False)
         try:
             self._run("BEGIN")
             self._open(table, fields, event_fields, events)
@@ -187,8 +142,10 @@ class SqliteTable(BlockReader):
         for t in tables:
             if self.key not in self._columns(t):
                 continue
-            q = _quote(self.key)
-            rows, distinct = self._run(f"SELECT COUNT(*), COUNT(DISTINCT {q}) FROM {_quote(t)}")[0]
+            q = quote_name(self.key)
+            rows, distinct = self._run(
+                f"SELECT COUNT(*), COUNT(DISTINCT {q}) FROM {quote_name(t)}"
+            )[0]
             found.append((t, int(rows), int(distinct)))
         repeating = [t for t, rows, distinct in found if rows > distinct]
         if len(repeating) == 1:
@@ -202,18 +159,18 @@ class SqliteTable(BlockReader):
         )
 
     def _columns(self, table: str) -> list[str]:
-        return [r[1] for r in self._run(f"PRAGMA table_info({_quote(table)})")]
+        return [r[1] for r in self._run(f"PRAGMA table_info({quote_name(table)})")]
 
     def _kinds(self, table: str, columns: list[str]) -> tuple[list[str], dict[str, str]]:
         """The numeric columns, and the others with the types found: a declared numeric
         type, or (GraphNeT declares none) numbers stored in the first rows."""
         declared = {
-            r[1]: (r[2] or "").upper() for r in self._run(f"PRAGMA table_info({_quote(table)})")
+            r[1]: (r[2] or "").upper() for r in self._run(f"PRAGMA table_info({quote_name(table)})")
         }
         stored = [
             self._run(
-                f"SELECT group_concat(DISTINCT typeof(v)) FROM (SELECT {_quote(c)} AS v FROM "
-                f"{_quote(table)} WHERE v IS NOT NULL LIMIT {_SAMPLE})"
+                f"SELECT group_concat(DISTINCT typeof(v)) FROM (SELECT {quote_name(c)} AS v FROM "
+                f"{quote_name(table)} WHERE v IS NOT NULL LIMIT {_SAMPLE})"
             )[0][0]
             for c in columns
         ]
@@ -229,7 +186,7 @@ class SqliteTable(BlockReader):
     def _key_spans(self, table: str) -> tuple[np.ndarray, ...]:
         """Per key: its rows and the first and last ``rowid``, through the key's index
         (one pass over the index, no table row read), else one scan of the key column."""
-        q, t = _quote(self.key), _quote(table)
+        q, t = quote_name(self.key), quote_name(table)
         if not self._indexed(table):
             log.info(
                 "%s: table '%s' has no index on '%s': its key column is scanned once "
@@ -244,7 +201,8 @@ class SqliteTable(BlockReader):
                 f"{self.where}: table '{table}': key column '{self.key}' is NULL in {nulls} "
                 "rows: expected a key in every row"
             )
-        rowid = "rowid" if self._has_rowid(table) else None
+        self._rowid = self._has_rowid(table)
+        rowid = "rowid" if self._rowid else None
         spans = f"MIN({rowid}), MAX({rowid})" if rowid else "-1, -1"
         keys_raw, counts, first, last = self._arrays(
             f"SELECT {q}, COUNT(*), {spans} FROM {t} GROUP BY {q} ORDER BY {q}", 4
@@ -258,15 +216,15 @@ class SqliteTable(BlockReader):
         return keys, counts.astype(np.int64), first.astype(np.int64), last.astype(np.int64)
 
     def _indexed(self, table: str) -> bool:
-        for index in self._run(f"PRAGMA index_list({_quote(table)})"):
-            info = self._run(f"PRAGMA index_info({_quote(index[1])})")
+        for index in self._run(f"PRAGMA index_list({quote_name(table)})"):
+            info = self._run(f"PRAGMA index_info({quote_name(index[1])})")
             if info and info[0][2] == self.key:
                 return True
         return False
 
     def _has_rowid(self, table: str) -> bool:
         try:
-            self._db().execute(f"SELECT rowid FROM {_quote(table)} LIMIT 1").fetchall()
+            self._db().execute(f"SELECT rowid FROM {quote_name(table)} LIMIT 1").fetchall()
         except sqlite3.OperationalError:
             return False  # WITHOUT ROWID: read by key
         return True
@@ -282,7 +240,7 @@ class SqliteTable(BlockReader):
                 f"{where}: table '{events}' has no key column '{self.key}': found columns "
                 f"{', '.join(columns)}"
             )
-        q, t = _quote(self.key), _quote(events)
+        q, t = quote_name(self.key), quote_name(events)
         twice = self._run(f"SELECT {q}, COUNT(*) FROM {t} GROUP BY {q} HAVING COUNT(*) > 1 LIMIT 1")
         if twice:
             raise DatasetError(
@@ -299,7 +257,7 @@ class SqliteTable(BlockReader):
                 f"{where}: table '{events}': key column '{self.key}' is NULL in some rows: "
                 "expected a key in every row"
             )
-        cols = ", ".join([q, *(_quote(c) for c in chosen)])
+        cols = ", ".join([q, *(quote_name(c) for c in chosen)])
         data = self._arrays(f"SELECT {cols} FROM {t} ORDER BY {q}", 1 + len(chosen))
         self.event_fields = chosen
         self._values = dict(zip(chosen, data[1:], strict=True))
@@ -334,7 +292,7 @@ class SqliteTable(BlockReader):
     def _columnar(self) -> Any:
         self._db()
         if self._hadbc is None:
-            self._hadbc = _adbc(self.path) or False
+            self._hadbc = adbc(self.path) or False
         return self._hadbc or None
 
     def _run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -344,15 +302,7 @@ class SqliteTable(BlockReader):
             raise self._error(exc) from None
 
     def _error(self, exc: Exception) -> DatasetError:
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            why = f"{text} (a writer holds it; waited {BUSY_SECONDS:g} s)"
-        elif "not a database" in text or "malformed" in text:
-            why = f"{text}: the file is truncated or corrupt"
-        else:
-            why = text
-        table = f"table '{self.name}': " if self.name else ""
-        return DatasetError(f"DATASET '{self.path}': {table}cannot read: {why}")
+        return read_error(self.path, self.name, exc)
 
     # -- reading ---------------------------------------------------------------------------
     def event_values(self) -> dict[str, np.ndarray]:
@@ -369,17 +319,18 @@ class SqliteTable(BlockReader):
             return out
         cols = ", ".join(
             [
-                f"CAST({_quote(self.key)} AS INTEGER)",
-                *(f"CAST({_quote(f.name)} AS REAL)" for f in self.fields),
+                f"CAST({quote_name(self.key)} AS INTEGER)",
+                *(f"CAST({quote_name(f.name)} AS REAL)" for f in self.fields),
             ]
         )
-        t, q = _quote(self.name), _quote(self.key)
+        t, q = quote_name(self.name), quote_name(self.key)
         lo, hi = self.spans.span(start, stop)
-        if hi >= 0 and not self.spans.scattered(start, stop):
-            sql = f"SELECT {cols} FROM {t} WHERE rowid BETWEEN ? AND ?"
+        if self._rowid and hi >= 0 and not self.spans.scattered(start, stop):
+            sql = f"SELECT {cols} FROM {t} WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
             params: tuple[Any, ...] = (lo, hi)
         else:  # by key, through its index: ordered by key, then by rowid
-            sql = f"SELECT {cols} FROM {t} WHERE {q} BETWEEN ? AND ? ORDER BY {q}"
+            then = ", rowid" if self._rowid else ""
+            sql = f"SELECT {cols} FROM {t} WHERE {q} BETWEEN ? AND ? ORDER BY {q}{then}"
             params = (int(wanted[0]), int(wanted[-1]))
         columns = self._fetch(sql, params)
         order = key_order(columns[0], wanted)
