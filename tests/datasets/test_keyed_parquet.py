@@ -16,6 +16,7 @@ from autoloader_plugins.keyed import core
 from autoloader_plugins.keyed import parquet as keyed_parquet
 
 import autoloader
+import autoloader.sizes
 from autoloader.errors import DatasetError
 
 N = 300
@@ -82,6 +83,22 @@ def test_a_table_directory_and_a_file_open_alone(merged: Path, counts: np.ndarra
     assert one.fields == ["dom_time"] and len(one) > 0
     beside = autoloader.open_dataset(f"{merged / 'total'}?events=truth")
     assert len(beside) == N
+
+
+def test_sizes_are_cached_beside_the_table_and_follow_its_shards(
+    tmp_path: Path, counts: np.ndarray
+) -> None:
+    root = write_merged(tmp_path / "merged", counts)
+    spec = f"{root}#total?events=truth"
+    ds = autoloader.open_dataset(spec)
+    source = ds.autoloader_source()
+    np.testing.assert_array_equal(autoloader.sizes.sample_sizes(ds), counts * 8 + 8)
+    assert source.cache_path.exists() and source.cache_path.parent == root
+    shard = root / "total" / "total_0.parquet"
+    pq.write_table(pq.read_table(shard).slice(0, 1), shard)  # rewritten: one pulse left
+    again = autoloader.open_dataset(spec)
+    assert again.autoloader_source().stamp != source.stamp
+    assert autoloader.sizes.sample_sizes(again).sum() < autoloader.sizes.sample_sizes(ds).sum()
 
 
 def test_rows_of_a_key_apart_keep_their_storage_order(

@@ -1,10 +1,13 @@
 """Keyed long tables' events: the jagged tables' own, with the key and the events table in
-the size cache's fingerprint (another key column counts other events)."""
+the size cache's fingerprint (another key column counts other events), and every file
+read in its stamp (a table's shards, its events table's, a database's write-ahead log)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from autoloader.datasets.source import DataSource
 from autoloader_plugins.jagged.events import JaggedEvents
@@ -25,4 +28,8 @@ class KeyedEvents(JaggedEvents):
         source = super().autoloader_source()
         extra = f"{source.part}|{self.key or ''}|{self.events or ''}"
         part = "keyed-" + hashlib.sha256(extra.encode()).hexdigest()[:12]
+        files = [f for r in self.readers for f in getattr(r, "source_files", lambda: [])()]
+        if len(files) > 1:
+            common = Path(os.path.commonpath([f.parent.resolve() for f in files]))
+            source = DataSource.for_files(common, files)
         return DataSource(source.path, source.stamp, part)

@@ -132,6 +132,7 @@ class ParquetLongTable(BlockReader):
         self.event_fields: tuple[str, ...] = ()
         self._values: dict[str, np.ndarray] = {}
         wanted = None
+        self._events_paths = list(events or [])
         if events is not None:
             wanted = self._events(events, events_name, event_fields)
         elif event_fields:
@@ -265,6 +266,10 @@ class ParquetLongTable(BlockReader):
                 f"{decoded // max(total, 1)}x the table an epoch; expected rows sorted by "
                 f"'{self.key}' (pyarrow's Table.sort_by)"
             )
+
+    def source_files(self) -> list[Path]:
+        """The table's files and its events table's: a shard rewritten changes the sizes."""
+        return [*self.paths, *self._events_paths]
 
     # -- reading ---------------------------------------------------------------------------
     def event_values(self) -> dict[str, np.ndarray]:

@@ -304,6 +304,12 @@ class SqliteTable(BlockReader):
     def _error(self, exc: Exception) -> DatasetError:
         return read_error(self.path, self.name, exc)
 
+    def source_files(self) -> list[Path]:
+        """The files whose change changes the table: the database and its write-ahead
+        log where it has one (a WAL database's writes reach the file at checkpoints)."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        return [self.path, wal] if wal.exists() else [self.path]
+
     # -- reading ---------------------------------------------------------------------------
     def event_values(self) -> dict[str, np.ndarray]:
         return self._values
