@@ -96,7 +96,7 @@ def db(tmp_path_factory: pytest.TempPathFactory, counts: np.ndarray) -> Path:
 def fetch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both column fetches: ADBC's driver, and the standard library where it is absent."""
     if request.param == "sqlite3":
-        monkeypatch.setattr(sqlite, "adbc", lambda path, autocommit=True: None)
+        monkeypatch.setattr(sqlite, "adbc", lambda *args, **kwargs: None)
     return request.param
 
 

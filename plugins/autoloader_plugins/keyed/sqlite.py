@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_KEY = "event_no"
 _NUMERIC = ("INT", "REAL", "FLOA", "DOUB", "NUM", "DEC", "BOOL")
 _SAMPLE = 1000  # values whose stored types tell a typeless column's kind (GraphNeT's DDL)
+OPEN_MMAP_BYTES = 1 << 40  # the counts' pass over the key's index reads a memory map
 _INHERITED: list[Any] = []  # a parent's connections a forked child holds but never closes
 
 
@@ -59,7 +60,7 @@ class SqliteTable(BlockReader):
         con = self._db()
         # the counts and the events table are read in one transaction of a columnar
         # connection where there is one (one snapshot, no Python tuple per key)
-        self._hsnapshot: Any = adbc(path, autocommit=False)
+        self._hsnapshot: Any = adbc(path, autocommit=False, mmap_bytes=OPEN_MMAP_BYTES)
         try:
             self._run("BEGIN")
             self._open(table, fields, event_fields, events)
