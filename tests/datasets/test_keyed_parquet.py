@@ -125,6 +125,8 @@ def test_jagged_parquet_stays_the_jagged_plugins(tmp_path: Path) -> None:
     pq.write_table(pa.table({"t": [[1.0, 2.0], [3.0]]}), tmp_path / "j.parquet")
     ds = autoloader.open_dataset(str(tmp_path / "j.parquet"))
     assert type(ds).__name__ == "JaggedEvents" and len(ds) == 2
+    with pytest.raises(DatasetError, match=r"j\.parquet\?key=t': key= and events= are a keyed"):
+        autoloader.open_dataset(f"{tmp_path / 'j.parquet'}?key=t")
 
 
 def test_shuffled_shards_larger_than_a_reader_keeps_are_refused(
