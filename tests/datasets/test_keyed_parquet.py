@@ -74,6 +74,25 @@ def test_merged_layout_with_its_truth_table(merged: Path, counts: np.ndarray) ->
         assert got[e].energy.item() == e * 2.5
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_workers_read_the_merged_table_after_the_parent_did(
+    merged: Path, counts: np.ndarray, num_workers: int
+) -> None:
+    from torch_geometric.loader import DataLoader as PygLoader
+
+    from autoloader.feed.fork_hazards import fork_hazard
+
+    ds = autoloader.open_dataset(f"{merged}#total?events=truth&event_fields=energy")
+    ds[0]  # the parent has its files open and row groups decoded
+    assert fork_hazard(ds) is None
+    batches = list(PygLoader(ds, batch_size=50, num_workers=num_workers))
+    assert sum(b.num_graphs for b in batches) == N
+    np.testing.assert_array_equal(
+        np.concatenate([b.energy.numpy() for b in batches]), np.arange(N) * 2.5
+    )
+    assert sum(b.x.shape[0] for b in batches) == counts.sum()
+
+
 def test_a_table_directory_and_a_file_open_alone(merged: Path, counts: np.ndarray) -> None:
     ds = autoloader.open_dataset(str(merged / "total"))
     have = np.flatnonzero(counts)
