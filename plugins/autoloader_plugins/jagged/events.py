@@ -106,11 +106,17 @@ class JaggedEvents(Dataset):
             )
         from torch_geometric.data import Data  # imported as the dataset opened
 
+        # each per-event field as one tensor for the batch, unbound into its events' 0-d
+        # tensors: one conversion per field, not one per event and field (~3 us each)
+        values = [
+            torch.from_numpy(np.ascontiguousarray(v[mine])).unbind()
+            for v in self.event_values.values()
+        ]
         out = []
-        for i, x in zip(mine.tolist(), np.split(rows, np.cumsum(counts)[:-1]), strict=True):
+        for j, x in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
             data = Data(x=torch.from_numpy(np.ascontiguousarray(x).copy()), num_nodes=len(x))
-            for attr, name in zip(self.attrs, self.event_values, strict=True):
-                data[attr] = torch.as_tensor(self.event_values[name][i])
+            for attr, value in zip(self.attrs, values, strict=True):
+                data[attr] = value[j]
             out.append(data)
         return out
 

@@ -102,6 +102,11 @@ class _Plugin:
         parsed = parse(spec)
         suffixes = _layout(parsed)
         assert suffixes is not None  # claims() said so
+        if parsed.key is not None or parsed.events is not None:
+            raise DatasetError(
+                f"DATASET '{spec}': key= and events= are a keyed long table's (one row per "
+                "item); this is a jagged table, its extents written: drop them"
+            )
         return open_files(parsed, suffixes)
 
 

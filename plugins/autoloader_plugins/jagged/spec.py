@@ -1,10 +1,13 @@
-"""``PATH[#NAME][?fields=PATTERNS&event_fields=PATTERNS]``: what a jagged-table spec names.
+"""``PATH[#NAME][?fields=PATTERNS&event_fields=PATTERNS&key=COLUMN&events=TABLE]``: what a
+jagged-table spec names.
 
 ``PATH`` is a file, a directory of files of one layout, or a glob (``run_*.root``); ``NAME``
 is the HDF5 group or the ROOT tree (``Dir/Sub/Tree``); the query picks per-item fields and
-per-event fields by glob patterns (uproot's ``filter_name`` semantics). A path that exists
-is taken whole, so a file named with ``#`` or ``?`` still opens; a query whose first key
-is mistyped (``km3.h5?field=t``) is refused as an unknown key, as a later one is.
+per-event fields by glob patterns (uproot's ``filter_name`` semantics); a keyed long table
+(``autoloader_plugins.keyed``) also takes its key column and the table of its events. A
+path that exists is taken whole, so a file named with ``#`` or ``?`` still opens; a query
+whose first key is mistyped (``km3.h5?field=t``) is refused as an unknown key, as a later
+one is.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from urllib.parse import parse_qsl
 from autoloader.errors import DatasetError
 
 _KEYS = ("fields", "event_fields")
-_QUERY = re.compile(r"\?(?=(?:fields|event_fields)=)")
+_NAMES = ("key", "events")  # one name each: keyed long tables' key column, events table
+_QUERY = re.compile(r"\?(?=(?:fields|event_fields|key|events)=)")
 _ANY_QUERY = re.compile(r"\?(?=[A-Za-z_][\w.-]*=)")  # ``?key=``, known key or not
 _GLOB = re.compile(r"[*?\[]")
 
@@ -34,10 +38,17 @@ class JaggedSpec:
     name: str | None = None
     fields: tuple[str, ...] | None = None  # None: every numeric field of one collection
     event_fields: tuple[str, ...] = ()
+    key: str | None = None  # a keyed long table's key column (None: its default)
+    events: str | None = None  # the table holding a keyed long table's events
 
     @property
     def has_query(self) -> bool:
-        return self.fields is not None or bool(self.event_fields)
+        return (
+            self.fields is not None
+            or bool(self.event_fields)
+            or self.key is not None
+            or self.events is not None
+        )
 
     def files(self, suffixes: Sequence[str]) -> list[Path]:
         """The files this spec reads, sorted: one file, a directory's files with one of
@@ -68,8 +79,8 @@ def parse(spec: str) -> JaggedSpec:
     """Split a spec into path, ``#NAME`` and query.
 
     Raises:
-        DatasetError: a query key other than ``fields`` and ``event_fields``, or an empty
-            pattern list.
+        DatasetError: a query key other than ``fields``, ``event_fields``, ``key`` and
+            ``events``, an empty pattern list, or ``key``/``events`` given twice or empty.
     """
     if Path(spec).exists():
         return JaggedSpec(spec, spec)
@@ -82,16 +93,32 @@ def parse(spec: str) -> JaggedSpec:
         path, _, name = head.rpartition("#")
         name = name.strip("/") or None
     values: dict[str, tuple[str, ...]] = {}
+    names: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in _NAMES:
+            if not value.strip() or key in names:
+                what = "names nothing" if not value.strip() else "is given twice"
+                raise DatasetError(f"DATASET '{spec}': {key}= {what}: expected one name")
+            names[key] = value.strip()
+            continue
         if key not in _KEYS:
             raise DatasetError(
-                f"DATASET '{spec}': unknown query key {key!r}: expected fields= or event_fields="
+                f"DATASET '{spec}': unknown query key {key!r}: expected fields=, "
+                "event_fields=, key= or events="
             )
         patterns = tuple(p.strip() for p in value.split(",") if p.strip())
         if not patterns:
             raise DatasetError(f"DATASET '{spec}': {key}= names no field")
         values[key] = values.get(key, ()) + patterns
-    return JaggedSpec(spec, path, name, values.get("fields"), values.get("event_fields", ()))
+    return JaggedSpec(
+        spec,
+        path,
+        name,
+        values.get("fields"),
+        values.get("event_fields", ()),
+        names.get("key"),
+        names.get("events"),
+    )
 
 
 def _query_start(spec: str) -> int | None:
