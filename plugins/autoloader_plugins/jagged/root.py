@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,35 @@ def item_width(interpretation: Any) -> int | None:
     return int(np.prod(content.inner_shape, dtype=np.int64))
 
 
+def _common_entry_offsets(tree: Any, names: list[str]) -> np.ndarray:
+    """The entries where every branch of ``names`` (full paths) starts a basket, as
+    ``TTree.common_entry_offsets`` finds them; the branches are taken by path, not through
+    ``filter_name``, where a path with ``[`` (``crkv_hits.nhits[3]``) is a glob matching
+    something else."""
+    common: set[int] | None = None
+    for name in names:
+        branch = tree[name]
+        if branch.num_baskets == 0:
+            continue
+        own = {int(e) for e in branch.entry_offsets}
+        common = own if common is None else common & own
+    return np.asarray([0] if common is None else sorted(common), dtype=np.int64)
+
+
+def _counted_by(tree: Any, branch: Any) -> str:
+    """What counts a jagged branch's items, for messages: its flat counter branch
+    (``nhits``), or the split object it is a member of (``Evt/mc_hits``), whose count uproot
+    reports as the first member's branch."""
+    counter = getattr(branch, "count_branch", None)
+    if counter is not None and isinstance(counter.interpretation, _uproot().AsDtype):
+        return f"counted by {counter.name}"
+    parent = getattr(branch, "parent", None)
+    if parent is not None and parent is not tree and hasattr(parent, "branches"):
+        path = next((n for n, b in tree.iteritems(recursive=True) if b is parent), parent.name)
+        return f"members of {path}"
+    return f"counted by {counter.name}" if counter is not None else "no counter"
+
+
 class RootTree(BlockReader):
     """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
 
@@ -106,6 +137,7 @@ class RootTree(BlockReader):
                 if not len(b.branches)
             ),
             where=self.where,
+            match=self._matcher(tree, "event field"),
         )
         try:
             self.offsets = self._read_offsets(tree, chosen[0])
@@ -188,6 +220,11 @@ class RootTree(BlockReader):
         skipped: dict[str, str] = {}
         for name, branch in tree.iteritems(recursive=True):
             if len(branch.branches):
+                first = branch.branches[0].name
+                skipped[name] = (
+                    f"a branch of {len(branch.branches)} subbranches: name its members "
+                    f"(such as {first!r})"
+                )
                 continue
             try:
                 kind = branch.interpretation
@@ -215,7 +252,13 @@ class RootTree(BlockReader):
         patterns: tuple[str, ...] | None,
     ) -> list[str]:
         if patterns is not None:
-            names = select(patterns, items, where=self.where, unreadable=skipped)
+            names = select(
+                patterns,
+                items,
+                where=self.where,
+                unreadable=skipped,
+                match=self._matcher(tree, "field"),
+            )
         else:
             names = list(items)
         if not names:
@@ -234,11 +277,45 @@ class RootTree(BlockReader):
             )
         return names
 
+    def _matcher(self, tree: Any, what: str) -> Callable[[str], list[str]]:
+        """The branches a pattern names, exactly as uproot's ``TTree.keys(filter_name=)``
+        returns them (full paths, in the tree's order): a glob or a plain name matches a
+        branch by its own name or by its full path (``mc_hits.t`` and
+        ``Evt/mc_hits/mc_hits.t`` alike), ``/REGEX/FLAGS`` is a regular expression."""
+
+        def match(pattern: str) -> list[str]:
+            try:
+                found = list(dict.fromkeys(tree.keys(filter_name=pattern, recursive=True)))
+            except re.error as exc:
+                raise DatasetError(
+                    f"{self.where}: {what} pattern {pattern!r} is not a valid regular "
+                    f"expression: {exc}"
+                ) from None
+            if not found and "[" in pattern:
+                literal = next(
+                    (
+                        n
+                        for n, b in tree.iteritems(recursive=True)
+                        if pattern in (n, b.name, "/" + n)
+                    ),
+                    None,
+                )
+                if literal is not None:  # uproot reads ``[3]`` as a set of characters
+                    escaped = pattern.replace("[", "[[]")
+                    raise DatasetError(
+                        f"{self.where}: {what} pattern {pattern!r} matches nothing: in "
+                        f"uproot's filter_name '[' begins a set of characters, so the "
+                        f"branch {literal!r} is named {escaped!r} (or with '*')"
+                    )
+            return found
+
+        return match
+
     def _groups(self, tree: Any, names: list[str]) -> dict[str, list[str]]:
         """Fields by collection: equal counts over the first cluster (every read checks
         the rest), each labelled by its counter branch where the file has one."""
         try:
-            first = int(np.asarray(tree.common_entry_offsets(filter_name=names))[:2][-1])
+            first = int(_common_entry_offsets(tree, names)[:2][-1])
         except Exception:
             first = min(int(tree.num_entries), 1000)
         groups: dict[bytes, list[str]] = {}
@@ -250,8 +327,7 @@ class RootTree(BlockReader):
             groups.setdefault(counts.tobytes(), []).append(n)
         labelled = {}
         for key, members in groups.items():
-            counter = getattr(tree[members[0]], "count_branch", None)
-            label = f"counted by {counter.name}" if counter is not None else "no counter"
+            label = _counted_by(tree, tree[members[0]])
             items = int(np.frombuffer(key, dtype=np.int64).sum())
             labelled[f"{label} ({items} items in the first {first} events)"] = members
         return labelled
@@ -278,7 +354,7 @@ class RootTree(BlockReader):
     def _block_bounds(self) -> np.ndarray:
         names = [f.name for f in self.fields]
         try:
-            bounds = np.asarray(self._tree().common_entry_offsets(filter_name=names))
+            bounds = _common_entry_offsets(self._tree(), names)
         except Exception:
             bounds = np.array([0, len(self)])
         return bounds.astype(np.int64)
