@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (
     BlockCache,
     BlockReader,
@@ -197,6 +198,7 @@ class H5Table(BlockReader):
         if len(self._starts) and int(self._starts.min()) < 0:
             e = int(np.argmin(self._starts))
             raise DatasetError(f"{self.where}: {what}: event {e} starts at {self._starts[e]}")
+        check_agreement(g, self.where, self._starts, counts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._stops = self._starts + counts
         self._what = what
