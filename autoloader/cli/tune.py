@@ -312,10 +312,12 @@ def _check_out(out: Path) -> int | None:
 def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
     """The plan must never replace what the run reads: the data, or the code it runs."""
     inputs: list[tuple[Path, str]] = []
+    read = dataset_files(dataset)
+    files = [p for p, what in read if what == "a file of the dataset"]
     spec_path = Path(args.dataset.split("#", 1)[0])
-    if spec_path.exists():
-        inputs.append((spec_path, "the dataset"))
-    inputs += dataset_files(dataset)
+    if spec_path.exists() and not (files and spec_path.is_dir()):
+        inputs.append((spec_path, "the dataset"))  # a directory whose files are not named
+    inputs += read
     for spec, what in (
         (args.dataset, "the dataset's module"),
         (args.step, "the --step module"),
@@ -326,6 +328,34 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
         if path:
             inputs.append((Path(path), what))
     refuse_inputs(out, inputs, "--out")
+    if files:
+        _refuse_joining(out, args.dataset, files)
+
+
+def _refuse_joining(out: Path, spec: str, files: list[Path]) -> None:
+    """Refuse a plan that the dataset would read as one of its files on its next run: in
+    its directory with its files' suffix, or matched by its glob. Any other file beside
+    the data (``data/plan.toml`` for ``data/run_*.h5``) is no input.
+
+    Raises:
+        UsageError: naming the output and the dataset's path or pattern.
+    """
+    head = spec.split("#", 1)[0]
+    where = Path(head.split("?", 1)[0] if not Path(head).exists() else head)
+    real = Path(os.path.realpath(out))
+    if where.is_dir():
+        joins = real.parent == Path(os.path.realpath(where)) and real.suffix.lower() in {
+            f.suffix.lower() for f in files
+        }
+    else:
+        joins = any(c in str(where) for c in "*?[") and real.match(
+            os.path.realpath(where.parent) + os.sep + where.name
+        )
+    if joins:
+        raise UsageError(
+            f"--out {out}: would be read as a file of the dataset ({where}) on its next run: "
+            "give another path"
+        )
 
 
 def command_line(words: list[str]) -> str:

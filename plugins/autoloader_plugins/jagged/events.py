@@ -137,7 +137,7 @@ class JaggedEvents(Dataset):
             source = DataSource.for_file(paths[0])
         else:
             source = DataSource.for_files(Path(os.path.commonpath(paths)), paths)
-        return DataSource(source.path, source.stamp, part)
+        return DataSource(source.path, source.stamp, part, source.files)
 
     def __repr__(self) -> str:
         return (
