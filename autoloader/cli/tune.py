@@ -24,6 +24,7 @@ from autoloader.files import (
     refuse_inputs,
     write_fd,
 )
+from autoloader.launch import launcher_env
 from autoloader.plan.jsonout import strict_json
 from autoloader.tuning.options import DEFAULT_TOLERANCE, GIVEN, READ_ORDERS, tune_options
 from autoloader.units import parse_bytes
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     to_stdout = args.out == "-"
     if to_stdout and args.json:
         raise UsageError("--json and -o - both write to stdout: give one of them")
+    launcher_env()  # a rank outside its world: refused before anything is opened or read
     out = Path(args.out)
     # A device or FIFO is opened now, as a shell redirection would be, and written at the end.
     through = None if to_stdout else _check_out(out)
@@ -250,8 +252,6 @@ def _run(
     dataset = open_dataset(args.dataset, transform=transform)
     if not to_stdout:
         _refuse_inputs(out, args, dataset)
-    from autoloader.job.distributed import launcher_env
-
     # One tune at a time per plan on a node (every rank of a collective tune shares it:
     # only a lone tune takes the lock).
     alone = launcher_env() is None and not to_stdout
