@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
+from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockCache, Reader
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
@@ -50,6 +51,7 @@ class JaggedEvents(Dataset):
         self.readers = list(readers)
         for r in self.readers:
             r.files = len(self.readers)
+            handles.remember(r)  # the file as sized: later openings are compared with it
         self.starts = np.cumsum([0] + [len(r) for r in readers]).astype(np.int64)
         if self.starts[-1] == 0:
             raise DatasetError(_empty(spec, self.readers))

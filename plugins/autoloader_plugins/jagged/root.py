@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
+from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
@@ -143,7 +143,7 @@ class RootTree(BlockReader):
             self.offsets = self._read_offsets(tree, chosen[0])
             self._values = {n: tree[n].array(library="np") for n in self.event_fields}
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
+            raise DatasetError(f"{self.where}: cannot read: {handles.whole(exc)}") from None
         self._check_offsets("counts")
 
     # -- opening -------------------------------------------------------------------------
@@ -151,20 +151,37 @@ class RootTree(BlockReader):
         if self._h is None or self._hpid != os.getpid():
             uproot = _uproot()
             _check_magic(self.path)
-            try:
-                self._h = uproot.open(self.path)
-            except Exception as exc:
-                raise DatasetError(
-                    f"DATASET '{self.path}': cannot open as ROOT: {describe(exc)}"
-                ) from None
+            self._h = handles.open_file(self, lambda: self._open_root(uproot), self._release)
             self._hpid = os.getpid()
+        else:
+            handles.touch(self)
         return self._h
+
+    def _open_root(self, uproot: Any) -> Any:
+        try:
+            return uproot.open(self.path)
+        except Exception as exc:
+            if handles.what_changed(self) or "Too many open files" in str(exc):
+                raise  # said by the handles: the file changed, or descriptors ran out
+            raise DatasetError(
+                f"DATASET '{self.path}': cannot open as ROOT: {handles.whole(exc)}"
+            ) from None
+
+    def _release(self) -> None:
+        """Close this process's handle (another file needs its descriptor)."""
+        h, self._h = self._h, None
+        if h is not None and self._hpid == os.getpid():
+            h.close()
 
     def _tree(self) -> Any:
         try:
             return self._file()[self.name]
+        except DatasetError:
+            raise
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read the tree: {describe(exc)}") from None
+            raise DatasetError(
+                f"{self.where}: cannot read the tree: {handles.whole(exc)}"
+            ) from None
 
     def _open_tree(self) -> Any:
         try:
@@ -177,7 +194,7 @@ class RootTree(BlockReader):
             raise
         except Exception as exc:
             raise DatasetError(
-                f"DATASET '{self.path}': cannot list its trees: {describe(exc)}"
+                f"DATASET '{self.path}': cannot list its trees: {handles.whole(exc)}"
             ) from None
         if not trees:
             raise DatasetError(f"DATASET '{self.path}': {self._no_tree()}")
@@ -323,7 +340,9 @@ class RootTree(BlockReader):
             try:
                 counts = self._counts_of(tree, n, 0, first)
             except Exception as exc:
-                raise DatasetError(f"{self.where}: cannot read {n!r}: {describe(exc)}") from None
+                raise DatasetError(
+                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}"
+                ) from None
             groups.setdefault(counts.tobytes(), []).append(n)
         labelled = {}
         for key, members in groups.items():
@@ -374,7 +393,7 @@ class RootTree(BlockReader):
             except Exception as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read {field.name!r} for events {start}..{stop - 1}: "
-                    f"{describe(exc)}"
+                    f"{handles.what_changed(self) or handles.whole(exc)}"
                 ) from None
             differs = np.flatnonzero(counts != expected)
             if len(differs):
