@@ -42,9 +42,10 @@ def remember(reader: Any) -> None:
 
 def kept_open() -> int:
     """How many data files this process keeps open at once."""
+    global _budget
     _this_process()
     if _budget is None:
-        return files_kept_open(*open_files_now())
+        _budget = files_kept_open(*open_files_now())
     return _budget
 
 
@@ -58,13 +59,10 @@ def open_file(reader: Any, opener: Callable[[], T], release: Callable[[], None])
         DatasetError: the file changed since the dataset was opened, it cannot be opened
             for want of descriptors (naming the limit), or not at all.
     """
-    global _budget
-    _this_process()
-    if _budget is None:
-        _budget = files_kept_open(*open_files_now())
+    budget = kept_open()
     key = id(reader)
     _open.pop(key, None)
-    while len(_open) >= _budget:
+    while len(_open) >= budget:
         _, oldest = _open.popitem(last=False)
         closing = oldest()
         if closing is not None:
@@ -128,11 +126,11 @@ def _why(reader: Any, exc: BaseException) -> str:
     if changed:
         return changed
     if _out_of_descriptors(exc):
-        limit, in_use = open_files_now()
+        limit, _ = open_files_now()
         return (
-            f"too many open files ({in_use} open in this process, {len(_open)} of them "
-            f"data files kept open; RLIMIT_NOFILE (`ulimit -n`) is {limit}): raise "
-            "`ulimit -n`, or run fewer workers"
+            f"too many open files: RLIMIT_NOFILE (`ulimit -n`) is {limit}, and this "
+            f"process keeps {len(_open)} data file(s) open besides what it holds itself: "
+            "raise `ulimit -n`, or run fewer workers"
         )
     return whole(exc)
 
