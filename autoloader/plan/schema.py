@@ -514,6 +514,8 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
             "worker_bytes": ("int",),
             "shm_need_bytes": ("int",),
             "max_workers": ("int",),
+            "open_files_limit": ("int",),
+            "files_kept_open": ("int",),
             "limit": _STR,
         },
     ),

@@ -25,6 +25,7 @@ from autoloader.cache import NodeCache
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
+from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Reader
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
@@ -51,6 +52,7 @@ class JaggedEvents(Dataset):
         self.readers = list(readers)
         for r in self.readers:
             r.files = len(self.readers)
+            handles.remember(r)  # the file as sized: later openings are compared with it
         self.starts = np.cumsum([0] + [len(r) for r in readers]).astype(np.int64)
         if self.starts[-1] == 0:
             raise DatasetError(_empty(spec, self.readers))
@@ -163,7 +165,7 @@ class JaggedEvents(Dataset):
             source = DataSource.for_file(paths[0])
         else:
             source = DataSource.for_files(Path(os.path.commonpath(paths)), paths)
-        return DataSource(source.path, source.stamp, part)
+        return DataSource(source.path, source.stamp, part, source.files)
 
     def __repr__(self) -> str:
         return (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -154,11 +154,14 @@ def select(
     where: str,
     what: str = "field",
     unreadable: Mapping[str, str] | None = None,
+    match: Callable[[str], Iterable[str]] | None = None,
 ) -> list[str]:
-    """``names`` matched by ``patterns`` (globs, as uproot's ``filter_name``), in the order
-    of the patterns, each name once. ``unreadable``: names that exist but cannot be read
-    as ``what`` (name -> why): a pattern that matches only such names is refused with the
-    reason; one that also matches readable names takes those.
+    """``names`` matched by ``patterns``, in the order of the patterns, each name once.
+    ``unreadable``: names that exist but cannot be read as ``what`` (name -> why): a
+    pattern that matches only such names is refused with the reason; one that also matches
+    readable names takes those. ``match``: the names a pattern matches, in the format's own
+    sense (a ROOT tree's: ``TTree.keys(filter_name=pattern)``); without it a pattern is a
+    glob over the names (``fnmatch``, case-sensitive).
 
     Raises:
         DatasetError: a pattern matches nothing, or only unreadable names; the message
@@ -167,11 +170,17 @@ def select(
     names = list(names)
     known = set(names)
     unreadable = {n: why for n, why in (unreadable or {}).items() if n not in known}
+    candidates = names + list(unreadable)
+
+    def glob_match(pattern: str) -> list[str]:
+        return [n for n in candidates if fnmatch.fnmatchcase(n, pattern)]
+
     chosen: list[str] = []
     for pattern in patterns:
-        matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        found = list((match or glob_match)(pattern))
+        matched = [n for n in found if n in known]
         if not matched:
-            bad = next((n for n in unreadable if fnmatch.fnmatchcase(n, pattern)), None)
+            bad = next((n for n in found if n in unreadable), None)
             if bad is not None:
                 raise DatasetError(f"{where}: {what} {bad!r} cannot be read: {unreadable[bad]}")
             raise DatasetError(
@@ -188,12 +197,15 @@ def select_event_fields(
     kinds: Iterable[tuple[str, str]],
     *,
     where: str,
+    match: Callable[[str], Iterable[str]] | None = None,
 ) -> tuple[str, ...]:
     """The per-event fields ``patterns`` choose among ``numbers`` (the candidates of one
     number per event); ``kinds``: the other candidates' names and types, named in the
-    error where a pattern chooses only them (``select``)."""
+    error where a pattern chooses only them; ``match`` as for ``select``."""
     if not patterns:
         return ()  # ``kinds`` is not read: a tree's branches are not walked for nothing
     known = set(numbers)
     odd = {n: f"{kind}: not one number per event" for n, kind in kinds if n not in known}
-    return tuple(select(patterns, numbers, where=where, what="event field", unreadable=odd))
+    return tuple(
+        select(patterns, numbers, where=where, what="event field", unreadable=odd, match=match)
+    )
