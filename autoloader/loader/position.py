@@ -37,6 +37,7 @@ FORMAT = "autoloader.position/2"
 # upgrades keeps its checkpoint), checked for all it holds; what it does not hold is taken
 # as the plan's (``_as_planned``), so a loader that overrides the plan refuses it.
 EARLIER = "autoloader.position/1"
+_FAMILY = "autoloader.position/"
 # What fixes the batches a position counts, besides the sizes and the epoch.
 # A state without ``read_order`` was taken in a global shuffle.
 MEANING = (
@@ -171,9 +172,16 @@ def check_state(
     source = plan.source
     what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
     if what not in (FORMAT, EARLIER):
+        # a later autoloader's format may mean other things by the same keys: never guessed
+        unknown = (
+            ", a format this version of autoloader does not know"
+            if isinstance(what, str) and what.startswith(_FAMILY)
+            else ""
+        )
         raise PlanError(
             f"{source}: load_state_dict: expected a state from "
-            f"autoloader.DataLoader.state_dict() ({FORMAT}), found {what!r}"
+            f"autoloader.DataLoader.state_dict() ({FORMAT} or {EARLIER}), "
+            f"found {what!r}{unknown}"
         )
     for key in ("epoch", "batches", "world_size"):
         value = found.get(key)

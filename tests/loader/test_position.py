@@ -529,3 +529,15 @@ def test_a_resumed_epoch_is_the_rest_of_the_same_epoch_whatever_the_workers(
     assert served + [b.tolist() for b in resumed] == reference
     indices = [i for b in reference for (i,) in b]
     assert sorted(indices) == list(range(n))
+
+
+def test_a_state_of_a_format_this_version_does_not_know_is_refused_naming_it() -> None:
+    loader = DataLoader(Plain(40), plan=planned(), check_fingerprint=False)
+    state = {**loader.state_dict(), "format": "autoloader.position/3"}
+    with pytest.raises(PlanError) as raised:
+        DataLoader(Plain(40), plan=planned(), check_fingerprint=False).load_state_dict(state)
+    assert str(raised.value) == (
+        "<dict>: load_state_dict: expected a state from autoloader.DataLoader.state_dict() "
+        "(autoloader.position/2 or autoloader.position/1), found 'autoloader.position/3', a "
+        "format this version of autoloader does not know"
+    )
