@@ -34,6 +34,7 @@ from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapt import Adaptation, Adapter, Settings
 from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
@@ -137,6 +138,7 @@ class DataLoader(tud.DataLoader):
         self._inner_position: Position | None = None
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data = Data(0)  # what a planned loader serves: a position's data
+        self._repeats = RepeatWatch()
         # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
         self._host = HostBudget.probe() if plan is not None else None
         # and this process's limits (open files, processes, address space), for adaptation
@@ -325,6 +327,7 @@ class DataLoader(tud.DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
+        self._repeats.chosen()
         for target in (self.batch_sampler, self.sampler):
             set_epoch = getattr(target, "set_epoch", None)
             if set_epoch is not None:
@@ -355,6 +358,7 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         if self.grad_accum_steps > 1 and not self._accumulating:
             self._warn_accumulation()
+        self._check_epoch()
         began = time.perf_counter()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
@@ -362,6 +366,16 @@ class DataLoader(tud.DataLoader):
         if self._runtime is not None:
             batches = self._runtime.wrap(batches, self, time.perf_counter() - began)
         return batches
+
+    def _check_epoch(self) -> None:
+        """A planned epoch begins over the data the loader was built for (its length), and
+        one served whole again without ``set_epoch`` is said once (``epoch_checks``)."""
+        sampler = self.batch_sampler
+        if self.plan is None or not isinstance(sampler, SizeBatchSampler):
+            return
+        check_length(self.dataset, self._data.samples, self.plan.source)
+        last = (self._position.epoch, self._position.batches)
+        self._repeats.begins(sampler.epoch, last, len(sampler), sampler.shuffle)
 
     def _chain(self) -> Iterator[Any]:
         """The epoch's batches from the batch sampler's position: torch's iterator, then
