@@ -64,6 +64,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
 from autoloader.loader.cores import Cores
+from autoloader.loader.settings import SETTINGS, Settings
 from autoloader.loop_model import Evidence, moved, noise
 from autoloader.thresholds import WAIT_THRESHOLD
 
@@ -76,7 +77,6 @@ log = logging.getLogger("autoloader")
 
 MIN_BATCHES = 4
 MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
-SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")
 # The bound on oscillation whatever conditions do: after ``MAX_UNDONE`` raises of a
 # setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
 # them is that far behind. Under steady conditions one raise in vain settles it.
@@ -101,16 +101,6 @@ TRIAL_MAX_BATCHES = 2 * SPAN
 # for the loop after (at 2 to 8 workers on 2 cores, none read 0.0-0.1 and one spinning
 # 0.7-1.9, at 8 workers 1.2-1.9 from one window to the next)
 OTHERS_MOVED = 2.0
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The ``[loader]`` settings adaptation may move; ``device_prefetch`` is None without a
-    device feed."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    device_prefetch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -550,7 +540,7 @@ class Adapter:
         *,
         threshold: float = WAIT_THRESHOLD,
         min_gain: float = 0.05,
-        fixed: tuple[str, ...] = (),
+        fixed: Iterable[str] = (),
         evidence: Evidence | None = None,
         persistent: bool = False,
     ) -> None:
@@ -674,7 +664,7 @@ class Adapter:
             self._trial_batches = 0
             self._trial = RaiseOnTrial(
                 setting,
-                self._value(setting),
+                self.settings.value(setting),
                 after,
                 m.steady_samples_per_second,
                 m.loading_seconds,
@@ -903,7 +893,7 @@ class Adapter:
             keep["prefetch_factor"] = self.settings.prefetch_factor
         self.settings = replace(self.settings, **keep)
         self._loading = Loading()
-        in_force = trial is not None and self._value(trial.setting) == trial.after
+        in_force = trial is not None and self.settings.value(trial.setting) == trial.after
         self._trial = trial if in_force else None
         self._before_raise, self._trial_batches = None, 0
 
@@ -981,7 +971,7 @@ class Adapter:
         evidence, workers = self.evidence, self.settings.num_workers
         ruled = None
         if evidence is not None:  # too slow on average, or fast enough: no queue helps
-            depth = self.settings.prefetch_factor or 2
+            depth = self.settings.depth
             ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(
                 workers, m.compute_seconds, depth
             )
@@ -1033,7 +1023,7 @@ class Adapter:
                 count, why = following, self._worker_raise(m, following, waited)  # not be
             if why is not None and self._cores_allow(m, count):
                 out.append(("num_workers", count, why))
-        depth = s.prefetch_factor or 2
+        depth = s.depth
         deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
         if (
             s.num_workers > 0
@@ -1165,15 +1155,11 @@ class Adapter:
         want = math.ceil(SIZED_MARGIN * per_worker / compute)
         return max(nxt, next((w for w in grid if w >= want), grid[-1]))
 
-    def _value(self, setting: str) -> int:
-        value = getattr(self.settings, setting)
-        return 2 if value is None and setting == "prefetch_factor" else int(value or 0)
-
     def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
         change = Adaptation(
             m.epoch,
             setting,
-            self._value(setting),
+            self.settings.value(setting),
             after,
             m.steady_wait_fraction,
             m.steady_samples_per_second,

@@ -12,16 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from autoloader.loader.host_fit import within_shm
+from autoloader.loader.settings import Settings
 
 MAX_PREFETCH_FACTOR = 16  # the deepest prefetch adaptation sets
 
 
 def within_caps(
-    saved: dict[str, Any], current: Any, limits: Any
+    saved: dict[str, Any], current: Settings, limits: Any
 ) -> tuple[dict[str, Any], list[str]]:
     """``saved`` settings lowered to ``limits`` (an ``adapt.Limits``; typed loosely, as
-    ``adapt`` imports this module) (``current``: the ``adapt.Settings`` in force, for
-    those ``saved`` lacks); and each change, said."""
+    ``adapt`` imports this module) (``current``: the settings in force, for those
+    ``saved`` lacks); and each change, said."""
     out, why = dict(saved), []
 
     def lower(key: str, to: int, because: str) -> None:

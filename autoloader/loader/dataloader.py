@@ -32,7 +32,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
-from autoloader.loader.adapt import Adaptation, Adapter, Settings
+from autoloader.loader.adapt import Adaptation, Adapter
 from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
@@ -57,6 +57,7 @@ from autoloader.loader.position import (
 )
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.settings import Settings, user_fixed
 from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.loader.survival import Survival
 from autoloader.loader.trainers import (
@@ -77,6 +78,7 @@ from autoloader.thresholds import WAIT_THRESHOLD
 log = logging.getLogger("autoloader")
 
 _TORCH_SIGNATURE = inspect.signature(tud.DataLoader.__init__)
+_SAMPLERS = ("sampler", "batch_sampler")
 
 
 class DataLoader(tud.DataLoader):
@@ -130,7 +132,14 @@ class DataLoader(tud.DataLoader):
         self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
-        given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
+        # a sampler or batch sampler of None, given by position to reach num_workers, is
+        # torch's default: no sampler of the caller's own
+        given = {
+            k: v
+            for k, v in bound.arguments.items()
+            if k not in ("self", "dataset") and not (k in _SAMPLERS and v is None)
+        }
+        fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
         sizes: np.ndarray | None = None
         rank, world = 0, 1
         self.grad_accum_steps = 1
@@ -146,7 +155,7 @@ class DataLoader(tud.DataLoader):
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
-            given, sizes = self._planned(dataset, given, check_fingerprint, rank, world)
+            given, sizes = self._planned(dataset, given, fixed, check_fingerprint, rank, world)
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.
@@ -173,9 +182,6 @@ class DataLoader(tud.DataLoader):
         self._survival = _survival(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
-            fixed: list[str] = [k for k in ("num_workers", "prefetch_factor") if k in kwargs]
-            if prefetch_override is not None:
-                fixed.append("device_prefetch")
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
@@ -204,10 +210,17 @@ class DataLoader(tud.DataLoader):
         watch_growth(plan, self.batch_sampler, recorder, rank, stale, self.dataset)
 
     def _planned(
-        self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int
+        self,
+        dataset: Any,
+        given: dict[str, Any],
+        fixed: frozenset[str],
+        check_fingerprint: bool,
+        rank: int,
+        world: int,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         """Torch's arguments from the plan, and the sample sizes, once every check has
-        passed: the data (fingerprint), the world size (accumulation), the other ranks."""
+        passed: the data (fingerprint), the world size (accumulation), the other ranks;
+        ``fixed``: the settings the user gave, kept as given."""
         plan = self.plan
         assert plan is not None
         n = dataset_length(dataset)
@@ -217,10 +230,9 @@ class DataLoader(tud.DataLoader):
         if check_fingerprint:
             check_data_fingerprint(plan, self._data.fingerprint, n)
         self.grad_accum_steps = accumulation_for(plan, world)
-        explicit = set(given) & {"num_workers", "prefetch_factor"}
         given = apply_plan(plan, given, sizes, rank, world, n)
         assert self._host is not None
-        given = fit_to_host(plan, given, explicit, self._host)
+        given = fit_to_host(plan, given, fixed, self._host)
         data = self._data.fingerprint or f"{n} samples"
         check_ranks_agree(digest(plan, given, data, self.grad_accum_steps), source=plan.source)
         return given, sizes
@@ -309,8 +321,8 @@ class DataLoader(tud.DataLoader):
 
     def _settings(self) -> dict[str, Any]:
         if self._runtime is not None and self._runtime.adapter is not None:
-            return dataclasses.asdict(self._runtime.adapter.settings)
-        return dataclasses.asdict(_settings_of(self))
+            return self._runtime.adapter.settings.saved()
+        return Settings.of(self).saved()
 
     @property
     def stats(self) -> LoaderStats:
@@ -506,19 +518,13 @@ def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
     return count
 
 
-def _settings_of(loader: DataLoader) -> Settings:
-    """The ``[loader]`` settings adaptation may move, as the loader runs them now."""
-    feed = loader.device_prefetch if loader._feed_device is not None else None
-    return Settings(loader.num_workers, loader.prefetch_factor, feed)
-
-
 def _runtime(
-    loader: DataLoader, fixed: list[str], threshold: float, max_workers: int | None
+    loader: DataLoader, fixed: frozenset[str], threshold: float, max_workers: int | None
 ) -> Runtime:
     """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
     plan = loader.plan
     assert plan is not None
-    settings = _settings_of(loader)
+    settings = Settings.of(loader)
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
     refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
@@ -527,7 +533,7 @@ def _runtime(
         settings,
         limits,
         threshold=threshold,
-        fixed=tuple(fixed),
+        fixed=fixed,
         evidence=Evidence.from_search(plan.evidence.workers),
         persistent=bool(loader.persistent_workers),
     )
