@@ -32,7 +32,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
-from autoloader.loader.adapt import Adaptation, Adapter
+from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
@@ -46,6 +46,7 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
 )
+from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
     Data,
     Position,

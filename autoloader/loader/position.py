@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
-from autoloader.loader.adapt import RaiseOnTrial
 from autoloader.loader.settings import SETTINGS  # the settings adaptation moves
+from autoloader.loader.trials import RaiseOnTrial
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
 

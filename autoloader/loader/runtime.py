@@ -2,7 +2,7 @@
 
 ``Runtime`` is what ``autoloader.DataLoader(plan=..., adapt=True)`` holds. Each
 ``iter(loader)`` first applies the settings the last complete epoch decided (the policy is
-``autoloader.loader.adapt``), then hands out an ``EpochIter`` that times the loop's wait
+``autoloader.loader.policy``), then hands out an ``EpochIter`` that times the loop's wait
 for each batch and, on CUDA, follows the allocator's peak (``autoloader.loader.drift``).
 Only ``[loader]`` settings move: the batch sampler, and so every rank's indices, is
 untouched.
@@ -27,10 +27,13 @@ from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.host.run_delay import SampledDelay
-from autoloader.loader.adapt import MIN_WINDOW, Adaptation, Adapter, EpochMeasure, Limits
 from autoloader.loader.background import Background
+from autoloader.loader.caps import Limits
 from autoloader.loader.cores import Cores, CoreUse
+from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import Drift, MemoryWatch
+from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
+from autoloader.loader.policy import Adapter
 from autoloader.loader.settings import SETTINGS, Settings, apply, depth_of
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder

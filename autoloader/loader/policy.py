@@ -1,228 +1,56 @@
-"""Run-time adaptation of ``[loader]`` settings, judged on whole epochs or, in a long
-epoch, on windows of batches inside it (``autoloader.loader.windows``): the policy.
+"""The adaptation policy: a planned loader's ``[loader]`` settings re-decided from the
+loop it measured, judged on whole epochs or, in a long epoch, on windows of batches.
 
-tf.data re-decides its parallelism while the pipeline runs; here the planned loader does
-the same for the settings that cannot change an epoch's batches: ``num_workers``, then
-``prefetch_factor``, then ``device_prefetch``. Batching never changes.
-
-The policy is a hill climb with one step back:
-
-- an epoch whose loop waited for data more than ``threshold`` of its time raises one
-  setting: workers to the count its loading asks for (a starved loop's delivery interval
-  against its step, ``_sized``), at least the next count of the worker search's own grid
-  and on it (within
-  the CPU cap, the host-memory budget, this process's limits on open files, processes and
-  address space, and below any count the tune's search failed at; a raise whose workers
-  cannot start anyway is undone at once, ``hold_down``), else, with workers at their cap,
-  a deeper
-  ``prefetch_factor``, else (a device feed, where the plan's memory budget allows) a
-  deeper ``device_prefetch``;
-- the epoch after a raise must deliver at least ``min_gain`` more samples per second;
-  one that costs more than ``min_gain`` is undone at once, and one within ``min_gain``
-  either way in windows of a long epoch is judged on (workers started together deliver
-  in step at first) until ``TRIAL_MAX_BATCHES`` after it; a raise undone leaves that
-  setting unraised while loading stays as it was (settled), so a steady dataset changes
-  it at most twice;
-- an epoch that was fed (wait at or under the threshold) changes nothing;
-- whatever conditions do, a setting whose raises were undone ``MAX_UNDONE`` times in
-  the last ``CHANGE_EPOCHS`` epochs is not raised (a climb that pays is not bounded:
-  it ends at the caps);
-- the plan's own evidence comes first (``autoloader.loop_model``, the judgement the worker
-  search made): a worker count the tune timed no faster than the current one is not tried
-  unless the loop's loading time per batch has moved beyond noise since; a raise whose best
-  possible gain (all the wait removed) cannot reach ``min_gain`` is not tried; and a
-  setting settled after a raise in vain is tried again once loading moves beyond noise
-  from what it was then. Each decision not to raise is kept, with its reason, in
-  ``declined``. Whether loading moved is judged over the last ``SPAN`` batches or more at
-  the count in force (``Loading``), not over one window: a window of 8 batches moves 71%
-  by chance, so a neighbour that took a core went unseen for epochs;
-- the workers' own processes come next (``autoloader.loader.cores``): a count that could
-  not load ``min_gain`` faster on the cores they and other processes share is not tried,
-  nor a deeper queue for workers that never waited on a full one, and a change is priced
-  by the gain the cores leave and by the workers it starts. Where other processes' threads
-  ready for the cores double or halve (a neighbour came or went), the loop is measured
-  afresh: a raise is judged against the loop since, and a settled setting tried again.
-
-Only complete epochs are judged; one of fewer than ``MIN_BATCHES`` batches is too short
-to say anything. A raise whose workers' first fill leaves fewer than a window's batches
-of an epoch is judged on whole epochs, their starts included (``WholeEpochs``). This
-module decides; ``autoloader.loader.dataloader`` applies.
+The model: a loop that waits for data past ``threshold`` of its time is starved, and a
+setting that cannot change an epoch's batches is raised (``num_workers`` to the count its
+loading asks for, else ``prefetch_factor``, else ``device_prefetch``) where the caps
+(``autoloader.loader.caps``), the plan's own timings (``autoloader.loop_model``), the
+cores the workers share (``autoloader.loader.cores``) and the price of restarting them
+allow; the raise is then on trial (``autoloader.loader.trials``) against the loop before
+it (``autoloader.loader.loading``) and kept only where it brought ``min_gain``, else undone
+and the setting settled until loading moves beyond noise; a setting undone ``MAX_UNDONE``
+times in ``CHANGE_EPOCHS`` epochs is left alone whatever conditions do. Each decision is
+data (``autoloader.loader.decisions``): a change, or a raise declined with its cause. This
+module decides from measures (``autoloader.loader.measures``); the runtime applies. The
+cases, each with its reason, are the tests' (``tests/loader/test_policy.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
 from autoloader.host import doubling_grid
-from autoloader.host.budget import HostBudget
-from autoloader.host.limits import ProcessLimits
-from autoloader.loader.caps import MAX_PREFETCH_FACTOR, within_caps
-from autoloader.loader.cores import Cores
-from autoloader.loader.settings import SETTINGS, Settings
-from autoloader.loop_model import Evidence, moved, noise
+from autoloader.loader.caps import MAX_PREFETCH_FACTOR, Limits, within_caps
+from autoloader.loader.decisions import Adaptation, Declined
+from autoloader.loader.loading import SPAN, Loading, slower
+from autoloader.loader.measures import MIN_BATCHES, MIN_WINDOW, EpochMeasure, others_moved, whole
+from autoloader.loader.settings import Settings
+from autoloader.loader.trials import (
+    MIN_REFERENCE,
+    TRIAL_BATCHES,
+    TRIAL_MAX_BATCHES,
+    RaiseOnTrial,
+    WholeEpochs,
+)
+from autoloader.loop_model import Evidence
 from autoloader.thresholds import WAIT_THRESHOLD
 
 SIZED_MARGIN = 1.1  # a sized raise asks for 10% more workers than the loop's step needs
 # the workers' memory is measured where the most a raise may start comes within this factor
 # of the host-memory budget, at what a worker is known to hold (workers grow: caches)
 MEMORY_MARGIN = 4
-
-log = logging.getLogger("autoloader")
-
-MIN_BATCHES = 4
-MIN_WINDOW = 8  # batches: fewer are not measured to a few percent
 # The bound on oscillation whatever conditions do: after ``MAX_UNDONE`` raises of a
 # setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
 # them is that far behind. Under steady conditions one raise in vain settles it.
 MAX_UNDONE, CHANGE_EPOCHS = 2, 10
-# Loading per batch is compared over at least this many batches: it moves 35% by chance
-# over 32 (``noise``), 71% over one window of 8.
-SPAN = 32
-TRIAL_BATCHES = 16  # a raise is judged over at least this many batches after it
-# Where the loop was measured afresh after a neighbour came or went, a raise made before
-# two windows of it (their steady batches) has no reference to be judged against: one
-# window moves 71% by chance (the first beside a neighbour that had just come read 1,498
-# samples/s where the loop ran 1,100-1,300, and a raise to 4 workers, 1,450, was undone as
-# -11%). It is judged against the count before it as the cores then have it.
-MIN_REFERENCE = 2 * (MIN_WINDOW - 1)
-# A raise whose gain is within ``min_gain`` either way in windows of a long epoch is judged
-# on, over the last SPAN batches (the ones nearest its restart drop out first), until this
-# many batches after it: workers started together deliver in step at first, and only later
-# at their pace. A whole epoch is judged once (the next may be another's conditions).
-TRIAL_MAX_BATCHES = 2 * SPAN
-# Other processes' threads ready for the cores (``Cores.others``), with half a thread
-# added, doubled or halved: a neighbour came or went, and the loop before is no reference
-# for the loop after (at 2 to 8 workers on 2 cores, none read 0.0-0.1 and one spinning
-# 0.7-1.9, at 8 workers 1.2-1.9 from one window to the next)
-OTHERS_MOVED = 2.0
 
-
-@dataclass(frozen=True)
-class EpochMeasure:
-    """What one complete epoch's loop did."""
-
-    epoch: int
-    batches: int
-    samples: int
-    wait_seconds: float  # the loop waited for the next batch
-    loop_seconds: float  # from the first next() to the end of the epoch
-    worker_memory_bytes: int | None = None  # PSS of the worker processes, where measured
-    # the transient's wait: the start-up and the prefetch queue's first fill (``warm``)
-    first_wait_seconds: float = 0.0
-    workers: int | None = None  # the workers that loaded the epoch
-    batch: int | None = None  # a window inside the epoch: the batches served at its end
-    remaining: int | None = None  # a window: the epoch's batches still to come
-    epoch_batches: int | None = None  # the batches of the whole epoch (fewer: resumed)
-    # a window: what (re)starting the epoch's iterator cost the loop for each worker it
-    # started, as measured (the dearest start: forks and first batches grow with the count)
-    restart_per_worker: float = 0.0
-    # the transient: the batches after a start until the prefetch queue was first full,
-    # and the loop's seconds over them (None: the first batch's wait alone)
-    warm_batches: int = 1
-    warm_seconds: float | None = None
-    # the cores the workers and this process kept busy, and the workers queued for, on
-    # average over the measure (None: not measured)
-    cores: Cores | None = None
-
-    @property
-    def _warm(self) -> float:
-        return self.first_wait_seconds if self.warm_seconds is None else self.warm_seconds
-
-    @property
-    def steady_batches(self) -> int:
-        """The batches past the transient: the evidence."""
-        return max(0, self.batches - self.warm_batches)
-
-    @property
-    def start_cost(self) -> float:
-        """What the start cost the loop: the transient's seconds over what its batches take
-        at the steady pace after it (at least the first batch's wait)."""
-        steady = self.steady_batches
-        if self.warm_seconds is None or steady < 1:
-            return self.first_wait_seconds
-        pace = (self.loop_seconds - self.warm_seconds) / steady
-        return refill_cost(self.first_wait_seconds, [(self.warm_seconds, self.warm_batches)], pace)
-
-    @property
-    def wait_fraction(self) -> float:
-        return self.wait_seconds / self.loop_seconds if self.loop_seconds > 0 else 0.0
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.loop_seconds if self.loop_seconds > 0 else 0.0
-
-    @property
-    def steady_wait_fraction(self) -> float:
-        """The wait share past the transient: worker start-up, cold caches and the first
-        fill of the prefetch queue are not the starvation that more workers cure (they
-        start more slowly)."""
-        loop = self.loop_seconds - self._warm
-        return (self.wait_seconds - self.first_wait_seconds) / loop if loop > 0 else 0.0
-
-    @property
-    def steady_samples_per_second(self) -> float:
-        """Samples/s past the transient (a raise is judged on what it keeps, not on the
-        start-up of the workers it added)."""
-        loop = self.loop_seconds - self._warm
-        if loop <= 0 or self.steady_batches < 1 or self._warm <= 0:
-            return self.samples_per_second
-        return self.samples * self.steady_batches / self.batches / loop
-
-    @property
-    def compute_seconds(self) -> float:
-        """The loop's seconds per batch less its wait (the step and the loop's own work),
-        past the first batch."""
-        if self.batches < 2:
-            return 0.0
-        return max(0.0, self.loop_seconds - self.wait_seconds) / self.batches
-
-    @property
-    def loading_seconds(self) -> float:
-        """Seconds the loader took to hand over a batch, as the tune's trace measures it:
-        without workers, the main process's wait per batch (the first left out); with
-        workers, the loop's time per batch (their delivery interval, while starved)."""
-        steady = self.steady_batches
-        if steady < 1:
-            return 0.0
-        if not self.workers:
-            return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
-        return max(0.0, self.loop_seconds - self._warm) / steady
-
-
-def others_moved(before: float | None, now: float | None) -> str | None:
-    """How the threads of other processes ready for the cores moved, where by
-    ``OTHERS_MOVED`` (a neighbour came or went: conditions a raise is not judged across);
-    None where they did not, or were not measured."""
-    if before is None or now is None:
-        return None
-    low, high = sorted((before + 0.5, now + 0.5))
-    if high < OTHERS_MOVED * low:
-        return None
-    return f"other processes' threads ready for the cores moved from {before:.1f} to {now:.1f}"
-
-
-def _slower(before: Loading, epoch_samples_per_second: float) -> bool:
-    """Whether the loop just before a raise ran slower, beyond what its batches allow,
-    than a whole epoch at the same settings: loading slowed after that epoch (reads left
-    the page cache, a neighbour came), and it is no reference for the raise. Only slower:
-    a loop that ran faster than an epoch whose start it does not share is no sign."""
-    sps = before.samples_per_second
-    return (
-        sps > 0
-        and before.batches > 0
-        and epoch_samples_per_second / sps > 1 + noise(before.batches)
-    )
-
-
-def whole(m: EpochMeasure) -> bool:
-    """Whether ``m`` is an epoch from its first batch to its last, long enough to judge."""
-    return m.batch is None and m.batches >= MIN_BATCHES and m.batches >= (m.epoch_batches or 0)
+log = logging.getLogger("autoloader")
 
 
 def _and_epochs(done: int) -> str:
@@ -239,284 +67,6 @@ def _and_served(epochs: int, batches: int) -> str:
     done = [f"{epochs} epoch{'s' if epochs > 1 else ''}"] if epochs else []
     done += [f"{batches} batches"] if batches else []
     return f" and as many again as the run has served ({' and '.join(done)})"
-
-
-def refill_cost(first_wait: float, refills: Iterable[tuple[float, int]], pace: float) -> float:
-    """What (re)starting the workers cost the loop: each refill's seconds (from the start
-    to a full prefetch queue) over what its batches take at ``pace``; the dearest, and at
-    least the first batch's wait."""
-    return max([first_wait, *(seconds - batches * pace for seconds, batches in refills)])
-
-
-@dataclass(frozen=True)
-class _Part:
-    """One window's or epoch's steady batches, as ``Loading`` keeps them."""
-
-    batches: int
-    loading: float  # seconds: the batches' loading seconds together
-    samples: float
-    loop: float  # seconds of the loop over them
-    wait: float  # seconds of it waiting for them
-    window: bool  # a window (a whole epoch's bursts cannot be seen)
-    others: float | None = None  # other processes' threads ready for the cores (``Cores``)
-
-    @classmethod
-    def of(cls, m: EpochMeasure) -> _Part:
-        steady = m.steady_batches
-        return cls(
-            steady,
-            m.loading_seconds * steady,
-            m.steady_samples_per_second * (m.loop_seconds - m._warm),
-            m.loop_seconds - m._warm,
-            max(0.0, m.wait_seconds - m.first_wait_seconds),
-            m.batch is not None,
-            m.cores.others if m.cores is not None else None,
-        )
-
-
-class Loading:
-    """The loop at the settings in force over the last windows or epochs that hold
-    ``span`` batches (a reference: ``span`` None, it takes windows until it holds ``SPAN``
-    and then stays as measured). A measure at another worker count starts it afresh."""
-
-    def __init__(self, span: int | None = SPAN) -> None:
-        self.span = span
-        self.workers: int | None = None
-        self._parts: list[_Part] = []
-        self.afresh = False  # the parts before were dropped: other processes' threads moved
-
-    def add(self, m: EpochMeasure) -> None:
-        if m.workers != self.workers:
-            self.workers, self._parts, self.afresh = m.workers, [], False
-        if self.span is None and self.batches >= SPAN:
-            return
-        if m.steady_batches < 1 or m.loading_seconds <= 0:
-            return
-        part = _Part.of(m)
-        if others_moved(self.others, part.others) is not None:
-            if self.span is None:
-                return  # a reference stays as the conditions it was measured in
-            self._parts, self.afresh = [], True  # the loop under other conditions
-        self._parts.append(part)
-        while (
-            self.span
-            and len(self._parts) > 1
-            and self.batches - self._parts[0].batches >= self.span
-        ):
-            self._parts.pop(0)
-
-    @classmethod
-    def of(cls, workers: int, seconds: float, samples_per_second: float) -> Loading:
-        """A reference from one figure (one batch's weight), filled on as ``reference``."""
-        ref = cls(span=None)
-        ref.workers = workers
-        if seconds > 0:
-            ref._parts = [_Part(1, seconds, samples_per_second * seconds, seconds, 0.0, False)]
-        return ref
-
-    def reference(self) -> Loading:
-        """A copy that goes on filling to ``SPAN`` batches at this count, then holds."""
-        ref = Loading(span=None)
-        ref.workers, ref._parts, ref.afresh = self.workers, list(self._parts), self.afresh
-        return ref
-
-    @property
-    def batches(self) -> int:
-        return sum(p.batches for p in self._parts)
-
-    @property
-    def seconds(self) -> float:
-        """Loading seconds per batch."""
-        batches = self.batches
-        return sum(p.loading for p in self._parts) / batches if batches else 0.0
-
-    @property
-    def samples_per_second(self) -> float:
-        loop = sum(p.loop for p in self._parts)
-        return sum(p.samples for p in self._parts) / loop if loop > 0 else 0.0
-
-    @property
-    def others(self) -> float | None:
-        """Other processes' threads ready for the cores over these batches, on average
-        (None: not measured)."""
-        known = [(p.others, p.batches) for p in self._parts if p.others is not None]
-        count = sum(b for _, b in known)
-        return sum(o * b for o, b in known) / count if count else None
-
-    @property
-    def windows(self) -> bool:
-        """Measured in windows (whose waits show bursts), not whole epochs."""
-        return bool(self._parts) and all(p.window for p in self._parts)
-
-    def starved(self, threshold: float) -> bool:
-        """The loop waited past ``threshold`` over these batches together."""
-        loop = sum(p.loop for p in self._parts)
-        return loop > 0 and sum(p.wait for p in self._parts) / loop > threshold
-
-    def moved_from(self, before: Loading) -> float | None:
-        """``self / before`` where it moved beyond what the fewer batches allow."""
-        least = min(self.batches, before.batches)
-        return moved(before.seconds, self.seconds, noise(least)) if least else None
-
-
-@dataclass(frozen=True)
-class Adaptation:
-    """One change: which setting, from what to what, and the epoch that caused it."""
-
-    epoch: int  # the epoch whose measurement caused the change; it applies from the next
-    setting: str
-    before: int
-    after: int
-    wait_fraction: float
-    samples_per_second: float
-    reason: str
-    batch: int | None = None  # applied inside the epoch, after this many of its batches
-
-    @property
-    def direction(self) -> str:
-        return "up" if self.after > self.before else "down"
-
-    def to_dict(self) -> dict[str, Any]:
-        """As written to the plan's ``[tuning.runtime]`` (``from``/``to`` for the values)."""
-        out = asdict(self)
-        out["from"], out["to"] = out.pop("before"), out.pop("after")
-        out["direction"] = self.direction
-        out["wait_fraction"] = round(self.wait_fraction, 4)
-        out["samples_per_second"] = round(self.samples_per_second, 2)
-        if self.batch is None:
-            del out["batch"]
-        return out
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How far adaptation may go."""
-
-    max_workers: int
-    memory_budget_bytes: int  # host memory the worker processes may hold
-    device_prefetch_max: int = 0  # the deepest device feed the plan's memory budget allows
-    host: HostBudget | None = None  # this node's shared memory, for the batches in flight
-    batch_bytes: int = 0  # the plan's worst batch: what one batch in flight holds
-    process: ProcessLimits | None = None  # open files, processes, address space
-    failed_at: tuple[int, str] | None = None  # the fewest workers the tune saw fail, and how
-    cpus: float = 0.0  # the cores this process and its workers may keep busy (0: unknown)
-    # why workers forked from this process now would share what its reads left in the
-    # dataset (``autoloader.feed.fork_hazards``; None: they are not forked)
-    fork_refuses: Callable[[], str | None] | None = None
-
-    def shm_refuses(self, workers: int, prefetch: int | None) -> str | None:
-        """Why ``workers`` x ``prefetch`` batches in flight do not fit /dev/shm."""
-        if self.host is None or not self.batch_bytes:
-            return None
-        return self.host.shm_refuses(workers, prefetch, self.batch_bytes)
-
-    def start_refuses(self, workers: int, prefetch: int | None, tensors: int) -> str | None:
-        """Why ``workers`` x ``prefetch`` batches of ``tensors`` tensors cannot be started
-        here: at or past a count the tune's search failed at, or past this process's
-        limits (None: nothing says they cannot)."""
-        if self.failed_at is not None and workers >= self.failed_at[0]:
-            count, status = self.failed_at
-            return f"the tune's worker search failed at {count} workers ({status})"
-        if self.process is None:
-            return None
-        return self.process.refuses(workers, prefetch, tensors)
-
-
-@dataclass(frozen=True)
-class Declined:
-    """A raise not tried, and why (the plan's evidence, or a gain out of reach)."""
-
-    epoch: int
-    setting: str
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class RaiseOnTrial:
-    """A raise on trial: judged on the epoch after it against the samples/s before it."""
-
-    setting: str
-    before: int
-    after: int
-    baseline_samples_per_second: float
-    loading_seconds: float
-    workers: int
-    epoch: int = 0  # the epoch after which it was raised
-
-    def describe(self) -> str:
-        return f"{self.setting} {self.before} -> {self.after} since epoch {self.epoch}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, found: Any) -> RaiseOnTrial | None:
-        """A trial saved by ``to_dict`` (None where ``found`` is not one)."""
-        try:
-            trial = cls(**found)
-        except TypeError:
-            return None
-        ints = (trial.before, trial.after, trial.workers, trial.epoch)
-        numbers = (trial.baseline_samples_per_second, trial.loading_seconds)
-        ok = (
-            trial.setting in SETTINGS
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
-            and all(
-                isinstance(v, (int, float))
-                and not isinstance(v, bool)
-                and math.isfinite(v)
-                and v > 0  # the reference a trial is judged against
-                for v in numbers
-            )
-        )
-        return trial if ok else None
-
-
-class WholeEpochs:
-    """Whole epochs, their starts included, at the settings each ran at from its first
-    batch to its last: the reference for a raise whose workers' first fill takes every
-    batch of an epoch (16 workers x 2 in epochs of 20 batches), where nothing is steady.
-
-    Without persistent workers every epoch starts its own, so the start is part of what a
-    raise costs each epoch and both sides include it; with them, only the first epoch at
-    new settings starts workers, and an epoch after it is compared."""
-
-    def __init__(self, persistent: bool) -> None:
-        self.persistent = persistent
-        self._began: Settings | None = None  # the settings the epoch under way began with
-        self._last: Settings | None = None  # those of the last epoch run at one setting
-        self.run = 0  # complete epochs in a row at ``_last`` (0: the last was not one)
-        self._samples_per_second: dict[Settings, float] = {}
-
-    def began(self, settings: Settings) -> None:
-        if self._began is not None:  # the epoch before was left before its end
-            self._last, self.run = None, 0
-        self._began = settings
-
-    def ended(self, m: EpochMeasure, mixed: bool) -> None:
-        """A complete epoch; ``mixed``: its settings changed inside it. One resumed part of
-        the way through, or too short to measure, is no reference either."""
-        settings, self._began = self._began, None
-        if settings is None or mixed or not whole(m) or m.samples_per_second <= 0:
-            self._last, self.run = None, 0
-            return
-        self.run = self.run + 1 if settings == self._last else 1
-        self._last = settings
-        if self.comparable:
-            self._samples_per_second[settings] = m.samples_per_second
-
-    @property
-    def comparable(self) -> bool:
-        """Whether the last epoch ran at one setting and began as the next at it will:
-        every one without persistent workers, all but the first with them."""
-        return self.run >= (2 if self.persistent else 1)
-
-    def at(self, settings: Settings) -> float | None:
-        """Samples/s of the last comparable epoch at ``settings``."""
-        return self._samples_per_second.get(settings)
 
 
 class Adapter:
@@ -688,7 +238,7 @@ class Adapter:
         if not epochs.comparable:
             return []  # the restart's own epoch: the next one is judged
         was, before = epochs.at(self.confirmed), self._reference(trial)
-        stale = was is not None and _slower(before, was)
+        stale = was is not None and slower(before, was)
         if stale:
             was = None  # that epoch ran before loading slowed: not the loop the raise left
         if was is None and self.persistent:
