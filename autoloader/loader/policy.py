@@ -23,13 +23,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-import psutil
-
-from autoloader.host import doubling_grid
-from autoloader.loader.caps import MAX_PREFETCH_FACTOR, Limits, within_caps
-from autoloader.loader.decisions import Adaptation, Declined
+from autoloader.loader.caps import Limits, within_caps
+from autoloader.loader.decisions import Adaptation, Because, Declined
 from autoloader.loader.loading import SPAN, Loading, slower
 from autoloader.loader.measures import MIN_BATCHES, MIN_WINDOW, EpochMeasure, others_moved, whole
+from autoloader.loader.raises import RaiseSearch
 from autoloader.loader.settings import Settings
 from autoloader.loader.trials import (
     MIN_REFERENCE,
@@ -40,15 +38,6 @@ from autoloader.loader.trials import (
 )
 from autoloader.loop_model import Evidence
 from autoloader.thresholds import WAIT_THRESHOLD
-
-SIZED_MARGIN = 1.1  # a sized raise asks for 10% more workers than the loop's step needs
-# the workers' memory is measured where the most a raise may start comes within this factor
-# of the host-memory budget, at what a worker is known to hold (workers grow: caches)
-MEMORY_MARGIN = 4
-# The bound on oscillation whatever conditions do: after ``MAX_UNDONE`` raises of a
-# setting were undone within ``CHANGE_EPOCHS`` epochs, it is not raised again until one of
-# them is that far behind. Under steady conditions one raise in vain settles it.
-MAX_UNDONE, CHANGE_EPOCHS = 2, 10
 
 log = logging.getLogger("autoloader")
 
@@ -69,7 +58,7 @@ def _and_served(epochs: int, batches: int) -> str:
     return f" and as many again as the run has served ({' and '.join(done)})"
 
 
-class Adapter:
+class Adapter(RaiseSearch):
     """Decides the next epoch's settings from the last complete epoch's measurement.
 
     Args:
@@ -116,7 +105,6 @@ class Adapter:
         self._before_raise: Loading | None = None
         self._trial_batches = 0  # steady batches measured since the raise on trial
         self._per_worker_bytes: float | None = None
-        self._probing = False
         self.batch_tensors = 1  # tensors in one batch, as last served (open files per batch)
         self.persistent = persistent
         # the dearest (re)start of the workers measured in this run, per worker started:
@@ -198,6 +186,7 @@ class Adapter:
             self._decline(
                 m,
                 "all",
+                Because.OUT_OF_REACH,
                 (
                     f"the loop waited {wait:.1%} of its time: a raise could gain at "
                     f"most {best:+.1%}, not the {self.min_gain:+.0%} it must"
@@ -258,6 +247,7 @@ class Adapter:
             self._decline(
                 m,
                 trial.setting,
+                Because.NOT_JUDGED,
                 f"the raise to {trial.after} cannot be judged: {fill}, and no whole epoch "
                 f"at {trial.before} began as this one did{since}; kept",
             )
@@ -334,31 +324,6 @@ class Adapter:
         """The raise not yet judged, if one is."""
         return self._trial
 
-    def _cores_gain(self, m: EpochMeasure, workers: int) -> float | None:
-        """How much faster ``workers`` could load than ``m``'s on the cores this host
-        gives (``autoloader.loader.cores``; None: not measured, or no workers)."""
-        if m.cores is None or not m.workers:
-            return None
-        return m.cores.gain(m.workers, workers)
-
-    def _cores_allow(self, m: EpochMeasure, workers: int) -> bool:
-        """Whether ``workers`` could load ``min_gain`` faster on this host's cores than
-        ``m``'s did (declined, with why, where they could not)."""
-        gain = self._cores_gain(m, workers)
-        if gain is None or gain >= self.min_gain:
-            return True
-        assert m.cores is not None
-        self._decline(
-            m,
-            "num_workers",
-            (
-                f"{m.cores.describe()}: {workers} workers could load at most {gain:+.1%} "
-                f"faster on them, not the {self.min_gain:+.0%} a raise must bring"
-            ),
-            key="the workers ran",
-        )
-        return False
-
     def _start_seconds(self, workers: int, per_batch: float) -> float:
         """What starting ``workers`` costs the loop: the dearest start per worker this run
         measured, for each, and at least a batch."""
@@ -405,8 +370,8 @@ class Adapter:
         )
         starts = f"~{cost:.2f} s to start {started} workers, with an undo"
         if inside:
-            key, why = (
-                "a change inside the epoch",
+            because, why = (
+                Because.RESTART_INSIDE,
                 (
                     f"a change inside the epoch restarts its iterator ({starts}); {what} over "
                     f"the {m.remaining} batches left{_and_served(later, served)} saves at "
@@ -414,15 +379,15 @@ class Adapter:
                 ),
             )
         else:
-            key, why = (
-                "a change restarts the persistent workers",
+            because, why = (
+                Because.RESTART_PERSISTENT,
                 (
                     f"a change restarts the persistent workers ({starts}, at the dearest "
                     f"start per worker measured); {what} over an epoch like this "
                     f"one{_and_epochs(later)} saves at most {saving:.2f} s: kept as they are"
                 ),
             )
-        self._decline(m, "all", why, key=key)
+        self._decline(m, "all", because, why)
         return False
 
     def restore(self, saved: dict[str, int], trial: RaiseOnTrial | None = None) -> None:
@@ -446,264 +411,6 @@ class Adapter:
         in_force = trial is not None and self.settings.value(trial.setting) == trial.after
         self._trial = trial if in_force else None
         self._before_raise, self._trial_batches = None, 0
-
-    def _decline(self, m: EpochMeasure, setting: str, reason: str, key: str = "") -> None:
-        """Keep (and log, once per reason, or per ``key``) a raise not tried."""
-        recent = self.declined[-8:]
-        same = (lambda d: d.reason.startswith(key)) if key else (lambda d: d.reason == reason)
-        if self._probing or any(d.setting == setting and same(d) for d in recent):
-            return
-        self.declined.append(Declined(m.epoch, setting, reason))
-        what = "any setting" if setting == "all" else setting
-        log.info("autoloader: after epoch %d, not raising %s: %s", m.epoch, what, reason)
-
-    def _unsettled(self, setting: str, m: EpochMeasure) -> str | None:
-        """Whether ``setting`` may be raised: None if not, else "" or why it may again."""
-        if setting in self._fixed:
-            return None
-        if not self._probing and (bound := self._changed_often(setting, m)) is not None:
-            self._decline(m, setting, bound, key="it came back down")
-            return None
-        if setting not in self._settled:
-            return ""
-        before, now = self._settled[setting], self._loading
-        if before.workers != self.settings.num_workers or before.workers != m.workers:
-            return None
-        ratio = now.moved_from(before)
-        if ratio is None:
-            moved = others_moved(before.others, now.others)
-            return None if moved is None else f"; {moved} since the raise in vain: trying again"
-        return (
-            f"; loading per batch moved {ratio:.2f}x since the raise in vain "
-            f"({before.seconds:.4f} s -> {now.seconds:.4f} s over the last "
-            f"{now.batches} batches): trying again"
-        )
-
-    def _changed_often(self, setting: str, m: EpochMeasure) -> str | None:
-        """Why ``setting`` is not raised now: it was lowered (a raise undone, or workers
-        held down) ``MAX_UNDONE`` times in the last ``CHANGE_EPOCHS`` epochs. Conditions
-        that keep moving, such as reads alternating between a cache and storage, lift the
-        settle each time and would otherwise have it follow them every epoch."""
-        since = m.epoch - CHANGE_EPOCHS
-        downs = [
-            c.epoch
-            for c in self.history
-            if c.setting == setting and c.direction == "down" and c.epoch > since
-        ]
-        if len(downs) < MAX_UNDONE:
-            return None
-        until = downs[len(downs) - MAX_UNDONE] + CHANGE_EPOCHS  # one leaves the window
-        return (
-            f"it came back down {len(downs)} times since epoch {downs[0]}: at most "
-            f"{MAX_UNDONE} raises undone in {CHANGE_EPOCHS} epochs, so no raise before "
-            f"epoch {until}"
-        )
-
-    def _worker_raise(self, m: EpochMeasure, nxt: int, waited: str) -> str | None:
-        """Why the workers may be raised to ``nxt`` (None: the evidence rules it out)."""
-        current, evidence = self.settings.num_workers, self.evidence
-        ruled = (
-            evidence.rules_out(current, nxt, self.min_gain, m.compute_seconds) if evidence else None
-        )
-        return self._unless_ruled(
-            m,
-            "num_workers",
-            waited,
-            ruled,
-            ", and loading is no slower than the tune measured it",
-            f": trying {nxt}",
-        )
-
-    def _prefetch_raise(self, m: EpochMeasure, waited: str) -> str | None:
-        """Why a deeper queue may help (None: the evidence says the workers' speed, not
-        their jitter, is the limit, or that they feed the step already, and loading has
-        not moved since the tune)."""
-        evidence, workers = self.evidence, self.settings.num_workers
-        ruled = None
-        if evidence is not None:  # too slow on average, or fast enough: no queue helps
-            depth = self.settings.depth
-            ruled = evidence.queue_cannot_help(workers) or evidence.feeds_step(
-                workers, m.compute_seconds, depth
-            )
-        return self._unless_ruled(m, "prefetch_factor", waited, ruled, "", "")
-
-    def _unless_ruled(
-        self,
-        m: EpochMeasure,
-        setting: str,
-        waited: str,
-        ruled: str | None,
-        declined: str,
-        trying: str,
-    ) -> str | None:
-        """Why ``setting`` may be raised, or None: settled after a raise in vain while
-        loading stays as it was, or ``ruled`` out by the tune's timings while the loop is
-        no slower than the tune measured it (then declined: ``ruled`` and ``declined`` say why)."""
-        again = self._unsettled(setting, m)
-        if again is None:
-            return None
-        if ruled is None or self.evidence is None:
-            return waited + again
-        current = self.settings.num_workers
-        changed = None
-        if m.workers == current:
-            now = self._loading
-            changed = self.evidence.changed(current, now.seconds, m.compute_seconds, now.batches)
-        if changed is None:
-            self._decline(m, setting, ruled + declined)
-            return None
-        return f"{waited}; {ruled}, but {changed}{trying}"
-
-    def _raises(self, m: EpochMeasure) -> list[tuple[str, int, str]]:
-        """The raise to try, first possible first: (setting, new value, reason)."""
-        s, lim = self.settings, self.limits
-        waited = f"the loop waited {m.steady_wait_fraction:.0%} of its time for data"
-        out = []
-        grid = doubling_grid(lim.max_workers)
-        per_worker = self._worker_bytes()  # read once: it may read this process's memory
-        following = next((w for w in grid if w > s.num_workers), None)  # the grid's next
-        capped = following is None or self._workers_refused(m, following, per_worker) is not None
-        if following is not None and not capped:
-            count = following
-            sized = self._sized(m, grid, following, per_worker)
-            if sized > following and not self._workers_refused(m, sized, per_worker, quiet=True):
-                count = sized
-            why = self._worker_raise(m, count, waited)
-            if why is None and count > following:  # the sized count ruled out: the next may
-                count, why = following, self._worker_raise(m, following, waited)  # not be
-            if why is not None and self._cores_allow(m, count):
-                out.append(("num_workers", count, why))
-        depth = s.depth
-        deeper = min(2 * depth, MAX_PREFETCH_FACTOR)
-        if (
-            s.num_workers > 0
-            and self._queue_may_help(m, "prefetch_factor")
-            and depth < MAX_PREFETCH_FACTOR
-            and lim.shm_refuses(s.num_workers, deeper) is None
-            and (
-                lim.process is None
-                or lim.process.refuses(s.num_workers, deeper, self.batch_tensors) is None
-            )
-        ):
-            held = "at their cap" if capped else "not to be raised"
-            why = self._prefetch_raise(m, f"{waited}, with workers {held}")
-            if why is not None:
-                out.append(("prefetch_factor", deeper, why))
-        if (
-            s.device_prefetch is not None
-            and self._unsettled("device_prefetch", m) is not None
-            and self._queue_may_help(m, "device_prefetch")
-        ):
-            if s.device_prefetch < lim.device_prefetch_max:
-                out.append(
-                    (
-                        "device_prefetch",
-                        s.device_prefetch + 1,
-                        f"{waited}, with workers and prefetch at their caps",
-                    )
-                )
-        return out
-
-    def _queue_may_help(self, m: EpochMeasure, setting: str) -> bool:
-        """Whether a deeper queue has waits to absorb: it smooths bursts of slow batches
-        among fast ones, so waits come and go; where the loop was starved over the last
-        ``SPAN`` batches at these settings, the workers are behind the step on average,
-        and the raise would only restart them (declined, with why). Measured in windows,
-        that takes ``SPAN`` batches to tell; whole epochs cannot tell (tried), but workers
-        that ran or were ready to run nearly all of one (``Cores.always_ready``) never
-        waited on a full queue: they are behind on average."""
-        whole = m.batch is None  # a window may be one burst: windows are told apart below
-        if whole and m.cores is not None and m.workers and m.cores.always_ready(m.workers):
-            self._decline(
-                m,
-                setting,
-                f"the workers ran or were ready to run {m.cores.ready(m.workers):.0%} of the "
-                "time, never waiting on a full queue: they are behind the step on average, "
-                "which a deeper queue cannot change",
-                key="the workers ran or were ready",
-            )
-            return False
-        loading = self._loading
-        if not loading.windows:
-            return True
-        if loading.batches < SPAN:
-            return False
-        if not loading.starved(self.threshold):
-            return True
-        self._decline(
-            m,
-            setting,
-            f"the loop waited past {self.threshold:.0%} of its time over its last "
-            f"{loading.batches} batches, not in a burst: the workers are behind the "
-            "step on average, which a deeper queue cannot change",
-            key="the loop waited past",
-        )
-        return False
-
-    def _workers_refused(
-        self, m: EpochMeasure, workers: int, per_worker: float | None, quiet: bool = False
-    ) -> str | None:
-        """Why ``workers`` cannot run here: the host-memory budget (``per_worker`` bytes
-        each, where known), /dev/shm, or what this process may start (declined, unless
-        ``quiet``); None where nothing refuses them."""
-        s, lim = self.settings, self.limits
-        if per_worker is not None and per_worker * workers > lim.memory_budget_bytes:
-            return "over the host-memory budget"
-        refused = (
-            lim.fork_refuses() if s.num_workers == 0 and lim.fork_refuses is not None else None
-        )
-        refused = (
-            refused
-            or lim.shm_refuses(workers, s.prefetch_factor)
-            or lim.start_refuses(workers, s.prefetch_factor, self.batch_tensors)
-        )
-        if refused is not None and not quiet:
-            self._decline(m, "num_workers", refused)
-        return refused
-
-    def _worker_bytes(self) -> float | None:
-        """Memory one worker holds: as measured here, else as the tune's trace measured,
-        else at most this process's resident memory (a forked worker shares its pages)."""
-        if self._per_worker_bytes is not None:
-            return self._per_worker_bytes
-        if self.evidence is not None and self.evidence.worker_bytes is not None:
-            return self.evidence.worker_bytes
-        try:
-            return float(psutil.Process().memory_info().rss)
-        except (psutil.Error, OSError):
-            return None
-
-    def weighs_memory(self) -> bool:
-        """Whether measuring the workers' memory could change a decision: a raise of
-        workers is possible, and the most workers it may reach, at what one is known to
-        hold (as last measured here, else the tune's trace, else this process's resident
-        memory, which a forked worker shares), come within ``MEMORY_MARGIN`` of the
-        host-memory budget (a reading costs about 14 ms of CPU a worker). Workers that grow
-        past that margin after a reading are the survival watch's to recycle."""
-        if "num_workers" in self._fixed or self.settings.num_workers >= self.limits.max_workers:
-            return False  # no raise of workers to bound
-        per_worker = self._worker_bytes()
-        if per_worker is None:
-            return True
-        most = per_worker * self.limits.max_workers
-        return most * MEMORY_MARGIN > self.limits.memory_budget_bytes
-
-    def _sized(self, m: EpochMeasure, grid: list[int], nxt: int, per_worker: float | None) -> int:
-        """The count this epoch's loading asks for, on the grid and at least ``nxt``: a
-        starved loop's workers hand over a batch every ``loading_seconds`` (the main
-        process, without workers, takes that per batch itself), so one worker takes
-        ``workers`` times that per batch, and feeding the loop's own ``compute_seconds``
-        per batch takes that many workers over it, with 10% to spare. One raise sized by
-        the measurement, not one doubling per epoch: a dataset whose reads turned 10x
-        slower is fed again after one restart."""
-        workers, compute = m.workers, m.compute_seconds
-        if workers != self.settings.num_workers or compute <= 0 or m.loading_seconds <= 0:
-            return nxt
-        if per_worker is None:  # no bound on a worker's memory: no jump past the next count
-            return nxt
-        per_worker = m.loading_seconds * max(1, workers or 0)
-        want = math.ceil(SIZED_MARGIN * per_worker / compute)
-        return max(nxt, next((w for w in grid if w >= want), grid[-1]))
 
     def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
         change = Adaptation(
@@ -743,12 +450,3 @@ class Adapter:
         self.history.append(change)
         self._loading = Loading()  # the loop at the new settings is measured afresh
         return change
-
-    def at_cap(self) -> bool:
-        """No further raise is possible: every setting is at its cap or settled."""
-        probe = EpochMeasure(0, MIN_BATCHES, 1, 1.0, 1.0, workers=self.settings.num_workers)
-        self._probing = True
-        try:
-            return not self._raises(probe)
-        finally:
-            self._probing = False
