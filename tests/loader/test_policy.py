@@ -15,7 +15,6 @@ from autoloader.loader.cores import Cores
 from autoloader.loader.measures import EpochMeasure
 from autoloader.loader.policy import Adapter
 from autoloader.loader.settings import Settings
-from autoloader.loader.trials import RaiseOnTrial
 from autoloader.loop_model import Evidence
 
 SCRIPTS = Path(__file__).parent.parent / "distributed"
@@ -261,21 +260,6 @@ def test_a_raise_to_many_workers_is_judged_within_the_batches_the_adapter_keeps(
     for batch in range(16, 80, 8):  # 10% slower at 32 workers
         changes += a.decide(window(batch, 0.022, 32))
     assert [(c.before, c.after) for c in changes] == [(32, 16)] and a.on_trial is None
-
-
-def test_a_saved_trial_without_a_reference_is_not_resumed() -> None:
-    saved = {"setting": "num_workers", "before": 2, "after": 4, "workers": 2, "epoch": 1}
-    assert (
-        RaiseOnTrial.from_dict(
-            {**saved, "baseline_samples_per_second": 100.0, "loading_seconds": 0.01}
-        )
-        is not None
-    )
-    for zero in (
-        {"baseline_samples_per_second": 0.0, "loading_seconds": 0.01},
-        {"baseline_samples_per_second": 100.0, "loading_seconds": 0.0},
-    ):
-        assert RaiseOnTrial.from_dict({**saved, **zero}) is None  # a division by zero
 
 
 def loaded(epoch: int, wait: float, sps: float, workers: int, loading: float) -> EpochMeasure:
