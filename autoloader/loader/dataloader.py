@@ -48,6 +48,7 @@ from autoloader.loader.planned import (
 )
 from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
+    Cursor,
     Data,
     Position,
     Served,
@@ -144,7 +145,7 @@ class DataLoader(tud.DataLoader):
         sizes: np.ndarray | None = None
         rank, world = 0, 1
         self.grad_accum_steps = 1
-        self._position = Position()
+        self._cursor = Cursor()  # where the loader is: its iterators' positions
         self._inner_position: Position | None = None
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data = Data(0)  # what a planned loader serves: a position's data
@@ -186,6 +187,16 @@ class DataLoader(tud.DataLoader):
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
+
+    @property
+    def _position(self) -> Position:
+        """Where the loader is: the position of the iterator it last handed out or last
+        served a batch from (``position.Cursor``)."""
+        return self._cursor.current
+
+    @_position.setter
+    def _position(self, where: Position) -> None:
+        self._cursor.current = where
 
     def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
         """A planned loader is sharded across ranks already: trainers must not shard it
@@ -396,7 +407,8 @@ class DataLoader(tud.DataLoader):
         sampler = self.batch_sampler if self.plan is not None else None
         positioned = isinstance(sampler, SizeBatchSampler)
         if isinstance(sampler, SizeBatchSampler):
-            self._position.epoch, self._position.batches = sampler.epoch, sampler.resume
+            # this iterator's own count, the loader's position until another serves
+            self._position = Position(sampler.epoch, sampler.resume, self._cursor)
         accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
         # Batches are counted where the loop receives them: in torch's iterator itself
         # when nothing wraps it (so iter() stays torch's own), else outermost.

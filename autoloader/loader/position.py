@@ -22,7 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.errors import PlanError
@@ -90,10 +90,28 @@ class Data:
 
 @dataclass
 class Position:
-    """The epoch being served and the batches of it handed out so far."""
+    """The epoch an iterator serves and the batches of it handed out so far; ``cursor``:
+    the loader's, which each batch served makes point here."""
 
     epoch: int = 0
     batches: int = 0
+    cursor: Cursor | None = field(default=None, repr=False, compare=False)
+
+    def serve(self) -> None:
+        """One more batch handed out: the loader is where this iterator is."""
+        self.batches += 1
+        if self.cursor is not None:
+            self.cursor.current = self
+
+
+class Cursor:
+    """A loader's position: that of the iterator it last handed out, or last served a
+    batch from. Each iterator counts its own batches, so one taken mid-epoch beside the
+    loop's (``next(iter(loader))``) neither resets nor adds to the loop's count, and the
+    loop's next batch makes its count the loader's again."""
+
+    def __init__(self) -> None:
+        self.current = Position()
 
 
 class Served:
@@ -114,9 +132,9 @@ class Served:
             batch = next(self._batches)
         except Exception as exc:
             if was_served(exc):
-                self._position.batches += 1
+                self._position.serve()
             raise
-        self._position.batches += 1
+        self._position.serve()
         return batch
 
 
