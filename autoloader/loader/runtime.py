@@ -502,7 +502,13 @@ class EpochIter:
         )
         if self._runtime.judge(m) and left:
             self._restarted = (time.perf_counter(), self._count, self._window_workers)
-            self._batches = loader._restart_in_epoch()
+            try:
+                self._batches = loader._restart_in_epoch()
+            except BaseException:
+                # the batch this next() took never reaches the loop (Ctrl-C while the
+                # workers restart, caught by a loop that saves its position): not served
+                loader._position.batches -= 1
+                raise
             self._window_workers = loader.num_workers
             if self._cores is not None:
                 self._cores.close()
