@@ -9,9 +9,18 @@ from enum import Enum
 from typing import Any
 
 
+class Cause(Enum):
+    """Why a setting changed."""
+
+    RAISED = "raised"  # the loop waited for data past the threshold
+    UNDONE = "undone"  # a raise on trial did not bring the gain it must
+    HELD_DOWN = "held down"  # workers died, or a raise's could not start
+
+
 @dataclass(frozen=True)
 class Adaptation:
-    """One change: which setting, from what to what, and the epoch that caused it."""
+    """One change: which setting, from what to what, the epoch that caused it, and why
+    (``cause``; ``reason`` says it with the figures)."""
 
     epoch: int  # the epoch whose measurement caused the change; it applies from the next
     setting: str
@@ -21,6 +30,7 @@ class Adaptation:
     samples_per_second: float
     reason: str
     batch: int | None = None  # applied inside the epoch, after this many of its batches
+    cause: Cause = Cause.RAISED
 
     @property
     def direction(self) -> str:
@@ -29,6 +39,7 @@ class Adaptation:
     def to_dict(self) -> dict[str, Any]:
         """As written to the plan's ``[tuning.runtime]`` (``from``/``to`` for the values)."""
         out = asdict(self)
+        del out["cause"]  # the plan keeps what the reason says
         out["from"], out["to"] = out.pop("before"), out.pop("after")
         out["direction"] = self.direction
         out["wait_fraction"] = round(self.wait_fraction, 4)

@@ -24,11 +24,11 @@ from dataclasses import replace
 from typing import Any
 
 from autoloader.loader.caps import Limits, within_caps
-from autoloader.loader.decisions import Adaptation, Because, Declined
+from autoloader.loader.decisions import Adaptation, Because, Cause, Declined
 from autoloader.loader.loading import SPAN, Loading, slower
 from autoloader.loader.measures import MIN_BATCHES, MIN_WINDOW, EpochMeasure, others_moved, whole
 from autoloader.loader.raises import RaiseSearch
-from autoloader.loader.settings import Settings
+from autoloader.loader.settings import DEFAULT_PREFETCH, Settings
 from autoloader.loader.trials import (
     MIN_REFERENCE,
     TRIAL_BATCHES,
@@ -210,7 +210,7 @@ class Adapter(RaiseSearch):
                 self.settings.num_workers,
                 m.epoch,
             )
-            return self._change(m, setting, after, why)
+            return self._change(m, setting, after, why, Cause.RAISED)
         return []
 
     def _judge_whole(self, m: EpochMeasure) -> list[Adaptation]:
@@ -275,6 +275,7 @@ class Adapter(RaiseSearch):
             f"the raise to {trial.after} brought {gain:+.1%} samples/s {over} (needs "
             f"{self.min_gain:+.0%}); back to {trial.before}, no more raises while loading "
             "stays as it is",
+            Cause.UNDONE,
         )
 
     def _across(
@@ -412,7 +413,9 @@ class Adapter(RaiseSearch):
         self._trial = trial if in_force else None
         self._before_raise, self._trial_batches = None, 0
 
-    def _change(self, m: EpochMeasure, setting: str, after: int, reason: str) -> list[Adaptation]:
+    def _change(
+        self, m: EpochMeasure, setting: str, after: int, reason: str, cause: Cause
+    ) -> list[Adaptation]:
         change = Adaptation(
             m.epoch,
             setting,
@@ -422,6 +425,7 @@ class Adapter(RaiseSearch):
             m.steady_samples_per_second,
             reason,
             m.batch,
+            cause,
         )
         if after > change.before:
             self._settled.pop(setting, None)  # tried again: judged afresh
@@ -429,7 +433,7 @@ class Adapter(RaiseSearch):
             self._fresh = True  # new workers: their start is measured again
         self.settings = replace(self.settings, **{setting: after})
         if setting == "num_workers" and after > 0 and self.settings.prefetch_factor is None:
-            self.settings = replace(self.settings, prefetch_factor=2)  # torch's default
+            self.settings = replace(self.settings, prefetch_factor=DEFAULT_PREFETCH)
         self.history.append(change)
         self._loading = Loading()  # the loop at the new settings is measured afresh
         return [change]
@@ -440,8 +444,9 @@ class Adapter(RaiseSearch):
         """Workers died (memory pressure), or a raise's could not start (a host limit): run
         ``workers`` from now on, and never raise past ``cap`` (default ``workers``) again.
         The change is in ``history`` like any other."""
+        before = self.settings.num_workers
         change = Adaptation(
-            epoch, "num_workers", self.settings.num_workers, workers, 0.0, 0.0, reason, batch
+            epoch, "num_workers", before, workers, 0.0, 0.0, reason, batch, Cause.HELD_DOWN
         )
         self.settings = replace(self.settings, num_workers=workers)
         most = workers if cap is None else max(workers, cap)

@@ -9,7 +9,7 @@ import pytest
 
 from autoloader.loader.caps import Limits
 from autoloader.loader.cores import Cores
-from autoloader.loader.decisions import REPEATS, Because, Declined
+from autoloader.loader.decisions import REPEATS, Because, Cause, Declined
 from autoloader.loader.measures import EpochMeasure
 from autoloader.loader.policy import Adapter
 from autoloader.loader.settings import Settings
@@ -63,3 +63,17 @@ def test_asking_whether_a_raise_is_left_declines_nothing() -> None:
 
 
 SETTINGS_ALL = ("num_workers", "prefetch_factor", "device_prefetch")
+
+
+def test_each_change_carries_its_cause_and_the_plan_keeps_what_it_did() -> None:
+    a = Adapter(Settings(0, None), Limits(8, 2**40))
+    raised = a.decide(EpochMeasure(0, 50, 1000, 5.0, 10.0))  # waited half the loop
+    undone = a.decide(EpochMeasure(1, 50, 900, 5.0, 10.0, workers=a.settings.num_workers))
+    four = Adapter(Settings(4, 2), Limits(8, 2**40))
+    held = four.hold_down(2, 2, None, "2 workers died in epoch 2 (memory pressure?)")
+    assert [c.cause for c in [*raised, *undone, held]] == [
+        Cause.RAISED,
+        Cause.UNDONE,
+        Cause.HELD_DOWN,
+    ]
+    assert "cause" not in raised[0].to_dict() and raised[0].to_dict()["direction"] == "up"
