@@ -33,8 +33,9 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
-from autoloader.loader.adapt import Adaptation, Adapter, Settings
+from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
@@ -47,7 +48,9 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
 )
+from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
+    Cursor,
     Data,
     Position,
     Served,
@@ -58,6 +61,7 @@ from autoloader.loader.position import (
 )
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.settings import Settings, user_fixed
 from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.loader.survival import Survival
 from autoloader.loader.trainers import (
@@ -78,6 +82,7 @@ from autoloader.thresholds import WAIT_THRESHOLD
 log = logging.getLogger("autoloader")
 
 _TORCH_SIGNATURE = inspect.signature(tud.DataLoader.__init__)
+_SAMPLERS = ("sampler", "batch_sampler")
 
 
 class DataLoader(tud.DataLoader):
@@ -137,14 +142,22 @@ class DataLoader(tud.DataLoader):
         self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
-        given = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
+        # a sampler or batch sampler of None, given by position to reach num_workers, is
+        # torch's default: no sampler of the caller's own
+        given = {
+            k: v
+            for k, v in bound.arguments.items()
+            if k not in ("self", "dataset") and not (k in _SAMPLERS and v is None)
+        }
+        fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
         sizes: np.ndarray | None = None
         rank, world = 0, 1
         self.grad_accum_steps = 1
-        self._position = Position()
+        self._cursor = Cursor()  # where the loader is: its iterators' positions
         self._inner_position: Position | None = None
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data = Data(0)  # what a planned loader serves: a position's data
+        self._repeats = RepeatWatch()
         # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
         self._host = HostBudget.probe() if plan is not None else None
         # and this process's limits (open files, processes, address space), for adaptation
@@ -152,7 +165,7 @@ class DataLoader(tud.DataLoader):
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
-            given, sizes = self._planned(dataset, given, check_fingerprint, rank, world)
+            given, sizes = self._planned(dataset, given, fixed, check_fingerprint, rank, world)
             self.node_cache = attach_cache(self.plan, dataset, cache)
         else:
             self.plan = None
@@ -182,12 +195,19 @@ class DataLoader(tud.DataLoader):
         self._survival = _survival(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
-            fixed: list[str] = [k for k in ("num_workers", "prefetch_factor") if k in kwargs]
-            if prefetch_override is not None:
-                fixed.append("device_prefetch")
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
+
+    @property
+    def _position(self) -> Position:
+        """Where the loader is: the position of the iterator it last handed out or last
+        served a batch from (``position.Cursor``)."""
+        return self._cursor.current
+
+    @_position.setter
+    def _position(self, where: Position) -> None:
+        self._cursor.current = where
 
     def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
         """A planned loader is sharded across ranks already: trainers must not shard it
@@ -213,10 +233,17 @@ class DataLoader(tud.DataLoader):
         watch_growth(plan, self.batch_sampler, recorder, rank, stale, self.dataset)
 
     def _planned(
-        self, dataset: Any, given: dict[str, Any], check_fingerprint: bool, rank: int, world: int
+        self,
+        dataset: Any,
+        given: dict[str, Any],
+        fixed: frozenset[str],
+        check_fingerprint: bool,
+        rank: int,
+        world: int,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         """Torch's arguments from the plan, and the sample sizes, once every check has
-        passed: the data (fingerprint), the world size (accumulation), the other ranks."""
+        passed: the data (fingerprint), the world size (accumulation), the other ranks;
+        ``fixed``: the settings the user gave, kept as given."""
         plan = self.plan
         assert plan is not None
         n = dataset_length(dataset)
@@ -226,10 +253,9 @@ class DataLoader(tud.DataLoader):
         if check_fingerprint:
             check_data_fingerprint(plan, self._data.fingerprint, n)
         self.grad_accum_steps = accumulation_for(plan, world)
-        explicit = set(given) & {"num_workers", "prefetch_factor"}
         given = apply_plan(plan, given, sizes, rank, world, n)
         assert self._host is not None
-        given = fit_to_host(plan, given, explicit, self._host)
+        given = fit_to_host(plan, given, fixed, self._host)
         data = self._data.fingerprint or f"{n} samples"
         check_ranks_agree(digest(plan, given, data, self.grad_accum_steps), source=plan.source)
         return given, sizes
@@ -318,8 +344,8 @@ class DataLoader(tud.DataLoader):
 
     def _settings(self) -> dict[str, Any]:
         if self._runtime is not None and self._runtime.adapter is not None:
-            return dataclasses.asdict(self._runtime.adapter.settings)
-        return dataclasses.asdict(_settings_of(self))
+            return self._runtime.adapter.settings.saved()
+        return Settings.of(self).saved()
 
     @property
     def stats(self) -> LoaderStats:
@@ -336,6 +362,7 @@ class DataLoader(tud.DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
+        self._repeats.chosen()
         for target in (self.batch_sampler, self.sampler):
             set_epoch = getattr(target, "set_epoch", None)
             if set_epoch is not None:
@@ -366,6 +393,7 @@ class DataLoader(tud.DataLoader):
     def __iter__(self) -> Any:
         if self.grad_accum_steps > 1 and not self._accumulating:
             self._warn_accumulation()
+        self._check_epoch()
         began = time.perf_counter()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
@@ -374,13 +402,24 @@ class DataLoader(tud.DataLoader):
             batches = self._runtime.wrap(batches, self, time.perf_counter() - began)
         return batches
 
+    def _check_epoch(self) -> None:
+        """A planned epoch begins over the data the loader was built for (its length), and
+        one served whole again without ``set_epoch`` is said once (``epoch_checks``)."""
+        sampler = self.batch_sampler
+        if self.plan is None or not isinstance(sampler, SizeBatchSampler):
+            return
+        check_length(self.dataset, self._data.samples, self.plan.source)
+        last = (self._position.epoch, self._position.batches)
+        self._repeats.begins(sampler.epoch, last, len(sampler), sampler.shuffle)
+
     def _chain(self) -> Iterator[Any]:
         """The epoch's batches from the batch sampler's position: torch's iterator, then
         the device feed, Accelerate's bookkeeping, and the count of served batches."""
         sampler = self.batch_sampler if self.plan is not None else None
         positioned = isinstance(sampler, SizeBatchSampler)
         if isinstance(sampler, SizeBatchSampler):
-            self._position.epoch, self._position.batches = sampler.epoch, sampler.resume
+            # this iterator's own count, the loader's position until another serves
+            self._position = Position(sampler.epoch, sampler.resume, self._cursor)
         accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
         # Batches are counted where the loop receives them: in torch's iterator itself
         # when nothing wraps it (so iter() stays torch's own), else outermost.
@@ -503,19 +542,13 @@ def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
     return count
 
 
-def _settings_of(loader: DataLoader) -> Settings:
-    """The ``[loader]`` settings adaptation may move, as the loader runs them now."""
-    feed = loader.device_prefetch if loader._feed_device is not None else None
-    return Settings(loader.num_workers, loader.prefetch_factor, feed)
-
-
 def _runtime(
-    loader: DataLoader, fixed: list[str], threshold: float, max_workers: int | None
+    loader: DataLoader, fixed: frozenset[str], threshold: float, max_workers: int | None
 ) -> Runtime:
     """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
     plan = loader.plan
     assert plan is not None
-    settings = _settings_of(loader)
+    settings = Settings.of(loader)
     assert loader._host is not None
     limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
     refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
@@ -524,7 +557,7 @@ def _runtime(
         settings,
         limits,
         threshold=threshold,
-        fixed=tuple(fixed),
+        fixed=fixed,
         evidence=Evidence.from_search(plan.evidence.workers),
         persistent=bool(loader.persistent_workers),
     )

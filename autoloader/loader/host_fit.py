@@ -11,20 +11,22 @@ batch that does not fit. Settings the caller gave explicitly are kept (and warne
 from __future__ import annotations
 
 import logging
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from autoloader.host.budget import HostBudget
+from autoloader.loader.settings import depth_of
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")
 
 
 def fit_to_host(
-    plan: Plan, given: dict[str, Any], explicit: set[str], budget: HostBudget
+    plan: Plan, given: dict[str, Any], fixed: AbstractSet[str], budget: HostBudget
 ) -> dict[str, Any]:
     """``given`` (torch's arguments from the plan) with workers and prefetch lowered to fit
     ``budget``'s shared memory; where the caller gave ``num_workers`` or
-    ``prefetch_factor`` explicitly (``explicit``, those keys), they are kept, with a
+    ``prefetch_factor`` (``fixed``: ``settings.user_fixed``), they are kept, with a
     WARNING where they do not fit."""
     batch = plan.evidence.worst_batch_bytes
     workers = int(given.get("num_workers") or 0)
@@ -33,7 +35,7 @@ def fit_to_host(
     if why is None:
         return given
     fix = budget.shm_limit(budget.shm_need(workers, prefetch, batch), say_need=False)
-    if explicit:
+    if fixed & {"num_workers", "prefetch_factor"}:
         log.warning(
             "autoloader: the num_workers/prefetch_factor given may not fit this node: %s; %s",
             why,
@@ -52,7 +54,7 @@ def fit_to_host(
         out["num_workers"],
         f" x prefetch_factor {depth}" if out["num_workers"] else "",
         workers,
-        prefetch or 2,
+        depth_of(prefetch),
         why,
         fix,
     )
@@ -65,7 +67,7 @@ def within_shm(
     """``workers`` x ``prefetch`` batches of ``batch`` bytes lowered until they fit
     ``budget``'s shared memory: prefetch first, then workers (at prefetch 1). The workers
     and prefetch that fit (prefetch None with no workers)."""
-    depth = budget.prefetch_within(workers, int(prefetch or 2), batch)
+    depth = budget.prefetch_within(workers, depth_of(prefetch), batch)
     if depth is not None:
         return workers, depth
     fewer = budget.most_workers(1, batch, 0.0, workers)

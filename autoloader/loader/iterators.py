@@ -71,14 +71,14 @@ class _Recording:
         except Exception as exc:
             if self._consumed(exc):  # served, as a batch that raised: not to be read again
                 if self._position is not None:
-                    self._position.batches += 1
+                    self._position.serve()
                 if self._pending:
                     self._pending.popleft()
                 served_raising(exc)
             raise
         now = time.perf_counter()
         if self._position is not None:
-            self._position.batches += 1
+            self._position.serve()
         index = self._pending.popleft() if self._pending else None
         self._recorder.record(None if self._feed_waits else now - start, index, batch, now)
         return batch

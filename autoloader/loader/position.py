@@ -22,11 +22,12 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.errors import PlanError
-from autoloader.loader.adapt import SETTINGS, RaiseOnTrial  # the settings adaptation moves
+from autoloader.loader.settings import SETTINGS  # the settings adaptation moves
+from autoloader.loader.trials import RaiseOnTrial
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
 
@@ -37,6 +38,7 @@ FORMAT = "autoloader.position/2"
 # upgrades keeps its checkpoint), checked for all it holds; what it does not hold is taken
 # as the plan's (``_as_planned``), so a loader that overrides the plan refuses it.
 EARLIER = "autoloader.position/1"
+_FAMILY = "autoloader.position/"
 # What fixes the batches a position counts, besides the sizes and the epoch.
 # A state without ``read_order`` was taken in a global shuffle.
 MEANING = (
@@ -88,10 +90,28 @@ class Data:
 
 @dataclass
 class Position:
-    """The epoch being served and the batches of it handed out so far."""
+    """The epoch an iterator serves and the batches of it handed out so far; ``cursor``:
+    the loader's, which each batch served makes point here."""
 
     epoch: int = 0
     batches: int = 0
+    cursor: Cursor | None = field(default=None, repr=False, compare=False)
+
+    def serve(self) -> None:
+        """One more batch handed out: the loader is where this iterator is."""
+        self.batches += 1
+        if self.cursor is not None:
+            self.cursor.current = self
+
+
+class Cursor:
+    """A loader's position: that of the iterator it last handed out, or last served a
+    batch from. Each iterator counts its own batches, so one taken mid-epoch beside the
+    loop's (``next(iter(loader))``) neither resets nor adds to the loop's count, and the
+    loop's next batch makes its count the loader's again."""
+
+    def __init__(self) -> None:
+        self.current = Position()
 
 
 class Served:
@@ -112,9 +132,9 @@ class Served:
             batch = next(self._batches)
         except Exception as exc:
             if was_served(exc):
-                self._position.batches += 1
+                self._position.serve()
             raise
-        self._position.batches += 1
+        self._position.serve()
         return batch
 
 
@@ -171,9 +191,16 @@ def check_state(
     source = plan.source
     what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
     if what not in (FORMAT, EARLIER):
+        # a later autoloader's format may mean other things by the same keys: never guessed
+        unknown = (
+            ", a format this version of autoloader does not know"
+            if isinstance(what, str) and what.startswith(_FAMILY)
+            else ""
+        )
         raise PlanError(
             f"{source}: load_state_dict: expected a state from "
-            f"autoloader.DataLoader.state_dict() ({FORMAT}), found {what!r}"
+            f"autoloader.DataLoader.state_dict() ({FORMAT} or {EARLIER}), "
+            f"found {what!r}{unknown}"
         )
     for key in ("epoch", "batches", "world_size"):
         value = found.get(key)

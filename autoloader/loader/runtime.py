@@ -2,7 +2,7 @@
 
 ``Runtime`` is what ``autoloader.DataLoader(plan=..., adapt=True)`` holds. Each
 ``iter(loader)`` first applies the settings the last complete epoch decided (the policy is
-``autoloader.loader.adapt``), then hands out an ``EpochIter`` that times the loop's wait
+``autoloader.loader.policy``), then hands out an ``EpochIter`` that times the loop's wait
 for each batch and, on CUDA, follows the allocator's peak (``autoloader.loader.drift``).
 Only ``[loader]`` settings move: the batch sampler, and so every rank's indices, is
 untouched.
@@ -27,18 +27,14 @@ from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.host.run_delay import SampledDelay
-from autoloader.loader.adapt import (
-    MIN_WINDOW,
-    SETTINGS,
-    Adaptation,
-    Adapter,
-    EpochMeasure,
-    Limits,
-    Settings,
-)
 from autoloader.loader.background import Background
+from autoloader.loader.caps import Limits
 from autoloader.loader.cores import Cores, CoreUse
+from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import Drift, MemoryWatch
+from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
+from autoloader.loader.policy import Adapter
+from autoloader.loader.settings import SETTINGS, Settings, apply, depth_of
 from autoloader.loader.windows import Window, window_size
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
@@ -181,16 +177,7 @@ class Runtime:
         if self.adapter is None:
             return
         want = self.adapter.settings
-        workers_changed = want.num_workers != loader.num_workers
-        prefetch = want.prefetch_factor if want.num_workers > 0 else loader.prefetch_factor
-        if workers_changed or prefetch != loader.prefetch_factor:
-            # Persistent workers were started for the old settings: end them cleanly.
-            compat.end_persistent_iterator(loader)
-            loader.num_workers = want.num_workers
-            loader.prefetch_factor = prefetch
-        if want.device_prefetch is not None:
-            loader.device_prefetch = want.device_prefetch
-        if workers_changed and self.recorder is not None:
+        if apply(loader, want) and self.recorder is not None:
             self.recorder.workers_changed(want.num_workers)
 
     def could_not_start(self, loader: Any, why: str) -> bool:
@@ -470,7 +457,7 @@ class EpochIter:
         """Batches after a start until the workers' prefetch queue is first full (the
         first batch, without workers): a transient, not evidence of starvation."""
         workers = self._window_workers
-        return workers * (self._loader.prefetch_factor or 2) if workers else 1
+        return workers * depth_of(self._loader.prefetch_factor) if workers else 1
 
     def _memory_after(self, count: int) -> tuple[int, int | None]:
         """The batch after which the workers' memory is read, their first prefetch round
@@ -482,7 +469,7 @@ class EpochIter:
         adapter = self._runtime.adapter
         if not workers or known is not None or adapter is None or not adapter.weighs_memory():
             return -1, known
-        due = count + workers * (self._loader.prefetch_factor or 2) + 1
+        due = count + workers * depth_of(self._loader.prefetch_factor) + 1
         return due, self._runtime.memory.known(workers)
 
     def _samples(self) -> int:
@@ -515,7 +502,13 @@ class EpochIter:
         )
         if self._runtime.judge(m) and left:
             self._restarted = (time.perf_counter(), self._count, self._window_workers)
-            self._batches = loader._restart_in_epoch()
+            try:
+                self._batches = loader._restart_in_epoch()
+            except BaseException:
+                # the batch this next() took never reaches the loop (Ctrl-C while the
+                # workers restart, caught by a loop that saves its position): not served
+                loader._position.batches -= 1
+                raise
             self._window_workers = loader.num_workers
             if self._cores is not None:
                 self._cores.close()

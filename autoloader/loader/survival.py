@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoloader.datasets.reads import SampleError
@@ -38,6 +38,7 @@ from autoloader.host import tree_memory_bytes, tree_resident_bytes
 from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
+from autoloader.loader.settings import Settings, apply
 from autoloader.loader.stalls import StallWatch
 from autoloader.units import format_bytes
 
@@ -254,7 +255,7 @@ class Survival:
             log.warning(
                 "autoloader: rank %d: num_workers %d -> %d (%s)", self.rank, workers, fewer, why
             )
-        loader.num_workers = fewer
+        apply(loader, replace(Settings.of(loader), num_workers=fewer), in_place=True)
         if self.recorder is not None:
             self.recorder.workers_changed(fewer)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from autoloader.loader.adapt import MIN_WINDOW, EpochMeasure
 from autoloader.loader.cores import Cores
+from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
 
 WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 

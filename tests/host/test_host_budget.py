@@ -20,8 +20,11 @@ import pytest
 from autoloader import Plan
 from autoloader.host import cgroup_memory_room, tree_memory_bytes, tree_resident_bytes
 from autoloader.host.budget import HostBudget, is_shm_failure, shm_fix
-from autoloader.loader.adapt import Adapter, EpochMeasure, Limits, Settings
+from autoloader.loader.caps import Limits
 from autoloader.loader.host_fit import fit_to_host
+from autoloader.loader.measures import EpochMeasure
+from autoloader.loader.policy import Adapter
+from autoloader.loader.settings import Settings
 
 MiB = 2**20
 HERE = Path(__file__).parent.parent

@@ -529,3 +529,39 @@ def test_a_resumed_epoch_is_the_rest_of_the_same_epoch_whatever_the_workers(
     assert served + [b.tolist() for b in resumed] == reference
     indices = [i for b in reference for (i,) in b]
     assert sorted(indices) == list(range(n))
+
+
+def test_a_state_of_a_format_this_version_does_not_know_is_refused_naming_it() -> None:
+    loader = DataLoader(Plain(40), plan=planned(), check_fingerprint=False)
+    state = {**loader.state_dict(), "format": "autoloader.position/3"}
+    with pytest.raises(PlanError) as raised:
+        DataLoader(Plain(40), plan=planned(), check_fingerprint=False).load_state_dict(state)
+    assert str(raised.value) == (
+        "<dict>: load_state_dict: expected a state from autoloader.DataLoader.state_dict() "
+        "(autoloader.position/2 or autoloader.position/1), found 'autoloader.position/3', a "
+        "format this version of autoloader does not know"
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("adapt", [False, True])
+def test_an_iterator_taken_mid_epoch_keeps_the_loops_position(workers: int, adapt: bool) -> None:
+    """``next(iter(loader))`` beside the loop (a batch to look at) is an iterator of its
+    own: the loop's count is neither reset nor added to, and a resume from it yields
+    exactly the rest of the epoch."""
+
+    def make() -> DataLoader:
+        return loader_of(planned(4), 80, num_workers=workers, adapt=adapt)
+
+    whole = [b.tolist() for b in make()]
+    loader = make()
+    loop = iter(loader)
+    got = [next(loop).tolist() for _ in range(4)]
+    assert next(iter(loader)).tolist() == whole[0]  # the peek: the epoch from its start
+    got += [next(loop).tolist() for _ in range(8)]
+    assert got == whole[:12]
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (0, 12)
+    again = make()
+    again.load_state_dict(state)
+    assert [b.tolist() for b in again] == whole[12:]

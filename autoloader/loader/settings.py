@@ -1,0 +1,91 @@
+"""The ``[loader]`` settings a planned loader runs and may move: one type, one place that
+applies it to torch's loader, one definition of what the user fixed.
+
+``Settings`` is what the plan reader gives (after the host fit), what the adapter decides,
+what survival lowers, what a saved state carries and what ``save_plan`` writes back.
+torch's ``prefetch_factor`` is None without workers and defaults to 2 with them: the depth
+of each worker's queue is read once, here (``Settings.depth``).
+
+A setting the user gave, by keyword or by position (torch's ``DataLoader`` takes
+``num_workers`` as its sixth positional argument), is the user's: the host fit warns
+rather than lowers it, and adaptation never moves it (``user_fixed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoloader import compat
+
+SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")  # the settings that move
+DEFAULT_PREFETCH = 2  # torch's prefetch_factor with workers, where none is given
+
+
+def depth_of(prefetch: int | None) -> int:
+    """The batches each worker keeps in flight for ``prefetch_factor`` ``prefetch``."""
+    return DEFAULT_PREFETCH if prefetch is None else int(prefetch)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``[loader]`` settings adaptation may move; ``device_prefetch`` is None without a
+    device feed."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    device_prefetch: int | None = None
+
+    @property
+    def depth(self) -> int:
+        """Each worker's queue: ``prefetch_factor``, torch's default where None."""
+        return depth_of(self.prefetch_factor)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches the workers keep loaded ahead of the loop (0 without workers)."""
+        return self.num_workers * self.depth
+
+    def value(self, setting: str) -> int:
+        """``setting`` as a number (a prefetch of None is the depth it runs at)."""
+        if setting == "prefetch_factor":
+            return self.depth
+        return int(getattr(self, setting) or 0)
+
+    def saved(self) -> dict[str, int]:
+        """As a saved state and the plan's ``[loader]`` carry them (unset ones left out)."""
+        return {k: v for k in SETTINGS if (v := getattr(self, k)) is not None}
+
+    @classmethod
+    def of(cls, loader: Any) -> Settings:
+        """The settings ``loader`` runs now."""
+        feed = loader.device_prefetch if loader._feed_device is not None else None
+        return cls(loader.num_workers, loader.prefetch_factor, feed)
+
+
+def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
+    """Bring torch's ``loader`` to ``settings`` before its next iterator starts (the one
+    place they are set on it); whether its workers change. Persistent workers of the old
+    settings are ended cleanly, unless ``in_place``: the iterator in hand restarts its own
+    workers at the new settings (survival's restart after deaths)."""
+    workers = settings.num_workers
+    prefetch = settings.prefetch_factor if workers > 0 else loader.prefetch_factor
+    workers_changed = workers != loader.num_workers
+    if workers_changed or prefetch != loader.prefetch_factor:
+        if not in_place:
+            compat.end_persistent_iterator(loader)
+        loader.num_workers = workers
+        loader.prefetch_factor = prefetch
+    if settings.device_prefetch is not None:
+        loader.device_prefetch = settings.device_prefetch
+    return workers_changed
+
+
+def user_fixed(given: Mapping[str, Any], device_prefetch: Any = None) -> frozenset[str]:
+    """The settings the user chose: those among torch's bound arguments ``given`` (by
+    keyword or by position alike), and ``device_prefetch`` where it was given."""
+    fixed = {k for k in ("num_workers", "prefetch_factor") if k in given}
+    if device_prefetch is not None:
+        fixed.add("device_prefetch")
+    return frozenset(fixed)
