@@ -103,7 +103,13 @@ class NodeCache:
         if found is not None:
             self.tally.hit()
             return found
-        with self._locked(path.with_suffix(".lock")):
+        lock = path.with_suffix(".lock")
+        try:
+            fd = _lock(lock)
+        except OSError as exc:  # the directory removed under us, or no room for a lock
+            self._stop_writing(exc)
+            return load(*args)
+        try:
             found = self._map(path, shape)  # another process wrote it while we waited
             if found is not None:
                 self.tally.hit()
@@ -112,8 +118,10 @@ class NodeCache:
             block = load(*args)
             if self._store(path, block):
                 # waiters re-check the entry once they hold the lock: it can go
-                _unlink(path.with_suffix(".lock"))
+                _unlink(lock)
             return block
+        finally:
+            os.close(fd)
 
     def lookup(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
         """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
@@ -168,7 +176,11 @@ class NodeCache:
         """Write ``block`` as the entry ``path`` where the bound allows; True if written."""
         block = np.ascontiguousarray(block, dtype=np.float32)
         nbytes = block.nbytes + 128  # the .npy header
-        if not self._reserve(nbytes):
+        try:
+            if not self._reserve(nbytes):
+                return False
+        except OSError as exc:  # the ledger cannot be written: a full or removed place
+            self._stop_writing(exc)
             return False
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
@@ -177,9 +189,10 @@ class NodeCache:
                 np.lib.format.write_array(f, block, allow_pickle=False)
             publish(tmp, path)
         except OSError as exc:  # the filesystem filled past its statvfs: serve decoded
-            log.warning("autoloader: cannot write cache entry %s: %s", path, exc)
             _unlink(tmp)
-            self._reserve(-nbytes)
+            with contextlib.suppress(OSError):
+                self._reserve(-nbytes)
+            self._stop_writing(exc)
             return False
         self.tally.wrote(nbytes)
         return True
@@ -233,11 +246,22 @@ class NodeCache:
         self._ready_pid = os.getpid()
         return True
 
+    def _stop_writing(self, exc: OSError) -> None:
+        """This process writes no more blocks (said once): a write that failed (a full
+        filesystem, a directory removed by hand) would fail again for every block."""
+        if not self._full:
+            log.warning(
+                "autoloader: node cache: this process stops writing in %s (%s); the blocks "
+                "it lacks are read from the files",
+                self.directory,
+                exc,
+            )
+        self._full = True
+
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, _FILE_MODE)
+        fd = _lock(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
@@ -252,6 +276,17 @@ class NodeCache:
 def publish(tmp: Path, path: Path) -> None:
     """Make a complete entry visible: one atomic rename (a reader maps it whole or not)."""
     os.replace(tmp, path)
+
+
+def _lock(path: Path) -> int:
+    """An open descriptor of the lock file ``path``, held alone (``flock``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, _FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _digest(text: str) -> str:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
+import shutil
 import signal
 import stat
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from autoloader.cache import NodeCache, hold, release
 from autoloader.cache import store as store_module
@@ -185,3 +188,36 @@ def test_a_cache_another_process_still_uses_is_not_removed(tmp_path: Path) -> No
     last = _cache(tmp_path)
     assert hold(last)  # the other ended (its hold with it): this one is the last user
     assert release(str(last.home)) and not last.home.exists()
+
+
+def test_a_cache_directory_removed_under_a_reader_serves_decoded_blocks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load)
+    shutil.rmtree(tmp_path / f"autoloader-{os.getuid()}")  # by hand, or a job on new data
+    for start in (1, 2):
+        got = cache.get(("f", "hits", start), load, shape=(100, 6))
+        assert got.tobytes() == BLOCK.tobytes()
+    assert load.calls == 3 and not cache.accepting
+    said = [r.message for r in caplog.records if "stops writing" in r.message]
+    assert len(said) == 1, said  # once, not once a block
+
+
+def _write_refused(where: str) -> None:
+    # RLIMIT_FSIZE 0: every write of a byte fails (EFBIG), as on a full filesystem
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    cache, load = _cache(Path(where)), Loads()
+    for start in range(3):
+        got = cache.get(("f", "hits", start), load, shape=(100, 6))
+        assert got.tobytes() == BLOCK.tobytes()
+    assert load.calls == 3 and not cache.accepting
+    assert not list(cache.directory.glob("*.npy"))
+
+
+def test_a_filesystem_that_refuses_writes_serves_decoded_blocks(tmp_path: Path) -> None:
+    p = mp.get_context("fork").Process(target=_write_refused, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
