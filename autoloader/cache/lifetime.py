@@ -12,6 +12,7 @@ kernel drops the lock); the cache it leaves is the next job's if the data is unc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import logging
 import os
@@ -74,10 +75,19 @@ def release(home: str) -> bool:
         except OSError:
             return False  # another process still uses it
         shutil.rmtree(home, ignore_errors=True)
+        remove_base(home)
         log.info("autoloader: node cache %s removed: its last user ended", home)
         return True
     finally:
         os.close(fd)
+
+
+def remove_base(home: str | os.PathLike[str]) -> None:
+    """The user's ``autoloader-UID`` directory above ``home``, removed where it is empty
+    (a cache of other data still in it keeps it; one made there meanwhile makes it
+    again, ``NodeCache._make_directories``)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(os.fspath(home)))
 
 
 def release_all() -> None:

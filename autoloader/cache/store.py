@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -231,20 +232,39 @@ class NodeCache:
         if self._broken:
             return False
         try:
-            self.home.parent.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-            for d in (self.home.parent, self.home, self.directory):
-                d.mkdir(mode=_DIR_MODE, exist_ok=True)
-                if d.stat().st_uid != os.getuid() or d.is_symlink():
-                    raise PermissionError(f"{d} is not this user's own directory")
+            self._make_directories()
             for old in self.home.iterdir():
                 if old != self.directory and old.is_dir():
                     shutil.rmtree(old, ignore_errors=True)  # the data changed: never served
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in a hand-made path
             log.warning("autoloader: node cache off: cannot use %s: %s", self.directory, exc)
             self._broken = True
             return False
         self._ready_pid = os.getpid()
         return True
+
+    def _make_directories(self) -> None:
+        """``autoloader-UID/DATA/STAMP`` under the cache's place, each the user's alone.
+
+        The place itself must exist (a plan's directory is never made: it may be another
+        job's ``$TMPDIR``). The user's directory goes with the last cache in it
+        (``autoloader.cache.lifetime``): one removed as we make ours is made again."""
+        root = self.home.parent.parent
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory on this node")
+        for attempt in range(8):
+            try:
+                for d in (self.home.parent, self.home, self.directory):
+                    d.mkdir(mode=_DIR_MODE, exist_ok=True)
+                    st = d.lstat()
+                    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                        raise PermissionError(f"{d} is not this user's own directory")
+                    if st.st_mode & 0o077:  # ours, made under another umask: close it
+                        os.chmod(d, _DIR_MODE)
+                return
+            except FileNotFoundError:
+                if attempt == 7:
+                    raise
 
     def _stop_writing(self, exc: OSError) -> None:
         """This process writes no more blocks (said once): a write that failed (a full

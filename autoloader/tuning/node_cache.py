@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from autoloader.cache import NodeCache
+from autoloader.cache.lifetime import remove_base
 from autoloader.cache.store import cache_base
 from autoloader.host.budget import SHM_MARGIN, HostBudget
 from autoloader.launch import local_world_size
@@ -177,6 +178,7 @@ def _time_blocks(
                 break
     finally:
         shutil.rmtree(probe.home, ignore_errors=True)
+        remove_base(probe.home)
     return source, cached, sizes
 
 

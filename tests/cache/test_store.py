@@ -94,9 +94,10 @@ def test_the_bound_and_the_free_space_left_hold(tmp_path: Path) -> None:
     assert cache.used_bytes() <= 2 * BLOCK.nbytes + 300
     assert load.calls == 4  # what is not kept is served decoded
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    (tmp_path / "other").mkdir()
     tight = _cache(tmp_path / "other", min_free_bytes=free)  # leaves no room for a block
     tight.get(("f", "hits", 0), load)
-    assert not list(tight.directory.glob("*.npy"))
+    assert tight.directory.is_dir() and not list(tight.directory.glob("*.npy"))
 
 
 def test_a_share_of_blocks_is_kept_the_same_in_every_process(tmp_path: Path) -> None:
@@ -123,6 +124,7 @@ def test_several_processes_filling_one_block_decode_and_write_it_once(tmp_path: 
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(4)
     marks = tmp_path / "decodes"
+    (tmp_path / "c").mkdir()
     procs = [
         ctx.Process(target=_fill, args=(str(tmp_path / "c"), barrier, str(marks))) for _ in range(4)
     ]
@@ -221,3 +223,33 @@ def test_a_filesystem_that_refuses_writes_serves_decoded_blocks(tmp_path: Path) 
     p.start()
     p.join(60)
     assert p.exitcode == 0
+
+
+def test_the_users_directory_goes_with_the_last_cache_in_it(tmp_path: Path) -> None:
+    base = tmp_path / f"autoloader-{os.getuid()}"
+    one = _cache(tmp_path)
+    other = NodeCache(str(tmp_path), "/data/other.h5#hits", "v1")
+    assert hold(one) and hold(other)
+    one.get(("f", "hits", 0), Loads())
+    other.get(("f", "hits", 0), Loads())
+    assert release(str(one.home)) and base.is_dir()  # the other data's cache is in it
+    assert release(str(other.home)) and not base.exists()
+    again = _cache(tmp_path)  # a later job makes it again
+    assert hold(again) and again.get(("f", "hits", 0), Loads()).tobytes() == BLOCK.tobytes()
+    assert release(str(again.home)) and not base.exists()
+
+
+def test_a_place_that_is_not_there_is_never_made(tmp_path: Path) -> None:
+    gone = tmp_path / "slurm-job-17"  # another job's $TMPDIR, as a plan may name it
+    cache, load = NodeCache(str(gone), "/data/events.h5#hits", "v1"), Loads()
+    assert not hold(cache)
+    assert cache.get(("f", "hits", 0), load).tobytes() == BLOCK.tobytes()
+    assert load.calls == 1 and not gone.exists()
+
+
+def test_the_users_directory_made_open_by_another_umask_is_closed(tmp_path: Path) -> None:
+    base = tmp_path / f"autoloader-{os.getuid()}"
+    base.mkdir()
+    base.chmod(0o777)
+    _cache(tmp_path).get(("f", "hits", 0), Loads())
+    assert stat.S_IMODE(base.stat().st_mode) == 0o700
