@@ -85,6 +85,18 @@ class NodeCache:
         self._broken = False
         self._full = False  # this process found the bound or the free space reached
 
+    def restamped(self, stamp: str) -> NodeCache:
+        """A cache of the same data and settings at another fingerprint ``stamp``."""
+        return NodeCache(
+            self.where,
+            self.data,
+            stamp,
+            budget_bytes=self.budget_bytes,
+            share=self.share,
+            keep=self.keep,
+            min_free_bytes=self.min_free_bytes,
+        )
+
     # -- reading -------------------------------------------------------------------------
     def get(
         self,

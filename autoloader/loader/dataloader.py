@@ -46,6 +46,7 @@ from autoloader.loader.planned import (
     check_data_fingerprint,
     digest,
     node_loader,
+    refresh_cache,
 )
 from autoloader.loader.position import (
     Data,
@@ -367,6 +368,8 @@ class DataLoader(tud.DataLoader):
         if self.grad_accum_steps > 1 and not self._accumulating:
             self._warn_accumulation()
         began = time.perf_counter()
+        if self.node_cache is not None:  # data changed between epochs: never served
+            self.node_cache = refresh_cache(self.node_cache, self.dataset)
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         batches = self._chain()

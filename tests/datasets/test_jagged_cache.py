@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 
@@ -298,3 +299,27 @@ def test_a_windowed_read_order_reads_the_same_batches_with_the_cache(
     want, got = _epochs(alone, 2), _epochs(cached, 2)
     assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
     assert cached.node_cache is not None and cached.node_cache.counts()[0] > 0
+
+
+def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
+    tmp_path: Path,
+) -> None:
+    path = write_km3pipe_h5(tmp_path / "k.h5", make_events(300, seed=1), chunk_items=1024)
+    spec = f"{path}#hits"
+    plan = _plan(tmp_path, 1)
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    assert loader.node_cache is not None
+    _epochs(loader, 1)  # the cache filled from the data as it was
+    with h5py.File(path, "r+") as f:  # the same events, every float doubled, in place
+        for name, column in f["hits"].items():
+            if name != "_indices" and column.dtype.kind == "f":
+                column[...] = column[...] * 2
+    fresh = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    want = _epochs(fresh, 2)
+    was = loader.node_cache.directory
+    got = _epochs(loader, 2)
+    assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
+    assert loader.node_cache is not None and loader.node_cache.directory != was
+    assert not was.exists()  # the old entries: removed, never served
