@@ -45,12 +45,20 @@ def hold(cache: NodeCache) -> bool:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             except OSError:
                 continue  # removed between the two calls: make it again
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a last user removes it
+            try:  # alone: no process of any job uses it now
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except OSError:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a last user removes it
+                alone = False
             try:
                 same = os.stat(lock).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
+                if alone:  # what killed processes left, cleared before anyone shares it
+                    cache.sweep()
+                    fcntl.flock(fd, fcntl.LOCK_SH)
                 if not _HELD:
                     atexit.register(release_all)
                 _HELD[key] = (fd, cache.keep, os.getpid())

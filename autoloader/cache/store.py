@@ -226,6 +226,25 @@ class NodeCache:
             _write_int(ledger, max(0, used + nbytes))
             return True
 
+    def sweep(self) -> None:
+        """Clear what processes that ended left (called by the cache's only user): the
+        temporary files of writers killed mid-write, their tallies, and what the ledger
+        still counted for entries never written or since removed."""
+        if not self._ready():
+            return
+        try:
+            used = 0
+            for path in self.directory.iterdir():
+                if path.name.endswith(".tmp"):
+                    _unlink(path)
+                elif path.suffix == ".npy":
+                    used += path.stat().st_size
+            shutil.rmtree(self.directory / "tally", ignore_errors=True)
+            with self._locked(self.directory / "ledger.lock"):
+                _write_int(self.directory / "ledger", used)
+        except OSError as exc:  # the ledger stays as it was: it only over-counts
+            log.info("autoloader: node cache %s not swept: %s", self.directory, exc)
+
     def used_bytes(self) -> int:
         """Bytes of entries written, as the ledger counts them."""
         return _read_int(self.directory / "ledger")

@@ -253,3 +253,19 @@ def test_the_users_directory_made_open_by_another_umask_is_closed(tmp_path: Path
     base.chmod(0o777)
     _cache(tmp_path).get(("f", "hits", 0), Loads())
     assert stat.S_IMODE(base.stat().st_mode) == 0o700
+
+
+def test_the_first_user_clears_what_killed_processes_left(tmp_path: Path) -> None:
+    p = mp.get_context("fork").Process(target=_killed_while_writing, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    cache = _cache(tmp_path)
+    assert list(cache.directory.glob(".*.tmp")) and list(cache.directory.glob("tally/*"))
+    assert cache.used_bytes() == BLOCK.nbytes + 128  # reserved for an entry never named
+    assert hold(cache)  # no other process uses it: what the dead left goes
+    assert not list(cache.directory.glob(".*.tmp")) and not list(cache.directory.glob("tally/*"))
+    assert cache.used_bytes() == 0
+    cache.get(("f", "hits", 0), Loads())
+    assert cache.used_bytes() == next(cache.directory.glob("*.npy")).stat().st_size
+    assert release(str(cache.home))
