@@ -156,6 +156,13 @@ def test_cache_options_refused_in_one_line(spec: str, tmp_path: Path) -> None:
         f"autoloader: error: --cache-dir: expected an existing directory, but got "
         f"{str(tmp_path / 'missing')!r}"
     )
+    # /proc: a directory no user, root included, can make anything in
+    unwritable = _tune(spec, tmp_path / "p.toml", "--cache-dir", "/proc")
+    assert unwritable.returncode == 2
+    assert unwritable.stderr.strip() == (
+        "autoloader: error: --cache-dir: expected a directory this user can write, but got "
+        "'/proc' (No such file or directory)"
+    )
     both = _tune(spec, tmp_path / "p.toml", "--cache-dir", str(tmp_path), "--no-cache")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert not (tmp_path / "p.toml").exists()
