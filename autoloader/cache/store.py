@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -40,6 +41,7 @@ FORMAT = "1"  # the layout of entries: a change makes every older cache unused
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+_SERIAL = itertools.count()  # tells this process's caches apart in their tallies
 
 
 def cache_base(where: str) -> Path:
@@ -80,7 +82,7 @@ class NodeCache:
         base = cache_base(where)
         self.home = base / _digest(f"{FORMAT}\0{data}")
         self.directory = self.home / _digest(stamp)
-        self.tally = Tally(self.directory / "tally", os.getpid())
+        self.tally = Tally(self.directory / "tally", f"{os.getpid()}.{next(_SERIAL)}")
         self._ready_pid: int | None = None
         self._broken = False
         self._full = False  # this process found the bound or the free space reached

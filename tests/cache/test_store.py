@@ -270,3 +270,12 @@ def test_the_first_user_clears_what_killed_processes_left(tmp_path: Path) -> Non
     cache.get(("f", "hits", 0), Loads())
     assert cache.used_bytes() == next(cache.directory.glob("*.npy")).stat().st_size
     assert release(str(cache.home))
+
+
+def test_two_caches_of_one_process_on_the_same_data_count_their_own(tmp_path: Path) -> None:
+    first, second = _cache(tmp_path), _cache(tmp_path)  # a train and a validation loader
+    first.get(("f", "hits", 0), Loads())
+    second.get(("f", "hits", 0), Loads())
+    second.get(("f", "hits", 0), Loads())
+    assert first.counts()[:2] == (0, 1)  # one block decoded, none mapped
+    assert second.counts()[:2] == (2, 0)
