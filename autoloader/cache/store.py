@@ -228,6 +228,16 @@ class NodeCache:
             _write_int(ledger, max(0, used + nbytes))
             return True
 
+    def drop(self, key: Any) -> None:
+        """Remove block ``key``'s entry, giving back the bytes it held."""
+        path = self.directory / f"{_digest(repr(key))}.npy"
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            self._reserve(-size)
+        except OSError:
+            pass  # not there, or its place removed: nothing held
+
     def sweep(self) -> None:
         """Clear what processes that ended left (called by the cache's only user): the
         temporary files of writers killed mid-write, their tallies, and what the ledger

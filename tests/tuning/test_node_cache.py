@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from conftest import run_cli
 
 import autoloader
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet
 from autoloader.plan import Plan
 from autoloader.tuning import node_cache
 from autoloader.tuning.node_cache import choose_cache
@@ -175,3 +176,40 @@ def test_a_place_the_cache_cannot_be_written_plans_none(spec: str, tmp_path: Pat
     assert found.plan is None
     assert found.evidence["reason"].startswith("cannot write a block of ")
     assert found.evidence["reason"].endswith(f" in {blocker / 'cache'}")
+
+
+class _Watched:
+    """A dataset whose block reads note how many probe entries the cache's place holds."""
+
+    seen: ClassVar[list[int]] = []  # shared with the tune's pickled copy (one process)
+
+    def __init__(self, spec: str, where: Path) -> None:
+        self.inner, self.where = autoloader.open_dataset(spec), where
+
+    def __getattr__(self, name: str):
+        if name in ("inner", "where"):  # unpickling: not set yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def autoloader_read_block(self, block: int):
+        _Watched.seen.append(len(list(self.where.rglob("*.npy"))))
+        return self.inner.autoloader_read_block(block)
+
+
+def test_the_probe_holds_one_block_at_a_time(tmp_path: Path) -> None:
+    data = write_parquet(tmp_path / "e.parquet", make_events(300, seed=1), row_group_size=100)
+    where = tmp_path / "shm"  # a nearly full /dev/shm must never get the probe's blocks all
+    where.mkdir()
+    _Watched.seen.clear()
+    found = choose_cache(
+        _Watched(str(data), where),
+        str(where),
+        workers=2,
+        batch_bytes=BLOCK_BYTES,
+        shm_need_bytes=0,
+        worker_bytes=0,
+        step_seconds=None,
+    )
+    assert found.evidence["blocks_timed"] >= 2
+    assert _Watched.seen == [0] * len(_Watched.seen)  # each timed block gone before the next
+    assert not (where / f"autoloader-{os.getuid()}").exists()
