@@ -369,7 +369,10 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         began = time.perf_counter()
         if self.node_cache is not None:  # data changed between epochs: never served
-            self.node_cache = refresh_cache(self.node_cache, self.dataset)
+            node = refresh_cache(self.node_cache, self.dataset)
+            if node is not self.node_cache and self._recorder is not None:
+                self._recorder.watch_cache(node.counts if node is not None else None)
+            self.node_cache = node
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         batches = self._chain()

@@ -10,6 +10,7 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 import autoloader
 from autoloader.cache import release
@@ -307,9 +308,14 @@ def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
     path = write_km3pipe_h5(tmp_path / "k.h5", make_events(300, seed=1), chunk_items=1024)
     spec = f"{path}#hits"
     plan = _plan(tmp_path, 1)
-    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    registry = CollectorRegistry()
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, registry=registry
+    )
     assert loader.node_cache is not None
     _epochs(loader, 1)  # the cache filled from the data as it was
+    misses = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    assert misses == len(loader.dataset.autoloader_blocks()) - 1
     with h5py.File(path, "r+") as f:  # the same events, every float doubled, in place
         for name, column in f["hits"].items():
             if name != "_indices" and column.dtype.kind == "f":
@@ -323,3 +329,5 @@ def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
     assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
     assert loader.node_cache is not None and loader.node_cache.directory != was
     assert not was.exists()  # the old entries: removed, never served
+    again = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    assert again == 2 * misses  # the new data's blocks decoded once, counted on
