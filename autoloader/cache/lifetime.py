@@ -6,7 +6,9 @@ the lock alone: it gets it only where no other process (another rank, another jo
 same data) still holds it, and then removes the cache unless the plan keeps it for the
 next job on the node. A process killed outright releases its hold with its death (the
 kernel drops the lock); the cache it leaves is the next job's if the data is unchanged
-(same fingerprint), and is removed by the next that finds the data changed.
+(same fingerprint), and is removed by the next that finds the data changed. The process
+that takes a cache no other process uses first clears what killed ones left there
+(``NodeCache.sweep``); the last user also removes the user's directory where it is empty.
 """
 
 from __future__ import annotations
