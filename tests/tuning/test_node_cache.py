@@ -4,7 +4,9 @@ the node has room, none where it does not pay, a share where the room holds part
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import signal
 from pathlib import Path
 from typing import ClassVar
 
@@ -12,6 +14,7 @@ import pytest
 from conftest import run_cli
 
 import autoloader
+from autoloader.cache import NodeCache
 from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet
 from autoloader.plan import Plan
 from autoloader.tuning import node_cache
@@ -213,3 +216,46 @@ def test_the_probe_holds_one_block_at_a_time(tmp_path: Path) -> None:
     assert found.evidence["blocks_timed"] >= 2
     assert _Watched.seen == [0] * len(_Watched.seen)  # each timed block gone before the next
     assert not (where / f"autoloader-{os.getuid()}").exists()
+
+
+class _Killed(_Watched):
+    """A dataset whose second block read kills the tune (SIGKILL: nothing of it runs)."""
+
+    def autoloader_read_block(self, block: int):
+        if _Watched.seen:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().autoloader_read_block(block)
+
+
+def _probe_killed(data: str, where: str) -> None:
+    blocks = len(autoloader.open_dataset(data).autoloader_blocks()) - 1
+    node_cache._time_blocks(_Killed(data, Path(where)), blocks, where)
+
+
+def test_a_tune_killed_while_probing_leaves_nothing_after_the_next(tmp_path: Path) -> None:
+    data = write_parquet(tmp_path / "e.parquet", make_events(300, seed=1), row_group_size=100)
+    where = tmp_path / "shm"
+    where.mkdir()
+    _Watched.seen.clear()
+    killed = mp.get_context("fork").Process(target=_probe_killed, args=(str(data), str(where)))
+    killed.start()
+    killed.join(60)
+    assert killed.exitcode == -signal.SIGKILL
+    base = where / f"autoloader-{os.getuid()}"
+    assert len(list(base.iterdir())) == 1  # the killed probe's directory
+    found = _choose(str(data), where)  # the next tune on the node
+    assert found.evidence["blocks_timed"] >= 2
+    assert not base.exists()
+
+
+def test_a_running_tunes_probe_is_never_cleared(tmp_path: Path) -> None:
+    live = NodeCache(str(tmp_path), "tune-probe-live", "probe")
+    held = node_cache._claim(live)
+    assert held is not None
+    try:
+        node_cache._clear_dead_probes(str(tmp_path))
+        assert (live.home / node_cache.PROBE_LOCK).exists()
+    finally:
+        os.close(held)
+    node_cache._clear_dead_probes(str(tmp_path))  # its tune ended without removing it
+    assert not live.home.exists()
