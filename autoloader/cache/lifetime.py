@@ -6,12 +6,15 @@ the lock alone: it gets it only where no other process (another rank, another jo
 same data) still holds it, and then removes the cache unless the plan keeps it for the
 next job on the node. A process killed outright releases its hold with its death (the
 kernel drops the lock); the cache it leaves is the next job's if the data is unchanged
-(same fingerprint), and is removed by the next that finds the data changed.
+(same fingerprint), and is removed by the next that finds the data changed. The process
+that takes a cache no other process uses first clears what killed ones left there
+(``NodeCache.sweep``); the last user also removes the user's directory where it is empty.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import logging
 import os
@@ -44,12 +47,20 @@ def hold(cache: NodeCache) -> bool:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             except OSError:
                 continue  # removed between the two calls: make it again
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a last user removes it
+            try:  # alone: no process of any job uses it now
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except OSError:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a last user removes it
+                alone = False
             try:
                 same = os.stat(lock).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
+                if alone:  # what killed processes left, cleared before anyone shares it
+                    cache.sweep()
+                    fcntl.flock(fd, fcntl.LOCK_SH)
                 if not _HELD:
                     atexit.register(release_all)
                 _HELD[key] = (fd, cache.keep, os.getpid())
@@ -74,10 +85,19 @@ def release(home: str) -> bool:
         except OSError:
             return False  # another process still uses it
         shutil.rmtree(home, ignore_errors=True)
+        remove_base(home)
         log.info("autoloader: node cache %s removed: its last user ended", home)
         return True
     finally:
         os.close(fd)
+
+
+def remove_base(home: str | os.PathLike[str]) -> None:
+    """The user's ``autoloader-UID`` directory above ``home``, removed where it is empty
+    (a cache of other data still in it keeps it; one made there meanwhile makes it
+    again, ``NodeCache._make_directories``)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(os.fspath(home)))
 
 
 def release_all() -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ FORMAT = "1"  # the layout of entries: a change makes every older cache unused
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+_SERIAL = itertools.count()  # tells this process's caches apart in their tallies
 
 
 def cache_base(where: str) -> Path:
@@ -79,10 +82,22 @@ class NodeCache:
         base = cache_base(where)
         self.home = base / _digest(f"{FORMAT}\0{data}")
         self.directory = self.home / _digest(stamp)
-        self.tally = Tally(self.directory / "tally", os.getpid())
+        self.tally = Tally(self.directory / "tally", f"{os.getpid()}.{next(_SERIAL)}")
         self._ready_pid: int | None = None
         self._broken = False
         self._full = False  # this process found the bound or the free space reached
+
+    def restamped(self, stamp: str) -> NodeCache:
+        """A cache of the same data and settings at another fingerprint ``stamp``."""
+        return NodeCache(
+            self.where,
+            self.data,
+            stamp,
+            budget_bytes=self.budget_bytes,
+            share=self.share,
+            keep=self.keep,
+            min_free_bytes=self.min_free_bytes,
+        )
 
     # -- reading -------------------------------------------------------------------------
     def get(
@@ -103,7 +118,13 @@ class NodeCache:
         if found is not None:
             self.tally.hit()
             return found
-        with self._locked(path.with_suffix(".lock")):
+        lock = path.with_suffix(".lock")
+        try:
+            fd = _lock(lock)
+        except OSError as exc:  # the directory removed under us, or no room for a lock
+            self._stop_writing(exc)
+            return load(*args)
+        try:
             found = self._map(path, shape)  # another process wrote it while we waited
             if found is not None:
                 self.tally.hit()
@@ -112,8 +133,10 @@ class NodeCache:
             block = load(*args)
             if self._store(path, block):
                 # waiters re-check the entry once they hold the lock: it can go
-                _unlink(path.with_suffix(".lock"))
+                _unlink(lock)
             return block
+        finally:
+            os.close(fd)
 
     def lookup(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
         """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
@@ -168,7 +191,11 @@ class NodeCache:
         """Write ``block`` as the entry ``path`` where the bound allows; True if written."""
         block = np.ascontiguousarray(block, dtype=np.float32)
         nbytes = block.nbytes + 128  # the .npy header
-        if not self._reserve(nbytes):
+        try:
+            if not self._reserve(nbytes):
+                return False
+        except OSError as exc:  # the ledger cannot be written: a full or removed place
+            self._stop_writing(exc)
             return False
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
@@ -177,9 +204,10 @@ class NodeCache:
                 np.lib.format.write_array(f, block, allow_pickle=False)
             publish(tmp, path)
         except OSError as exc:  # the filesystem filled past its statvfs: serve decoded
-            log.warning("autoloader: cannot write cache entry %s: %s", path, exc)
             _unlink(tmp)
-            self._reserve(-nbytes)
+            with contextlib.suppress(OSError):
+                self._reserve(-nbytes)
+            self._stop_writing(exc)
             return False
         self.tally.wrote(nbytes)
         return True
@@ -200,6 +228,35 @@ class NodeCache:
             _write_int(ledger, max(0, used + nbytes))
             return True
 
+    def drop(self, key: Any) -> None:
+        """Remove block ``key``'s entry, giving back the bytes it held."""
+        path = self.directory / f"{_digest(repr(key))}.npy"
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            self._reserve(-size)
+        except OSError:
+            pass  # not there, or its place removed: nothing held
+
+    def sweep(self) -> None:
+        """Clear what processes that ended left (called by the cache's only user): the
+        temporary files of writers killed mid-write, their tallies, and what the ledger
+        still counted for entries never written or since removed."""
+        if not self._ready():
+            return
+        try:
+            used = 0
+            for path in self.directory.iterdir():
+                if path.name.endswith(".tmp"):
+                    _unlink(path)
+                elif path.suffix == ".npy":
+                    used += path.stat().st_size
+            shutil.rmtree(self.directory / "tally", ignore_errors=True)
+            with self._locked(self.directory / "ledger.lock"):
+                _write_int(self.directory / "ledger", used)
+        except OSError as exc:  # the ledger stays as it was: it only over-counts
+            log.info("autoloader: node cache %s not swept: %s", self.directory, exc)
+
     def used_bytes(self) -> int:
         """Bytes of entries written, as the ledger counts them."""
         return _read_int(self.directory / "ledger")
@@ -218,26 +275,56 @@ class NodeCache:
         if self._broken:
             return False
         try:
-            self.home.parent.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-            for d in (self.home.parent, self.home, self.directory):
-                d.mkdir(mode=_DIR_MODE, exist_ok=True)
-                if d.stat().st_uid != os.getuid() or d.is_symlink():
-                    raise PermissionError(f"{d} is not this user's own directory")
+            self._make_directories()
             for old in self.home.iterdir():
                 if old != self.directory and old.is_dir():
                     shutil.rmtree(old, ignore_errors=True)  # the data changed: never served
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in a hand-made path
             log.warning("autoloader: node cache off: cannot use %s: %s", self.directory, exc)
             self._broken = True
             return False
         self._ready_pid = os.getpid()
         return True
 
+    def _make_directories(self) -> None:
+        """``autoloader-UID/DATA/STAMP`` under the cache's place, each the user's alone.
+
+        The place itself must exist (a plan's directory is never made: it may be another
+        job's ``$TMPDIR``). The user's directory goes with the last cache in it
+        (``autoloader.cache.lifetime``): one removed as we make ours is made again."""
+        root = self.home.parent.parent
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory on this node")
+        for attempt in range(8):
+            try:
+                for d in (self.home.parent, self.home, self.directory):
+                    d.mkdir(mode=_DIR_MODE, exist_ok=True)
+                    st = d.lstat()
+                    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                        raise PermissionError(f"{d} is not this user's own directory")
+                    if st.st_mode & 0o077:  # ours, made under another umask: close it
+                        os.chmod(d, _DIR_MODE)
+                return
+            except FileNotFoundError:
+                if attempt == 7:
+                    raise
+
+    def _stop_writing(self, exc: OSError) -> None:
+        """This process writes no more blocks (said once): a write that failed (a full
+        filesystem, a directory removed by hand) would fail again for every block."""
+        if not self._full:
+            log.warning(
+                "autoloader: node cache: this process stops writing in %s (%s); the blocks "
+                "it lacks are read from the files",
+                self.directory,
+                exc,
+            )
+        self._full = True
+
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, _FILE_MODE)
+        fd = _lock(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
@@ -252,6 +339,17 @@ class NodeCache:
 def publish(tmp: Path, path: Path) -> None:
     """Make a complete entry visible: one atomic rename (a reader maps it whole or not)."""
     os.replace(tmp, path)
+
+
+def _lock(path: Path) -> int:
+    """An open descriptor of the lock file ``path``, held alone (``flock``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, _FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _digest(text: str) -> str:

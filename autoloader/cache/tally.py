@@ -29,9 +29,11 @@ class Counts:
 
 
 class Tally:
-    """This process's counters in ``directory``, under the owner ``owner``'s name."""
+    """This process's counters in ``directory``, under the owner ``owner``'s name (its
+    process id and which of that process's caches: two loaders of one process on the
+    same data each count their own)."""
 
-    def __init__(self, directory: Path, owner: int) -> None:
+    def __init__(self, directory: Path, owner: str) -> None:
         self.directory, self.owner = directory, owner
         self._fd: int | None = None
         self._pid: int | None = None

@@ -47,6 +47,7 @@ from autoloader.loader.planned import (
     check_data_fingerprint,
     digest,
     node_loader,
+    refresh_cache,
 )
 from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
@@ -395,6 +396,11 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         self._check_epoch()
         began = time.perf_counter()
+        if self.node_cache is not None:  # data changed between epochs: never served
+            node = refresh_cache(self.node_cache, self.dataset)
+            if node is not self.node_cache and self._recorder is not None:
+                self._recorder.watch_cache(node.counts if node is not None else None)
+            self.node_cache = node
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         batches = self._chain()

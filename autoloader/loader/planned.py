@@ -13,7 +13,7 @@ import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.cache import NodeCache, hold
-from autoloader.errors import PlanError
+from autoloader.errors import AutoloaderError, PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.launch import launched_local_rank
 from autoloader.plan import LoaderPlan, Plan
@@ -92,6 +92,29 @@ def attach_cache(plan: Plan, dataset: Any, enabled: bool) -> NodeCache | None:
         return None
     use(node)
     return node
+
+
+def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:
+    """``node``, or, where the data changed since it was made (its fingerprint), a cache
+    of the data as it is now (None where that cannot be used): the old entries are
+    removed, never served; a persistent worker that still holds the old cache finds its
+    directory gone and reads the files."""
+    try:
+        stamp = dataset.autoloader_source().stamp
+    except (OSError, AutoloaderError):
+        return node  # the epoch's own reads say what is wrong with the data
+    if stamp == node.stamp:
+        return node
+    log.warning(
+        "autoloader: %s changed since its node cache was made: the old entries are removed",
+        node.data,
+    )
+    fresh = node.restamped(stamp)
+    if not hold(fresh) or not fresh._ready():  # _ready: the old stamp's directory goes
+        dataset.autoloader_node_cache(None)
+        return None
+    dataset.autoloader_node_cache(fresh)
+    return fresh
 
 
 def planned_sampler(

@@ -381,10 +381,13 @@ class BatchRecorder:
         self.stats.worker_stalls += 1
         self.metrics.worker_stalls.labels(rank=self.rank).inc()
 
-    def watch_cache(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+    def watch_cache(self, counts: Callable[[], tuple[int, int, int]] | None) -> None:
         """Export the node cache's hits, misses and bytes as ``counts()`` gives them
-        (totals), at every flush."""
-        self._cache = counts
+        (totals), at every flush; a new cache (the data changed) counts on from its own
+        zero, None stops."""
+        self._cache, self._cache_counted = counts, (0, 0)
+        if counts is None:
+            return
         self.metrics.cache_hits.labels(rank=self.rank)
         self.metrics.cache_misses.labels(rank=self.rank)
         self._flush_cache()

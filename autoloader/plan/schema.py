@@ -259,7 +259,7 @@ def _loader_consistency(table: Mapping[str, Any], source: str, key: str) -> None
 
 def _validate_cache_where(where: str, source: str) -> None:
     """``[cache] where``: "shm", or an absolute directory (the node's, not the tune's cwd)."""
-    if where != "shm" and not where.startswith("/"):
+    if where != "shm" and (not where.startswith("/") or "\0" in where):
         raise PlanError(
             f"{source}: key 'cache.where': expected \"shm\" or an absolute directory, "
             f"found {where!r}"

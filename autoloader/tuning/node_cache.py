@@ -22,6 +22,7 @@ less ``DIR_RESERVE``. ``[tuning.cache]`` keeps every figure.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import pickle
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from autoloader.cache import NodeCache
+from autoloader.cache.lifetime import remove_base
 from autoloader.cache.store import cache_base
 from autoloader.host.budget import SHM_MARGIN, HostBudget
 from autoloader.launch import local_world_size
@@ -49,6 +51,7 @@ DIR_RESERVE = 0.1  # of a directory's free space, left to others
 ROOM_SHARE = 0.9  # of the room found, what the cache may take (the rest: drift, others)
 MEASURE_SECONDS = 1.5
 MAX_BLOCKS_TIMED = 8
+PROBE_LOCK = "probe.lock"  # held by a running tune in its probe's directory
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,9 @@ def _time_blocks(
     """Seconds per block decoded, and mapped back from a probe cache in ``where``, for
     blocks spread over the data; each block's bytes."""
     picks = np.unique(np.linspace(0, count - 1, min(count, MAX_BLOCKS_TIMED)).astype(int))
+    _clear_dead_probes(where)
     probe = NodeCache(where, f"tune-probe-{os.getpid()}-{time.monotonic_ns()}", "probe")
+    held = _claim(probe)
     source: list[float] = []
     cached: list[float] = []
     sizes: list[int] = []
@@ -173,11 +178,57 @@ def _time_blocks(
             mapped = probe.get(b, _never)
             np.array(mapped)  # every byte read, as a batch's gather reads them
             cached.append(time.perf_counter() - t)
+            del mapped
+            probe.drop(b)  # one block at a time: a nearly full /dev/shm is never filled
             if time.perf_counter() - began > MEASURE_SECONDS and len(source) >= 2:
                 break
     finally:
         shutil.rmtree(probe.home, ignore_errors=True)
+        remove_base(probe.home)
+        if held is not None:
+            os.close(held)
     return source, cached, sizes
+
+
+def _claim(probe: NodeCache) -> int | None:
+    """Mark ``probe``'s directory as a running tune's: a lock held while it runs (the
+    kernel drops it with the process, SIGKILL included); the descriptor, or None."""
+    if not probe._ready():
+        return None
+    tmp = probe.home / f".{PROBE_LOCK}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.replace(tmp, probe.home / PROBE_LOCK)  # named only once held: never seen free
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _clear_dead_probes(where: str) -> None:
+    """Remove what tunes killed mid-measurement left in ``where``: probe directories
+    whose lock no process holds."""
+    try:
+        homes = list(cache_base(where).iterdir())
+    except OSError:
+        return
+    for home in homes:
+        try:
+            fd = os.open(home / PROBE_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a probe's
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a running tune's
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _never() -> np.ndarray:

@@ -7,6 +7,7 @@ The command line checks them before it opens the dataset, so a typo is answered 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -178,6 +179,13 @@ def _cache_where(cache: Any, directory: Any) -> str | None:
         return "shm"
     if not isinstance(directory, (str, os.PathLike)) or not os.path.isdir(directory):
         raise UsageError(f"--cache-dir: expected an existing directory, but got {directory!r}")
+    try:  # as --out is: a place the cache could never be written is refused before tuning
+        tempfile.TemporaryDirectory(dir=directory, prefix=".autoloader-").cleanup()
+    except OSError as exc:
+        raise UsageError(
+            f"--cache-dir: expected a directory this user can write, but got {directory!r} "
+            f"({exc.strerror or exc})"
+        ) from None
     return os.path.abspath(directory)
 
 

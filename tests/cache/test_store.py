@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
+import shutil
 import signal
 import stat
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from autoloader.cache import NodeCache, hold, release
 from autoloader.cache import store as store_module
@@ -91,9 +94,11 @@ def test_the_bound_and_the_free_space_left_hold(tmp_path: Path) -> None:
     assert cache.used_bytes() <= 2 * BLOCK.nbytes + 300
     assert load.calls == 4  # what is not kept is served decoded
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    tight = _cache(tmp_path / "other", min_free_bytes=free)  # leaves no room for a block
+    (tmp_path / "other").mkdir()
+    # never room for a block, even where other work frees space on the machine meanwhile
+    tight = _cache(tmp_path / "other", min_free_bytes=free + 2**50)
     tight.get(("f", "hits", 0), load)
-    assert not list(tight.directory.glob("*.npy"))
+    assert tight.directory.is_dir() and not list(tight.directory.glob("*.npy"))
 
 
 def test_a_share_of_blocks_is_kept_the_same_in_every_process(tmp_path: Path) -> None:
@@ -120,6 +125,7 @@ def test_several_processes_filling_one_block_decode_and_write_it_once(tmp_path: 
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(4)
     marks = tmp_path / "decodes"
+    (tmp_path / "c").mkdir()
     procs = [
         ctx.Process(target=_fill, args=(str(tmp_path / "c"), barrier, str(marks))) for _ in range(4)
     ]
@@ -185,3 +191,91 @@ def test_a_cache_another_process_still_uses_is_not_removed(tmp_path: Path) -> No
     last = _cache(tmp_path)
     assert hold(last)  # the other ended (its hold with it): this one is the last user
     assert release(str(last.home)) and not last.home.exists()
+
+
+def test_a_cache_directory_removed_under_a_reader_serves_decoded_blocks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load)
+    shutil.rmtree(tmp_path / f"autoloader-{os.getuid()}")  # by hand, or a job on new data
+    for start in (1, 2):
+        got = cache.get(("f", "hits", start), load, shape=(100, 6))
+        assert got.tobytes() == BLOCK.tobytes()
+    assert load.calls == 3 and not cache.accepting
+    said = [r.message for r in caplog.records if "stops writing" in r.message]
+    assert len(said) == 1, said  # once, not once a block
+
+
+def _write_refused(where: str) -> None:
+    # RLIMIT_FSIZE 0: every write of a byte fails (EFBIG), as on a full filesystem
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    cache, load = _cache(Path(where)), Loads()
+    for start in range(3):
+        got = cache.get(("f", "hits", start), load, shape=(100, 6))
+        assert got.tobytes() == BLOCK.tobytes()
+    assert load.calls == 3 and not cache.accepting
+    assert not list(cache.directory.glob("*.npy"))
+
+
+def test_a_filesystem_that_refuses_writes_serves_decoded_blocks(tmp_path: Path) -> None:
+    p = mp.get_context("fork").Process(target=_write_refused, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_the_users_directory_goes_with_the_last_cache_in_it(tmp_path: Path) -> None:
+    base = tmp_path / f"autoloader-{os.getuid()}"
+    one = _cache(tmp_path)
+    other = NodeCache(str(tmp_path), "/data/other.h5#hits", "v1")
+    assert hold(one) and hold(other)
+    one.get(("f", "hits", 0), Loads())
+    other.get(("f", "hits", 0), Loads())
+    assert release(str(one.home)) and base.is_dir()  # the other data's cache is in it
+    assert release(str(other.home)) and not base.exists()
+    again = _cache(tmp_path)  # a later job makes it again
+    assert hold(again) and again.get(("f", "hits", 0), Loads()).tobytes() == BLOCK.tobytes()
+    assert release(str(again.home)) and not base.exists()
+
+
+def test_a_place_that_is_not_there_is_never_made(tmp_path: Path) -> None:
+    gone = tmp_path / "slurm-job-17"  # another job's $TMPDIR, as a plan may name it
+    cache, load = NodeCache(str(gone), "/data/events.h5#hits", "v1"), Loads()
+    assert not hold(cache)
+    assert cache.get(("f", "hits", 0), load).tobytes() == BLOCK.tobytes()
+    assert load.calls == 1 and not gone.exists()
+
+
+def test_the_users_directory_made_open_by_another_umask_is_closed(tmp_path: Path) -> None:
+    base = tmp_path / f"autoloader-{os.getuid()}"
+    base.mkdir()
+    base.chmod(0o777)
+    _cache(tmp_path).get(("f", "hits", 0), Loads())
+    assert stat.S_IMODE(base.stat().st_mode) == 0o700
+
+
+def test_the_first_user_clears_what_killed_processes_left(tmp_path: Path) -> None:
+    p = mp.get_context("fork").Process(target=_killed_while_writing, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    cache = _cache(tmp_path)
+    assert list(cache.directory.glob(".*.tmp")) and list(cache.directory.glob("tally/*"))
+    assert cache.used_bytes() == BLOCK.nbytes + 128  # reserved for an entry never named
+    assert hold(cache)  # no other process uses it: what the dead left goes
+    assert not list(cache.directory.glob(".*.tmp")) and not list(cache.directory.glob("tally/*"))
+    assert cache.used_bytes() == 0
+    cache.get(("f", "hits", 0), Loads())
+    assert cache.used_bytes() == next(cache.directory.glob("*.npy")).stat().st_size
+    assert release(str(cache.home))
+
+
+def test_two_caches_of_one_process_on_the_same_data_count_their_own(tmp_path: Path) -> None:
+    first, second = _cache(tmp_path), _cache(tmp_path)  # a train and a validation loader
+    first.get(("f", "hits", 0), Loads())
+    second.get(("f", "hits", 0), Loads())
+    second.get(("f", "hits", 0), Loads())
+    assert first.counts()[:2] == (0, 1)  # one block decoded, none mapped
+    assert second.counts()[:2] == (2, 0)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 import autoloader
 from autoloader.cache import release
@@ -189,6 +191,7 @@ def _job(tmp_path: Path, spec: str, *args: str) -> list[int]:
 
     script = tmp_path / "job.py"
     script.write_text(_JOB)
+    (tmp_path / "c").mkdir(exist_ok=True)  # the node's cache place: a plan never makes it
     done = subprocess.run(
         [sys.executable, str(script), spec, str(tmp_path / "c"), *args],
         capture_output=True,
@@ -210,7 +213,7 @@ def test_the_cache_goes_with_the_jobs_last_process_unless_kept_and_serves_the_ne
     assert (again, misses) == (total, 0) and hits > 0  # the next job on the same data
     assert any(home.iterdir())  # a killed job leaves it to the next
     _job(tmp_path, spec, "drop", "ended")
-    assert not any(home.iterdir())  # removed with the job's last process
+    assert not home.exists()  # removed with the job's last process
 
 
 def test_a_file_that_changed_is_read_anew_never_from_the_old_entries(tmp_path: Path) -> None:
@@ -297,3 +300,34 @@ def test_a_windowed_read_order_reads_the_same_batches_with_the_cache(
     want, got = _epochs(alone, 2), _epochs(cached, 2)
     assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
     assert cached.node_cache is not None and cached.node_cache.counts()[0] > 0
+
+
+def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
+    tmp_path: Path,
+) -> None:
+    path = write_km3pipe_h5(tmp_path / "k.h5", make_events(300, seed=1), chunk_items=1024)
+    spec = f"{path}#hits"
+    plan = _plan(tmp_path, 1)
+    registry = CollectorRegistry()
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, registry=registry
+    )
+    assert loader.node_cache is not None
+    _epochs(loader, 1)  # the cache filled from the data as it was
+    misses = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    assert misses == len(loader.dataset.autoloader_blocks()) - 1
+    with h5py.File(path, "r+") as f:  # the same events, every float doubled, in place
+        for name, column in f["hits"].items():
+            if name != "_indices" and column.dtype.kind == "f":
+                column[...] = column[...] * 2
+    fresh = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    want = _epochs(fresh, 2)
+    was = loader.node_cache.directory
+    got = _epochs(loader, 2)
+    assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
+    assert loader.node_cache is not None and loader.node_cache.directory != was
+    assert not was.exists()  # the old entries: removed, never served
+    again = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    assert again == 2 * misses  # the new data's blocks decoded once, counted on

@@ -130,6 +130,11 @@ def test_round_trip_through_toml_keeps_every_table(tmp_path: Path) -> None:
             MINIMAL + "[cache]\nwhere = 'shm'\nshare = 1.5\n",
             "key 'cache.share': expected a number in [0, 1], found 1.5 (float)",
         ),
+        (  # a NUL no path can hold: refused here, not a crash in the loader
+            MINIMAL + '[cache]\nwhere = "/scratch/a\\u0000b"\n',
+            "key 'cache.where': expected \"shm\" or an absolute directory, "
+            "found '/scratch/a\\x00b'",
+        ),
         (MINIMAL + "[cache]\nbytes = 10\n", "missing key 'cache.where'"),
         (MINIMAL + "[cache]\nwhere = 'shm'\nsize = 10\n", "unknown key 'cache.size'"),
         (  # nothing to plan for: a tune refuses it

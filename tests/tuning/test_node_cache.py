@@ -4,14 +4,18 @@ the node has room, none where it does not pay, a share where the room holds part
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import signal
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from conftest import run_cli
 
 import autoloader
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5
+from autoloader.cache import NodeCache
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet
 from autoloader.plan import Plan
 from autoloader.tuning import node_cache
 from autoloader.tuning.node_cache import choose_cache
@@ -111,7 +115,7 @@ def test_the_measurement_on_a_real_file_is_recorded_and_leaves_nothing(
     ev = found.evidence
     assert ev["blocks_timed"] >= 1 and ev["source_seconds_per_block"] > 0
     assert ev["cache_seconds_per_block"] > 0 and ev["where"] == str(tmp_path)
-    assert not list((tmp_path / f"autoloader-{os.getuid()}").iterdir())  # the probe: gone
+    assert not (tmp_path / f"autoloader-{os.getuid()}").exists()  # the probe: gone
 
 
 def _tune(spec: str, out: Path, *extra: str):
@@ -156,6 +160,13 @@ def test_cache_options_refused_in_one_line(spec: str, tmp_path: Path) -> None:
         f"autoloader: error: --cache-dir: expected an existing directory, but got "
         f"{str(tmp_path / 'missing')!r}"
     )
+    # /proc: a directory no user, root included, can make anything in
+    unwritable = _tune(spec, tmp_path / "p.toml", "--cache-dir", "/proc")
+    assert unwritable.returncode == 2
+    assert unwritable.stderr.strip() == (
+        "autoloader: error: --cache-dir: expected a directory this user can write, but got "
+        "'/proc' (No such file or directory)"
+    )
     both = _tune(spec, tmp_path / "p.toml", "--cache-dir", str(tmp_path), "--no-cache")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert not (tmp_path / "p.toml").exists()
@@ -168,3 +179,83 @@ def test_a_place_the_cache_cannot_be_written_plans_none(spec: str, tmp_path: Pat
     assert found.plan is None
     assert found.evidence["reason"].startswith("cannot write a block of ")
     assert found.evidence["reason"].endswith(f" in {blocker / 'cache'}")
+
+
+class _Watched:
+    """A dataset whose block reads note how many probe entries the cache's place holds."""
+
+    seen: ClassVar[list[int]] = []  # shared with the tune's pickled copy (one process)
+
+    def __init__(self, spec: str, where: Path) -> None:
+        self.inner, self.where = autoloader.open_dataset(spec), where
+
+    def __getattr__(self, name: str):
+        if name in ("inner", "where"):  # unpickling: not set yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def autoloader_read_block(self, block: int):
+        _Watched.seen.append(len(list(self.where.rglob("*.npy"))))
+        return self.inner.autoloader_read_block(block)
+
+
+def test_the_probe_holds_one_block_at_a_time(tmp_path: Path) -> None:
+    data = write_parquet(tmp_path / "e.parquet", make_events(300, seed=1), row_group_size=100)
+    where = tmp_path / "shm"  # a nearly full /dev/shm must never get the probe's blocks all
+    where.mkdir()
+    _Watched.seen.clear()
+    found = choose_cache(
+        _Watched(str(data), where),
+        str(where),
+        workers=2,
+        batch_bytes=BLOCK_BYTES,
+        shm_need_bytes=0,
+        worker_bytes=0,
+        step_seconds=None,
+    )
+    assert found.evidence["blocks_timed"] >= 2
+    assert _Watched.seen == [0] * len(_Watched.seen)  # each timed block gone before the next
+    assert not (where / f"autoloader-{os.getuid()}").exists()
+
+
+class _Killed(_Watched):
+    """A dataset whose second block read kills the tune (SIGKILL: nothing of it runs)."""
+
+    def autoloader_read_block(self, block: int):
+        if _Watched.seen:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().autoloader_read_block(block)
+
+
+def _probe_killed(data: str, where: str) -> None:
+    blocks = len(autoloader.open_dataset(data).autoloader_blocks()) - 1
+    node_cache._time_blocks(_Killed(data, Path(where)), blocks, where)
+
+
+def test_a_tune_killed_while_probing_leaves_nothing_after_the_next(tmp_path: Path) -> None:
+    data = write_parquet(tmp_path / "e.parquet", make_events(300, seed=1), row_group_size=100)
+    where = tmp_path / "shm"
+    where.mkdir()
+    _Watched.seen.clear()
+    killed = mp.get_context("fork").Process(target=_probe_killed, args=(str(data), str(where)))
+    killed.start()
+    killed.join(60)
+    assert killed.exitcode == -signal.SIGKILL
+    base = where / f"autoloader-{os.getuid()}"
+    assert len(list(base.iterdir())) == 1  # the killed probe's directory
+    found = _choose(str(data), where)  # the next tune on the node
+    assert found.evidence["blocks_timed"] >= 2
+    assert not base.exists()
+
+
+def test_a_running_tunes_probe_is_never_cleared(tmp_path: Path) -> None:
+    live = NodeCache(str(tmp_path), "tune-probe-live", "probe")
+    held = node_cache._claim(live)
+    assert held is not None
+    try:
+        node_cache._clear_dead_probes(str(tmp_path))
+        assert (live.home / node_cache.PROBE_LOCK).exists()
+    finally:
+        os.close(held)
+    node_cache._clear_dead_probes(str(tmp_path))  # its tune ended without removing it
+    assert not live.home.exists()
