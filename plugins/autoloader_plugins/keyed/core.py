@@ -173,11 +173,15 @@ def as_keys(values: np.ndarray, where: str, table: str, key: str) -> np.ndarray:
         whole = np.isfinite(values) & (values == np.round(values))
         if whole.all():
             return values.astype(np.int64)
-        bad = values[~whole][0]
-        raise DatasetError(
-            f"{where}: table '{table}': key column '{key}' holds {bad!r}: expected integers"
-        )
+        bad = values[~whole][0].item()
+    elif values.dtype.kind == "O":  # SQLite's column of mixed storage classes
+        ints = np.fromiter((isinstance(v, int) for v in values), bool, len(values))
+        if ints.all():
+            return values.astype(np.int64)
+        bad = values[~ints][0]
+    else:
+        bad = values[0].item() if len(values) else values.dtype
     raise DatasetError(
-        f"{where}: table '{table}': key column '{key}' holds {values.dtype} values: "
-        "expected integers"
+        f"{where}: table '{table}': key column '{key}' holds {bad!r} "
+        f"({type(bad).__name__}): expected integers"
     )
