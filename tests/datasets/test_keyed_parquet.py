@@ -268,10 +268,16 @@ def _broken(tmp_path: Path, case: str) -> str:
     if case == "no_events_table":
         write_merged(tmp_path / "m", np.array([1, 2, 3]), shards=1)
         return f"{tmp_path / 'm'}#total?events=mc_truth"
+    if case == "shard_of_text":
+        (tmp_path / "d").mkdir()
+        pq.write_table(pa.table({"event_no": [1, 1], "q": [1.0, 2]}), tmp_path / "d" / "p_0.pq")
+        pq.write_table(pa.table({"event_no": [2, 2], "q": ["a", "b"]}), tmp_path / "d" / "p_1.pq")
+        return str(tmp_path / "d")
     raise AssertionError(case)
 
 
 BAD = {
+    "shard_of_text": r"d': p_1\.pq: column 'q' is string: expected numbers, as in p_0\.pq$",
     "no_key": r"bad\.parquet': the table has no key column 'event_no': found columns eid, q; "
     r"name the key with '\?key=COLUMN'$",
     "null_key": r"bad\.parquet': bad\.parquet: key column 'event_no' is null in 1 rows: "

@@ -193,6 +193,13 @@ class ParquetLongTable(BlockReader):
                     f"{self.where}: {path.name} has no column '{missing[0]}': expected the "
                     f"columns of {self.paths[0].name} in every file"
                 )
+            schema = f.schema_arrow
+            odd = [c for c in want[1:] if not _numeric(schema.field(c).type)]
+            if odd:
+                raise DatasetError(
+                    f"{self.where}: {path.name}: column '{odd[0]}' is "
+                    f"{schema.field(odd[0]).type}: expected numbers, as in {self.paths[0].name}"
+                )
             starts.append(row)
             meta = f.metadata
             for g in range(meta.num_row_groups):
