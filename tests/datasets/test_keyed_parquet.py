@@ -299,3 +299,18 @@ def test_bad_input_is_one_line_naming_file_and_table(
     line = refused(capsys, spec, "--global-batch-size", "2")
     assert line.startswith("autoloader: error: DATASET ")
     assert re.search(BAD[case], line), line
+
+
+def test_a_sorted_table_keeps_key_order_whatever_its_events_tables_order(
+    tmp_path: Path, counts: np.ndarray
+) -> None:
+    for name in ("total", "truth"):
+        (tmp_path / name).mkdir()
+    pq.write_table(pulses(np.arange(N), counts), tmp_path / "total" / "total_0.parquet")
+    shuffled = np.random.default_rng(5).permutation(N)
+    truth = pa.table({"event_no": shuffled, "energy": shuffled * 2.5})
+    pq.write_table(truth, tmp_path / "truth" / "truth_0.parquet")
+    ds = autoloader.open_dataset(f"{tmp_path}#total?events=truth&event_fields=energy")
+    got = ds.__getitems__(list(range(N)))
+    assert [d.energy.item() for d in got] == [e * 2.5 for e in range(N)]
+    np.testing.assert_array_equal(got[40].x.numpy(), expected_x(40, int(counts[40])))
