@@ -268,6 +268,13 @@ def _broken(tmp_path: Path, case: str) -> str:
     if case == "no_events_table":
         write_merged(tmp_path / "m", np.array([1, 2, 3]), shards=1)
         return f"{tmp_path / 'm'}#total?events=mc_truth"
+    if case == "null_event_key":
+        write_merged(tmp_path / "m", np.array([1, 2, 3]), shards=1)
+        pq.write_table(
+            pa.table({"event_no": pa.array([0, None, 2]), "e": [1.0, 2, 3]}),
+            tmp_path / "m" / "truth" / "truth_0.parquet",
+        )
+        return f"{tmp_path / 'm'}#total?events=truth"
     if case == "shard_of_text":
         (tmp_path / "d").mkdir()
         pq.write_table(pa.table({"event_no": [1, 1], "q": [1.0, 2]}), tmp_path / "d" / "p_0.pq")
@@ -277,6 +284,8 @@ def _broken(tmp_path: Path, case: str) -> str:
 
 
 BAD = {
+    "null_event_key": r"m#total\?events=truth': table 'truth': key column 'event_no' is null in "
+    r"1 rows: expected a key in every row$",
     "shard_of_text": r"d': p_1\.pq: column 'q' is string: expected numbers, as in p_0\.pq$",
     "no_key": r"bad\.parquet': the table has no key column 'event_no': found columns eid, q; "
     r"name the key with '\?key=COLUMN'$",

@@ -250,6 +250,11 @@ class ParquetLongTable(BlockReader):
             )
         except Exception as exc:
             raise DatasetError(f"{where}: cannot read: {describe(exc)}") from None
+        if table.column(0).null_count:
+            raise DatasetError(
+                f"{where}: table '{name}': key column '{self.key}' is null in "
+                f"{table.column(0).null_count} rows: expected a key in every row"
+            )
         keys = as_keys(table.column(0).to_numpy(), where, name, self.key)
         ascending = np.sort(keys)
         twice = np.flatnonzero(np.diff(ascending) == 0)
