@@ -323,3 +323,25 @@ def test_a_sorted_table_keeps_key_order_whatever_its_events_tables_order(
     got = ds.__getitems__(list(range(N)))
     assert [d.energy.item() for d in got] == [e * 2.5 for e in range(N)]
     np.testing.assert_array_equal(got[40].x.numpy(), expected_x(40, int(counts[40])))
+
+
+def test_planned_loader_gives_the_same_batches_with_0_and_2_workers(
+    merged: Path, counts: np.ndarray, tmp_path: Path
+) -> None:
+    got = {}
+    for workers in (0, 2):
+        plan = tmp_path / f"plan{workers}.toml"
+        plan.write_text(
+            f"schema = 1\n[loader]\nnum_workers = {workers}\n[batching]\n"
+            'strategy = "random"\nlocal_batch_size = 16\n'
+            "read_order = {block = 60, window = 120}\n"
+        )
+        ds = autoloader.open_dataset(f"{merged}#total?events=truth&event_fields=energy")
+        loader = autoloader.DataLoader(ds, plan=plan, adapt=False, cache=False)
+        got[workers] = [(b.energy.numpy(), b.x.numpy()) for b in loader]
+    assert len(got[0]) == len(got[2])
+    for (e0, x0), (e2, x2) in zip(got[0], got[2], strict=True):
+        np.testing.assert_array_equal(e0, e2)
+        np.testing.assert_array_equal(x0, x2)
+    energies = np.concatenate([e for e, _ in got[0]])
+    np.testing.assert_array_equal(np.sort(energies), np.arange(N) * 2.5)
