@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 EVENTS = 8_000  # ~430 MiB decoded: more than a worker's own block cache (256 MiB)
 MEDIAN_ITEMS = 1_500
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     specs.update(dict(s.split("=", 1) for s in args.spec))
     load = os.getloadavg()[0]
     print(f"machine   {os.cpu_count()} CPUs, load average {load:.1f} at the start")
-    rows = []
+    rows: list[tuple[str, Any, Any, Any, Any]] = []  # None where no cache was planned
     for name, spec in specs.items():
         plan_path = args.cache / f"plan-{name.split()[0]}.toml"
         start = time.perf_counter()
