@@ -2,7 +2,10 @@
 
 Files are written once by the real libraries into a cache folder: a gzip-chunked HDF5
 file in km3pipe's layout, a ROOT file (uproot) and a Parquet file (awkward), of events of
-about 1,500 items (``--median``) and six per-item fields. On each:
+about 1,500 items (``--median``) and six per-item fields; and a GraphNeT-layout SQLite
+database (``benchmarks/keyed.py``'s: GraphNeT's DDL, a pulse table indexed on
+``event_no`` and a truth table keyed by it, ``--sqlite-events`` events with a heavy tail
+of pulses, seven pulse features), read as ``DB#SRTInIcePulses?events=truth``. On each:
 
 1. ``autoloader.tune`` (all stages, ``--max-workers 2``): the plan's ``[cache]`` and
    ``[tuning.cache]`` are printed as the tune wrote them.
@@ -16,11 +19,12 @@ about 1,500 items (``--median``) and six per-item fields. On each:
    (in /dev/shm: one copy), and each pair's summed PSS near the epoch's end (without
    the cache, each worker keeps its own decoded blocks).
 
-Not here: a GraphNeT-layout SQLite database and a file behind the remote benchmark's
-20 ms proxy (their readers are not on this branch): ``--spec NAME=SPEC`` adds any dataset
-spec (``merged.db#pulses``, ``root://...``) to the same measurements, and the server's
-bytes in epoch 3 come from that proxy's own counter.
-Run: ``python benchmarks/cache.py [--cache DIR] [--events N] [--median ITEMS]``.
+Not here: a file behind the remote benchmark's 20 ms proxy: ``--spec NAME=SPEC`` adds
+any dataset spec (``root://...``) to the same measurements, and the server's bytes in
+epoch 3 come from that proxy's own counter. ``--only NAME`` (repeatable: ``hdf5``,
+``root``, ``parquet``, ``sqlite``) measures those rows alone.
+Run: ``python benchmarks/cache.py [--cache DIR] [--events N] [--median ITEMS]
+[--sqlite-events N] [--only NAME]``.
 """
 
 from __future__ import annotations
@@ -33,14 +37,32 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 EVENTS = 8_000  # ~430 MiB decoded: more than a worker's own block cache (256 MiB)
 MEDIAN_ITEMS = 1_500
+SQLITE_EVENTS = 300_000  # benchmarks/keyed.py's: ~8M pulses, ~230 MiB decoded
 WORKERS = 2
 BATCH = 32
 
 
-def files(cache: Path, n: int, median: float) -> dict[str, str]:
+def graphnet_database(cache: Path, n: int) -> str:
+    """``benchmarks/keyed.py``'s GraphNeT-layout database of ``n`` events, written once."""
+    import importlib.util
+
+    path = cache / f"graphnet-{n}.db"
+    if not path.exists():
+        where = Path(__file__).with_name("keyed.py")
+        found = importlib.util.spec_from_file_location("bench_keyed", where)
+        assert found is not None and found.loader is not None
+        keyed = importlib.util.module_from_spec(found)
+        found.loader.exec_module(keyed)
+        keyed.write_database(path, n)
+        print(f"wrote     {'sqlite':12s} {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return f"{path}#SRTInIcePulses?events=truth&event_fields=energy,zenith"
+
+
+def files(cache: Path, n: int, median: float, only: set[str]) -> dict[str, str]:
     from autoloader.demo.jagged_files import (
         make_events,
         write_km3pipe_h5,
@@ -66,6 +88,7 @@ def files(cache: Path, n: int, median: float) -> dict[str, str]:
         "root": "{p}#Events?fields=hits_time,hits_tot,hits_channel_id,hits_pos*",
         "parquet": "{p}?fields=hits.time,hits.tot,hits.channel_id,hits.pos",
     }
+    writers = {k: w for k, w in writers.items() if not only or k.split()[0] in only}
     ev = None
     for layout, (path, write) in writers.items():
         if not path.exists():
@@ -139,15 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "al-bench")
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--median", type=float, default=MEDIAN_ITEMS)
+    parser.add_argument("--sqlite-events", type=int, default=SQLITE_EVENTS)
     parser.add_argument("--spec", action="append", default=[], metavar="NAME=SPEC")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME")
     args = parser.parse_args(argv)
     import autoloader
 
-    specs = files(args.cache, args.events, args.median)
+    only = set(args.only)
+    specs = files(args.cache, args.events, args.median, only)
+    if not only or "sqlite" in only:
+        specs["sqlite"] = graphnet_database(args.cache, args.sqlite_events)
     specs.update(dict(s.split("=", 1) for s in args.spec))
     load = os.getloadavg()[0]
     print(f"machine   {os.cpu_count()} CPUs, load average {load:.1f} at the start")
-    rows = []
+    rows: list[tuple[str, Any, Any, Any, Any]] = []  # None where no cache was planned
     for name, spec in specs.items():
         plan_path = args.cache / f"plan-{name.split()[0]}.toml"
         start = time.perf_counter()

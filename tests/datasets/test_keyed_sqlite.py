@@ -200,6 +200,37 @@ def test_a_table_without_rowid_is_read_by_key(tmp_path: Path, fetch: str) -> Non
     assert ds[1].num_nodes == 5
 
 
+def test_a_view_named_is_read_by_key(tmp_path: Path, fetch: str) -> None:
+    path = write_db(tmp_path / "v.db", np.array([2, 3, 1]))
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE VIEW late AS SELECT * FROM pulses WHERE event_no > 0")
+    con.close()
+    ds = autoloader.open_dataset(f"{path}#late?events=truth")  # a view's rowid is NULL
+    assert [d.num_nodes for d in ds.__getitems__([0, 1, 2])] == [0, 3, 1]
+    np.testing.assert_array_equal(ds[1].x.numpy(), expected_x(1, 3))
+    assert len(autoloader.open_dataset(str(path))) == 3  # a view is never guessed
+    with pytest.raises(
+        DatasetError, match=r"no table 'lat': found tables pulses, truth; views late$"
+    ):
+        autoloader.open_dataset(f"{path}#lat")
+
+
+@pytest.mark.parametrize("name", ["with space", "it's", 'say "x"', 'p"; DROP TABLE truth; --'])
+def test_table_and_column_names_are_quoted(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "names.db"
+    quoted = '"' + name.replace('"', '""') + '"'
+    with sqlite3.connect(path) as con:
+        con.execute(f"CREATE TABLE {quoted} (event_no NOT NULL, {quoted} NOT NULL)")
+        con.executemany(f"INSERT INTO {quoted} VALUES (?, ?)", [(1, 0.5), (1, 1.5), (2, 3.0)])
+        con.execute(f'CREATE INDEX {quoted[:-1]}_i" ON {quoted} (event_no)')
+    con.close()
+    ds = autoloader.open_dataset(f"{path}#{name}")
+    assert ds.fields == [name] and ds[0].x[:, 0].tolist() == [0.5, 1.5]
+    with sqlite3.connect(path) as con:
+        assert con.execute(f"SELECT COUNT(*) FROM {quoted}").fetchone() == (3,)
+    con.close()
+
+
 def test_several_databases_are_one_dataset(tmp_path: Path) -> None:
     d = tmp_path / "dbs"
     d.mkdir()
@@ -302,10 +333,20 @@ def _broken(tmp_path: Path, case: str) -> str:
             con.executescript(graphnet_ddl("muons", ["event_no", "e"], truth=False))
             con.executemany("INSERT INTO muons VALUES (?, ?)", [(0, 1.0), (0, 2.0)])
         return str(path)
+    if case in ("real_key", "text_key"):
+        keys = [1.0, 1.0, 2.5] if case == "real_key" else ["a", "a", "b"]
+        with sqlite3.connect(path) as con:
+            con.execute("CREATE TABLE pulses (event_no NOT NULL, q NOT NULL)")
+            con.executemany("INSERT INTO pulses VALUES (?, ?)", [(k, 1.0) for k in keys])
+        return f"{path}#pulses"
     raise AssertionError(case)
 
 
 BAD = {
+    "real_key": r"bad\.db#pulses': table 'pulses': key column 'event_no' holds 2\.5 \(float\): "
+    r"expected integers$",
+    "text_key": r"bad\.db#pulses': table 'pulses': key column 'event_no' holds 'a' \(str\): "
+    r"expected integers$",
     "no_table": r"bad\.db#hits': no table 'hits': found tables pulses, truth$",
     "no_key": r"table 'pulses' has no key column 'event_id': found columns event_no, charge, "
     r"dom_time, dom_x; name the key with '\?key=COLUMN'$",

@@ -63,3 +63,17 @@ def test_a_child_that_is_not_numbers_is_refused(unmerged: Path) -> None:
         r"large_list<item: string not null>: not a list of numbers$",
     ):
         autoloader.open_dataset(f"{unmerged}#SRTInIcePulses?fields=flag")
+
+
+def test_children_of_different_lengths_in_an_event_are_refused(tmp_path: Path) -> None:
+    pulses = ak.zip(
+        {"charge": [[1.0, 2.0], [3.0]], "dom_time": [[1.0, 2.0], [3.0, 4.0]]}, depth_limit=1
+    )
+    ak.to_parquet(ak.zip({"P": pulses, "e": [1.0, 2.0]}, depth_limit=1), tmp_path / "o.parquet")
+    ds = autoloader.open_dataset(f"{tmp_path / 'o.parquet'}#P")
+    with pytest.raises(
+        DatasetError,
+        match=r"o\.parquet#P': event 1: field 'dom_time' has 2 items, 'charge' has 1: "
+        r"expected one collection$",
+    ):
+        ds[1]

@@ -4,7 +4,7 @@ The extents are implied by the key instead of written as offsets: per distinct k
 row count and the span of storage rows it occupies (SQLite ``rowid``s, Parquet row
 numbers). From those come the offsets ``JaggedEvents`` counts sizes from, and the blocks
 a batch reads: runs of neighbouring events whose rows lie together in storage, read as
-one row range and put in key order (a stable sort: an event's rows keep their storage
+one row range and put in event order (a stable sort: an event's rows keep their storage
 order). Where an event's rows are scattered the range would hold mostly other events'
 rows; such a block is read by key instead (``Spans.scattered``).
 """
@@ -26,10 +26,11 @@ SPREAD = 2.0
 
 @dataclass(frozen=True)
 class Spans:
-    """Per event, in ascending key order: its key, item count and the first and last
+    """Per event, in the order events are numbered (ascending keys, or storage order where
+    a Parquet table's keys are not sorted): its key, item count and the first and last
     storage row of its items (-1 where it has none)."""
 
-    keys: np.ndarray  # int64, ascending, unique
+    keys: np.ndarray  # int64, unique
     counts: np.ndarray  # int64
     first: np.ndarray  # int64
     last: np.ndarray  # int64
@@ -74,9 +75,10 @@ def align(
     last: np.ndarray,
     events: np.ndarray | None = None,
 ) -> Spans:
-    """The spans of ``events`` (ascending unique keys; None: the table's own keys), from a
-    table's per-key counts and row spans. An event the table has no rows of has 0 items;
-    the table's rows of keys that are no event are not read."""
+    """The spans of ``events`` (unique keys in the order the events are numbered; None: the
+    table's own keys), from a table's per-key counts and row spans (``keys`` ascending). An
+    event the table has no rows of has 0 items; the table's rows of keys that are no event
+    are not read."""
     keys = np.asarray(keys, dtype=np.int64)
     if events is None:
         return Spans(
@@ -90,13 +92,28 @@ def align(
     out_counts = np.zeros(n, dtype=np.int64)
     out_first = np.full(n, -1, dtype=np.int64)
     out_last = np.full(n, -1, dtype=np.int64)
-    at = np.searchsorted(events, keys)
-    at_ok = np.minimum(at, max(n - 1, 0))
-    present = (at < n) & (events[at_ok] == keys) if n else np.zeros(len(keys), dtype=bool)
-    out_counts[at[present]] = counts[present]
-    out_first[at[present]] = first[present]
-    out_last[at[present]] = last[present]
+    if n and len(keys):
+        at = np.minimum(np.searchsorted(keys, events), len(keys) - 1)
+        present = keys[at] == events
+        out_counts[present] = np.asarray(counts, np.int64)[at[present]]
+        out_first[present] = np.asarray(first, np.int64)[at[present]]
+        out_last[present] = np.asarray(last, np.int64)[at[present]]
     return Spans(events, out_counts, out_first, out_last)
+
+
+def in_storage_order(spans: Spans) -> bool:
+    """Whether events in ascending key order are also in storage order: each key's rows
+    all lie before the next key's first row."""
+    have = spans.first >= 0
+    first, last = spans.first[have], spans.last[have]
+    return bool(np.all(last[:-1] < first[1:]))
+
+
+def storage_order(spans: Spans) -> Spans:
+    """The same events ordered by their first row (files in name order, then rows): the
+    order a reader of the files meets them in."""
+    order = np.argsort(spans.first, kind="stable")
+    return Spans(spans.keys[order], spans.counts[order], spans.first[order], spans.last[order])
 
 
 class KeyRuns:
@@ -134,14 +151,17 @@ class KeyRuns:
 
 
 def key_order(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Indices of the rows whose key is in ``wanted`` (ascending unique), in key order
-    and, within a key, in the rows' own (storage) order."""
+    """Indices of the rows whose key is in ``wanted`` (unique), in ``wanted``'s order and,
+    within a key, in the rows' own (storage) order."""
     keys = np.asarray(keys)
+    wanted = np.asarray(wanted)
     if not len(wanted) or not len(keys):
         return np.empty(0, dtype=np.int64)
-    at = np.minimum(np.searchsorted(wanted, keys), len(wanted) - 1)
-    mine = np.flatnonzero(wanted[at] == keys)
-    return mine[np.argsort(keys[mine], kind="stable")]
+    ascending = bool(np.all(wanted[:-1] < wanted[1:]))
+    by_key = np.arange(len(wanted)) if ascending else np.argsort(wanted, kind="stable")
+    at = np.minimum(np.searchsorted(wanted[by_key], keys), len(wanted) - 1)
+    mine = np.flatnonzero(wanted[by_key][at] == keys)
+    return mine[np.argsort(by_key[at[mine]], kind="stable")]
 
 
 def as_keys(values: np.ndarray, where: str, table: str, key: str) -> np.ndarray:
@@ -153,11 +173,15 @@ def as_keys(values: np.ndarray, where: str, table: str, key: str) -> np.ndarray:
         whole = np.isfinite(values) & (values == np.round(values))
         if whole.all():
             return values.astype(np.int64)
-        bad = values[~whole][0]
-        raise DatasetError(
-            f"{where}: table '{table}': key column '{key}' holds {bad!r}: expected integers"
-        )
+        bad = values[~whole][0].item()
+    elif values.dtype.kind == "O":  # SQLite's column of mixed storage classes
+        ints = np.fromiter((isinstance(v, int) for v in values), bool, len(values))
+        if ints.all():
+            return values.astype(np.int64)
+        bad = values[~ints][0]
+    else:
+        bad = values[0].item() if len(values) else values.dtype
     raise DatasetError(
-        f"{where}: table '{table}': key column '{key}' holds {values.dtype} values: "
-        "expected integers"
+        f"{where}: table '{table}': key column '{key}' holds {bad!r} "
+        f"({type(bad).__name__}): expected integers"
     )

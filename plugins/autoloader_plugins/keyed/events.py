@@ -27,6 +27,8 @@ class KeyedEvents(JaggedEvents):
     def autoloader_source(self) -> DataSource:
         source = super().autoloader_source()
         extra = f"{source.part}|{self.key or ''}|{self.events or ''}"
+        if not all(getattr(r, "sorted", True) for r in self.readers):
+            extra += "|storage-order"  # sizes cached in key order are another event order
         part = "keyed-" + hashlib.sha256(extra.encode()).hexdigest()[:12]
         files = [f for r in self.readers for f in getattr(r, "source_files", lambda: [])()]
         if len(files) > 1:

@@ -4,10 +4,17 @@ A table is a file, a directory of shards (GraphNeT's ``merged/TABLE/TABLE_0.parq
 ...), or a directory of such table directories named as one database
 (``merged#TABLE?events=truth``). Its rows are numbered across its files in their natural
 order (``_2`` before ``_10``); an event whose rows span shards is read whole. Sizes read
-the key column alone. Blocks are row groups: the events whose rows begin in one. A
-block whose rows are scattered over a range much larger than theirs is read as that
-range's row groups and put in key order; where that would decode a table larger than a
-reader keeps many times an epoch, opening refuses (the table wants sorting by its key).
+the key column alone.
+
+Events are in ascending key order where that is the rows' order (a sorted table), and
+otherwise in storage order: files in name order, within a file in order of their first
+row, or with ``?events=TABLE2`` in that table's storage order. GraphNeT's merge writes
+shards of events in shuffled key order, and its own ``ParquetDataset`` reads them in
+storage order: so do we, and a block is then a row group (the events whose rows begin
+in it), read once. A block whose rows are scattered over a range much larger than
+theirs (a key's rows in separate runs) is read as that range's row groups, its rows put
+in event order; where that would decode a table larger than a reader keeps many times
+an epoch, opening refuses (the table wants sorting by its key).
 """
 
 from __future__ import annotations
@@ -25,7 +32,15 @@ from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
-from autoloader_plugins.keyed.core import KeyRuns, Spans, align, as_keys, key_order
+from autoloader_plugins.keyed.core import (
+    KeyRuns,
+    Spans,
+    align,
+    as_keys,
+    in_storage_order,
+    key_order,
+    storage_order,
+)
 
 SUFFIXES = (".parquet", ".parq", ".pq")
 DEFAULT_KEY = "event_no"
@@ -140,7 +155,17 @@ class ParquetLongTable(BlockReader):
                 f"{self.where}: event_fields= reads a table of one row per event: name it "
                 "with '?events=TABLE'"
             )
-        self.spans: Spans = align(self.where, self.name, keys, counts, first, last, wanted)
+        spans = align(self.where, self.name, keys, counts, first, last)
+        # the rows' own order: ascending keys where they are sorted, else storage order
+        self.sorted = in_storage_order(spans)
+        if wanted is not None:
+            if self.sorted:
+                self._by_key()
+                wanted = np.sort(wanted)
+            spans = align(self.where, self.name, keys, counts, first, last, wanted)
+        elif not self.sorted:
+            spans = storage_order(spans)
+        self.spans: Spans = spans
         self.offsets = self.spans.offsets
         self._check_spread()
 
@@ -167,6 +192,13 @@ class ParquetLongTable(BlockReader):
                 raise DatasetError(
                     f"{self.where}: {path.name} has no column '{missing[0]}': expected the "
                     f"columns of {self.paths[0].name} in every file"
+                )
+            schema = f.schema_arrow
+            odd = [c for c in want[1:] if not _numeric(schema.field(c).type)]
+            if odd:
+                raise DatasetError(
+                    f"{self.where}: {path.name}: column '{odd[0]}' is "
+                    f"{schema.field(odd[0]).type}: expected numbers, as in {self.paths[0].name}"
                 )
             starts.append(row)
             meta = f.metadata
@@ -198,7 +230,8 @@ class ParquetLongTable(BlockReader):
         return runs.spans()
 
     def _events(self, files: list[Path], name: str, patterns: tuple[str, ...]) -> np.ndarray:
-        """The events table's keys (ascending, unique), its per-event values kept."""
+        """The events table's keys (unique) in its storage order, its per-event values
+        kept in that order."""
         import pyarrow as pa
 
         where = f"DATASET '{self.path}#{self.name}?events={name}'"
@@ -217,20 +250,30 @@ class ParquetLongTable(BlockReader):
             )
         except Exception as exc:
             raise DatasetError(f"{where}: cannot read: {describe(exc)}") from None
+        if table.column(0).null_count:
+            raise DatasetError(
+                f"{where}: table '{name}': key column '{self.key}' is null in "
+                f"{table.column(0).null_count} rows: expected a key in every row"
+            )
         keys = as_keys(table.column(0).to_numpy(), where, name, self.key)
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        twice = np.flatnonzero(np.diff(keys) == 0)
+        ascending = np.sort(keys)
+        twice = np.flatnonzero(np.diff(ascending) == 0)
         if len(twice):
-            k = int(keys[twice[0]])
+            k = int(ascending[twice[0]])
             n = int((keys == k).sum())
             raise DatasetError(
                 f"{where}: table '{name}': key {k} is in {n} rows: expected one row per "
                 f"event (unique '{self.key}')"
             )
         self.event_fields = chosen
-        self._values = {c: table.column(c).to_numpy()[order] for c in chosen}
+        self._values = {c: table.column(c).to_numpy() for c in chosen}
+        self._event_keys = keys
         return keys
+
+    def _by_key(self) -> None:
+        """Put the events table's values in ascending key order (a sorted table's)."""
+        order = np.argsort(self._event_keys, kind="stable")
+        self._values = {c: v[order] for c, v in self._values.items()}
 
     def _groups_of(self, start: int, stop: int) -> np.ndarray:
         """The row groups holding events ``start:stop``'s rows (each event's first to last
@@ -247,9 +290,9 @@ class ParquetLongTable(BlockReader):
         return np.flatnonzero(np.cumsum(touched)[:-1] > 0)
 
     def _check_spread(self) -> None:
-        """Refuse a table whose key order is so far from its storage order that reading
-        its events in key order would decode it many times an epoch, more than a reading
-        process keeps decoded."""
+        """Refuse a table whose event order is so far from its storage order (a key's rows
+        in separate runs far apart) that reading its events would decode it many times
+        an epoch, more than a reading process keeps decoded."""
         bounds = self.blocks()
         sizes = np.diff(np.append(self._group_rows, self._starts[-1]))
         decoded = sum(
@@ -260,9 +303,9 @@ class ParquetLongTable(BlockReader):
         if decoded > SPREAD_TIMES * max(total, 1) and total * row_bytes > GROUP_CACHE_BYTES:
             e = int(np.argmax(self.spans.last - self.spans.first))
             raise DatasetError(
-                f"{self.where}: {self.table}: rows are not in key order (key "
+                f"{self.where}: {self.table}: a key's rows are not together (key "
                 f"{int(self.spans.keys[e])}'s rows are at rows {int(self.spans.first[e])}.."
-                f"{int(self.spans.last[e])}): reading events in key order would decode "
+                f"{int(self.spans.last[e])}): reading its events would decode "
                 f"{decoded // max(total, 1)}x the table an epoch; expected rows sorted by "
                 f"'{self.key}' (pyarrow's Table.sort_by)"
             )
@@ -276,7 +319,20 @@ class ParquetLongTable(BlockReader):
         return self._values
 
     def _block_bounds(self) -> np.ndarray:
-        return self.spans.bounds()
+        """Row groups, where events are in storage order: the events whose first row is in
+        one (an event of 0 items goes with the event before it); else blocks of about
+        ``BLOCK_ROWS`` rows."""
+        if self.sorted:
+            return self.spans.bounds()
+        first = self.spans.first.copy()
+        have = first >= 0
+        # an event of 0 items sits where the event before it starts
+        seen = np.maximum.accumulate(np.where(have, np.arange(len(first)), -1))
+        first = np.where(seen >= 0, first[np.maximum(seen, 0)], 0)
+        if len(first) and not np.all(first[:-1] <= first[1:]):
+            return self.spans.bounds()  # an events table in another order than the rows
+        starts = np.searchsorted(first, self._group_rows[1:], side="left")
+        return np.unique(np.concatenate([[0], starts, [len(first)]])).astype(np.int64)
 
     def _group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Row group ``g`` decoded: its keys (int64) and fields (``[rows, width]``
@@ -324,8 +380,8 @@ class ParquetLongTable(BlockReader):
             rows_parts.append(rows[mine])
         if not keys_parts:
             return np.empty((0, self.width), dtype=np.float32)
-        keys = np.concatenate(keys_parts)
-        order = np.argsort(keys, kind="stable")  # groups in storage order: rows keep theirs
+        # groups in storage order: an event's rows keep theirs
+        order = key_order(np.concatenate(keys_parts), wanted)
         if len(order) != expected:
             raise DatasetError(
                 f"{self.where}: events {start}..{stop - 1} have {len(order)} rows, {expected} "

@@ -88,11 +88,16 @@ class SqliteTable(BlockReader):
                 "AND name NOT LIKE 'sqlite_%' ORDER BY name"
             )
         ]
+        # a view is read when named (by key: its rows have no rowid), never guessed
+        self._views = {
+            r[0] for r in self._run("SELECT name FROM sqlite_master WHERE type = 'view'")
+        }
         if table is None:
             table = self._only_table(tables)
-        elif table not in tables:
+        elif table not in tables and table not in self._views:
             found = ", ".join(tables) if tables else "none"
-            raise DatasetError(f"{self.where}: no table '{table}': found tables {found}")
+            views = f"; views {', '.join(sorted(self._views))}" if self._views else ""
+            raise DatasetError(f"{self.where}: no table '{table}': found tables {found}{views}")
         self.name = table
         columns = self._columns(table)
         if self.key not in columns:
@@ -224,6 +229,8 @@ class SqliteTable(BlockReader):
         return False
 
     def _has_rowid(self, table: str) -> bool:
+        if table in self._views:
+            return False  # a view's rowid is NULL (or refused): read by key
         try:
             self._db().execute(f"SELECT rowid FROM {quote_name(table)} LIMIT 1").fetchall()
         except sqlite3.OperationalError:
@@ -233,7 +240,7 @@ class SqliteTable(BlockReader):
     def _events(self, events: str, tables: list[str], patterns: tuple[str, ...]) -> np.ndarray:
         """The events table's keys (ascending), its per-event values kept."""
         where = f"DATASET '{self.path}#{self.name}?events={events}'"
-        if events not in tables:
+        if events not in tables and events not in self._views:
             raise DatasetError(f"{where}: no table '{events}': found tables {', '.join(tables)}")
         columns = self._columns(events)
         if self.key not in columns:
