@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import stat
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,11 @@ SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _SERIAL = itertools.count()  # tells this process's caches apart in their tallies
+# entries a process keeps mapped: mapping one costs a file open, a header parse and an
+# mmap (~0.1-1 ms; far more than the read it serves), and a block is asked for by every
+# batch that holds one of its events. A map costs address space, not memory: the pages
+# are the page cache's, shared by every process.
+MAPS_HELD = 4096
 
 
 def cache_base(where: str) -> Path:
@@ -84,6 +90,8 @@ class NodeCache:
         self.directory = self.home / _digest(stamp)
         self.tally = Tally(self.directory / "tally", f"{os.getpid()}.{next(_SERIAL)}")
         self._ready_pid: int | None = None
+        self._maps: OrderedDict[Any, np.ndarray] = OrderedDict()  # this process's, by key
+        self._maps_pid: int | None = None
         self._broken = False
         self._full = False  # this process found the bound or the free space reached
 
@@ -111,10 +119,14 @@ class NodeCache:
         reader where this block is kept). ``shape``: what the entry must hold."""
         if self._broken or not self.keeps(key):
             return load(*args)
+        held = self._held(key)
+        if held is not None:
+            self.tally.hit()
+            return held
         if not self._ready():
             return load(*args)
         path = self.directory / f"{_digest(repr(key))}.npy"
-        found = self._map(path, shape)
+        found = self._map(path, shape, key)
         if found is not None:
             self.tally.hit()
             return found
@@ -125,7 +137,7 @@ class NodeCache:
             self._stop_writing(exc)
             return load(*args)
         try:
-            found = self._map(path, shape)  # another process wrote it while we waited
+            found = self._map(path, shape, key)  # another process wrote it while we waited
             if found is not None:
                 self.tally.hit()
                 return found
@@ -140,9 +152,11 @@ class NodeCache:
 
     def lookup(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
         """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
-        if self._broken or not self.keeps(key) or not self._ready():
+        if self._broken or not self.keeps(key):
             return None
-        found = self._map(self.directory / f"{_digest(repr(key))}.npy", shape)
+        found = self._held(key)
+        if found is None and self._ready():
+            found = self._map(self.directory / f"{_digest(repr(key))}.npy", shape, key)
         if found is not None:
             self.tally.hit()
         return found
@@ -164,7 +178,28 @@ class NodeCache:
         h = int(hashlib.sha256(repr(key).encode()).hexdigest()[:8], 16)
         return h < self.share * 2**32
 
-    def _map(self, path: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
+    def _held(self, key: Any) -> np.ndarray | None:
+        """Block ``key`` as this process mapped it before, or None."""
+        if self._maps_pid != os.getpid():  # forked: the parent's maps are not ours to keep
+            self._maps, self._maps_pid = OrderedDict(), os.getpid()
+            return None
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+        return found
+
+    def _map(self, path: Path, shape: tuple[int, int] | None, key: Any) -> np.ndarray | None:
+        """The entry ``path`` mapped and checked, kept mapped for the next ask of ``key``
+        (an entry is never rewritten in place: a new one is a new file)."""
+        found = self._map_entry(path, shape)
+        if found is not None:
+            self._held(key)  # (this process's table)
+            self._maps[key] = found
+            while len(self._maps) > MAPS_HELD:
+                self._maps.popitem(last=False)
+        return found
+
+    def _map_entry(self, path: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except FileNotFoundError:
@@ -333,6 +368,7 @@ class NodeCache:
         state = self.__dict__.copy()
         state["_ready_pid"] = None
         state["_full"] = False
+        state["_maps"], state["_maps_pid"] = OrderedDict(), None  # maps are per process
         return state
 
 

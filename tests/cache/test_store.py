@@ -50,6 +50,24 @@ def test_a_block_decoded_once_is_mapped_from_then_on_bit_for_bit(tmp_path: Path)
     assert other.get(("f", "hits", 0), Loads()).tobytes() == BLOCK.tobytes()
 
 
+def test_a_process_maps_an_entry_once_however_often_it_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = _cache(tmp_path)
+    cache.get(("f", "hits", 0), Loads(), shape=(100, 6))  # decoded and written
+    maps = []
+    real_load = np.load
+    monkeypatch.setattr(
+        store_module.np, "load", lambda *a, **kw: maps.append(a[0]) or real_load(*a, **kw)
+    )
+    for _ in range(50):  # each batch holding one of the block's events asks for it
+        block = cache.get(("f", "hits", 0), Loads(), shape=(100, 6))
+        assert cache.lookup(("f", "hits", 0), (100, 6)) is block
+    assert len(maps) == 1  # one map (~0.1-1 ms each), not one per ask
+    assert block.tobytes() == BLOCK.tobytes()
+    assert cache.tally.total().hits == 100
+
+
 def test_files_and_directories_are_the_users_alone(tmp_path: Path) -> None:
     old = os.umask(0o000)  # even a permissive umask gives group and others nothing
     try:
