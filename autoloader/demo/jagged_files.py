@@ -63,14 +63,16 @@ def make_events(num_events: int, *, median: float = 40.0, seed: int = 0) -> Even
     return Events(counts, columns, run_id, energy)
 
 
-def write_km3pipe_h5(path: Path, ev: Events, *, chunk_items: int = 32_768) -> Path:
+def write_km3pipe_h5(
+    path: Path, ev: Events, *, chunk_items: int = 32_768, compression: str | None = "gzip"
+) -> Path:
     """``hits/<column>`` (gzip chunks) + ``hits/_indices`` + ``event_info``, as km3pipe's
-    HDF5 sink writes through PyTables."""
+    HDF5 sink writes through PyTables (``compression=None``: plain chunks)."""
     with h5py.File(path, "w") as f:
         hits = f.create_group("hits")
         for name, values in ev.columns.items():
             chunks = (min(chunk_items, max(1, len(values))), *values.shape[1:])
-            hits.create_dataset(name, data=values, chunks=chunks, compression="gzip")
+            hits.create_dataset(name, data=values, chunks=chunks, compression=compression)
         index = np.zeros(len(ev.counts), dtype=[("index", "<i8"), ("n_items", "<i8")])
         index["index"] = ev.offsets[:-1]
         index["n_items"] = ev.counts
