@@ -33,6 +33,12 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
+from autoloader.loader.arguments import (
+    apply_threads,
+    check_adapt_args,
+    check_threads,
+    device_prefetch,
+)
 from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
@@ -63,8 +69,7 @@ from autoloader.loader.position import (
 from autoloader.loader.position import state as position_state
 from autoloader.loader.runtime import Runtime, default_limits
 from autoloader.loader.settings import Settings, user_fixed
-from autoloader.loader.stalls import StallWatch, stall_after
-from autoloader.loader.survival import Survival
+from autoloader.loader.survival import survival_for
 from autoloader.loader.trainers import (
     PlannedIndices,
     accelerate_epoch,
@@ -75,7 +80,6 @@ from autoloader.loader.trainers import (
 from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
-from autoloader.plan.schema import MAX_DEVICE_PREFETCH
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import dataset_length, fingerprint
 from autoloader.thresholds import WAIT_THRESHOLD
@@ -134,11 +138,11 @@ class DataLoader(tud.DataLoader):
         num_threads: int | str | None = "plan",
         **kwargs: Any,
     ) -> None:
-        _check_adapt_args(adapt, adapt_max_workers)
+        check_adapt_args(adapt, adapt_max_workers)
         if not isinstance(cache, bool):
             raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
         self.node_cache: NodeCache | None = None
-        _check_threads(num_threads)
+        check_threads(num_threads)
         self._feed_device = check_device(device)
         self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
@@ -180,7 +184,7 @@ class DataLoader(tud.DataLoader):
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
             self._hand_to_trainers(self.batch_sampler, self.plan)
-        self.device_prefetch = _device_prefetch(self.plan, prefetch_override)
+        self.device_prefetch = device_prefetch(self.plan, prefetch_override)
         if self._feed_device is not None and not self.pin_memory:
             warnings.warn(
                 f"autoloader.DataLoader(device={str(self._feed_device)!r}) without "
@@ -191,9 +195,9 @@ class DataLoader(tud.DataLoader):
             self._configure_metrics(self._recorder)
             if self.node_cache is not None:
                 self._recorder.watch_cache(self.node_cache.counts)
-        self.num_threads = _apply_threads(self.plan, num_threads)
+        self.num_threads = apply_threads(self.plan, num_threads)
         self._rank = rank
-        self._survival = _survival(self, rank)
+        self._survival = survival_for(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
             self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
@@ -511,43 +515,6 @@ class DataLoader(tud.DataLoader):
         return self._get_iterator()
 
 
-def _check_adapt_args(adapt: Any, max_workers: Any) -> None:
-    if not isinstance(adapt, bool):
-        raise TypeError(f"adapt should be a boolean value, but got adapt={adapt!r}")
-    if max_workers is not None and (
-        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0
-    ):
-        raise ValueError(
-            "adapt_max_workers should be a non-negative integer value, "
-            f"but got adapt_max_workers={max_workers!r}"
-        )
-
-
-def _check_threads(value: Any) -> None:
-    if value is None or value == "plan":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"num_threads should be 'plan', None or a positive integer, but got {value!r}"
-        )
-
-
-def _apply_threads(plan: Plan | None, value: int | str | None) -> int | None:
-    """Set the main process's intra-op threads as asked; the count set, or None."""
-    count = node_loader(plan).num_threads if value == "plan" and plan is not None else value
-    if not isinstance(count, int):
-        return None
-    if torch.get_num_threads() != count:
-        log.info(
-            "autoloader: torch intra-op threads %d -> %d (%s)",
-            torch.get_num_threads(),
-            count,
-            "the plan's [loader] num_threads" if value == "plan" else f"num_threads={count}",
-        )
-        torch.set_num_threads(count)
-    return count
-
-
 def _runtime(
     loader: DataLoader, fixed: frozenset[str], threshold: float, max_workers: int | None
 ) -> Runtime:
@@ -572,35 +539,6 @@ def _runtime(
     if predicted:
         watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
     return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
-
-
-def _survival(loader: DataLoader, rank: int) -> Survival | None:
-    """A planned loader survives its workers (``autoloader.loader.survival``): with its
-    position (the plan's batch sampler) and its own iterators (metrics on)."""
-    if loader.plan is None or loader._recorder is None or loader._host is None:
-        return None
-    if not isinstance(loader.batch_sampler, SizeBatchSampler):
-        return None
-    loader._recorder.survival_started()
-    planned = loader.plan.evidence.host
-    budget = loader._host.memory_budget_bytes
-    if planned is not None:
-        budget = min(budget, planned.memory_budget_bytes)
-    stalls = StallWatch(stall_after(loader.plan), rank, loader._recorder)
-    return Survival(rank, loader._recorder, budget, stalls)
-
-
-def _device_prefetch(plan: Plan | None, override: Any) -> int:
-    if override is not None:
-        bad = isinstance(override, bool) or not isinstance(override, int)
-        if bad or not 0 <= override <= MAX_DEVICE_PREFETCH:
-            raise UsageError(
-                f"device_prefetch should be an integer in [0, {MAX_DEVICE_PREFETCH}], "
-                f"but got {override!r}"
-            )
-        return override
-    planned = plan.loader.device_prefetch if plan is not None else None
-    return 1 if planned is None else planned
 
 
 def _auto_collation(given: dict[str, Any]) -> bool:

@@ -39,7 +39,8 @@ from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
 from autoloader.loader.settings import Settings, apply
-from autoloader.loader.stalls import StallWatch
+from autoloader.loader.stalls import StallWatch, stall_after
+from autoloader.samplers import SizeBatchSampler
 from autoloader.units import format_bytes
 
 log = logging.getLogger("autoloader")
@@ -269,3 +270,20 @@ class Survival:
         self.restarts += 1
         if self.recorder is not None:
             self.recorder.worker_restarted(reason)
+
+
+def survival_for(loader: Any, rank: int) -> Survival | None:
+    """The survival of ``loader`` (a planned ``autoloader.DataLoader``), where it can
+    survive its workers: with its position (the plan's batch sampler) and its own
+    iterators (metrics on); None elsewhere."""
+    if loader.plan is None or loader._recorder is None or loader._host is None:
+        return None
+    if not isinstance(loader.batch_sampler, SizeBatchSampler):
+        return None
+    loader._recorder.survival_started()
+    planned = loader.plan.evidence.host
+    budget = loader._host.memory_budget_bytes
+    if planned is not None:
+        budget = min(budget, planned.memory_budget_bytes)
+    stalls = StallWatch(stall_after(loader.plan), rank, loader._recorder)
+    return Survival(rank, loader._recorder, budget, stalls)
