@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from policy_fakes import adapter, measure
 
-from autoloader.loader.caps import MAX_PREFETCH_FACTOR, Limits
+from autoloader.loader.caps import MAX_PREFETCH_FACTOR
 from autoloader.loader.cores import Cores
 from autoloader.loader.measures import EpochMeasure
 from autoloader.loader.policy import Adapter
@@ -18,24 +19,6 @@ from autoloader.loader.settings import Settings
 from autoloader.loop_model import Evidence
 
 SCRIPTS = Path(__file__).parent.parent / "distributed"
-
-
-def measure(epoch: int, wait: float, sps: float, memory: int | None = None) -> EpochMeasure:
-    """An epoch of 10 s that waited ``wait`` of it and delivered ``sps`` samples/s."""
-    return EpochMeasure(epoch, 50, int(sps * 10), wait * 10, 10.0, memory)
-
-
-def adapter(
-    workers: int = 0,
-    prefetch: int | None = None,
-    *,
-    cap: int = 8,
-    memory: int = 2**40,
-    device: int | None = None,
-    device_max: int = 0,
-    **kw: Any,
-) -> Adapter:
-    return Adapter(Settings(workers, prefetch, device), Limits(cap, memory, device_max), **kw)
 
 
 def test_persistent_workers_are_restarted_only_where_the_next_epoch_repays_it() -> None:
