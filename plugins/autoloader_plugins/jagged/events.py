@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
@@ -130,14 +132,17 @@ class JaggedEvents(Dataset):
         return self.cache.budget
 
     def autoloader_source(self) -> DataSource:
-        paths = [r.path for r in self.readers]
+        urls = [r.path for r in self.readers if isinstance(r.path, Location)]
+        paths = [r.path for r in self.readers if not isinstance(r.path, Location)]
         key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
         part = "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-        if len(paths) == 1:
+        if urls:
+            source = DataSource.for_url(self.spec, [location.stamp(u) for u in urls])
+        elif len(paths) == 1:
             source = DataSource.for_file(paths[0])
         else:
             source = DataSource.for_files(Path(os.path.commonpath(paths)), paths)
-        return DataSource(source.path, source.stamp, part)
+        return DataSource(source.path, source.stamp, part, source.url)
 
     def __repr__(self) -> str:
         return (

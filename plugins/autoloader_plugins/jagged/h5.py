@@ -30,6 +30,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import (
     BlockCache,
@@ -109,7 +111,7 @@ def columns_without_extents(g: h5py.Group) -> str | None:
     )
 
 
-def refuse_columns_without_extents(path: Path, f: h5py.File, group: str | None) -> None:
+def refuse_columns_without_extents(path: Path | Location, f: h5py.File, group: str | None) -> None:
     """Refuse a file that is neither NuGraph nor holds a jagged table, where the group
     named by ``#GROUP`` (or the file's only group) is a table missing its extents: read
     as one group per event it would be one event, or a misleading '#GROUP' message.
@@ -135,7 +137,7 @@ class H5Table(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         group: str,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
@@ -147,7 +149,7 @@ class H5Table(BlockReader):
         self._items: tuple[np.ndarray, np.ndarray] | None = None  # each block's item range
         self._chunk_cache_bytes = _MIN_CHUNK_CACHE_BYTES
         try:
-            with h5py.File(path, "r") as f:
+            with h5_file(path) as f:
                 g = f.get(group)
                 if not isinstance(g, h5py.Group):
                     tables = find_tables(f)
@@ -270,7 +272,7 @@ class H5Table(BlockReader):
         if self._h is None or self._hpid != os.getpid():
             share = CHUNK_CACHE_BYTES // (self.files * max(1, len(self._columns)))
             cache = max(self._chunk_cache_bytes, share)
-            self._h = h5py.File(self.path, "r", rdcc_nbytes=cache, rdcc_nslots=10007)
+            self._h = h5_file(self.path, rdcc_nbytes=cache, rdcc_nslots=10007)
             self._hpid = os.getpid()
         return self._h
 
@@ -278,6 +280,15 @@ class H5Table(BlockReader):
         return self._values
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
+        try:
+            return self._read_events(events, cache)
+        except OSError:
+            source = getattr(self._h, "autoloader_source", None)
+            if source is not None and source.failed is not None:
+                raise source.failed from None  # h5py's own text says "read failed"
+            raise
+
+    def _read_events(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         """The rows of ``events``: gathered from their blocks as decoded in ``cache`` where
         the cache admits a block (asked for before), else read alone, one HDF5 selection
         per column for all such events (a global shuffle of a large file)."""
@@ -457,7 +468,22 @@ def _listed(tables: dict[str, int]) -> str:
     return ", ".join(f"'{t}' ({n} events)" for t, n in tables.items())
 
 
-def open_table(path: Path, spec: Any) -> H5Table:
+def h5_file(path: Path | Location, **options: Any) -> h5py.File:
+    """``path`` opened by h5py, a URL's through a file object of remote blocks."""
+    if not isinstance(path, Location):
+        return h5py.File(path, "r", **options)
+    handle = location.open_input(path)
+    try:
+        f = h5py.File(handle, "r", **options)
+        f.autoloader_source = handle  # h5py does not keep the file object alive itself
+        return f
+    except OSError as exc:
+        if handle.failed is not None:
+            raise handle.failed from None
+        raise DatasetError(f"DATASET '{path}': cannot read as HDF5: {exc}") from None
+
+
+def open_table(path: Path | Location, spec: Any) -> H5Table:
     """The table ``group`` of ``path``, or its only table.
 
     Raises:
@@ -465,7 +491,7 @@ def open_table(path: Path, spec: Any) -> H5Table:
     """
     group = spec.name
     if group is None:
-        with h5py.File(path, "r") as f:
+        with h5_file(path) as f:
             tables = find_tables(f)
             if not tables:
                 refuse_columns_without_extents(path, f, None)

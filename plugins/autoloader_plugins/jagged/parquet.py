@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
@@ -67,7 +69,7 @@ class ParquetTable(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
     ) -> None:
@@ -111,7 +113,10 @@ class ParquetTable(BlockReader):
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
             try:
-                self._h = _pq().ParquetFile(self.path)
+                source = (
+                    location.open_input(self.path) if isinstance(self.path, Location) else self.path
+                )
+                self._h = _pq().ParquetFile(source)
             except DatasetError:
                 raise
             except Exception as exc:
@@ -213,6 +218,8 @@ class ParquetTable(BlockReader):
             table = self._file().read_row_group(
                 group, columns=[self._path(f.name) for f in self.fields]
             )
+        except DatasetError:
+            raise
         except Exception as exc:
             raise DatasetError(
                 f"{self.where}: cannot read row group {group}: {describe(exc)}"

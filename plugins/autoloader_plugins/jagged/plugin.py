@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
@@ -18,6 +20,28 @@ ROOT = (".root",)
 PARQUET = (".parquet", ".parq", ".pq")
 HDF5 = (".h5", ".hdf5", ".he5")
 SUFFIXES = ROOT + PARQUET + HDF5
+SQLITE = (".db", ".sqlite", ".sqlite3")
+
+
+def _remote_layout(spec: JaggedSpec) -> tuple[str, ...]:
+    """The layout a URL names by its file's suffix (a glob's too).
+
+    Raises:
+        DatasetError: SQLite (refused over a network), or a suffix of no layout read
+            through a file object.
+    """
+    suffix = location.parse_url(spec.path).suffix
+    if suffix in SQLITE:
+        location.require_local(
+            spec.text, "an SQLite database", "SQLite's locking is not meant for remote files"
+        )
+    for suffixes in (ROOT, PARQUET, HDF5):
+        if suffix in suffixes:
+            return suffixes
+    raise DatasetError(
+        f"DATASET '{spec.text}': expected a URL of a {'/'.join(SUFFIXES)} file, "
+        f"found {('a ' + repr(suffix) + ' file') if suffix else 'no file suffix'}"
+    )
 
 
 def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
@@ -27,6 +51,8 @@ def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
         DatasetError: a directory holds files of more than one layout (it read those of
             the first and left the others out, without a word).
     """
+    if spec.remote:
+        return _remote_layout(spec)
     p = Path(spec.path)
     if p.is_dir():
         try:
@@ -57,7 +83,7 @@ def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
     return JaggedEvents(spec.text, readers)
 
 
-def open_one(path: Path, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
+def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
     if suffixes is ROOT:
         from autoloader_plugins.jagged.root import RootTree
 
@@ -79,7 +105,7 @@ def open_one(path: Path, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
 def open_h5(spec: str) -> JaggedEvents:
     """One HDF5 file's jagged table (the ``hdf5`` plugin's hand-over)."""
     parsed = parse(spec)
-    return JaggedEvents(spec, [open_one(Path(parsed.path), parsed, HDF5)])
+    return JaggedEvents(spec, [open_one(location.local_or_location(parsed.path), parsed, HDF5)])
 
 
 class _Plugin:
@@ -93,6 +119,8 @@ class _Plugin:
     def claims(self, spec: str) -> bool:
         """A spec whose path is of a jagged layout; also one whose query ``parse`` refuses
         (an unknown key on a path that exists), so that ``open`` says why."""
+        if location.is_url(spec):
+            return True  # every URL: one of no layout read here is refused by name
         try:
             return _layout(parse(spec)) is not None
         except DatasetError:

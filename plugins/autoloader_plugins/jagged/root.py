@@ -13,6 +13,7 @@ are kept in the process's block cache.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
@@ -84,7 +87,7 @@ class RootTree(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         name: str | None,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
@@ -118,9 +121,19 @@ class RootTree(BlockReader):
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
             uproot = _uproot()
-            _check_magic(self.path)
+            path = self.path
             try:
-                self._h = uproot.open(self.path)
+                if isinstance(path, Location):  # uproot reads URLs through fsspec itself
+                    self._h = location.retrying(
+                        path,
+                        "opening",
+                        lambda: uproot.open(path.url, **location.fsspec_options(path)),
+                    )
+                else:
+                    _check_magic(path)
+                    self._h = uproot.open(path)
+            except DatasetError:
+                raise
             except Exception as exc:
                 raise DatasetError(
                     f"DATASET '{self.path}': cannot open as ROOT: {describe(exc)}"
@@ -292,9 +305,14 @@ class RootTree(BlockReader):
         col = 0
         for field in self.fields:
             try:
-                array = tree[field.name].array(entry_start=start, entry_stop=stop, library="ak")
+                read = functools.partial(
+                    tree[field.name].array, entry_start=start, entry_stop=stop, library="ak"
+                )
+                array = self._io(f"reading events {start}..{stop - 1}", read)
                 counts = np.asarray(ak.num(array, axis=1), dtype=np.int64)
                 flat = ak.to_numpy(ak.flatten(array, axis=1))
+            except DatasetError:
+                raise
             except Exception as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read {field.name!r} for events {start}..{stop - 1}: "
