@@ -48,6 +48,7 @@ class Findings:
     placement: Placement
     workers: WorkerStage
     trials: Trials
+    source: dict[str, Any] | None = None  # a server's round trip and throughput
 
 
 def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
@@ -172,4 +173,5 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
         host=found.workers.host,
         read_order=found.read_order.evidence,
+        source=found.source,
     )

@@ -129,6 +129,7 @@ def run(
             opts.world_size,
             factory,
         )
+        remote = stages.source(team, work)
         room = stages.headroom(dev, opts)
         model, calibration = stages.memory_model(team, work, opts, memory_model)
         budget = stages.budget(team, room, opts, calibration, dev)
@@ -155,5 +156,6 @@ def run(
             where,
             loader,
             tried,
+            remote,
         )
         return plan_of(dataset, opts, dev, found)
