@@ -302,13 +302,27 @@ class RootTree(BlockReader):
         tree = self._tree()
         expected = np.diff(self.offsets[start : stop + 1])
         out = np.empty((int(expected.sum()), self.width), dtype=np.float32)
+        doing = f"reading events {start}..{stop - 1}"
+        names = [f.name for f in self.fields]
+        try:  # every branch's baskets of the block in one request (a vector read)
+            read_all = functools.partial(
+                tree.arrays, names, entry_start=start, entry_stop=stop, library="ak", how=dict
+            )
+            arrays: dict[str, Any] | None = self._io(doing, read_all)
+        except DatasetError:
+            raise
+        except Exception:
+            arrays = None  # read branch by branch, to name the one that fails
         col = 0
         for field in self.fields:
             try:
-                read = functools.partial(
-                    tree[field.name].array, entry_start=start, entry_stop=stop, library="ak"
-                )
-                array = self._io(f"reading events {start}..{stop - 1}", read)
+                if arrays is not None and field.name in arrays:
+                    array = arrays[field.name]
+                else:
+                    read = functools.partial(
+                        tree[field.name].array, entry_start=start, entry_stop=stop, library="ak"
+                    )
+                    array = self._io(doing, read)
                 counts = np.asarray(ak.num(array, axis=1), dtype=np.int64)
                 flat = ak.to_numpy(ak.flatten(array, axis=1))
             except DatasetError:
