@@ -157,9 +157,10 @@ def failure(location: Source, exc: BaseException, doing: str) -> DatasetError:
         return SourceError(f"{where}: {location.server} refused access ({text})")
     if kind in ("unreachable", "transient"):
         options = SourceOptions.from_environment()
+        tries = options.retries + 1
         return SourceError(
             f"{where}: cannot reach {location.server} while {doing} (tried "
-            f"{options.retries + 1} times within {options.bound:g} s): {text}"
+            f"{tries} time{'s' if tries != 1 else ''} within {options.bound:g} s): {text}"
         )
     return SourceError(f"{where}: {doing} failed: {text}")
 

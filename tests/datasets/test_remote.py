@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from remote_servers import DelayProxy, Nginx, Server, XRootD, free_port, readable_by_server
 
 import autoloader
@@ -194,11 +195,14 @@ def test_a_server_lost_mid_epoch_ends_the_loop_naming_it(
     monkeypatch.setattr(location, "BLOCK_BYTES", 16 * 1024)  # reads remain after a batch
     monkeypatch.setenv("AUTOLOADER_SOURCE_CONNECT_TIMEOUT", "1")
     monkeypatch.setenv("AUTOLOADER_SOURCE_READ_TIMEOUT", "1")
+    # a worker fails each batch it still holds within the bound before it sees the
+    # loop's end: one retry keeps the test short
+    monkeypatch.setenv("AUTOLOADER_SOURCE_RETRIES", "1")
     proxy = DelayProxy(server.port)
     try:
         dataset = autoloader.open_dataset(_url(server, proxy.port, FILES["parquet"]))
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=100, num_workers=2, collate_fn=list, timeout=60
+            dataset, batch_size=100, num_workers=1, collate_fn=list, timeout=60
         )
         it = iter(loader)
         start = time.monotonic()
@@ -212,8 +216,9 @@ def test_a_server_lost_mid_epoch_ends_the_loop_naming_it(
         workers = it._workers  # torch's own: every worker ended with the loop
         del it
         gc.collect()
-        # torch's shutdown joins each worker for 5 s, then terminates it
-        deadline = time.monotonic() + 20
+        # torch's shutdown joins each worker for 5 s, then terminates it (a worker whose
+        # network client is still closing at exit is ended so)
+        deadline = time.monotonic() + 15
         while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(w.is_alive() for w in workers)
@@ -275,3 +280,16 @@ def test_retries_are_exported_as_a_metric() -> None:
     source = location.parse_url("http://127.0.0.1:9/ev.root")
     assert retrying(source, "reading", flaky, sleep=lambda s: None) == "read"
     assert registry.get_sample_value("autoloader_source_retries_total", {"rank": "3"}) == 2
+
+
+def test_tune_names_a_server_that_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's first try: ``tune root://...#Events`` said "no such file or directory"."""
+    pytest.importorskip("fsspec_xrootd")
+    monkeypatch.setenv("AUTOLOADER_SOURCE_RETRIES", "0")
+    port = free_port()
+    done = run_cli("tune", f"root://127.0.0.1:{port}//eos/run.root#Events", "-o", "-")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        f"autoloader: error: DATASET 'root://127.0.0.1:{port}//eos/run.root': cannot reach "
+        f"127.0.0.1:{port} while opening (tried 1 time within"
+    ), done.stderr
