@@ -24,8 +24,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader.host import usable_cpus
+from autoloader_plugins.h5file import h5_file
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ EVENTS_PER_PROCESS = 20_000  # fewer per process and starting it costs more than
 _BAD_FILE = 2  # a child's exit status for a DatasetError, whose message is on its stderr
 
 
-def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.ndarray:
+def itemsizes(path: Path | Location, names: list[str], processes: int | None = None) -> np.ndarray:
     """Each event's compound itemsize, in ``names`` order.
 
     Args:
@@ -44,7 +46,7 @@ def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.
     """
     if processes is None:
         processes = min(usable_cpus(), len(names) // EVENTS_PER_PROCESS)
-    if processes <= 1:
+    if processes <= 1 or isinstance(path, Location):  # a URL: one reader, blocks cached
         return read_itemsizes(path, names)
     log.info("reading the sizes of %d events from metadata in %d processes", len(names), processes)
     bounds = np.linspace(0, len(names), processes + 1).astype(int).tolist()
@@ -79,9 +81,9 @@ def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.
     return np.concatenate(parts)
 
 
-def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
+def read_itemsizes(path: Path | Location, names: list[str]) -> np.ndarray:
     """Each event's compound itemsize, read in this process."""
-    with h5py.File(path, "r") as f:
+    with h5_file(path) as f:
         events = h5py.h5g.open(f.id, b"dataset")
         out = np.empty(len(names), dtype=np.int64)
         layout: tuple[int, bytes] | None = None  # the first event's member count and name
@@ -104,13 +106,13 @@ def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
         return out
 
 
-def check_fields(path: Path, name: str, kind: h5py.h5t.TypeCompoundID) -> None:
+def check_fields(path: Path | Location, name: str, kind: h5py.h5t.TypeCompoundID) -> None:
     """Each field of an event's compound type is named ``store/attr``."""
     for k in range(kind.get_nmembers()):
         check_field(path, name, kind.get_member_name(k).decode(errors="replace"))
 
 
-def check_field(path: Path, name: str, field: str) -> None:
+def check_field(path: Path | Location, name: str, field: str) -> None:
     """A field name is ``store/attr``: a node or edge store, and one of its attributes."""
     parts = field.split("/")
     if len(parts) != 2 or not all(parts):
@@ -120,7 +122,7 @@ def check_field(path: Path, name: str, field: str) -> None:
         )
 
 
-def not_compound(path: Path, name: str, event: h5py.h5d.DatasetID) -> str:
+def not_compound(path: Path | Location, name: str, event: h5py.h5d.DatasetID) -> str:
     """The error for an event that is not a scalar of a compound dtype."""
     return (
         f"DATASET '{path}': event {name!r}: expected a scalar of a compound dtype "

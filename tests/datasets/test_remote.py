@@ -293,3 +293,17 @@ def test_tune_names_a_server_that_is_down(monkeypatch: pytest.MonkeyPatch) -> No
         f"autoloader: error: DATASET 'root://127.0.0.1:{port}//eos/run.root': cannot reach "
         f"127.0.0.1:{port} while opening (tried 1 time within"
     ), done.stderr
+
+
+def test_a_nugraph_file_reads_from_a_server(xrootd: Server, data: Path) -> None:
+    from autoloader.demo.nugraph import generate_nugraph
+
+    generate_nugraph(data / "nugraph.h5", 60, seed=2, median_hits=20)
+    readable_by_server(data / "nugraph.h5")
+    remote = autoloader.open_dataset(_url(xrootd, xrootd.port, "nugraph.h5#validation"))
+    local = autoloader.open_dataset(f"{data / 'nugraph.h5'}#validation")
+    assert type(remote).__name__ == "NuGraphEvents" and len(remote) == len(local) > 0
+    np.testing.assert_array_equal(
+        autoloader.sizes.sample_sizes(remote), autoloader.sizes.sample_sizes(local)
+    )
+    assert str(remote[0]) == str(local[0])

@@ -30,9 +30,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
+from autoloader_plugins.h5file import h5_file
 from autoloader_plugins.jagged.reader import (
     BlockCache,
     BlockReader,
@@ -466,21 +466,6 @@ def _per_event(f: h5py.File, g: h5py.Group, events: int) -> tuple[list[str], dic
 
 def _listed(tables: dict[str, int]) -> str:
     return ", ".join(f"'{t}' ({n} events)" for t, n in tables.items())
-
-
-def h5_file(path: Path | Location, **options: Any) -> h5py.File:
-    """``path`` opened by h5py, a URL's through a file object of remote blocks."""
-    if not isinstance(path, Location):
-        return h5py.File(path, "r", **options)
-    handle = location.open_input(path)
-    try:
-        f = h5py.File(handle, "r", **options)
-        f.autoloader_source = handle  # h5py does not keep the file object alive itself
-        return f
-    except OSError as exc:
-        if handle.failed is not None:
-            raise handle.failed from None
-        raise DatasetError(f"DATASET '{path}': cannot read as HDF5: {exc}") from None
 
 
 def open_table(path: Path | Location, spec: Any) -> H5Table:

@@ -8,6 +8,7 @@ hands jagged tables to ``open_h5``); directories and globs of ``.h5`` files come
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
@@ -126,11 +127,29 @@ class _Plugin:
         except DatasetError:
             return True
 
-    def open(self, spec: str) -> JaggedEvents:
+    def open(self, spec: str) -> Any:
         parsed = parse(spec)
         suffixes = _layout(parsed)
         assert suffixes is not None  # claims() said so
+        if suffixes is HDF5 and parsed.remote and not parsed.has_query:
+            nugraph = _remote_nugraph(parsed)
+            if nugraph is not None:
+                return nugraph
         return open_files(parsed, suffixes)
+
+
+def _remote_nugraph(spec: JaggedSpec) -> Any:
+    """A NuGraph/pynuml file behind a URL (``#SPLIT``), or None for another layout."""
+    from autoloader_plugins.h5file import h5_file
+    from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
+
+    where = location.parse_url(spec.path)
+    if where.has_glob():
+        return None
+    with h5_file(where) as f:
+        if not is_nugraph(f):
+            return None
+    return NuGraphEvents(where, spec.name)
 
 
 PLUGIN = _Plugin()
