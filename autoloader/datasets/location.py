@@ -12,11 +12,13 @@ where only a local file will do (``require_local``). Every request goes through
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fnmatch
 import io
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +182,9 @@ def filesystem(location: Location, options: SourceOptions | None = None) -> Any:
     return fs
 
 
+_QUIET_EXIT: list[bool] = []
+
+
 def _xrootd_environment(options: SourceOptions) -> None:
     """Give XRootD's client the bounds of ``options``: a server that is down costs
     ``connect_timeout`` per try, not its default of minutes of reconnection attempts.
@@ -187,6 +192,14 @@ def _xrootd_environment(options: SourceOptions) -> None:
     os.environ.setdefault("XRD_RUNFORKHANDLER", "1")
     from XRootD import client
 
+    if not _QUIET_EXIT:
+        # XRootD's exit hook (registered as it was imported) tests the type of every live
+        # object, torch's deprecated reduce_op among them, which then warns on stderr as
+        # the command ends; exit hooks run last-registered first, so this one runs before
+        atexit.register(
+            warnings.filterwarnings, "ignore", category=FutureWarning, module=r"XRootD\."
+        )
+        _QUIET_EXIT.append(True)
     client.EnvPutInt("ConnectionWindow", max(1, round(options.connect_timeout)))
     client.EnvPutInt("ConnectionRetry", 1)
     client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
