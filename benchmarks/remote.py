@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             url = f"{server.url(proxy.port)}/{name}"
             dataset = autoloader.open_dataset(url)
             blocks = len(dataset.autoloader_blocks()) - 1
-            plan = autoloader.tune(
-                dataset, global_batch_size=BATCH, iterations=20, max_workers=8, progress=False
-            )
+            plan = autoloader.tune(dataset, global_batch_size=BATCH, progress=False)
             print(
                 f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
                 f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
