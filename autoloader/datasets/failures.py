@@ -28,8 +28,10 @@ from autoloader.errors import DatasetError
 T = TypeVar("T")
 
 # XRootD's status texts and aiohttp's, by what they mean
-_NOT_FOUND = re.compile(r"\[3011\]|no such file|not found|\b404\b", re.I)
-_REFUSED = re.compile(r"\[3010\]|permission denied|not authorized|forbidden|\b40[13]\b", re.I)
+# (HTTP statuses are read from the error's ``status``: a number in a message may be an
+# offset)
+_NOT_FOUND = re.compile(r"\[3011\]|no such file|not found", re.I)
+_REFUSED = re.compile(r"\[3010\]|permission denied|not authorized|forbidden", re.I)
 _UNREACHABLE = re.compile(
     r"connection refused|cannot connect|connect call failed|connection error|"
     r"\[3007\]|name or service not known|no route to host|unreachable|\[FATAL\]",
@@ -37,7 +39,7 @@ _UNREACHABLE = re.compile(
 )
 _TRANSIENT = re.compile(
     r"timed? ?out|timeout|expired|reset by peer|broken pipe|disconnect|server ?disconnected|"
-    r"connection (?:closed|lost|aborted|reset)|socket error|\b50[0234]\b|\b429\b|"
+    r"connection (?:closed|lost|aborted|reset)|socket error|"
     r"payload|incomplete|\[FATAL\]|\[ERROR\] Socket|cannot connect|connection refused|"
     r"connect call failed",
     re.I,
@@ -138,6 +140,8 @@ def _kind(exc: BaseException) -> tuple[str, str]:
             return "refused", text
         if _UNREACHABLE.search(text):
             return "unreachable", text
+        if status in (429, 500, 502, 503, 504):  # busy, restarting, its gateway lost it
+            return "transient", text
         if isinstance(e, ConnectionError | TimeoutError) or _TRANSIENT.search(text):
             return "transient", text
     top = chain[0]

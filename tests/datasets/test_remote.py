@@ -307,3 +307,25 @@ def test_a_nugraph_file_reads_from_a_server(xrootd: Server, data: Path) -> None:
         autoloader.sizes.sample_sizes(remote), autoloader.sizes.sample_sizes(local)
     )
     assert str(remote[0]) == str(local[0])
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"{status}, message='Service Unavailable'")
+        self.status = status
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (_HTTPError(503), True),
+        (_HTTPError(403), False),
+        (OSError("range bytes=401-404 failed: Connection reset by peer"), True),
+        (OSError("[ERROR] Server responded with an error: [3011] No such file"), False),
+        (OSError("[FATAL] Socket timeout"), True),
+    ],
+)
+def test_what_is_tried_again(error: Exception, transient: bool) -> None:
+    from autoloader.datasets.failures import transient as is_transient
+
+    assert is_transient(error) is transient
