@@ -73,7 +73,7 @@ def test_out_inside_a_pt_directory_or_onto_the_step_module_is_refused(
     sample = (data / "3.pt").read_bytes()
     assert tune(str(data), data / "3.pt") == 2
     assert error(capsys).startswith(
-        f"autoloader: error: --out {data / '3.pt'}: is a file inside the dataset ({data})"
+        f"autoloader: error: --out {data / '3.pt'}: is a file of the dataset ({data / '3.pt'})"
     )
     assert (data / "3.pt").read_bytes() == sample
     step = TESTS / "memory_steps.py"
@@ -338,3 +338,40 @@ def test_a_spec_hex_that_is_not_hex_is_refused(tmp_path: Path) -> None:
         r"hex digits, found 'zz'",
     ):
         Plan.load(plan)
+
+
+def test_a_plan_beside_a_glob_or_directory_of_data_files_is_no_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the files the dataset reads (and its size cache) are inputs: the glob does not
+    match data/plan.toml, so it is where people put the plan; a file the glob or the
+    directory would read on the next run is refused, as one it reads now."""
+    from autoloader.demo.jagged_files import make_events, write_offsets_h5
+
+    data = tmp_path / "data"
+    (data / "plans").mkdir(parents=True)
+    for i in range(3):
+        write_offsets_h5(data / f"run_{i}.h5", make_events(60, median=5.0, seed=i))
+    glob_spec = f"{data}/run_*.h5"
+    assert tune(glob_spec, data / "plan.toml") == 0, capsys.readouterr().err
+    assert tune(glob_spec, data / "plans" / "plan.toml") == 0, capsys.readouterr().err
+    assert Plan.load(data / "plan.toml").to_dict()["dataset"]["num_samples"] == 180
+    before = (data / "run_1.h5").read_bytes()
+    assert tune(glob_spec, data / "run_1.h5") == 2
+    assert error(capsys) == (
+        f"autoloader: error: --out {data / 'run_1.h5'}: is a file of the dataset "
+        f"({data / 'run_1.h5'}), an input of this run: refusing to overwrite it; give "
+        "another path"
+    )
+    assert (data / "run_1.h5").read_bytes() == before
+    assert tune(glob_spec, data / "run_9.h5") == 2
+    assert error(capsys) == (
+        f"autoloader: error: --out {data / 'run_9.h5'}: would be read as a file of the "
+        f"dataset ({data}/run_*.h5) on its next run: give another path"
+    )
+    assert not (data / "run_9.h5").exists()
+    # the directory as the dataset: a plan in it is no input, a new .h5 file would be
+    (data / "plan.toml").unlink()
+    assert tune(str(data), data / "plan.toml") == 0, capsys.readouterr().err
+    assert tune(str(data), data / "extra.h5") == 2
+    assert "would be read as a file of the dataset" in error(capsys)

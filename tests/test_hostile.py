@@ -178,6 +178,8 @@ def test_a_batch_that_cannot_be_collated_names_its_samples(
     assert line.startswith(f"DATASET {spec!r}: samples ")
     assert ", ... (16 in all) could not be collated into one batch: " + why in line
     assert "Traceback" not in line
+    # the line ends with what is wrong, nothing after it (it once ended "cause: []")
+    assert re.search(r"sample \d+ is (None|an? \w+(, sample \d+ is an? \w+)*)$", line), line
 
 
 def test_a_batch_that_cannot_be_collated_is_named_when_the_step_is_calibrated(

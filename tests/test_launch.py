@@ -87,3 +87,20 @@ def test_a_rank_outside_the_world_is_refused_at_once(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "RANK=5 is not a rank of a world of 2" in done.stderr
+
+
+def test_a_rank_outside_the_world_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Before the dataset is opened (its own error would come first) and before the demo
+    writes its data: the rank can never join, whatever the rest would do."""
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "5"}
+    run = prepend_pythonpath(Path(__file__).parent) | env | {"AUTOLOADER_JOIN_TIMEOUT": "300"}
+    line = "autoloader: error: environment: RANK=5 is not a rank of a world of 2 (expected 0..1)"
+    work = tmp_path / "demo"
+    for args in (
+        ["tune", str(tmp_path / "missing.h5"), "-o", str(tmp_path / "p.toml")],
+        ["demo", "--workdir", str(work)],
+    ):
+        done = run_reaped([sys.executable, "-m", "autoloader", *args], timeout=60, env=run)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [line]
+    assert not work.exists()

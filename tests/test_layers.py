@@ -19,10 +19,17 @@ RUNTIME = (
     "autoloader.plan",
     "autoloader.feed",
     "autoloader.job",
+    "autoloader.cache",
     "autoloader_plugins",
 )
 # What the tuner and the loader both need lives below both: neither may be imported here.
-BELOW = ("autoloader.feed", "autoloader.host", "autoloader.job", "autoloader.thresholds")
+BELOW = (
+    "autoloader.feed",
+    "autoloader.host",
+    "autoloader.job",
+    "autoloader.thresholds",
+    "autoloader.cache",
+)
 
 
 def _modules() -> dict[str, Path]:

@@ -25,6 +25,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from autoloader.launch import launcher_env
+
+    launcher_env()  # a rank outside its world: refused before the demo writes its data
     from autoloader.cli.render import render
     from autoloader.demo.run import run_demo
 

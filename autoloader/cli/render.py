@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoloader.cli.cache_view import cache_line, cache_rows
 from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
 from autoloader.plan.view import View
@@ -37,6 +38,7 @@ def sections(plan: Plan) -> list[Section]:
         _read_order(tuning.sub("read_order"), plan.batching.read_order),
         _source(tuning.sub("source")),
         _host(tuning.sub("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
+        _cache(plan),
     ]
     return [s for s in found if s is not None]
 
@@ -96,6 +98,9 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"{', drop_last' if bp.drop_last else ''}"
     )
     out.append(f"read      {_order(bp.read_order, View.of(plan.dataset).count('num_samples'))}")
+    cached = cache_line(plan)
+    if cached is not None:
+        out.append(cached)
     for section in sections(plan):
         out.extend(section.lines())
     out.extend(_runtime(View.of(plan.tuning).sub("runtime")))
@@ -480,6 +485,14 @@ def _source(found: View) -> Section | None:
     header = ["server", "round trip ms", "MB/s", "block", "blocks in flight"]
     notes = [f"{found.word('url')}: timed on its first file, one-byte reads and one large read"]
     return Section("source (a server, timed)", header, [row], notes)
+
+
+def _cache(plan: Plan) -> Section | None:
+    """``[tuning.cache]``: a block decoded against mapped, the room, and the choice."""
+    found = cache_rows(plan)
+    if found is None:
+        return None
+    return Section("node cache (timed on this data)", *found)
 
 
 def _host(host: View, workers: int, prefetch: int | None) -> Section | None:

@@ -11,6 +11,7 @@ import base64
 import html
 from typing import Any
 
+from autoloader.cli.cache_view import cache_settings
 from autoloader.cli.plot import panel_pngs
 from autoloader.cli.render import Section, baseline_section, render, sections, verdict
 from autoloader.cli.text import printable
@@ -87,7 +88,7 @@ def _settings(plan: Plan) -> list[tuple[str, Any]]:
     out += [(f"batching.{k}", v) for k, v in vars(bp).items() if k != "options"]
     out += [(f"batching.options.{k}", v) for k, v in bp.options.items()]
     out += [(f"memory.{k}", mem[k]) for k in ("budget_bytes", "predicted_peak_bytes") if k in mem]
-    return out
+    return out + cache_settings(plan)
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> str:

@@ -108,6 +108,12 @@ def render(status: dict[str, Any], directory: Path) -> str:
             facts.append(f"stalled waits for a worker: {r['worker_stalls']} (named in the log)")
         if r.get("shm_used_bytes"):
             facts.append(f"shared memory in flight {_mib(r['shm_used_bytes'])}")
+        if r.get("cache_hits") or r.get("cache_misses"):
+            hits, misses = r.get("cache_hits", 0), r.get("cache_misses", 0)
+            facts.append(
+                f"node cache: {hits} blocks mapped, {misses} decoded "
+                f"({hits / max(1, hits + misses):.0%} hits), {_mib(r.get('cache_bytes', 0))} held"
+            )
         for fact in facts:
             lines.append(f"    {fact}")
     return "\n".join(lines) + "\n"

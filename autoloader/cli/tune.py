@@ -24,6 +24,7 @@ from autoloader.files import (
     refuse_inputs,
     write_fd,
 )
+from autoloader.launch import launcher_env
 from autoloader.plan.jsonout import strict_json
 from autoloader.tuning.options import DEFAULT_TOLERANCE, GIVEN, READ_ORDERS, tune_options
 from autoloader.units import parse_bytes
@@ -199,6 +200,19 @@ def _reading_options(g: Any) -> None:
         "1.2x faster than a global shuffle, trading some shuffle quality; shuffle: always a "
         "global shuffle (default: %(default)s)",
     )
+    cache = g.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="a node-local directory (NVMe, $TMPDIR on a Slurm node) for the node cache of "
+        "decoded blocks, instead of /dev/shm; the tune plans one where it measures faster",
+    )
+    cache.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="plan no node cache of decoded blocks",
+    )
     g.add_argument(
         "--baseline",
         metavar='"key=value,..."',
@@ -214,6 +228,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     to_stdout = args.out == "-"
     if to_stdout and args.json:
         raise UsageError("--json and -o - both write to stdout: give one of them")
+    launcher_env()  # a rank outside its world: refused before anything is opened or read
     out = Path(args.out)
     # A device or FIFO is opened now, as a shell redirection would be, and written at the end.
     through = None if to_stdout else _check_out(out)
@@ -250,8 +265,6 @@ def _run(
     dataset = open_dataset(args.dataset, transform=transform)
     if not to_stdout:
         _refuse_inputs(out, args, dataset)
-    from autoloader.job.distributed import launcher_env
-
     # One tune at a time per plan on a node (every rank of a collective tune shares it:
     # only a lone tune takes the lock).
     alone = launcher_env() is None and not to_stdout
@@ -312,10 +325,12 @@ def _check_out(out: Path) -> int | None:
 def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
     """The plan must never replace what the run reads: the data, or the code it runs."""
     inputs: list[tuple[Path, str]] = []
+    read = dataset_files(dataset)
+    files = [p for p, what in read if what == "a file of the dataset"]
     spec_path = Path(args.dataset.split("#", 1)[0])
-    if spec_path.exists():
-        inputs.append((spec_path, "the dataset"))
-    inputs += dataset_files(dataset)
+    if spec_path.exists() and not (files and spec_path.is_dir()):
+        inputs.append((spec_path, "the dataset"))  # a directory whose files are not named
+    inputs += read
     for spec, what in (
         (args.dataset, "the dataset's module"),
         (args.step, "the --step module"),
@@ -326,6 +341,34 @@ def _refuse_inputs(out: Path, args: argparse.Namespace, dataset: Any) -> None:
         if path:
             inputs.append((Path(path), what))
     refuse_inputs(out, inputs, "--out")
+    if files:
+        _refuse_joining(out, args.dataset, files)
+
+
+def _refuse_joining(out: Path, spec: str, files: list[Path]) -> None:
+    """Refuse a plan that the dataset would read as one of its files on its next run: in
+    its directory with its files' suffix, or matched by its glob. Any other file beside
+    the data (``data/plan.toml`` for ``data/run_*.h5``) is no input.
+
+    Raises:
+        UsageError: naming the output and the dataset's path or pattern.
+    """
+    head = spec.split("#", 1)[0]
+    where = Path(head.split("?", 1)[0] if not Path(head).exists() else head)
+    real = Path(os.path.realpath(out))
+    if where.is_dir():
+        joins = real.parent == Path(os.path.realpath(where)) and real.suffix.lower() in {
+            f.suffix.lower() for f in files
+        }
+    else:
+        joins = any(c in str(where) for c in "*?[") and real.match(
+            os.path.realpath(where.parent) + os.sep + where.name
+        )
+    if joins:
+        raise UsageError(
+            f"--out {out}: would be read as a file of the dataset ({where}) on its next run: "
+            "give another path"
+        )
 
 
 def command_line(words: list[str]) -> str:

@@ -162,7 +162,8 @@ def _whats_wrong(indices: list[int], samples: list[Any]) -> str:
         kinds.setdefault(type(sample).__name__, i)
     if len(kinds) > 1:
         return "the samples are of different types: " + ", ".join(
-            f"sample {i} is a {kind}" for kind, i in kinds.items()
+            f"sample {i} is {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+            for kind, i in kinds.items()
         )
     return ""
 

@@ -25,6 +25,9 @@ class DataSource:
     path: Path
     stamp: str
     part: str = ""  # which part of the data (a split of one file): its own cache
+    # the files read where ``path`` is a directory (``for_files``): only these are inputs,
+    # so a plan may be written beside them; empty: everything under ``path`` is
+    files: tuple[Path, ...] = ()
     url: str = ""  # data behind a URL: ``path`` is not on this host, the cache is local
 
     @classmethod
@@ -46,7 +49,11 @@ class DataSource:
         for f in files:
             st = f.stat()
             digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        return cls(Path(directory).resolve(), f"files n={len(files)} {digest.hexdigest()}")
+        return cls(
+            Path(directory).resolve(),
+            f"files n={len(files)} {digest.hexdigest()}",
+            files=tuple(Path(f) for f in files),
+        )
 
     @property
     def cache_path(self) -> Path:
@@ -84,7 +91,8 @@ def user_cache_dir() -> Path:
 
 def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
     """The files a dataset reads or keeps beside it (its data and its size caches), each
-    with what it is: outputs must never replace them."""
+    with what it is: outputs must never replace them. A dataset of several files names
+    each (a plan beside them is no input); one that does not names its directory."""
     source = getattr(dataset, "autoloader_source", None)
     if not callable(source):
         return []
@@ -94,8 +102,9 @@ def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
         return []
     if found.url:  # nothing of it on this host but its size cache
         return [(Path(found.fallback_cache_path), "the dataset's size cache")]
+    data = [(Path(f), "a file of the dataset") for f in found.files]
     return [
-        (Path(found.path), "the dataset"),
+        *(data or [(Path(found.path), "the dataset")]),
         (Path(found.cache_path), "the dataset's size cache"),
         (Path(found.fallback_cache_path), "the dataset's size cache"),
     ]

@@ -128,6 +128,34 @@ class ProcessLimits:
         return max(0, most)
 
 
+# Data files a reading process keeps open (autoloader_plugins.jagged.handles): a share of
+# what RLIMIT_NOFILE leaves, so a glob of thousands of runs reads under `ulimit -n` 256
+MAX_FILES_KEPT_OPEN = 64
+FILES_PER_DATA_FILE = 2  # uproot's memory map keeps a duplicate of its descriptor
+FILES_RESERVED = 32  # a worker's shared-memory descriptors of the batches it holds, Python's
+
+
+def files_kept_open(
+    open_files: int | None, files_in_use: int, workers: int = 0, prefetch: int | None = None
+) -> int:
+    """The data files one reading process may keep open at once: half of what
+    ``open_files`` (``RLIMIT_NOFILE``) leaves over ``files_in_use``, the reserve and, in a
+    process that runs ``workers``, their pipes and batches in flight (``files_needed``),
+    at most ``MAX_FILES_KEPT_OPEN`` and at least 1 (the file being read)."""
+    if open_files is None:
+        return MAX_FILES_KEPT_OPEN
+    limits = ProcessLimits(open_files, files_in_use)
+    need = limits.files_needed(workers, prefetch) if workers > 0 else files_in_use
+    free = open_files - need - FILES_RESERVED
+    return max(1, min(MAX_FILES_KEPT_OPEN, free // (2 * FILES_PER_DATA_FILE)))
+
+
+def open_files_now() -> tuple[int | None, int]:
+    """``(RLIMIT_NOFILE, descriptors open)`` of this process; the limit None: unlimited."""
+    limit = _soft(resource.RLIMIT_NOFILE)
+    return limit, (_open_files() if limit is not None else 0)
+
+
 class LimitsProbe:
     """``ProcessLimits`` read afresh at each call (the last workers' files and tasks are
     gone), but with the smallest address space seen: what the last workers' threads left

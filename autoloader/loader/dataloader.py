@@ -20,6 +20,7 @@ import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
 from autoloader import compat
+from autoloader.cache import NodeCache
 from autoloader.datasets.source import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
@@ -41,6 +42,7 @@ from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
     accumulation_for,
     apply_plan,
+    attach_cache,
     check_data_fingerprint,
     digest,
     node_loader,
@@ -86,6 +88,8 @@ class DataLoader(tud.DataLoader):
         *args: torch's positional arguments (``batch_size``, ``shuffle``, ...).
         plan: a plan path or ``Plan``; with None this is exactly torch's DataLoader.
         check_fingerprint: refuse a plan tuned for other data (on by default).
+        cache: use the plan's ``[cache]`` (a node cache of decoded storage blocks, shared
+            by every worker and rank on the node); False reads the files alone.
         registry: the Prometheus registry to record into (the global one by default).
         metrics: record metrics and ``stats`` (on by default; off, iteration is torch's own).
         device: ``cuda[:K]``: batches arrive on the device, copied from pinned memory on a
@@ -114,6 +118,7 @@ class DataLoader(tud.DataLoader):
         *args: Any,
         plan: str | os.PathLike[str] | Plan | None = None,
         check_fingerprint: bool = True,
+        cache: bool = True,
         registry: CollectorRegistry | None = None,
         metrics: bool = True,
         device: str | torch.device | None = None,
@@ -124,6 +129,9 @@ class DataLoader(tud.DataLoader):
         **kwargs: Any,
     ) -> None:
         _check_adapt_args(adapt, adapt_max_workers)
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
+        self.node_cache: NodeCache | None = None
         _check_threads(num_threads)
         self._feed_device = check_device(device)
         self._accumulating = self._warned_accumulation = False
@@ -145,6 +153,7 @@ class DataLoader(tud.DataLoader):
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
             given, sizes = self._planned(dataset, given, check_fingerprint, rank, world)
+            self.node_cache = attach_cache(self.plan, dataset, cache)
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.
@@ -166,6 +175,8 @@ class DataLoader(tud.DataLoader):
             )
         if self._recorder is not None:
             self._configure_metrics(self._recorder)
+            if self.node_cache is not None:
+                self._recorder.watch_cache(self.node_cache.counts)
         self.num_threads = _apply_threads(self.plan, num_threads)
         self._rank = rank
         self._survival = _survival(self, rank)

@@ -102,6 +102,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
     ``timeout`` seconds after the loop asked, naming it."""
 
     def __init__(self, loader: Any) -> None:
+        self._owner = os.getpid()  # the process whose workers these are
         self._survival: Survival | None = getattr(loader, "_survival", None)
         # without a plan, torch's error where workers cannot start (nothing left of them)
         self._named_failure = getattr(loader, "plan", None) is not None
@@ -196,7 +197,15 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         """torch's shutdown, which a stopped worker (SIGSTOP) survives: it hears neither
         the done event nor SIGTERM, and the interpreter's exit then waits for it for ever.
         A planned loader's are resumed first (SIGCONT), and killed where they still live
-        after (without a plan, torch's own shutdown, exactly)."""
+        after (without a plan, torch's own shutdown, exactly).
+
+        Nothing where this is not the process that started them: a worker forked while an
+        iterator of an earlier epoch waited for the garbage collector (held by the
+        traceback of the error that ended that epoch) collects its copy there, and its
+        workers are not the worker's children to test or join (torch's shutdown printed
+        "Exception ignored in __del__ ... can only test a child process" from each)."""
+        if getattr(self, "_owner", os.getpid()) != os.getpid():
+            return
         ending = (
             getattr(self, "_survival", None) is not None
             and not compat.is_shut_down(self)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
+from autoloader.cache import NodeCache, hold
 from autoloader.errors import PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.launch import launched_local_rank
@@ -59,6 +60,38 @@ def apply_plan(
             ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())),
         )
     return {**planned, **given}
+
+
+def attach_cache(plan: Plan, dataset: Any, enabled: bool) -> NodeCache | None:
+    """The plan's node cache, handed to a dataset that reads storage blocks through one
+    (``autoloader_node_cache``); None where the plan has none, ``cache=False`` turned it
+    off, the dataset cannot use one, or its directory is unusable here (then the data is
+    read from its files, as without a cache)."""
+    use = getattr(dataset, "autoloader_node_cache", None)
+    source = getattr(dataset, "autoloader_source", None)
+    if not callable(use) or not callable(source):
+        if plan.cache is not None and enabled:
+            log.info("autoloader: the plan's [cache] is not used: the dataset reads no blocks")
+        return None
+    cp = plan.cache
+    if cp is None or not enabled:
+        use(None)
+        return None
+    found = source()
+    node = NodeCache(
+        cp.where,
+        f"{found.path}#{found.part}",
+        found.stamp,
+        budget_bytes=cp.bytes,
+        share=cp.share,
+        keep=cp.keep,
+        min_free_bytes=cp.min_free_bytes,
+    )
+    if not hold(node):
+        use(None)
+        return None
+    use(node)
+    return node
 
 
 def planned_sampler(

@@ -178,6 +178,21 @@ class LoaderMetrics:
             "Shared memory (/dev/shm) the loader's processes hold mapped: batches in flight.",
             **gauge,
         )
+        self.cache_hits = Counter(
+            "autoloader_cache_hits",
+            "Storage blocks this rank's processes mapped from the node cache.",
+            **kw,
+        )
+        self.cache_misses = Counter(
+            "autoloader_cache_misses",
+            "Storage blocks this rank's processes decoded from the source for the node cache.",
+            **kw,
+        )
+        self.cache_bytes = Gauge(
+            "autoloader_cache_bytes",
+            "Bytes of decoded blocks in the node cache (every rank's on the node).",
+            **gauge,
+        )
         self.plan_stale = Gauge(
             "autoloader_plan_stale",
             "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
@@ -255,6 +270,8 @@ class BatchRecorder:
         self._pending_samples = 0
         self._flushed_at = time.perf_counter()
         self._ceiling: tuple[int, Callable[[int, Any], None]] | None = None
+        self._cache: Callable[[], tuple[int, int, int]] | None = None
+        self._cache_counted = (0, 0)
 
     def __getstate__(self) -> dict[str, Any]:
         """What survives a pickle (``copy.deepcopy``, a worker, another process): the rank,
@@ -375,6 +392,27 @@ class BatchRecorder:
         self.stats.worker_stalls += 1
         self.metrics.worker_stalls.labels(rank=self.rank).inc()
 
+    def watch_cache(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Export the node cache's hits, misses and bytes as ``counts()`` gives them
+        (totals), at every flush."""
+        self._cache = counts
+        self.metrics.cache_hits.labels(rank=self.rank)
+        self.metrics.cache_misses.labels(rank=self.rank)
+        self._flush_cache()
+
+    def _flush_cache(self) -> None:
+        if self._cache is None:
+            return
+        hits, misses, nbytes = self._cache()
+        was_hits, was_misses = self._cache_counted
+        m, rank = self.metrics, self.rank
+        if hits > was_hits:
+            m.cache_hits.labels(rank=rank).inc(hits - was_hits)
+        if misses > was_misses:
+            m.cache_misses.labels(rank=rank).inc(misses - was_misses)
+        self._cache_counted = (max(hits, was_hits), max(misses, was_misses))
+        m.cache_bytes.labels(rank=rank).set(nbytes)
+
     def shm_used(self, nbytes: int) -> None:
         self.metrics.shm_used.labels(rank=self.rank).set(nbytes)
 
@@ -419,6 +457,7 @@ class BatchRecorder:
             _observe_all(self._h2d, self._pending_h2d)
         self._pending_waits, self._pending_bytes, self._pending_samples = [], [], 0
         self._pending_h2d = []
+        self._flush_cache()
 
 
 def _observe_all(child: Any, values: list[float] | list[int]) -> None:

@@ -37,6 +37,9 @@ _FIELDS = {
     "autoloader_shm_used_bytes": "shm_used_bytes",
     "autoloader_predicted_worst_batch_bytes": "predicted_worst_batch_bytes",
     "autoloader_worker_stalls_total": "worker_stalls",
+    "autoloader_cache_hits_total": "cache_hits",
+    "autoloader_cache_misses_total": "cache_misses",
+    "autoloader_cache_bytes": "cache_bytes",
 }
 _INTS = {
     "batches",
@@ -50,6 +53,9 @@ _INTS = {
     "shm_used_bytes",
     "predicted_worst_batch_bytes",
     "worker_stalls",
+    "cache_hits",
+    "cache_misses",
+    "cache_bytes",
 }
 
 

@@ -67,6 +67,25 @@ class BatchingPlan:
             object.__setattr__(self, "global_batch_size", implied)
 
 
+@dataclass(frozen=True)
+class CachePlan:
+    """The ``[cache]`` table: a node cache of decoded storage blocks (``autoloader.cache``).
+
+    ``where`` is "shm" (/dev/shm) or a node-local directory; ``bytes`` the most it holds
+    (None: what the filesystem gives); ``share`` the share of blocks kept; ``keep`` keeps
+    it for the next job on the node (same data); ``min_free_bytes`` the free space it
+    leaves on its filesystem (the batches in flight in /dev/shm)."""
+
+    where: str
+    bytes: int | None = None
+    share: float = 1.0
+    keep: bool = False
+    min_free_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return drop_none(vars(self))
+
+
 @dataclass
 class Plan:
     """A validated plan; only ``loader`` and ``batching`` are required.
@@ -82,6 +101,7 @@ class Plan:
     hardware: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)
+    cache: CachePlan | None = None  # None: no node cache
     source: str = field(default="<dict>", compare=False)
     # bytes per sample as the tune measured them: recorded beside the plan by ``save``,
     # so a planned loader starts without reading the data (not part of the TOML)
@@ -177,7 +197,8 @@ class Plan:
             for k in ("meta", "dataset", "hardware", "memory", "tuning")
         }
         extra["dataset"] = _spec_from_toml(extra["dataset"], source)
-        return cls(loader=LoaderPlan(**loader), batching=b, source=source, **extra)
+        cache = CachePlan(**data["cache"]) if "cache" in data else None
+        return cls(loader=LoaderPlan(**loader), batching=b, cache=cache, source=source, **extra)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain tables, in schema order, without ``None`` values."""
@@ -193,7 +214,11 @@ class Plan:
         if self.batching.read_order is not None:
             batching["read_order"] = dict(self.batching.read_order)
         out["batching"] = batching
-        for name in ("memory", "tuning"):
+        if self.memory:
+            out["memory"] = copy.deepcopy(self.memory)
+        if self.cache is not None:
+            out["cache"] = self.cache.to_dict()
+        for name in ("tuning",):
             if getattr(self, name):
                 out[name] = copy.deepcopy(getattr(self, name))
         return drop_none(out)

@@ -169,6 +169,18 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "reserve": Key("table"),
         },
     ),
+    # a node cache of decoded storage blocks (autoloader.cache); absent: none
+    "cache": (
+        False,
+        False,
+        {
+            "where": Key("str", required=True),  # "shm" or an absolute directory
+            "bytes": Key("int", minimum=1),
+            "share": Key("number", minimum=0, maximum=1),
+            "keep": Key("bool"),
+            "min_free_bytes": Key("int", minimum=0),
+        },
+    ),
     "tuning": (False, True, {}),
 }
 
@@ -211,6 +223,8 @@ def validate(data: Mapping[str, Any], source: str) -> None:
     if isinstance(data.get("batching"), Mapping):
         _validate_options(data["batching"], source)
         _validate_read_order(data["batching"], source)
+    if isinstance(data.get("cache"), Mapping):
+        _validate_cache_where(data["cache"]["where"], source)
     _validate_evidence(data, source)
     _validate_scalars(data, source)
     _loader_consistency(data["loader"], source, "loader")
@@ -240,6 +254,15 @@ def _loader_consistency(table: Mapping[str, Any], source: str, key: str) -> None
         raise PlanError(
             f"{source}: key '{key}.persistent_workers': only valid with "
             "num_workers > 0, found persistent_workers = true with num_workers = 0"
+        )
+
+
+def _validate_cache_where(where: str, source: str) -> None:
+    """``[cache] where``: "shm", or an absolute directory (the node's, not the tune's cwd)."""
+    if where != "shm" and not where.startswith("/"):
+        raise PlanError(
+            f"{source}: key 'cache.where': expected \"shm\" or an absolute directory, "
+            f"found {where!r}"
         )
 
 
@@ -470,6 +493,27 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
         },
     ),
     (
+        "tuning.cache",
+        {
+            "chosen": _STR,
+            "reason": _STR,
+            "where": _STR,
+            "blocks": ("int",),
+            "blocks_timed": ("int",),
+            "decoded_bytes": ("int",),
+            "source_seconds_per_block": _FIN,
+            "cache_seconds_per_block": _FIN,
+            "speedup": _FIN,
+            "step_seconds_per_batch": _FIN,
+            "read_seconds_per_batch": _FIN,
+            "space_free_bytes": ("int",),
+            "shm_need_bytes": ("int",),
+            "memory_available_bytes": ("int",),
+            "budget_bytes": ("int",),
+            "share": _FIN,
+        },
+    ),
+    (
         "tuning.host",
         {
             "shm_free_bytes": ("int",),
@@ -482,6 +526,8 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
             "worker_bytes": ("int",),
             "shm_need_bytes": ("int",),
             "max_workers": ("int",),
+            "open_files_limit": ("int",),
+            "files_kept_open": ("int",),
             "limit": _STR,
         },
     ),

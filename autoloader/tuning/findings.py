@@ -18,6 +18,7 @@ from autoloader.tuning.batching import BatchingChoice
 from autoloader.tuning.calibrate import Point
 from autoloader.tuning.devices import Headroom
 from autoloader.tuning.memory_model import MemoryModel
+from autoloader.tuning.node_cache import CacheChoice
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
 from autoloader.tuning.read_order import ReadOrder
@@ -49,6 +50,7 @@ class Findings:
     workers: WorkerStage
     trials: Trials
     source: dict[str, Any] | None = None  # a server's round trip and throughput
+    cache: CacheChoice | None = None
 
 
 def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
@@ -80,6 +82,7 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             read_order=None if order is None else order.options(),
         ),
         memory=_memory(opts, found),
+        cache=found.cache.plan if found.cache is not None else None,
         tuning=_tuning(opts, device, found),
         sizes=found.sizes,
     )
@@ -174,4 +177,5 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         host=found.workers.host,
         read_order=found.read_order.evidence,
         source=found.source,
+        cache=found.cache.evidence if found.cache is not None else None,
     )

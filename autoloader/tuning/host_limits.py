@@ -4,8 +4,10 @@ the batch bytes the worker search must fit, and the plan's ``[tuning.host]`` tab
 ``[tuning.host]`` holds what this node had when tuned (free and total /dev/shm, torch's
 sharing strategy, available RAM), the budgets taken from them, the plan's worst batch and
 what the planned workers x prefetch_factor hold of shared memory, the most workers the
-budgets allow at the planned prefetch (the run-time adapter's ceiling), and, where a
-budget held the plan back, ``limit``: which, and the fix.
+budgets allow at the planned prefetch (the run-time adapter's ceiling), ``RLIMIT_NOFILE``
+and the data files a reading process keeps open under it (``files_kept_open``: the jagged
+readers close the least recently used past it), and, where a budget held the plan back,
+``limit``: which, and the fix.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from typing import Any
 
 from autoloader.host.budget import HostBudget, is_shm_failure
+from autoloader.host.limits import files_kept_open, open_files_now
 from autoloader.plan import LoaderPlan
 from autoloader.tuning.batching import BatchingChoice
 from autoloader.tuning.workers import PREFETCH_FACTOR, Candidate
@@ -44,13 +47,18 @@ def host_table(
     depth = prefetch or PREFETCH_FACTOR
     per_worker = per_worker_bytes({c.workers: c for c in trace})
     most = budget.most_workers(depth, batch_bytes, per_worker, MAX_WORKERS)
+    open_files, in_use = open_files_now()
     out: dict[str, Any] = {
         **budget.to_dict(),
         "batch_bytes": batch_bytes,
         "worker_bytes": int(per_worker),
         "shm_need_bytes": budget.shm_need(workers, prefetch, batch_bytes),
         "max_workers": max(workers, most),
+        # the data files a reading process keeps open (the least recently used closed)
+        "files_kept_open": files_kept_open(open_files, in_use, workers, prefetch),
     }
+    if open_files is not None:
+        out["open_files_limit"] = open_files
     limit = limit_note(budget, batch_bytes, workers, trace)
     if limit:
         out["limit"] = limit

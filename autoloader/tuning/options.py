@@ -6,6 +6,7 @@ The command line checks them before it opens the dataset, so a typo is answered 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +42,8 @@ GIVEN: dict[str, Any] = {
     "command": None,
     "baseline": "default",
     "read_order": "auto",
+    "cache": True,  # False: plan no node cache (--no-cache)
+    "cache_dir": None,  # a node-local directory for the node cache; None: /dev/shm
 }
 
 
@@ -69,6 +72,7 @@ class TuneOptions:
     command: str | None
     baseline: LoopSettings | None  # the user's loader; None: not measured
     read_order: str  # "auto": windows where measured faster; "shuffle": never
+    cache_where: str | None = "shm"  # the node cache's place: "shm", a directory; None: none
 
     @property
     def local_batch_size(self) -> int:
@@ -136,6 +140,7 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
             f"--read-order: expected one of {', '.join(READ_ORDERS)}, but got {g['read_order']!r}"
         )
     memory_budget = check_budget(g["memory_budget"])
+    cache_where = _cache_where(g["cache"], g["cache_dir"])
     return TuneOptions(
         global_batch_size=global_batch_size,
         world_size=world_size,
@@ -156,7 +161,24 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
         command=g["command"],
         baseline=parse_baseline(g["baseline"]),
         read_order=g["read_order"],
+        cache_where=cache_where,
     )
+
+
+def _cache_where(cache: Any, directory: Any) -> str | None:
+    """Where the node cache may go: /dev/shm ("shm"), an existing directory (absolute),
+    or nowhere (``cache`` False)."""
+    if not isinstance(cache, bool):
+        raise UsageError(f"cache: expected true or false, but got {cache!r}")
+    if directory is not None and not cache:
+        raise UsageError("--cache-dir and --no-cache are alternatives: give one, not both")
+    if not cache:
+        return None
+    if directory is None:
+        return "shm"
+    if not isinstance(directory, (str, os.PathLike)) or not os.path.isdir(directory):
+        raise UsageError(f"--cache-dir: expected an existing directory, but got {directory!r}")
+    return os.path.abspath(directory)
 
 
 def _max_workers(value: Any) -> int | None:

@@ -45,6 +45,7 @@ from autoloader.tuning.devices import Headroom, probe_headroom
 from autoloader.tuning.host_limits import host_table, search_batch_bytes
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
+from autoloader.tuning.node_cache import CacheChoice, choose_cache, none
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
 from autoloader.tuning.read_order import ReadOrder, choose_read_order
@@ -433,6 +434,37 @@ def worker_search(
         log.warning("worker search: %s", host["limit"])
     top = max((c.workers for c in found.trace), default=n_max)
     return WorkerStage(result, found, max(n_max, top), nodes, host)
+
+
+def node_cache(
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    choice: BatchingChoice,
+    times: Timings,
+    stage: WorkerStage,
+) -> CacheChoice:
+    """A node cache of decoded blocks where rank 0 measured it paying, sized to the room
+    the node has (``autoloader.tuning.node_cache``); ``--no-cache`` plans none."""
+    where = opts.cache_where
+    if where is None:
+        return none("--no-cache")
+    host = stage.host or {}
+    replayed = choice.replays[choice.strategy]
+    batch_bytes = float(work.sizes.mean()) * replayed.local_batch_size
+    found: CacheChoice = team.once(
+        lambda: choose_cache(
+            work.dataset,
+            where,
+            workers=stage.loader.num_workers,
+            batch_bytes=batch_bytes,
+            shm_need_bytes=int(host.get("shm_need_bytes", 0)),
+            worker_bytes=float(host.get("worker_bytes", 0)),
+            step_seconds=times.step,
+        )
+    )
+    log.info("node cache: %s", found.evidence["reason"])
+    return found
 
 
 def _warn_shared(dataset: Any) -> None:

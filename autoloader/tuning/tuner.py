@@ -2,7 +2,7 @@
 (``autoloader.tuning.stages``), each of which owns its measurement and its evidence:
 
     sizes -> headroom -> memory model -> budget -> batching -> read order -> timings -> loader
-          -> trials (the plan's loop against the user's own; threads) -> plan
+          -> trials (the plan's loop against the user's own; threads) -> node cache -> plan
 
 Alone or on every rank of a job, the same code runs: ``Solo`` and ``Collective`` answer
 the few questions whose answer depends on it (who measures, whose budget limits).
@@ -52,6 +52,8 @@ def tune(
     command: str | None = GIVEN["command"],
     baseline: Any = GIVEN["baseline"],
     read_order: str = GIVEN["read_order"],
+    cache: bool = GIVEN["cache"],
+    cache_dir: str | None = GIVEN["cache_dir"],
 ) -> Plan:
     """Tune a loader for ``dataset`` on this node and return the plan.
 
@@ -91,6 +93,9 @@ def tune(
         read_order: ``"auto"``: where the dataset names its storage blocks, read it in
             shuffled windows of them if that measures at least 1.2x faster than a global
             shuffle (``autoloader.tuning.read_order``); ``"shuffle"``: a global shuffle.
+        cache: plan a node cache of decoded blocks where it measures faster and fits
+            (``autoloader.tuning.node_cache``); False: none.
+        cache_dir: a node-local directory for that cache (default: /dev/shm).
     """
     given = {k: v for k, v in locals().items() if k in GIVEN}  # the options, as given
     target = device if isinstance(device, torch.device) else None
@@ -143,6 +148,7 @@ def run(
         prefetch = stages.device_prefetch(dev, times, batching, budget.bytes)
         loader = stages.worker_search(team, work, opts, batching, times, where, prefetch)
         tried = stages.trials(team, work, opts, model, budget.bytes, batching, loader, where)
+        cache = stages.node_cache(team, work, opts, batching, times, loader)
         found = Findings(
             sizes,
             room,
@@ -157,5 +163,6 @@ def run(
             loader,
             tried,
             remote,
+            cache,
         )
         return plan_of(dataset, opts, dev, found)

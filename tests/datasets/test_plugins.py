@@ -17,9 +17,10 @@ from autoloader.datasets import find_plugins, load_plugins, open_dataset
 
 def test_first_party_plugins_register_through_the_entry_point_group() -> None:
     names = [r.name for r in find_plugins()]
-    assert {"jagged", "hdf5", "ptdir", "pyg", "importpath"} <= set(names)
+    assert {"keyed", "jagged", "hdf5", "ptdir", "pyg", "importpath"} <= set(names)
     assert names == sorted(names)
-    assert [p.name for p in load_plugins()][:5] == ["jagged", "hdf5", "ptdir", "pyg", "importpath"]
+    first = [p.name for p in load_plugins()][:6]
+    assert first == ["keyed", "jagged", "hdf5", "ptdir", "pyg", "importpath"]
 
 
 def test_hdf5_file_opens_as_graph_events(events_h5: Path) -> None:
@@ -79,7 +80,7 @@ def test_non_hdf5_file_with_h5_suffix_and_unknown_file(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
     with pytest.raises(
-        DatasetError, match=r"no dataset plugin recognises it; expected a jagged event table"
+        DatasetError, match=r"no dataset plugin recognises it; expected a keyed long table"
     ):
         open_dataset(str(notes))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autoloader import Plan, PlanError
-from autoloader.plan import BatchingPlan, LoaderPlan
+from autoloader.plan import BatchingPlan, CachePlan, LoaderPlan
 
 MINIMAL = """\
 schema = 1
@@ -122,6 +122,16 @@ def test_round_trip_through_toml_keeps_every_table(tmp_path: Path) -> None:
             MINIMAL + "[memory]\nsafety = 1\n",
             "key 'memory.safety': expected a number in [0, 1), found 1 (integer)",
         ),
+        (
+            MINIMAL + "[cache]\nwhere = 'scratch'\n",
+            "key 'cache.where': expected \"shm\" or an absolute directory, found 'scratch'",
+        ),
+        (
+            MINIMAL + "[cache]\nwhere = 'shm'\nshare = 1.5\n",
+            "key 'cache.share': expected a number in [0, 1], found 1.5 (float)",
+        ),
+        (MINIMAL + "[cache]\nbytes = 10\n", "missing key 'cache.where'"),
+        (MINIMAL + "[cache]\nwhere = 'shm'\nsize = 10\n", "unknown key 'cache.size'"),
         (  # nothing to plan for: a tune refuses it
             MINIMAL + "[memory]\nbudget_bytes = 0\n",
             "key 'memory.budget_bytes': expected an integer >= 1, found 0 (integer)",
@@ -290,3 +300,12 @@ def test_evidence_that_no_measurement_gives_is_refused_naming_the_key(
     assert "seconds_per_batch': expected a number >= 0 (inf where it could not be measured)" in (
         str(caught.value)
     )
+
+
+def test_a_cache_table_round_trips_and_its_absence_means_none(tmp_path: Path) -> None:
+    text = MINIMAL + "[cache]\nwhere = '/scratch/node'\nbytes = 4096\nshare = 0.5\nkeep = true\n"
+    plan = Plan.load(write(tmp_path, text))
+    assert plan.cache == CachePlan("/scratch/node", 4096, 0.5, True)
+    plan.save(tmp_path / "again.toml")
+    assert Plan.load(tmp_path / "again.toml").cache == plan.cache
+    assert Plan.load(write(tmp_path, MINIMAL)).cache is None

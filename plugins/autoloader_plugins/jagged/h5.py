@@ -33,6 +33,8 @@ import numpy as np
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.h5file import h5_file
+from autoloader_plugins.jagged import handles
+from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (
     BlockCache,
     BlockReader,
@@ -199,6 +201,7 @@ class H5Table(BlockReader):
         if len(self._starts) and int(self._starts.min()) < 0:
             e = int(np.argmin(self._starts))
             raise DatasetError(f"{self.where}: {what}: event {e} starts at {self._starts[e]}")
+        check_agreement(g, self.where, self._starts, counts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._stops = self._starts + counts
         self._what = what
@@ -272,9 +275,21 @@ class H5Table(BlockReader):
         if self._h is None or self._hpid != os.getpid():
             share = CHUNK_CACHE_BYTES // (self.files * max(1, len(self._columns)))
             cache = max(self._chunk_cache_bytes, share)
-            self._h = h5_file(self.path, rdcc_nbytes=cache, rdcc_nslots=10007)
-            self._hpid = os.getpid()
+            self._h = handles.open_file(
+                self,
+                lambda: h5_file(self.path, rdcc_nbytes=cache, rdcc_nslots=10007),
+                self._release,
+            )
+            self._hpid, self._hcolumns = os.getpid(), None
+        else:
+            handles.touch(self)
         return self._h
+
+    def _release(self) -> None:
+        """Close this process's handle (another file needs its descriptor)."""
+        h, self._h, self._hcolumns = self._h, None, None
+        if h is not None and self._hpid == os.getpid():
+            h.close()
 
     def event_values(self) -> dict[str, np.ndarray]:
         return self._values
@@ -310,7 +325,7 @@ class H5Table(BlockReader):
             if not cache.admits(key, (z - a) * self.width * 4):
                 alone[lo:hi] = True
                 continue
-            rows = cache.get(key, self._read_items, a, z)
+            rows = cache.get(key, self._read_items, a, z, shape=(z - a, self.width))
             for j in range(lo, hi):
                 out[at_[j] : at_[j + 1]] = rows[starts_[j] - a : stops_[j] - a]
         if alone.any():
@@ -349,7 +364,8 @@ class H5Table(BlockReader):
         try:
             d.id.read(h5py.h5s.create_simple(buffer.shape), space, buffer)
         except (OSError, RuntimeError) as exc:
-            raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {exc}") from None
+            why = handles.what_changed(self) or exc
+            raise DatasetError(f"{self.where}: cannot read column {d.name!r}: {why}") from None
         return as_rows(buffer, total)
 
     def _block_items(self) -> tuple[np.ndarray, np.ndarray]:
@@ -371,7 +387,8 @@ class H5Table(BlockReader):
             try:
                 values = d[first:last]
             except (OSError, RuntimeError) as exc:
-                raise DatasetError(f"{self.where}: cannot read column {name!r}: {exc}") from None
+                why = handles.what_changed(self) or exc
+                raise DatasetError(f"{self.where}: cannot read column {name!r}: {why}") from None
             fill(out, col, as_rows(np.asarray(values), last - first))
             col += width
         return out
@@ -381,6 +398,8 @@ class H5Table(BlockReader):
         if self._hcolumns is None or self._hpid != os.getpid():
             g = self._handle()[self.name]
             self._hcolumns = [g[name] for name, _ in self._columns]
+        else:
+            handles.touch(self)
         return self._hcolumns
 
     def _block_bounds(self) -> np.ndarray:

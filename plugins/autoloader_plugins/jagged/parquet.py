@@ -21,6 +21,7 @@ from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
+from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
@@ -112,19 +113,32 @@ class ParquetTable(BlockReader):
 
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
-            try:
-                source = (
-                    location.open_input(self.path) if isinstance(self.path, Location) else self.path
-                )
-                self._h = _pq().ParquetFile(source)
-            except DatasetError:
-                raise
-            except Exception as exc:
-                raise DatasetError(
-                    f"DATASET '{self.path}': cannot open as Parquet: {describe(exc)}"
-                ) from None
+            pq = _pq()
+            self._h = handles.open_file(self, lambda: self._open_parquet(pq), self._release)
             self._hpid = os.getpid()
+        else:
+            handles.touch(self)
         return self._h
+
+    def _open_parquet(self, pq: Any) -> Any:
+        try:
+            if isinstance(self.path, Location):
+                return pq.ParquetFile(location.open_input(self.path))
+            return pq.ParquetFile(self.path)
+        except DatasetError:
+            raise
+        except Exception as exc:
+            if handles.what_changed(self) or "Too many open files" in str(exc):
+                raise  # said by the handles: the file changed, or descriptors ran out
+            raise DatasetError(
+                f"DATASET '{self.path}': cannot open as Parquet: {describe(exc)}"
+            ) from None
+
+    def _release(self) -> None:
+        """Close this process's handle (another file needs its descriptor)."""
+        h, self._h = self._h, None
+        if h is not None and self._hpid == os.getpid() and hasattr(h, "close"):
+            h.close()
 
     def _groups(self) -> int:
         return int(self._file().metadata.num_row_groups)

@@ -131,6 +131,11 @@ class _Plugin:
         parsed = parse(spec)
         suffixes = _layout(parsed)
         assert suffixes is not None  # claims() said so
+        if parsed.key is not None or parsed.events is not None:
+            raise DatasetError(
+                f"DATASET '{spec}': key= and events= are a keyed long table's (one row per "
+                "item); this is a jagged table, its extents written: drop them"
+            )
         if suffixes is HDF5 and parsed.remote and not parsed.has_query:
             nugraph = _remote_nugraph(parsed)
             if nugraph is not None:

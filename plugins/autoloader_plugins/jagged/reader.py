@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from autoloader.cache import NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
@@ -138,7 +139,9 @@ class BlockReader(Reader):
         row = 0
         for b in np.unique(block_of):
             start, stop = int(bounds[b]), int(bounds[b + 1])
-            rows = cache.get((self.path, self.name, start), self._read_block, start, stop)
+            shape = (int(self.offsets[stop] - self.offsets[start]), self.width)
+            key = (self.path, self.name, start)
+            rows = cache.get(key, self._read_block, start, stop, shape=shape)
             mine = events[block_of == b]
             base = self.offsets[start]
             index = ranges_index(self.offsets[mine] - base, self.offsets[mine + 1] - base)
@@ -149,10 +152,14 @@ class BlockReader(Reader):
 
 class BlockCache:
     """Decoded blocks this process keeps, least recently used first out, within a byte
-    budget; empty after pickling (each worker keeps its own)."""
+    budget; empty after pickling (each worker keeps its own).
 
-    def __init__(self, budget: int = BLOCK_CACHE_BYTES) -> None:
+    With a node cache (``node``, set by a plan's ``[cache]``), the blocks it keeps are
+    mapped from there, shared by every process on the node, and never held here."""
+
+    def __init__(self, budget: int = BLOCK_CACHE_BYTES, node: NodeCache | None = None) -> None:
         self.budget = budget
+        self.node = node
         self.clear()
 
     def clear(self) -> None:
@@ -176,6 +183,9 @@ class BlockCache:
         buy nothing."""
         if self._pid != os.getpid():
             self.clear()
+        node = self.node
+        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
+            return True  # decoded whole once, mapped by every later read
         if key in self._blocks:
             self._again += _AGAIN_RATE * (1.0 - self._again)
             return True
@@ -191,15 +201,37 @@ class BlockCache:
             self._asked_bytes -= self._asked.popitem(last=False)[1]
         return False
 
-    def get(self, key: Any, load: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
-        """The block ``key``, decoded by ``load(*args)`` where this process has none."""
+    def get(
+        self,
+        key: Any,
+        load: Callable[..., np.ndarray],
+        *args: Any,
+        shape: tuple[int, int] | None = None,
+    ) -> np.ndarray:
+        """The block ``key``, decoded by ``load(*args)`` where neither the node cache nor
+        this process has it (``shape``: the ``[items, width]`` it must have)."""
+        node = self.node
+        if node is not None and node.keeps(key):
+            if node.accepting:
+                block = node.get(key, load, *args, shape=shape)
+                if node.accepting or isinstance(block, np.memmap):
+                    return block
+                return self._keep(key, block)  # the cache just filled: this process keeps it
+            mapped = node.lookup(key, shape)  # full: what it holds is still mapped
+            if mapped is not None:
+                return mapped
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
         if found is not None:
             self._blocks.move_to_end(key)
             return found
-        found = load(*args)
+        return self._keep(key, load(*args))
+
+    def _keep(self, key: Any, found: np.ndarray) -> np.ndarray:
+        """Hold ``found`` as block ``key``, the least recently used out past the budget."""
+        if self._pid != os.getpid():
+            self.clear()
         self._blocks[key] = found
         self._bytes += found.nbytes
         while self._bytes > self.budget and len(self._blocks) > 1:
@@ -208,10 +240,11 @@ class BlockCache:
         return found
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"budget": self.budget}
+        return {"budget": self.budget, "node": self.node}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.budget = state["budget"]
+        self.node = state.get("node")
         self.clear()
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,8 @@ import numpy as np
 
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
-from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
+from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
@@ -80,6 +82,35 @@ def item_width(interpretation: Any) -> int | None:
     return int(np.prod(content.inner_shape, dtype=np.int64))
 
 
+def _common_entry_offsets(tree: Any, names: list[str]) -> np.ndarray:
+    """The entries where every branch of ``names`` (full paths) starts a basket, as
+    ``TTree.common_entry_offsets`` finds them; the branches are taken by path, not through
+    ``filter_name``, where a path with ``[`` (``crkv_hits.nhits[3]``) is a glob matching
+    something else."""
+    common: set[int] | None = None
+    for name in names:
+        branch = tree[name]
+        if branch.num_baskets == 0:
+            continue
+        own = {int(e) for e in branch.entry_offsets}
+        common = own if common is None else common & own
+    return np.asarray([0] if common is None else sorted(common), dtype=np.int64)
+
+
+def _counted_by(tree: Any, branch: Any) -> str:
+    """What counts a jagged branch's items, for messages: its flat counter branch
+    (``nhits``), or the split object it is a member of (``Evt/mc_hits``), whose count uproot
+    reports as the first member's branch."""
+    counter = getattr(branch, "count_branch", None)
+    if counter is not None and isinstance(counter.interpretation, _uproot().AsDtype):
+        return f"counted by {counter.name}"
+    parent = getattr(branch, "parent", None)
+    if parent is not None and parent is not tree and hasattr(parent, "branches"):
+        path = next((n for n, b in tree.iteritems(recursive=True) if b is parent), parent.name)
+        return f"members of {path}"
+    return f"counted by {counter.name}" if counter is not None else "no counter"
+
+
 class RootTree(BlockReader):
     """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
 
@@ -109,43 +140,59 @@ class RootTree(BlockReader):
                 if not len(b.branches)
             ),
             where=self.where,
+            match=self._matcher(tree, "event field"),
         )
         try:
             self.offsets = self._read_offsets(tree, chosen[0])
             self._values = {n: tree[n].array(library="np") for n in self.event_fields}
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
+            raise DatasetError(f"{self.where}: cannot read: {handles.whole(exc)}") from None
         self._check_offsets("counts")
 
     # -- opening -------------------------------------------------------------------------
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
             uproot = _uproot()
-            path = self.path
-            try:
-                if isinstance(path, Location):  # uproot reads URLs through fsspec itself
-                    self._h = location.retrying(
-                        path,
-                        "opening",
-                        lambda: uproot.open(path.url, **location.fsspec_options(path)),
-                    )
-                else:
-                    _check_magic(path)
-                    self._h = uproot.open(path)
-            except DatasetError:
-                raise
-            except Exception as exc:
-                raise DatasetError(
-                    f"DATASET '{self.path}': cannot open as ROOT: {describe(exc)}"
-                ) from None
+            if not isinstance(self.path, Location):
+                _check_magic(self.path)
+            self._h = handles.open_file(self, lambda: self._open_root(uproot), self._release)
             self._hpid = os.getpid()
+        else:
+            handles.touch(self)
         return self._h
+
+    def _open_root(self, uproot: Any) -> Any:
+        path = self.path
+        try:
+            if isinstance(path, Location):  # uproot reads URLs through fsspec itself
+                return location.retrying(
+                    path, "opening", lambda: uproot.open(path.url, **location.fsspec_options(path))
+                )
+            return uproot.open(path)
+        except DatasetError:
+            raise
+        except Exception as exc:
+            if handles.what_changed(self) or "Too many open files" in str(exc):
+                raise  # said by the handles: the file changed, or descriptors ran out
+            raise DatasetError(
+                f"DATASET '{self.path}': cannot open as ROOT: {handles.whole(exc)}"
+            ) from None
+
+    def _release(self) -> None:
+        """Close this process's handle (another file needs its descriptor)."""
+        h, self._h = self._h, None
+        if h is not None and self._hpid == os.getpid():
+            h.close()
 
     def _tree(self) -> Any:
         try:
             return self._file()[self.name]
+        except DatasetError:
+            raise
         except Exception as exc:
-            raise DatasetError(f"{self.where}: cannot read the tree: {describe(exc)}") from None
+            raise DatasetError(
+                f"{self.where}: cannot read the tree: {handles.whole(exc)}"
+            ) from None
 
     def _open_tree(self) -> Any:
         try:
@@ -158,7 +205,7 @@ class RootTree(BlockReader):
             raise
         except Exception as exc:
             raise DatasetError(
-                f"DATASET '{self.path}': cannot list its trees: {describe(exc)}"
+                f"DATASET '{self.path}': cannot list its trees: {handles.whole(exc)}"
             ) from None
         if not trees:
             raise DatasetError(f"DATASET '{self.path}': {self._no_tree()}")
@@ -201,6 +248,11 @@ class RootTree(BlockReader):
         skipped: dict[str, str] = {}
         for name, branch in tree.iteritems(recursive=True):
             if len(branch.branches):
+                first = branch.branches[0].name
+                skipped[name] = (
+                    f"a branch of {len(branch.branches)} subbranches: name its members "
+                    f"(such as {first!r})"
+                )
                 continue
             try:
                 kind = branch.interpretation
@@ -228,7 +280,13 @@ class RootTree(BlockReader):
         patterns: tuple[str, ...] | None,
     ) -> list[str]:
         if patterns is not None:
-            names = select(patterns, items, where=self.where, unreadable=skipped)
+            names = select(
+                patterns,
+                items,
+                where=self.where,
+                unreadable=skipped,
+                match=self._matcher(tree, "field"),
+            )
         else:
             names = list(items)
         if not names:
@@ -247,11 +305,45 @@ class RootTree(BlockReader):
             )
         return names
 
+    def _matcher(self, tree: Any, what: str) -> Callable[[str], list[str]]:
+        """The branches a pattern names, exactly as uproot's ``TTree.keys(filter_name=)``
+        returns them (full paths, in the tree's order): a glob or a plain name matches a
+        branch by its own name or by its full path (``mc_hits.t`` and
+        ``Evt/mc_hits/mc_hits.t`` alike), ``/REGEX/FLAGS`` is a regular expression."""
+
+        def match(pattern: str) -> list[str]:
+            try:
+                found = list(dict.fromkeys(tree.keys(filter_name=pattern, recursive=True)))
+            except re.error as exc:
+                raise DatasetError(
+                    f"{self.where}: {what} pattern {pattern!r} is not a valid regular "
+                    f"expression: {exc}"
+                ) from None
+            if not found and "[" in pattern:
+                literal = next(
+                    (
+                        n
+                        for n, b in tree.iteritems(recursive=True)
+                        if pattern in (n, b.name, "/" + n)
+                    ),
+                    None,
+                )
+                if literal is not None:  # uproot reads ``[3]`` as a set of characters
+                    escaped = pattern.replace("[", "[[]")
+                    raise DatasetError(
+                        f"{self.where}: {what} pattern {pattern!r} matches nothing: in "
+                        f"uproot's filter_name '[' begins a set of characters, so the "
+                        f"branch {literal!r} is named {escaped!r} (or with '*')"
+                    )
+            return found
+
+        return match
+
     def _groups(self, tree: Any, names: list[str]) -> dict[str, list[str]]:
         """Fields by collection: equal counts over the first cluster (every read checks
         the rest), each labelled by its counter branch where the file has one."""
         try:
-            first = int(np.asarray(tree.common_entry_offsets(filter_name=names))[:2][-1])
+            first = int(_common_entry_offsets(tree, names)[:2][-1])
         except Exception:
             first = min(int(tree.num_entries), 1000)
         groups: dict[bytes, list[str]] = {}
@@ -259,12 +351,13 @@ class RootTree(BlockReader):
             try:
                 counts = self._counts_of(tree, n, 0, first)
             except Exception as exc:
-                raise DatasetError(f"{self.where}: cannot read {n!r}: {describe(exc)}") from None
+                raise DatasetError(
+                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}"
+                ) from None
             groups.setdefault(counts.tobytes(), []).append(n)
         labelled = {}
         for key, members in groups.items():
-            counter = getattr(tree[members[0]], "count_branch", None)
-            label = f"counted by {counter.name}" if counter is not None else "no counter"
+            label = _counted_by(tree, tree[members[0]])
             items = int(np.frombuffer(key, dtype=np.int64).sum())
             labelled[f"{label} ({items} items in the first {first} events)"] = members
         return labelled
@@ -291,7 +384,7 @@ class RootTree(BlockReader):
     def _block_bounds(self) -> np.ndarray:
         names = [f.name for f in self.fields]
         try:
-            bounds = np.asarray(self._tree().common_entry_offsets(filter_name=names))
+            bounds = _common_entry_offsets(self._tree(), names)
         except Exception:
             bounds = np.array([0, len(self)])
         return bounds.astype(np.int64)
@@ -330,7 +423,7 @@ class RootTree(BlockReader):
             except Exception as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read {field.name!r} for events {start}..{stop - 1}: "
-                    f"{describe(exc)}"
+                    f"{handles.what_changed(self) or handles.whole(exc)}"
                 ) from None
             differs = np.flatnonzero(counts != expected)
             if len(differs):

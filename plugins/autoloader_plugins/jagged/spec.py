@@ -1,10 +1,13 @@
-"""``PATH[#NAME][?fields=PATTERNS&event_fields=PATTERNS]``: what a jagged-table spec names.
+"""``PATH[#NAME][?fields=PATTERNS&event_fields=PATTERNS&key=COLUMN&events=TABLE]``: what a
+jagged-table spec names.
 
 ``PATH`` is a file, a directory of files of one layout, or a glob (``run_*.root``); ``NAME``
 is the HDF5 group or the ROOT tree (``Dir/Sub/Tree``); the query picks per-item fields and
-per-event fields by glob patterns (uproot's ``filter_name`` semantics). A path that exists
-is taken whole, so a file named with ``#`` or ``?`` still opens; a query whose first key
-is mistyped (``km3.h5?field=t``) is refused as an unknown key, as a later one is.
+per-event fields by glob patterns (uproot's ``filter_name`` semantics); a keyed long table
+(``autoloader_plugins.keyed``) also takes its key column and the table of its events. A
+path that exists is taken whole, so a file named with ``#`` or ``?`` still opens; a query
+whose first key is mistyped (``km3.h5?field=t``) is refused as an unknown key, as a later
+one is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -22,7 +25,8 @@ from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 
 _KEYS = ("fields", "event_fields")
-_QUERY = re.compile(r"\?(?=(?:fields|event_fields)=)")
+_NAMES = ("key", "events")  # one name each: keyed long tables' key column, events table
+_QUERY = re.compile(r"\?(?=(?:fields|event_fields|key|events)=)")
 _ANY_QUERY = re.compile(r"\?(?=[A-Za-z_][\w.-]*=)")  # ``?key=``, known key or not
 _GLOB = re.compile(r"[*?\[]")
 
@@ -36,10 +40,17 @@ class JaggedSpec:
     name: str | None = None
     fields: tuple[str, ...] | None = None  # None: every numeric field of one collection
     event_fields: tuple[str, ...] = ()
+    key: str | None = None  # a keyed long table's key column (None: its default)
+    events: str | None = None  # the table holding a keyed long table's events
 
     @property
     def has_query(self) -> bool:
-        return self.fields is not None or bool(self.event_fields)
+        return (
+            self.fields is not None
+            or bool(self.event_fields)
+            or self.key is not None
+            or self.events is not None
+        )
 
     @property
     def remote(self) -> bool:
@@ -77,8 +88,8 @@ def parse(spec: str) -> JaggedSpec:
     """Split a spec into path, ``#NAME`` and query.
 
     Raises:
-        DatasetError: a query key other than ``fields`` and ``event_fields``, or an empty
-            pattern list.
+        DatasetError: a query key other than ``fields``, ``event_fields``, ``key`` and
+            ``events``, an empty pattern list, or ``key``/``events`` given twice or empty.
     """
     if Path(spec).exists():
         return JaggedSpec(spec, spec)
@@ -91,16 +102,32 @@ def parse(spec: str) -> JaggedSpec:
         path, _, name = head.rpartition("#")
         name = name.strip("/") or None
     values: dict[str, tuple[str, ...]] = {}
+    names: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in _NAMES:
+            if not value.strip() or key in names:
+                what = "names nothing" if not value.strip() else "is given twice"
+                raise DatasetError(f"DATASET '{spec}': {key}= {what}: expected one name")
+            names[key] = value.strip()
+            continue
         if key not in _KEYS:
             raise DatasetError(
-                f"DATASET '{spec}': unknown query key {key!r}: expected fields= or event_fields="
+                f"DATASET '{spec}': unknown query key {key!r}: expected fields=, "
+                "event_fields=, key= or events="
             )
         patterns = tuple(p.strip() for p in value.split(",") if p.strip())
         if not patterns:
             raise DatasetError(f"DATASET '{spec}': {key}= names no field")
         values[key] = values.get(key, ()) + patterns
-    return JaggedSpec(spec, path, name, values.get("fields"), values.get("event_fields", ()))
+    return JaggedSpec(
+        spec,
+        path,
+        name,
+        values.get("fields"),
+        values.get("event_fields", ()),
+        names.get("key"),
+        names.get("events"),
+    )
 
 
 def _query_start(spec: str) -> int | None:
@@ -139,11 +166,14 @@ def select(
     where: str,
     what: str = "field",
     unreadable: Mapping[str, str] | None = None,
+    match: Callable[[str], Iterable[str]] | None = None,
 ) -> list[str]:
-    """``names`` matched by ``patterns`` (globs, as uproot's ``filter_name``), in the order
-    of the patterns, each name once. ``unreadable``: names that exist but cannot be read
-    as ``what`` (name -> why): a pattern that matches only such names is refused with the
-    reason; one that also matches readable names takes those.
+    """``names`` matched by ``patterns``, in the order of the patterns, each name once.
+    ``unreadable``: names that exist but cannot be read as ``what`` (name -> why): a
+    pattern that matches only such names is refused with the reason; one that also matches
+    readable names takes those. ``match``: the names a pattern matches, in the format's own
+    sense (a ROOT tree's: ``TTree.keys(filter_name=pattern)``); without it a pattern is a
+    glob over the names (``fnmatch``, case-sensitive).
 
     Raises:
         DatasetError: a pattern matches nothing, or only unreadable names; the message
@@ -152,11 +182,17 @@ def select(
     names = list(names)
     known = set(names)
     unreadable = {n: why for n, why in (unreadable or {}).items() if n not in known}
+    candidates = names + list(unreadable)
+
+    def glob_match(pattern: str) -> list[str]:
+        return [n for n in candidates if fnmatch.fnmatchcase(n, pattern)]
+
     chosen: list[str] = []
     for pattern in patterns:
-        matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        found = list((match or glob_match)(pattern))
+        matched = [n for n in found if n in known]
         if not matched:
-            bad = next((n for n in unreadable if fnmatch.fnmatchcase(n, pattern)), None)
+            bad = next((n for n in found if n in unreadable), None)
             if bad is not None:
                 raise DatasetError(f"{where}: {what} {bad!r} cannot be read: {unreadable[bad]}")
             raise DatasetError(
@@ -173,12 +209,15 @@ def select_event_fields(
     kinds: Iterable[tuple[str, str]],
     *,
     where: str,
+    match: Callable[[str], Iterable[str]] | None = None,
 ) -> tuple[str, ...]:
     """The per-event fields ``patterns`` choose among ``numbers`` (the candidates of one
     number per event); ``kinds``: the other candidates' names and types, named in the
-    error where a pattern chooses only them (``select``)."""
+    error where a pattern chooses only them; ``match`` as for ``select``."""
     if not patterns:
         return ()  # ``kinds`` is not read: a tree's branches are not walked for nothing
     known = set(numbers)
     odd = {n: f"{kind}: not one number per event" for n, kind in kinds if n not in known}
-    return tuple(select(patterns, numbers, where=where, what="event field", unreadable=odd))
+    return tuple(
+        select(patterns, numbers, where=where, what="event field", unreadable=odd, match=match)
+    )

@@ -1,0 +1,219 @@
+"""Whether, where and how much to cache decoded blocks on the node, chosen by measuring.
+
+A dataset that reads storage blocks through a node cache (``autoloader_read_block``,
+``autoloader_node_cache``: the jagged tables) is measured here as the loader would read
+it: a few blocks decoded from the source (the page cache warm, as every epoch after the
+first finds it where the file fits RAM), the same blocks mapped from a cache written in
+the place the plan would use. As Plumber and Cachew decide, from measured rates and
+capacity, the plan gets:
+
+- no cache where it does not pay: a block maps less than ``KEEP_SPEEDUP`` times faster
+  than it decodes (the page cache already serves the data at the speed of memory), or the
+  step is so much slower than the workers' reads (``STEP_BOUND``) that faster reads buy
+  nothing, or the room left holds under ``MIN_SHARE`` of the data;
+- the whole data where it fits the room;
+- a share of the blocks where it does not (the same blocks on every rank).
+
+The room: in /dev/shm, its free space less what the node's batches in flight need (the
+loader's own budget, ``autoloader.host.budget``), and no more than the host's available
+RAM less what the workers hold (a tmpfs page is RAM); in a directory, its free space
+less ``DIR_RESERVE``. ``[tuning.cache]`` keeps every figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoloader.cache import NodeCache
+from autoloader.cache.store import cache_base
+from autoloader.host.budget import SHM_MARGIN, HostBudget
+from autoloader.launch import local_world_size
+from autoloader.plan import CachePlan
+from autoloader.units import format_bytes
+
+log = logging.getLogger("autoloader")
+
+KEEP_SPEEDUP = 1.5  # a mapped block must read at least this much faster than it decodes
+STEP_BOUND = 10.0  # a step this many times the workers' read time per batch: no cache
+MIN_SHARE = 0.05  # a cache holding less than this share of the blocks is not planned
+DIR_RESERVE = 0.1  # of a directory's free space, left to others
+ROOM_SHARE = 0.9  # of the room found, what the cache may take (the rest: drift, others)
+MEASURE_SECONDS = 1.5
+MAX_BLOCKS_TIMED = 8
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    """The plan's ``[cache]`` (None: no cache) and ``[tuning.cache]``."""
+
+    plan: CachePlan | None
+    evidence: dict[str, Any]
+
+
+def none(reason: str, **figures: Any) -> CacheChoice:
+    return CacheChoice(None, {"chosen": "none", "reason": reason, **figures})
+
+
+def choose_cache(
+    dataset: Any,
+    where: str,
+    *,
+    workers: int,
+    batch_bytes: float,
+    shm_need_bytes: int,
+    worker_bytes: float,
+    step_seconds: float | None,
+) -> CacheChoice:
+    """Measure and decide (the module's notes). ``where``: "shm" or a directory;
+    ``batch_bytes``: a mean batch's; ``shm_need_bytes``: this rank's batches in flight;
+    ``worker_bytes``: what one worker holds; ``step_seconds``: one step, where timed."""
+    read = getattr(dataset, "autoloader_read_block", None)
+    blocks = getattr(dataset, "autoloader_blocks", None)
+    if (
+        not callable(read)
+        or not callable(blocks)
+        or not callable(getattr(dataset, "autoloader_node_cache", None))
+    ):
+        return none("the dataset reads no storage blocks a node cache could keep")
+    bounds = np.asarray(blocks(), dtype=np.int64)
+    count = len(bounds) - 1
+    fresh = pickle.loads(pickle.dumps(dataset))  # as a worker reads it: no warm caches
+    source, cached, block_bytes = _time_blocks(fresh, count, where)
+    decoded = _decoded_bytes(fresh, block_bytes, count)
+    figures: dict[str, Any] = {
+        "where": where,
+        "blocks": count,
+        "blocks_timed": len(cached),
+        "decoded_bytes": decoded,
+    }
+    if not cached:
+        largest = f" a block of {format_bytes(max(block_bytes))}" if block_bytes else ""
+        return none(f"cannot write{largest} in {_place(where)}", **figures)
+    src, hit = statistics.median(source), statistics.median(cached)
+    speedup = src / max(hit, 1e-9)
+    figures.update(
+        source_seconds_per_block=src, cache_seconds_per_block=hit, speedup=round(speedup, 2)
+    )
+    if speedup < KEEP_SPEEDUP:
+        return none(
+            f"a block maps from a cache only {speedup:.2f}x faster than it decodes (under "
+            f"{KEEP_SPEEDUP}x): the page cache serves this data about as fast",
+            **figures,
+        )
+    per_byte = src / max(1.0, float(np.mean(block_bytes)))
+    read_per_batch = per_byte * batch_bytes / max(1, workers)
+    if step_seconds is not None:
+        figures.update(step_seconds_per_batch=step_seconds, read_seconds_per_batch=read_per_batch)
+        if step_seconds > STEP_BOUND * read_per_batch:
+            return none(
+                f"the step ({step_seconds:.3g} s a batch) is over {STEP_BOUND:g}x the "
+                f"workers' reads ({read_per_batch:.3g} s a batch): faster reads buy nothing",
+                **figures,
+            )
+    room, room_figures = _room(where, shm_need_bytes, workers, worker_bytes)
+    figures.update(room_figures)
+    budget = int(room * ROOM_SHARE)
+    figures["budget_bytes"] = max(0, budget)
+    need = int(decoded * 1.02) + 4096 * count  # headers and pages of each entry
+    share = 1.0 if need <= budget else max(0.0, budget / need)
+    figures["share"] = round(share, 4)
+    if share < MIN_SHARE:
+        return none(
+            f"{_place(where)} has room for {format_bytes(max(0, budget))} of the "
+            f"{format_bytes(decoded)} decoded: under {MIN_SHARE:.0%} of the blocks",
+            **figures,
+        )
+    bound = min(budget, need)
+    min_free = int(shm_need_bytes * max(1, local_world_size()) / SHM_MARGIN)
+    plan = CachePlan(
+        where=where,
+        bytes=max(1, bound),
+        share=round(share, 4),
+        keep=where != "shm",
+        min_free_bytes=min_free if where == "shm" else 0,
+    )
+    what = "all" if share >= 1.0 else f"{share:.0%} of the blocks"
+    reason = (
+        f"a block maps {speedup:.1f}x faster than it decodes; {what} of the "
+        f"{format_bytes(decoded)} decoded fits {_place(where)}"
+    )
+    return CacheChoice(plan, {"chosen": "cache", "reason": reason, **figures})
+
+
+def _time_blocks(
+    dataset: Any, count: int, where: str
+) -> tuple[list[float], list[float], list[int]]:
+    """Seconds per block decoded, and mapped back from a probe cache in ``where``, for
+    blocks spread over the data; each block's bytes."""
+    picks = np.unique(np.linspace(0, count - 1, min(count, MAX_BLOCKS_TIMED)).astype(int))
+    probe = NodeCache(where, f"tune-probe-{os.getpid()}-{time.monotonic_ns()}", "probe")
+    source: list[float] = []
+    cached: list[float] = []
+    sizes: list[int] = []
+    began = time.perf_counter()
+    try:
+        for b in picks.tolist():
+            t = time.perf_counter()
+            block = np.asarray(dataset.autoloader_read_block(b))
+            source.append(time.perf_counter() - t)
+            sizes.append(int(block.nbytes))
+            probe.get(b, lambda block=block: block)  # written
+            if not probe.has(b):  # unusable, or full (a container's small /dev/shm)
+                return [], [], sizes
+            t = time.perf_counter()
+            mapped = probe.get(b, _never)
+            np.array(mapped)  # every byte read, as a batch's gather reads them
+            cached.append(time.perf_counter() - t)
+            if time.perf_counter() - began > MEASURE_SECONDS and len(source) >= 2:
+                break
+    finally:
+        shutil.rmtree(probe.home, ignore_errors=True)
+    return source, cached, sizes
+
+
+def _never() -> np.ndarray:
+    raise RuntimeError("the probe block was written a moment ago")
+
+
+def _decoded_bytes(dataset: Any, block_bytes: list[int], count: int) -> int:
+    said = getattr(dataset, "autoloader_decoded_bytes", None)
+    if callable(said):
+        return int(said())
+    return int(np.mean(block_bytes) * count) if block_bytes else 0
+
+
+def _room(
+    where: str, shm_need_bytes: int, workers: int, worker_bytes: float
+) -> tuple[int, dict[str, Any]]:
+    """Bytes the cache may take in ``where`` (module notes), and the figures behind it."""
+    base = cache_base(where).parent
+    try:
+        st = os.statvfs(base)
+    except OSError:
+        return 0, {"space_free_bytes": 0}
+    free = st.f_bavail * st.f_frsize
+    if where != "shm":
+        return int(free * (1 - DIR_RESERVE)), {"space_free_bytes": free}
+    ranks = max(1, local_world_size())
+    in_flight = int(shm_need_bytes * ranks / SHM_MARGIN)
+    available = HostBudget.probe().memory_available_bytes
+    ram = available - int(worker_bytes * workers * ranks)
+    room = min(free - in_flight, ram)
+    return room, {
+        "space_free_bytes": free,
+        "shm_need_bytes": in_flight,
+        "memory_available_bytes": available,
+    }
+
+
+def _place(where: str) -> str:
+    return "/dev/shm" if where == "shm" else where

@@ -1,0 +1,199 @@
+"""The node cache of decoded blocks: epoch 3 against epoch 1 of the planned loader.
+
+Files are written once by the real libraries into a cache folder: a gzip-chunked HDF5
+file in km3pipe's layout, a ROOT file (uproot) and a Parquet file (awkward), of events of
+about 1,500 items (``--median``) and six per-item fields. On each:
+
+1. ``autoloader.tune`` (all stages, ``--max-workers 2``): the plan's ``[cache]`` and
+   ``[tuning.cache]`` are printed as the tune wrote them.
+2. The planned loader with ``WORKERS`` workers, three epochs with the plan's cache and
+   three with ``cache=False``, same plan, same workers, no step: each epoch's seconds.
+   The figure is epoch 1 / epoch 3 of the cached loader (the cache filled in epoch 1,
+   mapped in epoch 3), beside the same ratio without the cache and the cached epoch 3
+   against the uncached epoch 3 (all ratios of this run, on this machine).
+3. One copy per node: two processes of ``WORKERS`` workers each read an epoch of the
+   warm cache at once, then two read the files alone; the bytes the cache's files hold
+   (in /dev/shm: one copy), and each pair's summed PSS near the epoch's end (without
+   the cache, each worker keeps its own decoded blocks).
+
+Not here: a GraphNeT-layout SQLite database and a file behind the remote benchmark's
+20 ms proxy (their readers are not on this branch): ``--spec NAME=SPEC`` adds any dataset
+spec (``merged.db#pulses``, ``root://...``) to the same measurements, and the server's
+bytes in epoch 3 come from that proxy's own counter.
+Run: ``python benchmarks/cache.py [--cache DIR] [--events N] [--median ITEMS]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+EVENTS = 8_000  # ~430 MiB decoded: more than a worker's own block cache (256 MiB)
+MEDIAN_ITEMS = 1_500
+WORKERS = 2
+BATCH = 32
+
+
+def files(cache: Path, n: int, median: float) -> dict[str, str]:
+    from autoloader.demo.jagged_files import (
+        make_events,
+        write_km3pipe_h5,
+        write_parquet,
+        write_root,
+    )
+
+    cache.mkdir(parents=True, exist_ok=True)
+    tag = f"{n}-{int(median)}"
+    writers = {
+        "hdf5 (gzip)": (cache / f"km3-{tag}.h5", lambda p, e: write_km3pipe_h5(p, e)),
+        "root": (
+            cache / f"events-{tag}.root",
+            lambda p, e: write_root(p, e, events_per_basket=500),
+        ),
+        "parquet": (
+            cache / f"events-{tag}.parquet",
+            lambda p, e: write_parquet(p, e, row_group_size=500),
+        ),
+    }
+    specs = {
+        "hdf5 (gzip)": "{p}#hits?fields=time,tot,channel_id,pos",
+        "root": "{p}#Events?fields=hits_time,hits_tot,hits_channel_id,hits_pos*",
+        "parquet": "{p}?fields=hits.time,hits.tot,hits.channel_id,hits.pos",
+    }
+    ev = None
+    for layout, (path, write) in writers.items():
+        if not path.exists():
+            ev = ev if ev is not None else make_events(n, median=median, seed=11)
+            tmp = path.with_name(path.name + ".tmp" + path.suffix)
+            write(tmp, ev)
+            tmp.rename(path)
+            print(f"wrote     {layout:12s} {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return {k: specs[k].format(p=writers[k][0]) for k in writers}
+
+
+def epochs(spec: str, plan: Path, cache: bool, count: int = 3) -> tuple[list[float], int]:
+    """Seconds of each of ``count`` epochs of the planned loader (``WORKERS`` workers),
+    and the bytes its node cache holds."""
+    import autoloader
+
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, cache=cache, adapt=False, num_workers=WORKERS
+    )
+    out = []
+    for epoch in range(count):
+        loader.set_epoch(epoch)
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        out.append(time.perf_counter() - start)
+    node = loader.node_cache
+    if node is None:
+        return out, 0
+    hits, misses, _ = node.counts()
+    held = sum(f.stat().st_size for f in node.directory.glob("*.npy"))
+    print(f"  cache: {hits} blocks mapped, {misses} decoded, {held / 2**20:.0f} MiB of files")
+    return out, held
+
+
+_READER = """
+import sys, time, psutil, autoloader
+spec, plan, workers, cache = sys.argv[1:5]
+loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False,
+                               num_workers=int(workers), persistent_workers=True,
+                               cache=cache == "cache")
+it = iter(loader)
+for _ in range(len(loader) - 1):
+    next(it)
+me = psutil.Process()
+pss = sum(p.memory_full_info().pss for p in [me, *me.children(recursive=True)])
+print(pss, flush=True)
+for _ in it:
+    pass
+"""
+
+
+def shared(spec: str, plan: Path, cache: bool) -> int:
+    """Two processes of ``WORKERS`` workers reading an epoch at once (the warm cache, or
+    the files alone): their trees' summed PSS near the epoch's end."""
+    script = Path(tempfile.mkdtemp()) / "reader.py"
+    script.write_text(_READER)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), spec, str(plan), str(WORKERS), "cache" * cache],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    return sum(int(p.communicate(timeout=1800)[0].split()[0]) for p in procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "al-bench")
+    parser.add_argument("--events", type=int, default=EVENTS)
+    parser.add_argument("--median", type=float, default=MEDIAN_ITEMS)
+    parser.add_argument("--spec", action="append", default=[], metavar="NAME=SPEC")
+    args = parser.parse_args(argv)
+    import autoloader
+
+    specs = files(args.cache, args.events, args.median)
+    specs.update(dict(s.split("=", 1) for s in args.spec))
+    load = os.getloadavg()[0]
+    print(f"machine   {os.cpu_count()} CPUs, load average {load:.1f} at the start")
+    rows = []
+    for name, spec in specs.items():
+        plan_path = args.cache / f"plan-{name.split()[0]}.toml"
+        start = time.perf_counter()
+        plan = autoloader.tune(
+            autoloader.open_dataset(spec),
+            global_batch_size=BATCH,
+            max_workers=2,
+            iterations=10,
+            baseline=None,
+            progress=False,
+            spec=spec,
+        )
+        plan.save(plan_path)
+        print(f"\n{name}: tuned in {time.perf_counter() - start:.0f} s; {spec}")
+        print("  [cache]        " + json.dumps(plan.cache.to_dict() if plan.cache else None))
+        print("  [tuning.cache] " + json.dumps(plan.tuning.get("cache")))
+        if plan.cache is None:
+            rows.append((name, None, None, None, None))
+            continue
+        with_cache, held = epochs(spec, plan_path, True)
+        without, _ = epochs(spec, plan_path, False)
+        print(f"  cached   epochs s: {', '.join(f'{t:.2f}' for t in with_cache)}")
+        print(f"  uncached epochs s: {', '.join(f'{t:.2f}' for t in without)}")
+        # keep the plan's cache for the two readers: the next job maps it warm
+        kept = plan_path.with_suffix(".kept.toml")
+        from dataclasses import replace
+
+        replace(plan, cache=replace(plan.cache, keep=True)).save(kept)
+        pss = (shared(spec, kept, True), shared(spec, kept, False))
+        rows.append((name, with_cache, without, pss, held))
+    print(
+        "\nfile          e1/e3 cached  e1/e3 uncached  e3 uncached/cached  "
+        "cache files (one copy)  PSS of 2 x (1+2) processes: cached, uncached"
+    )
+    for name, cached, plain, pss, held in rows:
+        if cached is None:
+            print(f"{name:13s} no cache planned")
+            continue
+        print(
+            f"{name:13s} {cached[0] / cached[2]:10.2f}x  {plain[0] / plain[2]:12.2f}x  "
+            f"{plain[2] / cached[2]:16.2f}x  {held / 2**20:18.0f} MiB  "
+            f"{pss[0] / 2**20:20.0f} MiB, {pss[1] / 2**20:.0f} MiB"
+        )
+    print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on this machine)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

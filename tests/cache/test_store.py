@@ -1,0 +1,187 @@
+"""The node cache's store: entries served bit for bit, written once by one of many
+processes, never trusted half-written, bounded, the user's alone, and dropped when the
+data's fingerprint changes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from autoloader.cache import NodeCache, hold, release
+from autoloader.cache import store as store_module
+
+BLOCK = np.arange(600, dtype=np.float32).reshape(100, 6) / 7.0
+
+
+def _cache(where: Path, stamp: str = "v1", **kw: object) -> NodeCache:
+    return NodeCache(str(where), "/data/events.h5#hits", stamp, **kw)  # type: ignore[arg-type]
+
+
+class Loads:
+    """A block's decoder that counts its calls (in this process)."""
+
+    def __init__(self, block: np.ndarray = BLOCK) -> None:
+        self.block, self.calls = block, 0
+
+    def __call__(self) -> np.ndarray:
+        self.calls += 1
+        return self.block.copy()
+
+
+def test_a_block_decoded_once_is_mapped_from_then_on_bit_for_bit(tmp_path: Path) -> None:
+    cache, load = _cache(tmp_path), Loads()
+    first = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    again = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert load.calls == 1
+    assert isinstance(again, np.memmap)  # shared through the page cache, not copied
+    assert again.tobytes() == first.tobytes() == BLOCK.tobytes()
+    counts = cache.tally.total()
+    assert (counts.hits, counts.misses) == (1, 1)
+    assert counts.written_bytes == cache.used_bytes() > BLOCK.nbytes
+    other = _cache(tmp_path)  # another reader of the same data
+    assert other.get(("f", "hits", 0), Loads()).tobytes() == BLOCK.tobytes()
+
+
+def test_files_and_directories_are_the_users_alone(tmp_path: Path) -> None:
+    old = os.umask(0o000)  # even a permissive umask gives group and others nothing
+    try:
+        cache = _cache(tmp_path)
+        cache.get(("f", "hits", 0), Loads())
+    finally:
+        os.umask(old)
+    paths = list((tmp_path / f"autoloader-{os.getuid()}").rglob("*"))
+    assert any(p.suffix == ".npy" for p in paths)
+    for p in paths:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode & 0o077 == 0, f"{p} has mode {oct(mode)}"
+
+
+def test_data_whose_fingerprint_changed_is_never_served_and_its_old_entries_go(
+    tmp_path: Path,
+) -> None:
+    _cache(tmp_path, "v1").get(("f", "hits", 0), Loads())
+    changed = Loads(BLOCK + 1)
+    got = _cache(tmp_path, "v2").get(("f", "hits", 0), changed)
+    assert changed.calls == 1 and got.tobytes() == (BLOCK + 1).tobytes()
+    home = _cache(tmp_path, "v2").home
+    assert [p.name for p in home.iterdir() if p.is_dir()] == [_cache(tmp_path, "v2").directory.name]
+
+
+def test_an_entry_of_the_wrong_shape_or_a_torn_file_is_decoded_again(tmp_path: Path) -> None:
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))
+    entry = next(cache.directory.glob("*.npy"))
+    assert cache.get(("f", "hits", 0), load, shape=(99, 6)).shape == (100, 6)
+    assert load.calls == 2  # the reader now expects another shape: not trusted
+    entry.write_bytes(entry.read_bytes()[:200])  # torn by hand: no rename would do this
+    got = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert load.calls == 3 and got.tobytes() == BLOCK.tobytes()
+
+
+def test_the_bound_and_the_free_space_left_hold(tmp_path: Path) -> None:
+    cache, load = _cache(tmp_path, budget_bytes=2 * BLOCK.nbytes + 300), Loads()
+    for start in range(4):
+        cache.get(("f", "hits", start), load)
+    assert len(list(cache.directory.glob("*.npy"))) == 2
+    assert cache.used_bytes() <= 2 * BLOCK.nbytes + 300
+    assert load.calls == 4  # what is not kept is served decoded
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    tight = _cache(tmp_path / "other", min_free_bytes=free)  # leaves no room for a block
+    tight.get(("f", "hits", 0), load)
+    assert not list(tight.directory.glob("*.npy"))
+
+
+def test_a_share_of_blocks_is_kept_the_same_in_every_process(tmp_path: Path) -> None:
+    keys = [("f", "hits", s) for s in range(400)]
+    kept = [k for k in keys if _cache(tmp_path, share=0.25).keeps(k)]
+    assert kept == [k for k in keys if _cache(tmp_path / "b", share=0.25).keeps(k)]
+    assert 60 < len(kept) < 140
+    assert all(_cache(tmp_path).keeps(k) for k in keys)
+    assert not any(_cache(tmp_path, share=0.0).keeps(k) for k in keys)
+
+
+def _fill(where: str, barrier: mp.synchronize.Barrier, marks: str) -> None:
+    def load() -> np.ndarray:
+        with open(marks, "a") as f:  # one line per decode, whichever process
+            f.write(f"{os.getpid()}\n")
+        return BLOCK.copy()
+
+    barrier.wait()
+    got = _cache(Path(where)).get(("f", "hits", 0), load, shape=(100, 6))
+    assert got.tobytes() == BLOCK.tobytes()
+
+
+def test_several_processes_filling_one_block_decode_and_write_it_once(tmp_path: Path) -> None:
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(4)
+    marks = tmp_path / "decodes"
+    procs = [
+        ctx.Process(target=_fill, args=(str(tmp_path / "c"), barrier, str(marks))) for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert len(marks.read_text().split()) == 1
+    cache = _cache(tmp_path / "c")
+    assert cache.used_bytes() == BLOCK.nbytes + 128  # the ledger counts one entry
+    assert len(list(cache.directory.glob("*.npy"))) == 1
+
+
+def _killed_while_writing(where: str) -> None:
+    def die(tmp: Path, path: Path) -> None:  # the entry is complete in tmp, not yet named
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    store_module.publish = die  # type: ignore[assignment]
+    _cache(Path(where)).get(("f", "hits", 0), Loads())
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_a_later_read_trusts(tmp_path: Path) -> None:
+    p = mp.get_context("fork").Process(target=_killed_while_writing, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    cache, load = _cache(tmp_path), Loads(BLOCK * 2)
+    assert list(cache.directory.glob(".*.tmp"))  # what it left is not an entry
+    got = cache.get(("f", "hits", 0), load, shape=(100, 6))  # its lock died with it
+    assert load.calls == 1 and got.tobytes() == (BLOCK * 2).tobytes()
+
+
+def test_the_last_user_removes_the_cache_unless_it_is_kept(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    assert hold(cache)
+    cache.get(("f", "hits", 0), Loads())
+    assert release(str(cache.home)) and not cache.home.exists()
+    kept = _cache(tmp_path, keep=True)
+    assert hold(kept)
+    kept.get(("f", "hits", 0), Loads())
+    assert not release(str(kept.home)) and list(kept.directory.glob("*.npy"))
+
+
+def _hold_until(where: str, go: mp.synchronize.Event, done: mp.synchronize.Event) -> None:
+    assert hold(_cache(Path(where)))
+    go.set()
+    done.wait(60)
+
+
+def test_a_cache_another_process_still_uses_is_not_removed(tmp_path: Path) -> None:
+    ctx = mp.get_context("fork")
+    go, done = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold_until, args=(str(tmp_path), go, done))
+    other.start()
+    assert go.wait(60)
+    cache = _cache(tmp_path)
+    assert hold(cache)
+    cache.get(("f", "hits", 0), Loads())
+    assert not release(str(cache.home)) and cache.home.exists()
+    done.set()
+    other.join(60)
+    last = _cache(tmp_path)
+    assert hold(last)  # the other ended (its hold with it): this one is the last user
+    assert release(str(last.home)) and not last.home.exists()

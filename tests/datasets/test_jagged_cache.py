@@ -1,0 +1,299 @@
+"""A plan's ``[cache]`` on jagged tables (HDF5, ROOT, Parquet): a planned loader serves the
+same batches as one reading the files alone, bit for bit and in the same order, from
+blocks decoded once on the node, with workers and across a resume."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import autoloader
+from autoloader.cache import release
+from autoloader.demo.jagged_files import (
+    make_events,
+    write_km3pipe_h5,
+    write_parquet,
+    write_root,
+)
+
+N = 900
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("cached")
+    ev = make_events(N, seed=11)
+    return {
+        "km3": f"{write_km3pipe_h5(d / 'km3.h5', ev, chunk_items=1024)}#hits",
+        "root": f"{write_root(d / 'e.root', ev, events_per_basket=200)}#Events?fields=hits_*",
+        "parquet": str(write_parquet(d / "e.parquet", ev, row_group_size=200)),
+    }
+
+
+def _plan(where: Path, workers: int, cache: str = "") -> autoloader.Plan:
+    table = {"where": str(where), **({"share": float(cache)} if cache else {})}
+    return autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32, "seed": 4},
+            "cache": table,
+        }
+    )
+
+
+def _epochs(loader: autoloader.DataLoader, epochs: int) -> list[torch.Tensor]:
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out.extend(b.x.clone() for b in loader)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["km3", "root", "parquet"])
+def test_cached_batches_equal_the_files_bit_for_bit_in_the_same_order(
+    specs: dict[str, str], tmp_path: Path, layout: str, workers: int
+) -> None:
+    spec = specs[layout]
+    plan = _plan(tmp_path, workers)
+    alone = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    assert alone.node_cache is None
+    want = _epochs(alone, 2)
+    assert not tmp_path.joinpath(f"autoloader-{os.getuid()}").exists()
+    cached = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    node = cached.node_cache
+    assert node is not None
+    got = _epochs(cached, 2)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    counts = node.tally.total()  # this process's and its workers'
+    blocks = len(autoloader.open_dataset(spec).autoloader_blocks()) - 1
+    assert counts.misses == blocks == len(list(node.directory.glob("*.npy")))
+    assert counts.hits > 0
+    assert release(str(node.home)) and not node.home.exists()
+
+
+def test_a_share_of_the_blocks_is_cached_and_the_rest_read_from_the_files(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["parquet"]
+    want = _epochs(
+        autoloader.DataLoader(
+            autoloader.open_dataset(spec), plan=_plan(tmp_path, 0), cache=False, adapt=False
+        ),
+        2,
+    )
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=_plan(tmp_path, 0, "0.5"), adapt=False
+    )
+    got = _epochs(loader, 2)
+    assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
+    node = loader.node_cache
+    assert node is not None
+    blocks = len(loader.dataset.autoloader_blocks()) - 1
+    assert 0 < len(list(node.directory.glob("*.npy"))) < blocks
+
+
+def test_a_resumed_loader_serves_what_an_uninterrupted_one_does(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["km3"]
+    plan = _plan(tmp_path, 0)
+    whole = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, cache=False, adapt=False
+    )
+    want = [b.x.clone() for b in whole]
+    first = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    it = iter(first)
+    head = [next(it).x.clone() for _ in range(5)]
+    state = first.state_dict()
+    del it
+    resumed = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    resumed.load_state_dict(state)
+    tail = [b.x.clone() for b in resumed]
+    assert [t.numpy().tobytes() for t in head + tail] == [t.numpy().tobytes() for t in want]
+
+
+def test_a_plan_without_cache_or_a_dataset_without_blocks_uses_none(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, 0)
+    bare = autoloader.Plan.from_dict({k: v for k, v in plan.to_dict().items() if k != "cache"})
+    loader = autoloader.DataLoader(autoloader.open_dataset(specs["root"]), plan=bare, adapt=False)
+    assert loader.node_cache is None
+    tensors = [torch.full((3, 2), float(n)) for n in range(1, 40)]
+    plain = autoloader.DataLoader(tensors, plan=plan, adapt=False, check_fingerprint=False)
+    assert plain.node_cache is None
+    assert sum(len(b) for b in plain) == 39
+    with pytest.raises(TypeError, match="cache should be a boolean value, but got cache='no'"):
+        autoloader.DataLoader(tensors, plan=plan, cache="no")  # type: ignore[arg-type]
+
+
+def test_hits_misses_and_bytes_are_exported_and_status_shows_them(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from autoloader.cli.status import render
+    from autoloader.metrics.status import read_status
+
+    registry = CollectorRegistry()
+    spec = specs["root"]
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=_plan(tmp_path, 2), adapt=False, registry=registry
+    )
+    _epochs(loader, 2)
+    node = loader.node_cache
+    assert node is not None
+    blocks = len(loader.dataset.autoloader_blocks()) - 1
+    hits, misses, nbytes = node.counts()
+    value = registry.get_sample_value
+    assert value("autoloader_cache_misses_total", {"rank": "0"}) == misses == blocks
+    assert value("autoloader_cache_hits_total", {"rank": "0"}) == hits > 0
+    assert value("autoloader_cache_bytes", {"rank": "0"}) == nbytes == node.used_bytes() > 0
+    (rank,) = read_status(registry)["ranks"]
+    assert (rank["cache_hits"], rank["cache_misses"]) == (hits, misses)
+    shown = render(read_status(registry), tmp_path)
+    assert f"node cache: {hits} blocks mapped, {misses} decoded" in shown
+
+
+_JOB = """
+import os, sys
+import autoloader
+spec, where, keep, end = sys.argv[1:5]
+plan = autoloader.Plan.from_dict({
+    "schema": 1,
+    "loader": {"num_workers": 1},
+    "batching": {"strategy": "random", "local_batch_size": 32},
+    "cache": {"where": where, "keep": keep == "keep"},
+})
+loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+total = sum(int(b.num_nodes) for b in loader)
+hits, misses, nbytes = loader.node_cache.counts()
+print(total, hits, misses, flush=True)
+if end == "killed":
+    os._exit(0)  # as SIGKILL ends it: nothing of the process's own runs
+"""
+
+
+def _job(tmp_path: Path, spec: str, *args: str) -> list[int]:
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    done = subprocess.run(
+        [sys.executable, str(script), spec, str(tmp_path / "c"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return [int(v) for v in done.stdout.split()]
+
+
+def test_the_cache_goes_with_the_jobs_last_process_unless_kept_and_serves_the_next_job(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["parquet"]
+    home = tmp_path / "c" / f"autoloader-{os.getuid()}"
+    total, _, misses = _job(tmp_path, spec, "keep", "ended")
+    assert misses > 0 and any(home.iterdir())  # kept for the next job
+    again, hits, misses = _job(tmp_path, spec, "drop", "killed")
+    assert (again, misses) == (total, 0) and hits > 0  # the next job on the same data
+    assert any(home.iterdir())  # a killed job leaves it to the next
+    _job(tmp_path, spec, "drop", "ended")
+    assert not any(home.iterdir())  # removed with the job's last process
+
+
+def test_a_file_that_changed_is_read_anew_never_from_the_old_entries(tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    write_parquet(path, make_events(300, seed=1), row_group_size=100)
+    spec = str(path)
+    first = _job(tmp_path, spec, "keep", "ended")
+    write_parquet(path, make_events(300, seed=2), row_group_size=100)  # same name, new data
+    total, _, misses = _job(tmp_path, spec, "keep", "ended")
+    assert misses == 3 and total != first[0]  # its three row groups decoded again
+    want = sum(len(autoloader.open_dataset(spec)[i].x) for i in range(300))
+    assert total == want
+
+
+def test_a_worker_killed_while_the_cache_fills_is_survived_with_the_same_batches(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    import signal
+
+    import psutil
+
+    spec = specs["km3"]
+    plan = _plan(tmp_path, 2)
+    want = _epochs(
+        autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False),
+        2,
+    )
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    others = {p.pid for p in psutil.Process().children()}
+    got = []
+    loader.set_epoch(0)
+    for n, batch in enumerate(loader):
+        got.append(batch.x.clone())
+        if n == 2:
+            workers = [p for p in psutil.Process().children() if p.pid not in others]
+            os.kill(workers[0].pid, signal.SIGKILL)
+    loader.set_epoch(1)
+    got.extend(b.x.clone() for b in loader)
+    assert loader.stats.worker_restarts == 1
+    assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
+
+
+def test_a_full_cache_maps_what_it_holds_and_keeps_the_rest_in_the_process(
+    specs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoloader_plugins.jagged.parquet import ParquetTable
+
+    from autoloader.cache import NodeCache
+
+    spec = specs["parquet"]
+    decodes: list[int] = []
+    real = ParquetTable._read_block
+    monkeypatch.setattr(
+        ParquetTable, "_read_block", lambda self, a, z: decodes.append(a) or real(self, a, z)
+    )
+    ds = autoloader.open_dataset(spec)
+    source = ds.autoloader_source()
+    node = NodeCache(
+        str(tmp_path), f"{source.path}#{source.part}", source.stamp, budget_bytes=10**9
+    )
+    ds.autoloader_node_cache(node)
+    want = [e.x for e in autoloader.open_dataset(spec).__getitems__(list(range(0, 400, 7)))]
+    ds.__getitems__([0, 1])  # block 0 written
+    node.budget_bytes = node.used_bytes()  # now full
+    decodes.clear()
+    for _ in range(3):
+        got = ds.__getitems__(list(range(0, 400, 7)))  # blocks 0 and 1
+    assert decodes == [200]  # block 0 mapped; block 1 decoded once, kept by the process
+    assert not node.accepting
+    assert all(torch.equal(a.x, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_windowed_read_order_reads_the_same_batches_with_the_cache(
+    specs: dict[str, str], tmp_path: Path
+) -> None:
+    spec = specs["root"]
+    raw = _plan(tmp_path, 0).to_dict()
+    raw["batching"]["read_order"] = {"block": 200, "window": 400}
+    plan = autoloader.Plan.from_dict(raw)
+    alone = autoloader.DataLoader(
+        autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False
+    )
+    cached = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False)
+    want, got = _epochs(alone, 2), _epochs(cached, 2)
+    assert [t.numpy().tobytes() for t in got] == [t.numpy().tobytes() for t in want]
+    assert cached.node_cache is not None and cached.node_cache.counts()[0] > 0
