@@ -48,6 +48,12 @@ def _written(root: Path) -> Iterator[Path]:
     write_parquet(root / "ev.parquet", ev, row_group_size=500)
     write_km3pipe_h5(root / "ev.h5", ev, chunk_items=8192)
     write_root(root / "ev_2.root", make_events(300, seed=4), events_per_basket=100)
+    keys = np.repeat(np.arange(300, dtype=np.int64) * 3, np.arange(300) % 7)
+    pulses = {"event_no": keys, "charge": np.arange(len(keys), dtype=np.float64)}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(pulses), root / "pulses.parquet", row_group_size=256)
     (root / "secret").mkdir()
     shutil.copy(root / "ev.parquet", root / "secret" / "ev.parquet")
     shutil.copy(root / "ev.parquet", root / "locked.parquet")
@@ -114,6 +120,20 @@ def test_a_url_reads_as_the_local_file(
         autoloader.sizes.sample_sizes(remote), autoloader.sizes.sample_sizes(local)
     )
     batch = [7, 3, 3999, 1200, 1201]
+    for a, b in zip(remote.__getitems__(batch), local.__getitems__(batch), strict=True):
+        assert torch.equal(a.x, b.x)
+
+
+def test_a_keyed_parquet_table_reads_from_a_server(
+    server: Server, proxy: DelayProxy, data: Path
+) -> None:
+    remote = autoloader.open_dataset(_url(server, proxy.port, "pulses.parquet"))
+    local = autoloader.open_dataset(str(data / "pulses.parquet"))
+    assert len(remote) == len(local) == int((np.arange(300) % 7 > 0).sum())  # keys with rows
+    np.testing.assert_array_equal(
+        autoloader.sizes.sample_sizes(remote), autoloader.sizes.sample_sizes(local)
+    )
+    batch = [256, 5, 6, 150]
     for a, b in zip(remote.__getitems__(batch), local.__getitems__(batch), strict=True):
         assert torch.equal(a.x, b.x)
 

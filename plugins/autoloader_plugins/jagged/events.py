@@ -159,11 +159,16 @@ class JaggedEvents(Dataset):
         """Bytes of every block decoded (float32 items x fields): the whole node cache."""
         return int(self.counts.sum()) * self.width * 4
 
+    def _part(self) -> str:
+        """The size cache's part for these fields of the table (another choice of fields
+        has other sizes)."""
+        key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
+        return "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
     def autoloader_source(self) -> DataSource:
         urls = [r.path for r in self.readers if isinstance(r.path, Location)]
         paths = [r.path for r in self.readers if not isinstance(r.path, Location)]
-        key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
-        part = "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+        part = self._part()
         if urls:
             source = DataSource.for_url(self.spec, [location.stamp(u) for u in urls])
         elif len(paths) == 1:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
@@ -28,16 +29,16 @@ EXTENTS = ("_indices", "offsets", "counts")
 SPREAD_TIMES = 8  # the most rows a block may read per row of its own, on average
 
 
-def open_h5(path: Path) -> Any:
-    """The one way an HDF5 file is opened: read-only.
+def open_h5(path: Path | Location) -> Any:
+    """The one way an HDF5 file is opened: read-only (a URL's through its server's blocks).
 
     Raises:
-        DatasetError: it is not HDF5.
+        DatasetError: it is not HDF5, or its server failed.
     """
-    import h5py
+    from autoloader_plugins.h5file import h5_file
 
     try:
-        return h5py.File(path, "r")
+        return h5_file(path)
     except OSError as exc:
         raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {describe(exc)}") from None
 
