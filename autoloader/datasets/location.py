@@ -314,6 +314,7 @@ class RemoteFile(io.RawIOBase):
         self._at = 0
         self.failed: SourceError | None = None
         self.size = int(handle.size)
+        self._windows: list[tuple[int, bytes]] = []  # see hold()
 
     def readable(self) -> bool:
         return True
@@ -329,9 +330,54 @@ class RemoteFile(io.RawIOBase):
     def tell(self) -> int:
         return self._at
 
+    def hold(self, ranges: list[tuple[int, int]]) -> None:
+        """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads
+        within them from memory until the next hold: a storage block's bytes read whole,
+        so that a block costs one round trip, and only its own bytes (the block cache's
+        fixed blocks would fetch its neighbours too, which another process may read)."""
+        spans: list[list[int]] = []
+        for a, z in sorted((max(0, a), min(z, self.size)) for a, z in ranges):
+            if z <= a:
+                continue
+            if spans and a <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], z)
+            else:
+                spans.append([a, z])
+        self._windows = []
+        if not spans:
+            return
+
+        def fetch() -> list[bytes]:
+            if self._f is None:
+                self._f = self._opener()
+            fs, path = self._f.fs, self._f.path
+            starts, stops = [a for a, _ in spans], [z for _, z in spans]
+            try:
+                got = fs.cat_ranges([path] * len(spans), starts, stops, on_error="raise")
+                for b in got:
+                    if isinstance(b, BaseException):
+                        raise b
+            except Exception:
+                self._f = None  # as readinto: the next try opens anew (and says why not)
+                raise
+            return [bytes(b) for b in got]
+
+        what = f"reading {len(spans)} ranges from byte {spans[0][0]}"
+        try:
+            found = retrying(self.location, what, fetch)
+        except SourceError as exc:
+            self.failed = exc
+            raise
+        self._windows = [(a, data) for (a, _), data in zip(spans, found, strict=True)]
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         where = self._at
+        for first, held in self._windows:
+            if first <= where and where + len(view) <= first + len(held):
+                view[:] = held[where - first : where - first + len(view)]
+                self._at = where + len(view)
+                return len(view)
 
         def read() -> bytes:
             if self._f is None:
@@ -360,6 +406,9 @@ class RemoteFile(io.RawIOBase):
 
 
 BLOCK_BYTES = 4 * 2**20  # one request's bytes where a library reads through a file object
+# one request's bytes for metadata where the data's blocks are read by hold(): a footer read
+# fetches this much, not BLOCK_BYTES of the payload before it
+METADATA_BLOCK_BYTES = 256 * 2**10
 CACHED_BLOCKS = 32
 
 

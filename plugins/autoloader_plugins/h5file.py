@@ -14,9 +14,10 @@ from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 
 
-def h5_file(path: Path | Location, **options: Any) -> h5py.File:
+def h5_file(path: Path | Location, block_size: int | None = None, **options: Any) -> h5py.File:
     """``path`` opened by h5py for reading; a URL's through a file object of remote
-    blocks (``autoloader.datasets.location.open_input``), kept alive with the handle.
+    blocks (``autoloader.datasets.location.open_input``, of ``block_size`` bytes), kept
+    alive with the handle as ``f.autoloader_source``.
 
     Raises:
         SourceError: the server failed (down, missing, refused, lost).
@@ -24,7 +25,7 @@ def h5_file(path: Path | Location, **options: Any) -> h5py.File:
     """
     if not isinstance(path, Location):
         return h5py.File(path, "r", **options)
-    handle = location.open_input(path)
+    handle = location.open_input(path, block_size)
     try:
         f = h5py.File(handle, "r", **options)
     except OSError as exc:

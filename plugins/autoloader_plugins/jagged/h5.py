@@ -277,7 +277,9 @@ class H5Table(BlockReader):
             cache = max(self._chunk_cache_bytes, share)
             self._h = handles.open_file(
                 self,
-                lambda: h5_file(self.path, rdcc_nbytes=cache, rdcc_nslots=10007),
+                lambda: h5_file(
+                    self.path, _metadata_blocks(self.path), rdcc_nbytes=cache, rdcc_nslots=10007
+                ),
                 self._release,
             )
             self._hpid, self._hcolumns = os.getpid(), None
@@ -383,7 +385,11 @@ class H5Table(BlockReader):
         contiguous read per column."""
         out = np.empty((last - first, self.width), dtype=np.float32)
         col = 0
-        for (name, width), d in zip(self._columns, self._open_columns(), strict=True):
+        columns = self._open_columns()
+        if isinstance(self.path, Location) and last > first:
+            source = self._handle().autoloader_source
+            source.hold([span for d in columns for span in _chunk_spans(d, first, last)])
+        for (name, width), d in zip(self._columns, columns, strict=True):
             try:
                 values = d[first:last]
             except (OSError, RuntimeError) as exc:
@@ -522,3 +528,39 @@ def _union_length(starts: np.ndarray, stops: np.ndarray) -> int:
     reach = np.maximum.accumulate(e)  # the furthest row covered by the ranges so far
     before = np.concatenate([[0], reach[:-1]])
     return int(np.sum(np.maximum(0, e - np.maximum(s, before))))
+
+
+# a URL's request for HDF5 metadata and chunk index nodes, which sit between the chunks:
+# small, so that a lookup fetches little of the chunks around it (another process's)
+INDEX_BLOCK_BYTES = 64 * 2**10
+
+
+def _metadata_blocks(path: Path | Location) -> int | None:
+    """A URL's request size for what is not a block's data (metadata, the chunk index):
+    blocks are held whole by ``_read_items``, so payload is not fetched this way."""
+    return INDEX_BLOCK_BYTES if isinstance(path, Location) else None
+
+
+def _chunk_spans(d: h5py.Dataset, first: int, last: int) -> list[tuple[int, int]]:
+    """The file's byte ranges holding rows ``first:last`` of ``d`` (its chunks, or its
+    contiguous bytes); none where the layout says nothing simple (those reads go through
+    the file object's blocks)."""
+    try:
+        if d.chunks is None:
+            offset = d.id.get_offset()
+            if offset is None:
+                return []
+            row = d.dtype.itemsize * int(np.prod(d.shape[1:], dtype=np.int64))
+            return [(offset + first * row, offset + last * row)]
+        if tuple(d.chunks[1:]) != tuple(d.shape[1:]):
+            return []
+        c = d.chunks[0]
+        rest = (0,) * (d.ndim - 1)
+        spans = []
+        for k in range(first // c, (last - 1) // c + 1):
+            info = d.id.get_chunk_info_by_coord((k * c, *rest))
+            if info.byte_offset is not None:
+                spans.append((int(info.byte_offset), int(info.byte_offset) + int(info.size)))
+        return spans
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        return []

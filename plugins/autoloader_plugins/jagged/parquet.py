@@ -77,6 +77,7 @@ class ParquetTable(BlockReader):
         self.path, self.name = path, ""
         self._h: Any = None
         self._hpid: int | None = None
+        self._hremote: location.RemoteFile | None = None  # a URL's bytes under self._h
         schema = self._file().schema_arrow
         items, scalars, skipped = self._catalogue(schema)
         if fields is None:
@@ -105,6 +106,7 @@ class ParquetTable(BlockReader):
         except Exception as exc:
             raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
         self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+        self.blocks()  # known to every worker: one whose blocks are all cached opens nothing
         self._values = (
             {n: values.column(n).to_numpy() for n in self.event_fields}
             if values is not None
@@ -123,7 +125,9 @@ class ParquetTable(BlockReader):
     def _open_parquet(self, pq: Any) -> Any:
         try:
             if isinstance(self.path, Location):
-                return pq.ParquetFile(location.open_input(self.path))
+                raw = location.open_input(self.path, location.METADATA_BLOCK_BYTES)
+                self._hremote = raw
+                return pq.ParquetFile(raw)
             return pq.ParquetFile(self.path)
         except DatasetError:
             raise
@@ -137,6 +141,7 @@ class ParquetTable(BlockReader):
     def _release(self) -> None:
         """Close this process's handle (another file needs its descriptor)."""
         h, self._h = self._h, None
+        self._hremote = None
         if h is not None and self._hpid == os.getpid() and hasattr(h, "close"):
             h.close()
 
@@ -229,9 +234,10 @@ class ParquetTable(BlockReader):
 
         group = int(np.searchsorted(self.blocks(), start))
         try:
-            table = self._file().read_row_group(
-                group, columns=[self._path(f.name) for f in self.fields]
-            )
+            f = self._file()
+            if isinstance(self.path, Location) and self._hremote is not None:
+                self._hremote.hold([_span(f.metadata.row_group(group))])
+            table = f.read_row_group(group, columns=[self._path(f.name) for f in self.fields])
         except DatasetError:
             raise
         except Exception as exc:
@@ -270,3 +276,16 @@ class ParquetTable(BlockReader):
 
     def __repr__(self) -> str:
         return f"ParquetTable('{self.path}', events={len(self)})"
+
+
+def _span(group: Any) -> tuple[int, int]:
+    """The bytes of a row group's column chunks in the file, from its metadata."""
+    starts, stops = [], []
+    for i in range(group.num_columns):
+        c = group.column(i)
+        first = c.data_page_offset
+        if c.has_dictionary_page and c.dictionary_page_offset is not None:
+            first = min(first, c.dictionary_page_offset)
+        starts.append(first)
+        stops.append(first + c.total_compressed_size)
+    return min(starts), max(stops)
