@@ -16,10 +16,13 @@ about 1,500 items (``--median``) and six per-item fields. On each:
    (in /dev/shm: one copy), and each pair's summed PSS near the epoch's end (without
    the cache, each worker keeps its own decoded blocks).
 
-Not here: a GraphNeT-layout SQLite database and a file behind the remote benchmark's
-20 ms proxy (their readers are not on this branch): ``--spec NAME=SPEC`` adds any dataset
-spec (``merged.db#pulses``, ``root://...``) to the same measurements, and the server's
-bytes in epoch 3 come from that proxy's own counter.
+4. Remote (``--remote``, on by default where nginx is installed): the Parquet file served
+   by nginx behind the remote benchmark's delaying proxy at 20 ms (``tests/remote_servers.py``),
+   tuned there; three epochs of the planned loader with its cache: epoch 1 / epoch 3, and
+   the bytes the proxy counted from the server in each epoch as a share of the file.
+
+``--spec NAME=SPEC`` adds any dataset spec (``merged.db#pulses``, ``root://...``) to the
+local measurements; ``--only remote`` runs the remote row alone.
 Run: ``python benchmarks/cache.py [--cache DIR] [--events N] [--median ITEMS]``.
 """
 
@@ -38,6 +41,7 @@ EVENTS = 8_000  # ~430 MiB decoded: more than a worker's own block cache (256 Mi
 MEDIAN_ITEMS = 1_500
 WORKERS = 2
 BATCH = 32
+REMOTE_RTT = 0.020
 
 
 def files(cache: Path, n: int, median: float) -> dict[str, str]:
@@ -134,12 +138,84 @@ def shared(spec: str, plan: Path, cache: bool) -> int:
     return sum(int(p.communicate(timeout=1800)[0].split()[0]) for p in procs)
 
 
+def remote(cache: Path, spec: str, rtt: float) -> None:
+    """The Parquet file from nginx behind a proxy of ``rtt`` s: epoch 1 / epoch 3 of the
+    planned loader with its node cache, and the server's bytes in each epoch."""
+    import shutil
+
+    import autoloader
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from remote_servers import DelayProxy, Nginx
+
+    why = Nginx.available()
+    if why is not None:
+        print(f"remote: not measured: {why}")
+        return
+    path, _, query = spec.partition("?")
+    served = Path(tempfile.mkdtemp(prefix="autoloader-served-"))
+    served.chmod(0o755)
+    if _same_fs(path, served):
+        os.link(path, served / "ev.parquet")
+    else:
+        shutil.copy(path, served / "ev.parquet")
+    (served / "ev.parquet").chmod(0o644)
+    size = (served / "ev.parquet").stat().st_size
+    server = Nginx(served).start()
+    proxy = DelayProxy(server.port, rtt)
+    try:
+        url = f"{server.url(proxy.port)}/ev.parquet?{query}"
+        plan = autoloader.tune(
+            autoloader.open_dataset(url),
+            global_batch_size=BATCH,
+            max_workers=2,
+            iterations=10,
+            baseline=None,
+            progress=False,
+            spec=url,
+        )
+        print(f"\nremote ({rtt * 1e3:.0f} ms, nginx): {url}")
+        print("  [cache]        " + json.dumps(plan.cache.to_dict() if plan.cache else None))
+        print("  [tuning.cache] " + json.dumps(plan.tuning.get("cache")))
+        if plan.cache is None:
+            print("  no cache planned")
+            return
+        loader = autoloader.DataLoader(
+            autoloader.open_dataset(url), plan=plan, adapt=False, num_workers=WORKERS
+        )
+        seconds, shares = [], []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            proxy.reset()
+            start = time.perf_counter()
+            for _ in loader:
+                pass
+            seconds.append(time.perf_counter() - start)
+            shares.append(proxy.bytes_sent / size)
+        print(f"  cached epochs s: {', '.join(f'{t:.2f}' for t in seconds)}")
+        print(f"  server bytes / file: {', '.join(f'{x:.2%}' for x in shares)}")
+        print(
+            f"remote        e1/e3 {seconds[0] / seconds[2]:.1f}x; epoch 3 fetched "
+            f"{shares[2]:.2%} of the file ({size / 2**20:.0f} MiB), epoch 1 {shares[0]:.2f}x it"
+        )
+    finally:
+        proxy.close()
+        server.stop()
+        shutil.rmtree(served, ignore_errors=True)
+
+
+def _same_fs(a: str, b: Path) -> bool:
+    return os.stat(a).st_dev == b.stat().st_dev
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "al-bench")
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--median", type=float, default=MEDIAN_ITEMS)
     parser.add_argument("--spec", action="append", default=[], metavar="NAME=SPEC")
+    parser.add_argument("--remote-rtt", type=float, default=REMOTE_RTT, help="seconds")
+    parser.add_argument("--only", choices=["local", "remote"], default=None)
     args = parser.parse_args(argv)
     import autoloader
 
@@ -147,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     specs.update(dict(s.split("=", 1) for s in args.spec))
     load = os.getloadavg()[0]
     print(f"machine   {os.cpu_count()} CPUs, load average {load:.1f} at the start")
+    if args.only != "local":
+        remote(args.cache, specs["parquet"], args.remote_rtt)
+    if args.only == "remote":
+        return 0
     rows = []
     for name, spec in specs.items():
         plan_path = args.cache / f"plan-{name.split()[0]}.toml"

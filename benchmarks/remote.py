@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
                 f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
+                f"node cache {'planned' if plan.cache else 'none'}; "
                 f"source {plan.tuning.get('source', {}).get('round_trip_seconds', 0) * 1e3:.1f}"
                 " ms round trip"
             )
