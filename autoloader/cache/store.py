@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ log = logging.getLogger("autoloader")
 FORMAT = "1"  # the layout of entries: a change makes every older cache unused
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
+MAPS_KEPT = 4096  # entries a process keeps mapped (each is one of the kernel's map areas)
 _DIR_MODE = 0o700
 
 
@@ -83,6 +85,10 @@ class NodeCache:
         self._ready_pid: int | None = None
         self._broken = False
         self._full = False  # this process found the bound or the free space reached
+        # entries this process mapped: a batch of a global shuffle asks for most blocks,
+        # and mapping a file again for each costs more than the gather from it
+        self._maps: OrderedDict[Path, np.ndarray] = OrderedDict()
+        self._maps_pid = os.getpid()
 
     # -- reading -------------------------------------------------------------------------
     def get(
@@ -142,6 +148,22 @@ class NodeCache:
         return h < self.share * 2**32
 
     def _map(self, path: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
+        if self._maps_pid != os.getpid():  # forked: map anew (fewer maps to inherit)
+            self._maps, self._maps_pid = OrderedDict(), os.getpid()
+        known = self._maps.get(path)
+        if known is not None:
+            if shape is None or known.shape == shape:
+                self._maps.move_to_end(path)
+                return known
+            del self._maps[path]  # the reader expects another shape: checked below
+        found = self._load(path, shape)
+        if found is not None:
+            self._maps[path] = found  # an entry never changes once published
+            while len(self._maps) > MAPS_KEPT:
+                self._maps.popitem(last=False)
+        return found
+
+    def _load(self, path: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except FileNotFoundError:
@@ -246,6 +268,7 @@ class NodeCache:
         state = self.__dict__.copy()
         state["_ready_pid"] = None
         state["_full"] = False
+        state["_maps"], state["_maps_pid"] = OrderedDict(), None
         return state
 
 

@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from autoloader.cache import NodeCache, hold, release
 from autoloader.cache import store as store_module
@@ -45,6 +46,23 @@ def test_a_block_decoded_once_is_mapped_from_then_on_bit_for_bit(tmp_path: Path)
     assert counts.written_bytes == cache.used_bytes() > BLOCK.nbytes
     other = _cache(tmp_path)  # another reader of the same data
     assert other.get(("f", "hits", 0), Loads()).tobytes() == BLOCK.tobytes()
+
+
+def test_a_process_maps_an_entry_once_and_still_checks_its_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of a global shuffle asks for most blocks: each is mapped once per process."""
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))
+    maps = []
+    real = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: maps.append(a) or real(*a, **k))
+    first = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    again = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert again is first and len(maps) == 1 and load.calls == 1
+    assert cache.tally.total().hits == 2  # each ask still counted
+    assert cache.get(("f", "hits", 0), load, shape=(99, 6)).shape == (100, 6)
+    assert load.calls == 2  # another shape expected: the kept map is not trusted for it
 
 
 def test_files_and_directories_are_the_users_alone(tmp_path: Path) -> None:
