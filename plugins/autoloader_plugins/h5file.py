@@ -13,6 +13,10 @@ from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 
+# a URL's request for HDF5 metadata and chunk index nodes, which sit between the chunks:
+# small, so that opening or a chunk lookup fetches little of the data around it
+METADATA_BLOCK_BYTES = 64 * 2**10
+
 
 def h5_file(path: Path | Location, block_size: int | None = None, **options: Any) -> h5py.File:
     """``path`` opened by h5py for reading; a URL's through a file object of remote

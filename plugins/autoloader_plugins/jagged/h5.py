@@ -32,7 +32,7 @@ import numpy as np
 
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
-from autoloader_plugins.h5file import h5_file
+from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (
@@ -151,7 +151,7 @@ class H5Table(BlockReader):
         self._items: tuple[np.ndarray, np.ndarray] | None = None  # each block's item range
         self._chunk_cache_bytes = _MIN_CHUNK_CACHE_BYTES
         try:
-            with h5_file(path) as f:
+            with h5_file(path, _metadata_blocks(path)) as f:
                 g = f.get(group)
                 if not isinstance(g, h5py.Group):
                     tables = find_tables(f)
@@ -530,15 +530,10 @@ def _union_length(starts: np.ndarray, stops: np.ndarray) -> int:
     return int(np.sum(np.maximum(0, e - np.maximum(s, before))))
 
 
-# a URL's request for HDF5 metadata and chunk index nodes, which sit between the chunks:
-# small, so that a lookup fetches little of the chunks around it (another process's)
-INDEX_BLOCK_BYTES = 64 * 2**10
-
-
 def _metadata_blocks(path: Path | Location) -> int | None:
     """A URL's request size for what is not a block's data (metadata, the chunk index):
     blocks are held whole by ``_read_items``, so payload is not fetched this way."""
-    return INDEX_BLOCK_BYTES if isinstance(path, Location) else None
+    return METADATA_BLOCK_BYTES if isinstance(path, Location) else None
 
 
 def _chunk_spans(d: h5py.Dataset, first: int, last: int) -> list[tuple[int, int]]:

@@ -145,13 +145,13 @@ class _Plugin:
 
 def _remote_nugraph(spec: JaggedSpec) -> Any:
     """A NuGraph/pynuml file behind a URL (``#SPLIT``), or None for another layout."""
-    from autoloader_plugins.h5file import h5_file
+    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
     from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
 
     where = location.parse_url(spec.path)
     if where.has_glob():
         return None
-    with h5_file(where) as f:
+    with h5_file(where, METADATA_BLOCK_BYTES) as f:  # what it is: metadata only
         if not is_nugraph(f):
             return None
     return NuGraphEvents(where, spec.name)

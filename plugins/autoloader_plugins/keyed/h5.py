@@ -29,7 +29,7 @@ EXTENTS = ("_indices", "offsets", "counts")
 SPREAD_TIMES = 8  # the most rows a block may read per row of its own, on average
 
 
-def open_h5(path: Path | Location) -> Any:
+def open_h5(path: Path | Location, block_size: int | None = None) -> Any:
     """The one way an HDF5 file is opened: read-only (a URL's through its server's blocks).
 
     Raises:
@@ -38,7 +38,7 @@ def open_h5(path: Path | Location) -> Any:
     from autoloader_plugins.h5file import h5_file
 
     try:
-        return h5_file(path)
+        return h5_file(path, block_size)
     except OSError as exc:
         raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {describe(exc)}") from None
 
@@ -59,8 +59,10 @@ def _table(h5: Any, name: str) -> tuple[list[str], Any] | None:
 def is_long_table(path: Path, name: str, key: str | None) -> bool:
     """Whether ``path#name`` is an HDF5 long table: with the default key column, or of
     its shape where ``?key=`` is given (a missing key is then this reader's to name)."""
+    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES
+
     try:
-        with open_h5(path) as h5:
+        with open_h5(path, METADATA_BLOCK_BYTES) as h5:  # metadata only
             found = _table(h5, name)
             return found is not None and (key is not None or DEFAULT_KEY in found[0])
     except (DatasetError, OSError, ValueError):
