@@ -19,12 +19,16 @@ of pulses, seven pulse features), read as ``DB#SRTInIcePulses?events=truth``. On
    (in /dev/shm: one copy), and each pair's summed PSS near the epoch's end (without
    the cache, each worker keeps its own decoded blocks).
 
-Not here: a file behind the remote benchmark's 20 ms proxy: ``--spec NAME=SPEC`` adds
-any dataset spec (``root://...``) to the same measurements, and the server's bytes in
-epoch 3 come from that proxy's own counter. ``--only NAME`` (repeatable: ``hdf5``,
-``root``, ``parquet``, ``sqlite``) measures those rows alone.
+4. Remote: the Parquet file served by nginx behind the remote benchmark's delaying proxy
+   at 20 ms (``tests/remote_servers.py``), tuned there; three epochs of the planned loader
+   with its cache: epoch 1 / epoch 3, and the bytes the proxy counted from the server in
+   each epoch as a share of the file.
+
+``--spec NAME=SPEC`` adds any dataset spec (``root://...``) to the local measurements.
+``--only NAME`` (repeatable: ``hdf5``, ``root``, ``parquet``, ``sqlite``, ``remote``)
+measures those rows alone.
 Run: ``python benchmarks/cache.py [--cache DIR] [--events N] [--median ITEMS]
-[--sqlite-events N] [--only NAME]``.
+[--sqlite-events N] [--remote-rtt SECONDS] [--only NAME]``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ MEDIAN_ITEMS = 1_500
 SQLITE_EVENTS = 300_000  # benchmarks/keyed.py's: ~8M pulses, ~230 MiB decoded
 WORKERS = 2
 BATCH = 32
+REMOTE_RTT = 0.020
 
 
 def graphnet_database(cache: Path, n: int) -> str:
@@ -157,6 +162,76 @@ def shared(spec: str, plan: Path, cache: bool) -> int:
     return sum(int(p.communicate(timeout=1800)[0].split()[0]) for p in procs)
 
 
+def remote(cache: Path, spec: str, rtt: float) -> None:
+    """The Parquet file from nginx behind a proxy of ``rtt`` s: epoch 1 / epoch 3 of the
+    planned loader with its node cache, and the server's bytes in each epoch."""
+    import shutil
+
+    import autoloader
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from remote_servers import DelayProxy, Nginx
+
+    why = Nginx.available()
+    if why is not None:
+        print(f"remote: not measured: {why}")
+        return
+    path, _, query = spec.partition("?")
+    served = Path(tempfile.mkdtemp(prefix="autoloader-served-"))
+    served.chmod(0o755)
+    if _same_fs(path, served):
+        os.link(path, served / "ev.parquet")
+    else:
+        shutil.copy(path, served / "ev.parquet")
+    (served / "ev.parquet").chmod(0o644)
+    size = (served / "ev.parquet").stat().st_size
+    server = Nginx(served).start()
+    proxy = DelayProxy(server.port, rtt)
+    try:
+        url = f"{server.url(proxy.port)}/ev.parquet?{query}"
+        plan = autoloader.tune(
+            autoloader.open_dataset(url),
+            global_batch_size=BATCH,
+            max_workers=2,
+            iterations=10,
+            baseline=None,
+            progress=False,
+            spec=url,
+        )
+        print(f"\nremote ({rtt * 1e3:.0f} ms, nginx): {url}")
+        print("  [cache]        " + json.dumps(plan.cache.to_dict() if plan.cache else None))
+        print("  [tuning.cache] " + json.dumps(plan.tuning.get("cache")))
+        if plan.cache is None:
+            print("  no cache planned")
+            return
+        loader = autoloader.DataLoader(
+            autoloader.open_dataset(url), plan=plan, adapt=False, num_workers=WORKERS
+        )
+        seconds, shares = [], []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            proxy.reset()
+            start = time.perf_counter()
+            for _ in loader:
+                pass
+            seconds.append(time.perf_counter() - start)
+            shares.append(proxy.bytes_sent / size)
+        print(f"  cached epochs s: {', '.join(f'{t:.2f}' for t in seconds)}")
+        print(f"  server bytes / file: {', '.join(f'{x:.2%}' for x in shares)}")
+        print(
+            f"remote        e1/e3 {seconds[0] / seconds[2]:.1f}x; epoch 3 fetched "
+            f"{shares[2]:.2%} of the file ({size / 2**20:.0f} MiB), epoch 1 {shares[0]:.2f}x it"
+        )
+    finally:
+        proxy.close()
+        server.stop()
+        shutil.rmtree(served, ignore_errors=True)
+
+
+def _same_fs(a: str, b: Path) -> bool:
+    return os.stat(a).st_dev == b.stat().st_dev
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "al-bench")
@@ -164,17 +239,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--median", type=float, default=MEDIAN_ITEMS)
     parser.add_argument("--sqlite-events", type=int, default=SQLITE_EVENTS)
     parser.add_argument("--spec", action="append", default=[], metavar="NAME=SPEC")
+    parser.add_argument("--remote-rtt", type=float, default=REMOTE_RTT, help="seconds")
     parser.add_argument("--only", action="append", default=[], metavar="NAME")
     args = parser.parse_args(argv)
     import autoloader
 
     only = set(args.only)
-    specs = files(args.cache, args.events, args.median, only)
+    # the remote row serves the Parquet file
+    specs = files(
+        args.cache, args.events, args.median, only | {"parquet"} if "remote" in only else only
+    )
     if not only or "sqlite" in only:
         specs["sqlite"] = graphnet_database(args.cache, args.sqlite_events)
     specs.update(dict(s.split("=", 1) for s in args.spec))
     load = os.getloadavg()[0]
     print(f"machine   {os.cpu_count()} CPUs, load average {load:.1f} at the start")
+    if not only or "remote" in only:
+        remote(args.cache, specs["parquet"], args.remote_rtt)
+    if only and "parquet" not in only:
+        specs.pop("parquet", None)  # written for the remote row alone
+    if only == {"remote"}:
+        return 0
     rows: list[tuple[str, Any, Any, Any, Any]] = []  # None where no cache was planned
     for name, spec in specs.items():
         plan_path = args.cache / f"plan-{name.split()[0]}.toml"

@@ -119,7 +119,7 @@ class NodeCache:
         reader where this block is kept). ``shape``: what the entry must hold."""
         if self._broken or not self.keeps(key):
             return load(*args)
-        held = self._held(key)
+        held = self._held(key, shape)
         if held is not None:
             self.tally.hit()
             return held
@@ -154,7 +154,7 @@ class NodeCache:
         """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
         if self._broken or not self.keeps(key):
             return None
-        found = self._held(key)
+        found = self._held(key, shape)
         if found is None and self._ready():
             found = self._map(self.directory / f"{_digest(repr(key))}.npy", shape, key)
         if found is not None:
@@ -178,14 +178,19 @@ class NodeCache:
         h = int(hashlib.sha256(repr(key).encode()).hexdigest()[:8], 16)
         return h < self.share * 2**32
 
-    def _held(self, key: Any) -> np.ndarray | None:
-        """Block ``key`` as this process mapped it before, or None."""
+    def _held(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
+        """Block ``key`` as this process mapped it before, or None (also where a reader
+        expects another ``shape``: the entry is then checked again)."""
         if self._maps_pid != os.getpid():  # forked: the parent's maps are not ours to keep
             self._maps, self._maps_pid = OrderedDict(), os.getpid()
             return None
         found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
+        if found is None:
+            return None
+        if shape is not None and found.shape != shape:
+            del self._maps[key]
+            return None
+        self._maps.move_to_end(key)
         return found
 
     def _map(self, path: Path, shape: tuple[int, int] | None, key: Any) -> np.ndarray | None:

@@ -36,6 +36,7 @@ def sections(plan: Plan) -> list[Section]:
         _batching(tuning.sub("batching")),
         _strategies(tuning.sub("strategies"), plan.batching.strategy),
         _read_order(tuning.sub("read_order"), plan.batching.read_order),
+        _source(tuning.sub("source")),
         _host(tuning.sub("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
         _cache(plan),
     ]
@@ -467,6 +468,23 @@ def _read_order(found: View, windows: dict[str, int] | None) -> Section | None:
     )
     header = ["order", "ms/sample", "speed", "blocks a batch draws from", "worst batch"]
     return Section("read order (timed on this data; * the plan's)", header, rows, notes)
+
+
+def _source(found: View) -> Section | None:
+    """``[tuning.source]``: a server's round trip and throughput, and the reads planned."""
+    if not found:
+        return None
+    rtt, rate = found.number("round_trip_seconds"), found.number("bytes_per_second")
+    row = [
+        found.word("server"),
+        f"{rtt * 1e3:.1f}" if rtt is not None else "-",
+        f"{rate / 1e6:.1f}" if rate is not None else "-",
+        _b(found.number("block_bytes")),
+        found.word("read_ahead_blocks", "-"),
+    ]
+    header = ["server", "round trip ms", "MB/s", "block", "blocks in flight"]
+    notes = [f"{found.word('url')}: timed on its first file, one-byte reads and one large read"]
+    return Section("source (a server, timed)", header, [row], notes)
 
 
 def _cache(plan: Plan) -> Section | None:

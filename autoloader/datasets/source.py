@@ -28,6 +28,14 @@ class DataSource:
     # the files read where ``path`` is a directory (``for_files``): only these are inputs,
     # so a plan may be written beside them; empty: everything under ``path`` is
     files: tuple[Path, ...] = ()
+    url: str = ""  # data behind a URL: ``path`` is not on this host, the cache is local
+
+    @classmethod
+    def for_url(cls, url: str, stamps: list[str]) -> DataSource:
+        """Remote data: ``stamps`` are what its server says of each file (size and
+        modification time, or an ETag or checksum), so a change on the server is seen."""
+        digest = hashlib.sha256("\n".join(stamps).encode()).hexdigest()
+        return cls(Path(user_cache_dir()), f"remote n={len(stamps)} {digest}", url=url)
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str]) -> DataSource:
@@ -52,6 +60,8 @@ class DataSource:
         """The sizes cache beside the data: ``data.h5.autoloader-sizes.npz`` (for a
         part: ``data.h5.PART.autoloader-sizes.npz``) or ``DIR/.autoloader-sizes.npz``."""
         suffix = f".{self.part}" if self.part else ""
+        if self.url:
+            return self.fallback_cache_path
         if self.path.is_dir():
             return self.path / f".autoloader-sizes{suffix}.npz"
         return self.path.with_name(f"{self.path.name}{suffix}.autoloader-sizes.npz")
@@ -60,7 +70,8 @@ class DataSource:
     def fallback_cache_path(self) -> Path:
         """Where the cache goes when the data's directory is read-only."""
         base = user_cache_dir() / "autoloader"
-        key = hashlib.sha256(os.fsencode(f"{self.path}#{self.part}")).hexdigest()[:24]
+        where = self.url or str(self.path)
+        key = hashlib.sha256(os.fsencode(f"{where}#{self.part}")).hexdigest()[:24]
         return base / f"sizes-{key}.npz"
 
 
@@ -89,6 +100,8 @@ def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
         found = source()
     except Exception:  # a dataset that cannot say where it lives has nothing to protect
         return []
+    if found.url:  # nothing of it on this host but its size cache
+        return [(Path(found.fallback_cache_path), "the dataset's size cache")]
     data = [(Path(f), "a file of the dataset") for f in found.files]
     return [
         *(data or [(Path(found.path), "the dataset")]),

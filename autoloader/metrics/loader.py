@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from autoloader.datasets.failures import RETRIES
 from autoloader.metrics.multiproc import writable_metrics_dir
 from autoloader.sizes import nbytes_of
 
@@ -159,6 +160,12 @@ class LoaderMetrics:
             labelnames=["rank", "reason"],
             registry=registry,
         )
+        self.source_retries = Counter(
+            "autoloader_source_retries",
+            "Reads of a remote source (XRootD, HTTP) tried again after a transient error.",
+            labelnames=["rank"],
+            registry=registry,
+        )
         self.worker_stalls = Counter(
             "autoloader_worker_stalls",
             "Waits of a planned loader for one batch past what the plan's batches take: a "
@@ -251,6 +258,10 @@ class BatchRecorder:
             self._wait = metrics.batch_wait.labels(rank=self.rank)
             self._h2d = metrics.h2d.labels(rank=self.rank)
             metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
+            retries = metrics.source_retries.labels(rank=self.rank)
+        # retries in this process and in workers it forks (which export them in
+        # multiprocess mode, as every worker-side metric)
+        RETRIES.hooks[id(metrics)] = retries.inc
         self.metrics = metrics
         self.stats = LoaderStats()
         self._pending_waits: list[float] = []

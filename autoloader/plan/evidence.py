@@ -47,12 +47,14 @@ def tuning_table(
     threads: Mapping[str, Any] | None = None,
     host: Mapping[str, Any] | None = None,
     read_order: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
     cache: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
     (where they apply) the step time, the worker pinning, the device feed, each node, the
     baseline measured beside the plan, the intra-op threads choice, the host's
-    shared-memory and RAM budgets, the read order's measurement and the node cache's."""
+    shared-memory and RAM budgets, the read order's measurement, the node cache's, and a
+    remote source's round trip and throughput."""
     out: dict[str, Any] = {
         "workers": dict(workers),
         "strategies": {name: dict(r) for name, r in strategies.items()},
@@ -74,6 +76,8 @@ def tuning_table(
         out["host"] = dict(host)
     if read_order is not None:
         out["read_order"] = dict(read_order)
+    if source is not None:
+        out["source"] = dict(source)
     if cache is not None:
         out["cache"] = dict(cache)
     return out

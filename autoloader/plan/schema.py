@@ -481,6 +481,18 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
         },
     ),
     (
+        "tuning.source",
+        {
+            "url": _STR,
+            "server": _STR,
+            "round_trip_seconds": _FIN,
+            "bytes_per_second": _FIN,
+            "probe_bytes": ("int",),
+            "block_bytes": ("int",),
+            "read_ahead_blocks": ("int",),
+        },
+    ),
+    (
         "tuning.cache",
         {
             "chosen": _STR,

@@ -49,6 +49,7 @@ class Findings:
     placement: Placement
     workers: WorkerStage
     trials: Trials
+    source: dict[str, Any] | None = None  # a server's round trip and throughput
     cache: CacheChoice | None = None
 
 
@@ -175,5 +176,6 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         threads=found.trials.threads.to_dict() if found.trials.threads else None,
         host=found.workers.host,
         read_order=found.read_order.evidence,
+        source=found.source,
         cache=found.cache.evidence if found.cache is not None else None,
     )

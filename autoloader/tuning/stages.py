@@ -27,6 +27,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.plan import LoaderPlan
 from autoloader.samplers import RandomBatchSampler, make_sampler
 from autoloader.thresholds import WAIT_THRESHOLD
+from autoloader.tuning import source as source_probe
 from autoloader.tuning import trial, workers
 from autoloader.tuning.baseline import TORCH_DEFAULTS, LoopSettings
 from autoloader.tuning.batching import BatchingChoice, choose_batching, replay
@@ -308,6 +309,16 @@ class Placement:
 
     cpus: int
     pinned: list[int] | None
+
+
+def source(team: Team, work: Workload) -> dict[str, Any] | None:
+    """``[tuning.source]``: the round trip and throughput of a dataset read from a server,
+    measured once (rank 0) on its first remote file; None for local data."""
+    remote = source_probe.remote_files(work.dataset)
+    if not remote:
+        return None
+    found: dict[str, Any] = team.once(lambda: source_probe.probe(remote[0]))
+    return found
 
 
 def placement(device: torch.device) -> Placement:

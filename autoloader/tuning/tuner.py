@@ -134,6 +134,7 @@ def run(
             opts.world_size,
             factory,
         )
+        remote = stages.source(team, work)
         room = stages.headroom(dev, opts)
         model, calibration = stages.memory_model(team, work, opts, memory_model)
         budget = stages.budget(team, room, opts, calibration, dev)
@@ -161,6 +162,7 @@ def run(
             where,
             loader,
             tried,
+            remote,
             cache,
         )
         return plan_of(dataset, opts, dev, found)

@@ -45,6 +45,8 @@ SUFFIXES = (".h5", ".hdf5", ".he5")
 class GraphEventsH5(LazyFile, Dataset):
     """A map-style dataset of ``torch_geometric.data.Data`` events from one HDF5 file."""
 
+    path: Path  # a local file (a URL's HDF5 is a jagged table or NuGraph)
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not self.path.exists():

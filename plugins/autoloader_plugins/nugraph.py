@@ -27,10 +27,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
-from autoloader_plugins.h5file import LazyFile
+from autoloader_plugins.h5file import LazyFile, h5_file
 from autoloader_plugins.nugraph_sizes import check_field, itemsizes, not_compound
 
 DEFAULT_SPLIT = "train"
@@ -54,12 +56,12 @@ class NuGraphEvents(LazyFile, Dataset):
             is all of ``dataset`` and takes no split.
     """
 
-    def __init__(self, path: str | os.PathLike[str], split: str | None = None) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str] | Location, split: str | None = None) -> None:
+        self.path: Path | Location = path if isinstance(path, Location) else Path(path)
         self.split = split
         where = f"DATASET '{self.path}'"
         try:
-            with h5py.File(self.path, "r") as f:
+            with h5_file(self.path) as f:
                 events = f["dataset"]
                 if "samples" in f:
                     self.split = split or DEFAULT_SPLIT
@@ -103,7 +105,7 @@ class NuGraphEvents(LazyFile, Dataset):
 
     def autoloader_sizes(self) -> np.ndarray:
         """``datasize/<split>`` where it matches the split, else each event's itemsize."""
-        with h5py.File(self.path, "r") as f:
+        with h5_file(self.path) as f:
             if self.split and f"datasize/{self.split}" in f:
                 recorded = np.asarray(f[f"datasize/{self.split}"][()])
                 if recorded.shape == (len(self.names),) and recorded.dtype.kind in "iu":
@@ -123,8 +125,11 @@ class NuGraphEvents(LazyFile, Dataset):
         _compound(event, self.path, name)
 
     def autoloader_source(self) -> DataSource:
-        source = DataSource.for_file(self.path)
-        return DataSource(source.path, source.stamp, self.split or "")
+        if isinstance(self.path, Location):
+            source = DataSource.for_url(self.path.url, [location.stamp(self.path)])
+        else:
+            source = DataSource.for_file(self.path)
+        return DataSource(source.path, source.stamp, self.split or "", source.url)
 
     def __repr__(self) -> str:
         split = f"#{self.split}" if self.split else ""
@@ -150,7 +155,7 @@ def to_heterodata(record: np.ndarray) -> Any:
     return data
 
 
-def _compound(d: h5py.h5d.DatasetID, path: Path, name: str) -> np.dtype:
+def _compound(d: h5py.h5d.DatasetID, path: Path | Location, name: str) -> np.dtype:
     dtype = d.dtype
     if dtype.names is None:
         raise DatasetError(not_compound(path, name, d))

@@ -15,6 +15,7 @@ Only h5py and numpy are imported here, so a child starts in about 0.2 s.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -27,8 +28,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader.host import usable_cpus
+from autoloader_plugins.h5file import h5_file
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ EVENTS_PER_PROCESS = 20_000  # fewer per process and starting it costs more than
 _BAD_FILE = 2  # a child's exit status for a DatasetError, whose message is on its stderr
 
 
-def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.ndarray:
+def itemsizes(path: Path | Location, names: list[str], processes: int | None = None) -> np.ndarray:
     """Each event's compound itemsize, in ``names`` order.
 
     Args:
@@ -47,7 +50,7 @@ def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.
     """
     if processes is None:
         processes = min(usable_cpus(), len(names) // EVENTS_PER_PROCESS)
-    if processes <= 1:
+    if processes <= 1 or isinstance(path, Location):  # a URL: one reader, blocks cached
         return read_itemsizes(path, names)
     log.info("reading the sizes of %d events from metadata in %d processes", len(names), processes)
     bounds = np.linspace(0, len(names), processes + 1).astype(int).tolist()
@@ -82,7 +85,7 @@ def itemsizes(path: Path, names: list[str], processes: int | None = None) -> np.
     return np.concatenate(parts)
 
 
-def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
+def read_itemsizes(path: Path | Location, names: list[str]) -> np.ndarray:
     """Each event's compound itemsize, read in this process.
 
     An event's datatype is read from its object header's bytes where the header is the
@@ -92,17 +95,19 @@ def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
     The first event of each member count, and any event whose header is laid out
     otherwise, is opened by HDF5 (its class and its fields' names checked: every
     field is checked again when an event is read); where the first event's header and
-    HDF5 disagree, every event is opened by HDF5.
+    HDF5 disagree, every event is opened by HDF5. A file behind a URL is opened by HDF5
+    event by event: its header bytes are not fetched apart.
     """
-    with h5py.File(path, "r") as f, open(path, "rb") as raw:
+    with h5_file(path) as f, contextlib.ExitStack() as stack:
+        raw = None if isinstance(path, Location) else stack.enter_context(open(path, "rb"))
         events = h5py.h5g.open(f.id, b"dataset")
         base = int(f.userblock_size)
         out = np.empty(len(names), dtype=np.int64)
         checked: set[int] = set()  # member counts of events opened by HDF5, fields checked
-        trusted = True
+        trusted = raw is not None
         for i, name in enumerate(names):
             key = name.encode()
-            found = _from_header(raw.fileno(), events, key, base) if trusted else None
+            found = _from_header(raw.fileno(), events, key, base) if raw and trusted else None
             if found is not None and found[1] in checked:
                 out[i] = found[0]
                 continue
@@ -115,7 +120,7 @@ def read_itemsizes(path: Path, names: list[str]) -> np.ndarray:
 
 
 def _opened(
-    path: Path, events: h5py.h5g.GroupID, name: str, key: bytes, checked: set[int]
+    path: Path | Location, events: h5py.h5g.GroupID, name: str, key: bytes, checked: set[int]
 ) -> tuple[int, int]:
     """(itemsize, member count) of an event opened by HDF5: a compound, whose fields are
     named store/attr (checked where its member count is not among ``checked``)."""
@@ -180,13 +185,13 @@ def _from_header(
     return None
 
 
-def check_fields(path: Path, name: str, kind: h5py.h5t.TypeCompoundID) -> None:
+def check_fields(path: Path | Location, name: str, kind: h5py.h5t.TypeCompoundID) -> None:
     """Each field of an event's compound type is named ``store/attr``."""
     for k in range(kind.get_nmembers()):
         check_field(path, name, kind.get_member_name(k).decode(errors="replace"))
 
 
-def check_field(path: Path, name: str, field: str) -> None:
+def check_field(path: Path | Location, name: str, field: str) -> None:
     """A field name is ``store/attr``: a node or edge store, and one of its attributes."""
     parts = field.split("/")
     if len(parts) != 2 or not all(parts):
@@ -196,7 +201,7 @@ def check_field(path: Path, name: str, field: str) -> None:
         )
 
 
-def not_compound(path: Path, name: str, event: h5py.h5d.DatasetID) -> str:
+def not_compound(path: Path | Location, name: str, event: h5py.h5d.DatasetID) -> str:
     """The error for an event that is not a scalar of a compound dtype."""
     return (
         f"DATASET '{path}': event {name!r}: expected a scalar of a compound dtype "

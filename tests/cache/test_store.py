@@ -68,6 +68,23 @@ def test_a_process_maps_an_entry_once_however_often_it_is_asked_for(
     assert cache.tally.total().hits == 100
 
 
+def test_a_process_maps_an_entry_once_and_still_checks_its_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of a global shuffle asks for most blocks: each is mapped once per process."""
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))
+    maps = []
+    real = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: maps.append(a) or real(*a, **k))
+    first = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    again = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert again is first and len(maps) == 1 and load.calls == 1
+    assert cache.tally.total().hits == 2  # each ask still counted
+    assert cache.get(("f", "hits", 0), load, shape=(99, 6)).shape == (100, 6)
+    assert load.calls == 2  # another shape expected: the kept map is not trusted for it
+
+
 def test_files_and_directories_are_the_users_alone(tmp_path: Path) -> None:
     old = os.umask(0o000)  # even a permissive umask gives group and others nothing
     try:

@@ -22,6 +22,8 @@ import torch
 from torch.utils.data import Dataset
 
 from autoloader.cache import NodeCache
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
@@ -157,15 +159,23 @@ class JaggedEvents(Dataset):
         """Bytes of every block decoded (float32 items x fields): the whole node cache."""
         return int(self.counts.sum()) * self.width * 4
 
-    def autoloader_source(self) -> DataSource:
-        paths = [r.path for r in self.readers]
+    def _part(self) -> str:
+        """The size cache's part for these fields of the table (another choice of fields
+        has other sizes)."""
         key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
-        part = "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-        if len(paths) == 1:
+        return "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def autoloader_source(self) -> DataSource:
+        urls = [r.path for r in self.readers if isinstance(r.path, Location)]
+        paths = [r.path for r in self.readers if not isinstance(r.path, Location)]
+        part = self._part()
+        if urls:
+            source = DataSource.for_url(self.spec, [location.stamp(u) for u in urls])
+        elif len(paths) == 1:
             source = DataSource.for_file(paths[0])
         else:
             source = DataSource.for_files(Path(os.path.commonpath(paths)), paths)
-        return DataSource(source.path, source.stamp, part, source.files)
+        return DataSource(source.path, source.stamp, part, files=source.files, url=source.url)
 
     def __repr__(self) -> str:
         return (

@@ -30,7 +30,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
+from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (
@@ -111,7 +113,7 @@ def columns_without_extents(g: h5py.Group) -> str | None:
     )
 
 
-def refuse_columns_without_extents(path: Path, f: h5py.File, group: str | None) -> None:
+def refuse_columns_without_extents(path: Path | Location, f: h5py.File, group: str | None) -> None:
     """Refuse a file that is neither NuGraph nor holds a jagged table, where the group
     named by ``#GROUP`` (or the file's only group) is a table missing its extents: read
     as one group per event it would be one event, or a misleading '#GROUP' message.
@@ -137,7 +139,7 @@ class H5Table(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         group: str,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
@@ -149,7 +151,7 @@ class H5Table(BlockReader):
         self._items: tuple[np.ndarray, np.ndarray] | None = None  # each block's item range
         self._chunk_cache_bytes = _MIN_CHUNK_CACHE_BYTES
         try:
-            with h5py.File(path, "r") as f:
+            with h5_file(path, _metadata_blocks(path)) as f:
                 g = f.get(group)
                 if not isinstance(g, h5py.Group):
                     tables = find_tables(f)
@@ -275,7 +277,9 @@ class H5Table(BlockReader):
             cache = max(self._chunk_cache_bytes, share)
             self._h = handles.open_file(
                 self,
-                lambda: h5py.File(self.path, "r", rdcc_nbytes=cache, rdcc_nslots=10007),
+                lambda: h5_file(
+                    self.path, _metadata_blocks(self.path), rdcc_nbytes=cache, rdcc_nslots=10007
+                ),
                 self._release,
             )
             self._hpid, self._hcolumns = os.getpid(), None
@@ -293,6 +297,15 @@ class H5Table(BlockReader):
         return self._values
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
+        try:
+            return self._read_events(events, cache)
+        except OSError:
+            source = getattr(self._h, "autoloader_source", None)
+            if source is not None and source.failed is not None:
+                raise source.failed from None  # h5py's own text says "read failed"
+            raise
+
+    def _read_events(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         """The rows of ``events``: gathered from their blocks as decoded in ``cache`` where
         the cache admits a block (asked for before), else read alone, one HDF5 selection
         per column for all such events (a global shuffle of a large file)."""
@@ -372,7 +385,11 @@ class H5Table(BlockReader):
         contiguous read per column."""
         out = np.empty((last - first, self.width), dtype=np.float32)
         col = 0
-        for (name, width), d in zip(self._columns, self._open_columns(), strict=True):
+        columns = self._open_columns()
+        if isinstance(self.path, Location) and last > first:
+            source = self._handle().autoloader_source
+            source.hold([span for d in columns for span in _chunk_spans(d, first, last)])
+        for (name, width), d in zip(self._columns, columns, strict=True):
             try:
                 values = d[first:last]
             except (OSError, RuntimeError) as exc:
@@ -476,7 +493,7 @@ def _listed(tables: dict[str, int]) -> str:
     return ", ".join(f"'{t}' ({n} events)" for t, n in tables.items())
 
 
-def open_table(path: Path, spec: Any) -> H5Table:
+def open_table(path: Path | Location, spec: Any) -> H5Table:
     """The table ``group`` of ``path``, or its only table.
 
     Raises:
@@ -484,7 +501,7 @@ def open_table(path: Path, spec: Any) -> H5Table:
     """
     group = spec.name
     if group is None:
-        with h5py.File(path, "r") as f:
+        with h5_file(path) as f:
             tables = find_tables(f)
             if not tables:
                 refuse_columns_without_extents(path, f, None)
@@ -511,3 +528,34 @@ def _union_length(starts: np.ndarray, stops: np.ndarray) -> int:
     reach = np.maximum.accumulate(e)  # the furthest row covered by the ranges so far
     before = np.concatenate([[0], reach[:-1]])
     return int(np.sum(np.maximum(0, e - np.maximum(s, before))))
+
+
+def _metadata_blocks(path: Path | Location) -> int | None:
+    """A URL's request size for what is not a block's data (metadata, the chunk index):
+    blocks are held whole by ``_read_items``, so payload is not fetched this way."""
+    return METADATA_BLOCK_BYTES if isinstance(path, Location) else None
+
+
+def _chunk_spans(d: h5py.Dataset, first: int, last: int) -> list[tuple[int, int]]:
+    """The file's byte ranges holding rows ``first:last`` of ``d`` (its chunks, or its
+    contiguous bytes); none where the layout says nothing simple (those reads go through
+    the file object's blocks)."""
+    try:
+        if d.chunks is None:
+            offset = d.id.get_offset()
+            if offset is None:
+                return []
+            row = d.dtype.itemsize * int(np.prod(d.shape[1:], dtype=np.int64))
+            return [(offset + first * row, offset + last * row)]
+        if tuple(d.chunks[1:]) != tuple(d.shape[1:]):
+            return []
+        c = d.chunks[0]
+        rest = (0,) * (d.ndim - 1)
+        spans = []
+        for k in range(first // c, (last - 1) // c + 1):
+            info = d.id.get_chunk_info_by_coord((k * c, *rest))
+            if info.byte_offset is not None:
+                spans.append((int(info.byte_offset), int(info.byte_offset) + int(info.size)))
+        return spans
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        return []

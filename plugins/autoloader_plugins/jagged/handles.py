@@ -154,6 +154,10 @@ def _out_of_descriptors(exc: BaseException) -> bool:
 
 
 def _size(path: Any) -> int | None:
+    """The local file's size; None where it is gone or is no local file (a URL: its
+    server's stamp is the dataset's identity, see ``autoloader.datasets.location``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
     try:
         return os.stat(path).st_size
     except OSError:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
@@ -68,13 +70,14 @@ class ParquetTable(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
     ) -> None:
         self.path, self.name = path, ""
         self._h: Any = None
         self._hpid: int | None = None
+        self._hremote: location.RemoteFile | None = None  # a URL's bytes under self._h
         schema = self._file().schema_arrow
         items, scalars, skipped = self._catalogue(schema)
         if fields is None:
@@ -103,6 +106,7 @@ class ParquetTable(BlockReader):
         except Exception as exc:
             raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
         self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+        self.blocks()  # known to every worker: one whose blocks are all cached opens nothing
         self._values = (
             {n: values.column(n).to_numpy() for n in self.event_fields}
             if values is not None
@@ -120,7 +124,13 @@ class ParquetTable(BlockReader):
 
     def _open_parquet(self, pq: Any) -> Any:
         try:
+            if isinstance(self.path, Location):
+                raw = location.open_input(self.path, location.METADATA_BLOCK_BYTES)
+                self._hremote = raw
+                return pq.ParquetFile(raw)
             return pq.ParquetFile(self.path)
+        except DatasetError:
+            raise
         except Exception as exc:
             if handles.what_changed(self) or "Too many open files" in str(exc):
                 raise  # said by the handles: the file changed, or descriptors ran out
@@ -131,6 +141,7 @@ class ParquetTable(BlockReader):
     def _release(self) -> None:
         """Close this process's handle (another file needs its descriptor)."""
         h, self._h = self._h, None
+        self._hremote = None
         if h is not None and self._hpid == os.getpid() and hasattr(h, "close"):
             h.close()
 
@@ -223,9 +234,12 @@ class ParquetTable(BlockReader):
 
         group = int(np.searchsorted(self.blocks(), start))
         try:
-            table = self._file().read_row_group(
-                group, columns=[self._path(f.name) for f in self.fields]
-            )
+            f = self._file()
+            if isinstance(self.path, Location) and self._hremote is not None:
+                self._hremote.hold([_span(f.metadata.row_group(group))])
+            table = f.read_row_group(group, columns=[self._path(f.name) for f in self.fields])
+        except DatasetError:
+            raise
         except Exception as exc:
             raise DatasetError(
                 f"{self.where}: cannot read row group {group}: {describe(exc)}"
@@ -262,3 +276,16 @@ class ParquetTable(BlockReader):
 
     def __repr__(self) -> str:
         return f"ParquetTable('{self.path}', events={len(self)})"
+
+
+def _span(group: Any) -> tuple[int, int]:
+    """The bytes of a row group's column chunks in the file, from its metadata."""
+    starts, stops = [], []
+    for i in range(group.num_columns):
+        c = group.column(i)
+        first = c.data_page_offset
+        if c.has_dictionary_page and c.dictionary_page_offset is not None:
+            first = min(first, c.dictionary_page_offset)
+        starts.append(first)
+        stops.append(first + c.total_compressed_size)
+    return min(starts), max(stops)

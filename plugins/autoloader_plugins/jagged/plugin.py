@@ -8,7 +8,10 @@ hands jagged tables to ``open_h5``); directories and globs of ``.h5`` files come
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
@@ -18,6 +21,28 @@ ROOT = (".root",)
 PARQUET = (".parquet", ".parq", ".pq")
 HDF5 = (".h5", ".hdf5", ".he5")
 SUFFIXES = ROOT + PARQUET + HDF5
+SQLITE = (".db", ".sqlite", ".sqlite3")
+
+
+def _remote_layout(spec: JaggedSpec) -> tuple[str, ...]:
+    """The layout a URL names by its file's suffix (a glob's too).
+
+    Raises:
+        DatasetError: SQLite (refused over a network), or a suffix of no layout read
+            through a file object.
+    """
+    suffix = location.parse_url(spec.path).suffix
+    if suffix in SQLITE:
+        location.require_local(
+            spec.text, "an SQLite database", "SQLite's locking is not meant for remote files"
+        )
+    for suffixes in (ROOT, PARQUET, HDF5):
+        if suffix in suffixes:
+            return suffixes
+    raise DatasetError(
+        f"DATASET '{spec.text}': expected a URL of a {'/'.join(SUFFIXES)} file, "
+        f"found {('a ' + repr(suffix) + ' file') if suffix else 'no file suffix'}"
+    )
 
 
 def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
@@ -27,6 +52,8 @@ def _layout(spec: JaggedSpec) -> tuple[str, ...] | None:
         DatasetError: a directory holds files of more than one layout (it read those of
             the first and left the others out, without a word).
     """
+    if spec.remote:
+        return _remote_layout(spec)
     p = Path(spec.path)
     if p.is_dir():
         try:
@@ -57,7 +84,7 @@ def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
     return JaggedEvents(spec.text, readers)
 
 
-def open_one(path: Path, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
+def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
     if suffixes is ROOT:
         from autoloader_plugins.jagged.root import RootTree
 
@@ -79,7 +106,7 @@ def open_one(path: Path, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
 def open_h5(spec: str) -> JaggedEvents:
     """One HDF5 file's jagged table (the ``hdf5`` plugin's hand-over)."""
     parsed = parse(spec)
-    return JaggedEvents(spec, [open_one(Path(parsed.path), parsed, HDF5)])
+    return JaggedEvents(spec, [open_one(location.local_or_location(parsed.path), parsed, HDF5)])
 
 
 class _Plugin:
@@ -93,12 +120,14 @@ class _Plugin:
     def claims(self, spec: str) -> bool:
         """A spec whose path is of a jagged layout; also one whose query ``parse`` refuses
         (an unknown key on a path that exists), so that ``open`` says why."""
+        if location.is_url(spec):
+            return True  # every URL: one of no layout read here is refused by name
         try:
             return _layout(parse(spec)) is not None
         except DatasetError:
             return True
 
-    def open(self, spec: str) -> JaggedEvents:
+    def open(self, spec: str) -> Any:
         parsed = parse(spec)
         suffixes = _layout(parsed)
         assert suffixes is not None  # claims() said so
@@ -107,7 +136,25 @@ class _Plugin:
                 f"DATASET '{spec}': key= and events= are a keyed long table's (one row per "
                 "item); this is a jagged table, its extents written: drop them"
             )
+        if suffixes is HDF5 and parsed.remote and not parsed.has_query:
+            nugraph = _remote_nugraph(parsed)
+            if nugraph is not None:
+                return nugraph
         return open_files(parsed, suffixes)
+
+
+def _remote_nugraph(spec: JaggedSpec) -> Any:
+    """A NuGraph/pynuml file behind a URL (``#SPLIT``), or None for another layout."""
+    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
+    from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
+
+    where = location.parse_url(spec.path)
+    if where.has_glob():
+        return None
+    with h5_file(where, METADATA_BLOCK_BYTES) as f:  # what it is: metadata only
+        if not is_nugraph(f):
+            return None
+    return NuGraphEvents(where, spec.name)
 
 
 PLUGIN = _Plugin()

@@ -16,12 +16,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from autoloader.cache import NodeCache
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
+
+T = TypeVar("T")
 
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
 # chunks' events, ROOT clusters, Parquet row groups
@@ -45,7 +49,7 @@ class Reader(ABC):
     # its handles reopen in a new process: workers forked after this one read are safe
     # (autoloader.feed.fork_hazards)
     autoloader_fork_safe = True
-    path: Path
+    path: Path | Location  # a URL's file is read through ``autoloader.datasets.location``
     name: str  # the group or tree
     holds: str = "table"  # what ``name`` names, for messages: "group", "tree"
     files: int = 1  # the dataset's files: they share a process's library caches
@@ -81,6 +85,12 @@ class Reader(ABC):
     @abstractmethod
     def blocks(self) -> np.ndarray:
         """Event indices where storage blocks begin, then ``len(self)``: ``[0, ..., n]``."""
+
+    def _io(self, doing: str, call: Callable[[], T]) -> T:
+        """``call()``, retried as a remote read is where the file is remote."""
+        if isinstance(self.path, Location):
+            return location.retrying(self.path, doing, call)
+        return call()
 
     def _check_offsets(self, what: str) -> None:
         """Offsets start at 0 or more and never descend (one line naming the event)."""

@@ -13,6 +13,7 @@ are kept in the process's block cache.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -22,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
@@ -115,7 +118,7 @@ class RootTree(BlockReader):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | Location,
         name: str | None,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
@@ -150,7 +153,8 @@ class RootTree(BlockReader):
     def _file(self) -> Any:
         if self._h is None or self._hpid != os.getpid():
             uproot = _uproot()
-            _check_magic(self.path)
+            if not isinstance(self.path, Location):
+                _check_magic(self.path)
             self._h = handles.open_file(self, lambda: self._open_root(uproot), self._release)
             self._hpid = os.getpid()
         else:
@@ -158,8 +162,15 @@ class RootTree(BlockReader):
         return self._h
 
     def _open_root(self, uproot: Any) -> Any:
+        path = self.path
         try:
-            return uproot.open(self.path)
+            if isinstance(path, Location):  # uproot reads URLs through fsspec itself
+                return location.retrying(
+                    path, "opening", lambda: uproot.open(path.url, **location.fsspec_options(path))
+                )
+            return uproot.open(path)
+        except DatasetError:
+            raise
         except Exception as exc:
             if handles.what_changed(self) or "Too many open files" in str(exc):
                 raise  # said by the handles: the file changed, or descriptors ran out
@@ -384,12 +395,31 @@ class RootTree(BlockReader):
         tree = self._tree()
         expected = np.diff(self.offsets[start : stop + 1])
         out = np.empty((int(expected.sum()), self.width), dtype=np.float32)
+        doing = f"reading events {start}..{stop - 1}"
+        names = [f.name for f in self.fields]
+        try:  # every branch's baskets of the block in one request (a vector read)
+            read_all = functools.partial(
+                tree.arrays, names, entry_start=start, entry_stop=stop, library="ak", how=dict
+            )
+            arrays: dict[str, Any] | None = self._io(doing, read_all)
+        except DatasetError:
+            raise
+        except Exception:
+            arrays = None  # read branch by branch, to name the one that fails
         col = 0
         for field in self.fields:
             try:
-                array = tree[field.name].array(entry_start=start, entry_stop=stop, library="ak")
+                if arrays is not None and field.name in arrays:
+                    array = arrays[field.name]
+                else:
+                    read = functools.partial(
+                        tree[field.name].array, entry_start=start, entry_stop=stop, library="ak"
+                    )
+                    array = self._io(doing, read)
                 counts = np.asarray(ak.num(array, axis=1), dtype=np.int64)
                 flat = ak.to_numpy(ak.flatten(array, axis=1))
+            except DatasetError:
+                raise
             except Exception as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read {field.name!r} for events {start}..{stop - 1}: "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 
 _KEYS = ("fields", "event_fields")
@@ -50,13 +52,20 @@ class JaggedSpec:
             or self.events is not None
         )
 
-    def files(self, suffixes: Sequence[str]) -> list[Path]:
+    @property
+    def remote(self) -> bool:
+        """Whether the path is a URL (``root://``, ``https://``...)."""
+        return location.is_url(self.path)
+
+    def files(self, suffixes: Sequence[str]) -> Sequence[Path | Location]:
         """The files this spec reads, sorted: one file, a directory's files with one of
-        ``suffixes``, or the files a glob matches.
+        ``suffixes``, or the files a glob matches (a URL's where its protocol lists).
 
         Raises:
             DatasetError: nothing there, or nothing of the layout.
         """
+        if self.remote:
+            return location.glob(location.parse_url(self.path))
         p = Path(self.path)
         if p.is_dir():
             found = sorted(f for f in p.iterdir() if f.suffix.lower() in suffixes and f.is_file())
@@ -140,7 +149,10 @@ def _query_start(spec: str) -> int | None:
 
 
 def _names_something(head: str) -> bool:
-    """Whether ``PATH[#NAME]`` names a file, a directory or files a glob matches."""
+    """Whether ``PATH[#NAME]`` names a file, a directory or files a glob matches (a URL
+    is taken to: asking its server is not for parsing)."""
+    if location.is_url(head):
+        return True
     for path in dict.fromkeys((head, head.rpartition("#")[0])):
         if path and (Path(path).exists() or (_GLOB.search(path) and glob.glob(path))):
             return True

@@ -9,6 +9,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.source import DataSource
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
@@ -25,13 +27,17 @@ class KeyedEvents(JaggedEvents):
         self.events = events
 
     def autoloader_source(self) -> DataSource:
-        source = super().autoloader_source()
-        extra = f"{source.part}|{self.key or ''}|{self.events or ''}"
+        extra = f"{self._part()}|{self.key or ''}|{self.events or ''}"
         if not all(getattr(r, "sorted", True) for r in self.readers):
             extra += "|storage-order"  # sizes cached in key order are another event order
         part = "keyed-" + hashlib.sha256(extra.encode()).hexdigest()[:12]
         files = [f for r in self.readers for f in getattr(r, "source_files", lambda: [])()]
+        urls = [f for f in files if isinstance(f, Location)]
+        if urls:  # a table on a server: its identity is what the server says of each file
+            remote = DataSource.for_url(self.spec, [location.stamp(u) for u in urls])
+            return DataSource(remote.path, remote.stamp, part, url=remote.url)
+        source = super().autoloader_source()
         if len(files) > 1:
             common = Path(os.path.commonpath([f.parent.resolve() for f in files]))
             source = DataSource.for_files(common, files)
-        return DataSource(source.path, source.stamp, part)
+        return DataSource(source.path, source.stamp, part, files=source.files)

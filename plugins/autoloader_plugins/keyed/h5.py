@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
@@ -28,16 +29,16 @@ EXTENTS = ("_indices", "offsets", "counts")
 SPREAD_TIMES = 8  # the most rows a block may read per row of its own, on average
 
 
-def open_h5(path: Path) -> Any:
-    """The one way an HDF5 file is opened: read-only.
+def open_h5(path: Path | Location, block_size: int | None = None) -> Any:
+    """The one way an HDF5 file is opened: read-only (a URL's through its server's blocks).
 
     Raises:
-        DatasetError: it is not HDF5.
+        DatasetError: it is not HDF5, or its server failed.
     """
-    import h5py
+    from autoloader_plugins.h5file import h5_file
 
     try:
-        return h5py.File(path, "r")
+        return h5_file(path, block_size)
     except OSError as exc:
         raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {describe(exc)}") from None
 
@@ -58,8 +59,10 @@ def _table(h5: Any, name: str) -> tuple[list[str], Any] | None:
 def is_long_table(path: Path, name: str, key: str | None) -> bool:
     """Whether ``path#name`` is an HDF5 long table: with the default key column, or of
     its shape where ``?key=`` is given (a missing key is then this reader's to name)."""
+    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES
+
     try:
-        with open_h5(path) as h5:
+        with open_h5(path, METADATA_BLOCK_BYTES) as h5:  # metadata only
             found = _table(h5, name)
             return found is not None and (key is not None or DEFAULT_KEY in found[0])
     except (DatasetError, OSError, ValueError):

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import BlockReader, Field, fill
@@ -50,7 +52,7 @@ GROUP_CACHE_BYTES = 256 * 2**20
 SPREAD_TIMES = 8  # the most a table may be decoded an epoch, where it does not fit above
 
 
-def open_parquet(path: Path) -> Any:
+def open_parquet(path: Path | Location) -> Any:
     """The one way a Parquet file is opened.
 
     Raises:
@@ -63,7 +65,11 @@ def open_parquet(path: Path) -> Any:
             "reading Parquet files needs pyarrow: pip install 'torch-autoloader[parquet]'"
         ) from None
     try:
+        if isinstance(path, Location):  # a file on a server, read in blocks
+            return pq.ParquetFile(location.open_input(path))
         return pq.ParquetFile(path)
+    except DatasetError:
+        raise
     except Exception as exc:
         raise DatasetError(f"DATASET '{path}': cannot open as Parquet: {describe(exc)}") from None
 

@@ -25,7 +25,10 @@ from autoloader_plugins.keyed.struct import StructColumn, struct_of_lists
 
 
 def _databases(spec: JaggedSpec) -> list[Path] | None:
-    """The SQLite files a spec names (a file, a directory's or a glob's), or None."""
+    """The SQLite files a spec names (a file, a directory's or a glob's), or None (a URL:
+    the jagged plugin refuses an SQLite database on a server)."""
+    if spec.remote:
+        return None
     p = Path(spec.path)
     if p.is_file():
         return [p] if p.suffix.lower() in SUFFIXES or is_sqlite(p) else None

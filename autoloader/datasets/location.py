@@ -1,0 +1,417 @@
+"""Where a dataset's file lives: a local path or a URL read through fsspec.
+
+``root://HOST[:PORT]//PATH`` (XRootD, extra ``[xrootd]``), ``http(s)://HOST/PATH`` (extra
+``[http]``) and any other protocol fsspec has installed (``s3://`` with s3fs) are a
+``Location``; a plain path stays a path. This module owns everything a remote file needs:
+the filesystem with its timeouts, opening a file object that reads in blocks, a stamp
+from what the protocol says cheaply (size, modification time, a checksum where the
+server has one), globbing where the protocol lists directories, and refusing a URL
+where only a local file will do (``require_local``). Every request goes through
+``autoloader.datasets.failures.retrying``: its bounds, retries and one-line errors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fnmatch
+import io
+import os
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from autoloader.datasets.failures import (  # noqa: F401 - also named here
+    RETRIES,
+    SourceError,
+    SourceOptions,
+    failure,
+    retrying,
+    transient,
+)
+from autoloader.errors import DatasetError
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_GLOB = re.compile(r"[*?\[]")
+# protocol -> (extra, modules it needs)
+_EXTRAS = {
+    "root": ("xrootd", ("fsspec", "fsspec_xrootd", "XRootD")),
+    "http": ("http", ("fsspec", "aiohttp")),
+    "https": ("http", ("fsspec", "aiohttp")),
+}
+_DEFAULT_PORTS = {"root": 1094, "http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A file or directory behind a URL: ``url`` as given (without ``#``/``?`` parts)."""
+
+    url: str
+    protocol: str
+    host: str
+    port: int | None
+    path: str  # what the protocol's filesystem calls it
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        return name[name.rfind(".") :].lower() if "." in name else ""
+
+    @property
+    def server(self) -> str:
+        """``host:port`` as the messages name it."""
+        port = self.port or _DEFAULT_PORTS.get(self.protocol)
+        return f"{self.host}:{port}" if port else self.host or self.protocol
+
+    def has_glob(self) -> bool:
+        return bool(_GLOB.search(self.path))
+
+
+def is_url(text: str | os.PathLike[str] | Location) -> bool:
+    """Whether ``text`` is a URL (``PROTOCOL://...``) rather than a local path."""
+    if isinstance(text, Location):
+        return True
+    return isinstance(text, str) and bool(_URL.match(text)) and not text.startswith("file://")
+
+
+def parse_url(text: str) -> Location:
+    """The location a URL names.
+
+    Raises:
+        DatasetError: a protocol fsspec does not know, or a URL without a path.
+    """
+    protocol = _URL.match(text).group(1).lower()  # type: ignore[union-attr]
+    parts = urlsplit(text)
+    if protocol == "root":
+        # root://HOST[:PORT]//PATH: the path after the host keeps its leading slash
+        rest = text[len("root://") :]
+        host_port, _, path = rest.partition("/")
+        path = "/" + path.lstrip("/") if path else ""
+    else:
+        host_port, path = parts.netloc, parts.path
+    host, _, port_text = host_port.rpartition(":") if ":" in host_port else (host_port, "", "")
+    try:
+        port = int(port_text) if port_text else None
+    except ValueError:
+        raise DatasetError(f"DATASET '{text}': port {port_text!r} is not a number") from None
+    if not path or path == "/":
+        raise DatasetError(f"DATASET '{text}': the URL names no file")
+    _require_protocol(protocol, text)
+    if protocol in ("http", "https"):
+        path = text  # fsspec's HTTP filesystem names files by their whole URL
+    return Location(text, protocol, host, port, path)
+
+
+def require_local(spec: str, what: str, why: str) -> None:
+    """Refuse a URL where only a local file will do.
+
+    Raises:
+        DatasetError: naming the spec, ``what`` cannot be read remotely and ``why``.
+    """
+    if is_url(spec):
+        raise DatasetError(
+            f"DATASET '{spec}': {what} cannot be read from a server ({why}): copy it to "
+            "local disk and name the copy"
+        )
+
+
+def _require_protocol(protocol: str, text: str) -> None:
+    extra, modules = _EXTRAS.get(protocol, ("", ("fsspec",)))
+    if protocol == "root":
+        os.environ.setdefault("XRD_RUNFORKHANDLER", "1")  # before the client first starts
+    for module in modules:
+        try:
+            __import__(module)
+        except ImportError:
+            how = f"pip install 'torch-autoloader[{extra}]'" if extra else "install fsspec"
+            raise DatasetError(
+                f"DATASET '{text}': reading {protocol}:// needs {module} "
+                f"(the [{extra or 'http'}] extra): {how}"
+            ) from None
+    import fsspec
+
+    if protocol not in fsspec.available_protocols():
+        raise DatasetError(
+            f"DATASET '{text}': unknown protocol {protocol!r}: expected root://, http(s):// "
+            "or another installed fsspec protocol"
+        )
+
+
+_FILESYSTEMS: dict[tuple[int, str, str, int | None, SourceOptions], Any] = {}
+
+
+def filesystem(location: Location, options: SourceOptions | None = None) -> Any:
+    """The fsspec filesystem of ``location``'s server, with the timeouts of ``options``;
+    one per process and server (a forked worker makes its own)."""
+    options = options or SourceOptions.from_environment()
+    key = (os.getpid(), location.protocol, location.host, location.port, options)
+    found = _FILESYSTEMS.get(key)
+    if found is not None:
+        return found
+    import fsspec
+
+    kwargs: dict[str, Any] = {"skip_instance_cache": True}
+    if location.protocol == "root":
+        _xrootd_environment(options)
+        kwargs["hostid"] = location.url[len("root://") :].partition("/")[0]
+        # the server named (or its redirector) chooses the data server, as XRootD's own
+        # client does; locating every source first costs requests and hid errors
+        kwargs["locate_all_sources"] = False
+        kwargs["timeout"] = max(1, round(options.read_timeout))
+    elif location.protocol in ("http", "https"):
+        import aiohttp
+
+        kwargs["client_kwargs"] = {
+            "timeout": aiohttp.ClientTimeout(
+                total=None, sock_connect=options.connect_timeout, sock_read=options.read_timeout
+            )
+        }
+    fs = fsspec.filesystem(location.protocol, **kwargs)
+    _FILESYSTEMS[key] = fs
+    return fs
+
+
+_QUIET_EXIT: list[bool] = []
+
+
+def _xrootd_environment(options: SourceOptions) -> None:
+    """Give XRootD's client the bounds of ``options``: a server that is down costs
+    ``connect_timeout`` per try, not its default of minutes of reconnection attempts.
+    ``XRD_RUNFORKHANDLER`` (read when the client starts) lets forked workers use it."""
+    os.environ.setdefault("XRD_RUNFORKHANDLER", "1")
+    from XRootD import client
+
+    if not _QUIET_EXIT:
+        # XRootD's exit hook (registered as it was imported) tests the type of every live
+        # object, torch's deprecated reduce_op among them, which then warns on stderr as
+        # the command ends; exit hooks run last-registered first, so this one runs before
+        atexit.register(
+            warnings.filterwarnings, "ignore", category=FutureWarning, module=r"XRootD\."
+        )
+        _QUIET_EXIT.append(True)
+    client.EnvPutInt("ConnectionWindow", max(1, round(options.connect_timeout)))
+    client.EnvPutInt("ConnectionRetry", 1)
+    client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
+    client.EnvPutInt("StreamTimeout", max(1, round(options.read_timeout)))
+    client.EnvPutInt("TimeoutResolution", 1)  # its default checks every 15 s
+
+
+def fsspec_options(location: Location) -> dict[str, Any]:
+    """Keyword arguments for ``fsspec.open`` (what uproot passes through) that give a
+    library's own opening the timeouts of this module."""
+    options = SourceOptions.from_environment()
+    if location.protocol == "root":
+        _xrootd_environment(options)
+        return {"timeout": max(1, round(options.read_timeout))}
+    if location.protocol in ("http", "https"):
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=options.connect_timeout, sock_read=options.read_timeout
+        )
+        return {"client_kwargs": {"timeout": timeout}}
+    return {}
+
+
+def info(location: Location) -> dict[str, Any]:
+    """What the server says of the file: size, and a modification time or checksum where
+    it has one (one metadata request)."""
+    fs = filesystem(location)
+    return retrying(location, "asking for its size", lambda: fs.info(location.path))
+
+
+def stamp(location: Location) -> str:
+    """A stamp that changes when the remote file does: its size with its modification
+    time, its ETag or a checksum, whichever the server gives."""
+    found = info(location)
+    size = found.get("size")
+    parts = [f"url {location.url}", f"size={size}"]
+    for key in ("mtime", "modified", "LastModified", "last_modified", "ETag", "etag", "checksum"):
+        value = found.get(key)
+        if value is not None:
+            parts.append(f"{key}={value}")
+    if size is None:
+        raise SourceError(
+            f"DATASET '{location.url}': {location.server} does not say the file's size: "
+            "expected a server that answers size requests (HEAD or stat)"
+        )
+    return " ".join(parts)
+
+
+def glob(location: Location) -> list[Location]:
+    """The files a URL whose file name has ``*``/``?``/``[`` matches, sorted, where the
+    protocol lists directories (a pattern in the name, not in a directory above it);
+    ``[location]`` for a URL without.
+
+    Raises:
+        DatasetError: the protocol cannot list, or nothing matches.
+    """
+    if not location.has_glob():
+        return [location]
+    head, _, pattern = location.url.rpartition("/")
+    if _GLOB.search(head):
+        raise DatasetError(
+            f"DATASET '{location.url}': expected a pattern in the file name only, found one "
+            "in a directory"
+        )
+    directory = location.path.rpartition("/")[0] or "/"
+    fs = filesystem(location)
+    try:
+        listed = retrying(location, "listing files", lambda: fs.ls(directory, detail=False))
+    except NotImplementedError:
+        raise DatasetError(
+            f"DATASET '{location.url}': {location.protocol}:// cannot list directories: name "
+            "each file"
+        ) from None
+    names = sorted({str(n).rstrip("/").rsplit("/", 1)[-1] for n in listed})
+    found = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    if not found:
+        raise DatasetError(f"DATASET '{location.url}': the pattern matches no files")
+    return [parse_url(f"{head}/{n}") for n in found]
+
+
+def open_input(location: Location, block_size: int | None = None) -> RemoteFile:
+    """A binary file object over ``location`` for libraries that read through one (h5py,
+    pyarrow): each miss reads ``block_size`` bytes in one request and recent blocks are
+    kept (fsspec's block cache), so small reads of metadata cost one request per block,
+    not one per read; reads are retried (``retrying``)."""
+    fs = filesystem(location)
+    size = block_size or BLOCK_BYTES
+
+    def opener() -> Any:
+        return fs.open(
+            location.path,
+            "rb",
+            block_size=size,
+            cache_type="blockcache",
+            cache_options={"maxblocks": CACHED_BLOCKS},
+        )
+
+    return RemoteFile(location, opener, retrying(location, "opening", opener))
+
+
+class RemoteFile(io.RawIOBase):
+    """A remote file's bytes, read with retries (a handle that failed is opened again);
+    ``failed`` keeps the error a library swallowed (h5py reports a failed read as its own
+    ``OSError``) so that it can be raised."""
+
+    def __init__(self, location: Location, opener: Callable[[], Any], handle: Any) -> None:
+        super().__init__()
+        self.location = location
+        self._opener = opener
+        self._f: Any = handle
+        self._at = 0
+        self.failed: SourceError | None = None
+        self.size = int(handle.size)
+        self._windows: list[tuple[int, bytes]] = []  # see hold()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._at, 2: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def hold(self, ranges: list[tuple[int, int]]) -> None:
+        """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads
+        within them from memory until the next hold: a storage block's bytes read whole,
+        so that a block costs one round trip, and only its own bytes (the block cache's
+        fixed blocks would fetch its neighbours too, which another process may read)."""
+        spans: list[list[int]] = []
+        for a, z in sorted((max(0, a), min(z, self.size)) for a, z in ranges):
+            if z <= a:
+                continue
+            if spans and a <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], z)
+            else:
+                spans.append([a, z])
+        self._windows = []
+        if not spans:
+            return
+
+        def fetch() -> list[bytes]:
+            if self._f is None:
+                self._f = self._opener()
+            fs, path = self._f.fs, self._f.path
+            starts, stops = [a for a, _ in spans], [z for _, z in spans]
+            try:
+                got = fs.cat_ranges([path] * len(spans), starts, stops, on_error="raise")
+                for b in got:
+                    if isinstance(b, BaseException):
+                        raise b
+            except Exception:
+                self._f = None  # as readinto: the next try opens anew (and says why not)
+                raise
+            return [bytes(b) for b in got]
+
+        what = f"reading {len(spans)} ranges from byte {spans[0][0]}"
+        try:
+            found = retrying(self.location, what, fetch)
+        except SourceError as exc:
+            self.failed = exc
+            raise
+        self._windows = [(a, data) for (a, _), data in zip(spans, found, strict=True)]
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        where = self._at
+        for first, held in self._windows:
+            if first <= where and where + len(view) <= first + len(held):
+                view[:] = held[where - first : where - first + len(view)]
+                self._at = where + len(view)
+                return len(view)
+
+        def read() -> bytes:
+            if self._f is None:
+                self._f = self._opener()
+            try:
+                self._f.seek(where)
+                return bytes(self._f.read(len(view)))
+            except Exception:
+                self._f = None  # fsspec's file may be closed by the error: open anew
+                raise
+
+        try:
+            data = retrying(self.location, f"reading bytes {where}..{where + len(view)}", read)
+        except SourceError as exc:
+            self.failed = exc
+            raise
+        view[: len(data)] = data
+        self._at = where + len(data)
+        return len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._f is not None:
+                self._f.close()
+        super().close()
+
+
+BLOCK_BYTES = 4 * 2**20  # one request's bytes where a library reads through a file object
+# one request's bytes for metadata where the data's blocks are read by hold(): a footer read
+# fetches this much, not BLOCK_BYTES of the payload before it
+METADATA_BLOCK_BYTES = 256 * 2**10
+CACHED_BLOCKS = 32
+
+
+def local_or_location(text: str | os.PathLike[str]) -> Path | Location:
+    """A path, or the location of a URL."""
+    return parse_url(str(text)) if is_url(str(text)) else Path(text)

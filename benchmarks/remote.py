@@ -1,0 +1,189 @@
+"""Event files read from a server over a round trip: the plan against torch's defaults.
+
+ROOT, Parquet and HDF5 files of ``EVENTS`` events with a heavy tail of hit counts
+(median 40, the largest ~25x the mean) are served by a real XRootD server (Debian's
+``xrootd-server``) or nginx, behind the tests' delaying proxy (``tests/remote_servers.py``)
+at each round trip asked for. For each file and round trip, each epoch from a fresh copy
+of the dataset (cold caches, as a job starts):
+
+- **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``);
+- **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
+  file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
+- **per event**: one event at a time in random order, no decoded block kept (a round
+  trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
+- **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
+  order (no shuffle: a bound, not a peer);
+- **limit**: the file copied whole (one stream), then the plan's epoch on the local copy.
+
+Each row gives seconds, the ratios defaults/plan and plan/limit, and the bytes and
+requests the proxy counted per epoch, against the file's bytes and storage blocks.
+Every figure is a ratio measured in this run, on this machine.
+Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from remote_servers import DelayProxy, Nginx, XRootD
+
+import autoloader
+from autoloader.demo.jagged_files import (
+    make_events,
+    write_km3pipe_h5,
+    write_parquet,
+    write_root,
+)
+
+EVENTS = 20_000
+BATCH = 64
+TUNE_RTT = 0.020
+PER_EVENT = 100
+NAMES = {"root": "ev.root#Events", "parquet": "ev.parquet", "hdf5": "ev.h5#hits"}
+
+
+def write(root: Path, n: int) -> None:
+    ev = make_events(n, seed=11)
+    write_root(root / "ev.root", ev, events_per_basket=2_000)
+    write_parquet(root / "ev.parquet", ev, row_group_size=2_000)
+    write_km3pipe_h5(root / "ev.h5", ev)
+    for p in root.iterdir():
+        p.chmod(0o644)
+
+
+def epoch(loader: Any) -> int:
+    return sum(int(b.num_graphs) for b in loader)
+
+
+def timed(proxy: DelayProxy, run: Any) -> tuple[float, int, int]:
+    proxy.reset()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start, proxy.bytes_sent, proxy.requests
+
+
+def defaults(url: str) -> None:
+    dataset = autoloader.open_dataset(url)
+    epoch(autoloader.DataLoader(dataset, batch_size=BATCH, shuffle=True))
+
+
+def planned(url: str, plan: Any) -> None:
+    dataset = autoloader.open_dataset(url)
+    epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
+
+
+def per_event(url: str, events: int) -> float:
+    """Seconds an epoch takes read one event at a time in random order without keeping
+    decoded blocks (a round trip per event): ``PER_EVENT`` events timed, scaled."""
+    import numpy as np
+    from autoloader_plugins.jagged.reader import BlockCache
+
+    dataset = autoloader.open_dataset(url)
+    dataset.cache = BlockCache(0)
+    picks = np.random.default_rng(0).choice(len(dataset), PER_EVENT, replace=False)
+    start = time.perf_counter()
+    for i in picks.tolist():
+        dataset[i]
+    return (time.perf_counter() - start) * events / PER_EVENT
+
+
+def iterate(url: str) -> None:
+    import uproot
+
+    path, _, tree = url.partition("#")
+    # over root://, uproot's own XRootD source (vector reads): its fsspec route passes
+    # numpy offsets that the XRootD 6 bindings refuse in iterate
+    handler = uproot.source.xrootd.XRootDSource if path.startswith("root:") else None
+    for _ in uproot.iterate(
+        f"{path}:{tree}", filter_name="hits_*", step_size="32 MB", handler=handler
+    ):
+        pass
+
+
+def limit(url: str, local: Path, plan: Any) -> None:
+    from autoloader.datasets import location
+
+    source = location.parse_url(url.partition("#")[0])
+    location.filesystem(source).get(source.path, str(local))
+    spec = str(local) + ("#" + url.partition("#")[2] if "#" in url else "")
+    epoch(autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False))
+    local.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=EVENTS)
+    parser.add_argument("--rtt", default="5,20,50", help="round trips in ms")
+    parser.add_argument("--server", choices=["xrootd", "nginx"], default="xrootd")
+    parser.add_argument("--layouts", default="root,parquet,hdf5")
+    args = parser.parse_args(argv)
+    rtts = [float(x) / 1e3 for x in args.rtt.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="autoloader-bench-"))
+    root.chmod(0o755)
+    scratch = Path(tempfile.mkdtemp(prefix="autoloader-bench-local-"))
+    write(root, args.events)
+    kind = XRootD if args.server == "xrootd" else Nginx
+    server = kind(root).start()
+    print(f"{args.events} events; server {args.server}; batch {BATCH}; cold caches per epoch")
+    header = (
+        f"{'layout':8} {'rtt':>5} {'per-event s':>11} {'defaults s':>10} {'plan s':>7} "
+        f"{'evt/plan':>8} {'def/plan':>8} "
+        f"{'limit s':>7} {'plan/lim':>8} {'iterate s':>9} {'MB/epoch':>8} {'file MB':>7} "
+        f"{'requests':>8} {'blocks':>6}"
+    )
+    try:
+        for layout in args.layouts.split(","):
+            name = NAMES[layout]
+            size = (root / name.partition("#")[0]).stat().st_size
+            proxy = DelayProxy(server.port, TUNE_RTT)
+            url = f"{server.url(proxy.port)}/{name}"
+            dataset = autoloader.open_dataset(url)
+            blocks = len(dataset.autoloader_blocks()) - 1
+            plan = autoloader.tune(dataset, global_batch_size=BATCH, progress=False)
+            print(
+                f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
+                f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
+                f"node cache {'planned' if plan.cache else 'none'}; "
+                f"source {plan.tuning.get('source', {}).get('round_trip_seconds', 0) * 1e3:.1f}"
+                " ms round trip"
+            )
+            print(header)
+            for rtt in rtts:
+                proxy.rtt = rtt
+                one = per_event(url, args.events)
+                d, _, _ = timed(proxy, lambda url=url: defaults(url))
+                p, nbytes, requests = timed(proxy, lambda url=url, plan=plan: planned(url, plan))
+                local = scratch / name.partition("#")[0]
+                lim, _, _ = timed(
+                    proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
+                )
+                it = (
+                    f"{timed(proxy, lambda url=url: iterate(url))[0]:9.2f}"
+                    if layout == "root"
+                    else f"{'-':>9}"
+                )
+                print(
+                    f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
+                    f"{one / p:7.1f}x {d / p:7.2f}x "
+                    f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
+                    f"{requests:8d} {blocks:6d}",
+                    flush=True,
+                )
+            proxy.close()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

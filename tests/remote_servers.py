@@ -1,0 +1,263 @@
+"""Real file servers on loopback for the remote-source tests and benchmark.
+
+``Nginx`` (static files with range requests) and ``XRootD`` (Debian's ``xrootd-server``)
+serve one directory on a free port; ``DelayProxy`` stands in front of either, adds a
+round trip (half each way, without limiting throughput) and counts the bytes the server
+sends and the requests the client makes (client-to-server messages); ``vanish()`` drops
+every connection and stops listening, as a server that dies mid-epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes], log: Path, what: str) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text(errors='replace')[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port} within 15 s")
+
+
+class Server:
+    """A server process serving ``root`` on 127.0.0.1:``port``."""
+
+    binary = ""
+    process: subprocess.Popen[bytes]
+    port: int
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.work = Path(tempfile.mkdtemp(prefix=f"{type(self).__name__.lower()}-"))
+        os.chmod(self.work, 0o777)
+
+    @classmethod
+    def available(cls) -> str | None:
+        """Why this server cannot run here, or None."""
+        return None if _which(cls.binary) else f"{cls.binary} is not installed"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+class Nginx(Server):
+    binary = "nginx"
+
+    def start(self) -> Nginx:
+        self.port = free_port()
+        log = self.work / "error.log"
+        conf = self.work / "nginx.conf"
+        conf.write_text(
+            f"""daemon off;
+master_process off;
+pid {self.work}/nginx.pid;
+error_log {log} warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {self.work}/body;
+    proxy_temp_path {self.work}/proxy;
+    fastcgi_temp_path {self.work}/fastcgi;
+    uwsgi_temp_path {self.work}/uwsgi;
+    scgi_temp_path {self.work}/scgi;
+    keepalive_requests 100000;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location /secret/ {{ deny all; }}
+    }}
+}}
+"""
+        )
+        self.process = subprocess.Popen(
+            [_which(self.binary) or self.binary, "-c", str(conf), "-p", str(self.work)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(log, "ab"),
+        )
+        wait_listening(self.port, self.process, log, "nginx")
+        return self
+
+    def url(self, port: int | None = None) -> str:
+        return f"http://127.0.0.1:{port or self.port}"
+
+
+class XRootD(Server):
+    binary = "xrootd"
+
+    def start(self) -> XRootD:
+        self.port = free_port()
+        log = self.work / "xrootd.log"
+        conf = self.work / "xrootd.cfg"
+        conf.write_text(
+            f"""all.export /
+oss.localroot {self.root}
+all.adminpath {self.work}
+all.pidpath {self.work}
+"""
+        )
+        command = [_which(self.binary) or self.binary, "-p", str(self.port), "-c", str(conf)]
+        command += ["-l", str(log), "-n", f"t{self.port}"]
+        if os.getuid() == 0:  # it refuses to run as root
+            command += ["-R", "nobody"]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / "stderr", "ab"),
+        )
+        wait_listening(self.port, self.process, self.work / "stderr", "xrootd")
+        return self
+
+    def url(self, port: int | None = None) -> str:
+        return f"root://127.0.0.1:{port or self.port}/"
+
+
+def readable_by_server(path: Path) -> None:
+    """Let the server's user (nobody, where tests run as root) read ``path`` and the
+    directories above it."""
+    if os.getuid() != 0:
+        return
+    nobody = pwd.getpwnam("nobody")
+    del nobody
+    for p in [path, *path.parents]:
+        with contextlib.suppress(OSError):
+            mode = p.stat().st_mode
+            os.chmod(p, mode | (0o005 if p.is_dir() else 0o004))
+
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1:``port`` to ``target``: each message waits ``rtt / 2`` in
+    each direction (a round trip per request), counted on the way."""
+
+    def __init__(self, target: int, rtt: float = 0.0) -> None:
+        self.target = target
+        self.rtt = rtt
+        self.bytes_sent = 0  # by the server, to the client
+        self.requests = 0  # client-to-server messages
+        self.drop = 0  # connections still to drop as they arrive (a flaky network)
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._ready.set()
+        self._loop.run_forever()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes_sent = 0
+            self.requests = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.drop > 0:
+            self.drop -= 1
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(
+            self._pipe(reader, up_writer, upstream=True),
+            self._pipe(up_reader, writer, upstream=False),
+            return_exceptions=True,
+        )
+        for w in (writer, up_writer):
+            self._writers.discard(w)
+            w.close()
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool
+    ) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                delay = due - self._loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                writer.write(data)
+                await writer.drain()
+            with contextlib.suppress(OSError):
+                writer.write_eof()
+
+        task = self._loop.create_task(deliver())
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                with self._lock:
+                    if upstream and data:
+                        self.requests += 1
+                    elif data:
+                        self.bytes_sent += len(data)
+                await queue.put((self._loop.time() + self.rtt / 2, data))
+                if not data:
+                    break
+        finally:
+            await queue.put((0.0, b""))
+            with contextlib.suppress(Exception):
+                await task
+
+    def vanish(self) -> None:
+        """Stop listening and drop every open connection, as a server that died."""
+
+        def close() -> None:
+            self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+
+        self._loop.call_soon_threadsafe(close)
+        time.sleep(0.1)
+
+    def close(self) -> None:
+        self.vanish()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def _which(name: str) -> str | None:
+    for d in (*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin", "/usr/bin"):
+        candidate = Path(d) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
