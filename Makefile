@@ -22,9 +22,14 @@ demo: $(STAMP)
 # Two test processes: most of the suite's time is subprocesses importing torch (~3.5 s
 # each) and tests waiting on worker processes, so two overlap well on 2 cores (the whole
 # suite: 636 s against 1,090 s in one process). `make test TEST_WORKERS=0`: one process.
+# The remote tests run in a process of their own, after the rest: the XRootD client they
+# load installs fork handlers (XrdCl::ForkHandler) that were seen to deadlock a later fork
+# of another test's DataLoader workers in the same process.
 TEST_WORKERS ?= 2
+REMOTE_TESTS := tests/datasets/test_remote.py
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --ignore=$(REMOTE_TESTS)
+	$(PY) -m pytest -q $(REMOTE_TESTS)
 
 # The suite on another torch, in its own venv: `make test-torch TORCH=2.15.0`. The
 # machine's pip configuration (a local index, a cap on torch) is not inherited, so the
@@ -46,7 +51,8 @@ $(TSTAMP): pyproject.toml
 
 test-torch: $(TSTAMP)
 	$(TVENV)/bin/python -c "import torch; print('torch', torch.__version__)"
-	$(TVENV)/bin/python -m pytest -q -n $(TEST_WORKERS)
+	$(TVENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --ignore=$(REMOTE_TESTS)
+	$(TVENV)/bin/python -m pytest -q $(REMOTE_TESTS)
 
 # The real CUDA path on a GPU machine; prints SKIP and exits 0 without CUDA. Runs with
 # the machine's own python3 where that already has torch and autoloader (a GPU node's

@@ -79,7 +79,7 @@ class Nginx(Server):
 master_process off;
 pid {self.work}/nginx.pid;
 error_log {log} warn;
-events {{ worker_connections 256; }}
+events {{ worker_connections 4096; }}
 http {{
     access_log off;
     client_body_temp_path {self.work}/body;
@@ -88,6 +88,7 @@ http {{
     uwsgi_temp_path {self.work}/uwsgi;
     scgi_temp_path {self.work}/scgi;
     keepalive_requests 100000;
+    keepalive_timeout 5s;
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
