@@ -129,7 +129,7 @@ class NuGraphEvents(LazyFile, Dataset):
             source = DataSource.for_url(self.path.url, [location.stamp(self.path)])
         else:
             source = DataSource.for_file(self.path)
-        return DataSource(source.path, source.stamp, self.split or "", source.url)
+        return DataSource(source.path, source.stamp, self.split or "", url=source.url)
 
     def __repr__(self) -> str:
         split = f"#{self.split}" if self.split else ""

@@ -10,8 +10,11 @@ naming a struct of lists): the others stay the jagged plugin's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
+from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
 from autoloader_plugins.jagged.reader import Reader
@@ -22,6 +25,12 @@ from autoloader_plugins.keyed.events import KeyedEvents
 from autoloader_plugins.keyed.sqlite import SqliteTable
 from autoloader_plugins.keyed.sqlite_db import SUFFIXES, is_sqlite
 from autoloader_plugins.keyed.struct import StructColumn, struct_of_lists
+
+
+def _paths(found: Sequence[Path | Location]) -> list[Path]:
+    """The files a spec's glob names; a URL's stay ``Location``s, which every format's one
+    opening function (``open_parquet``, ``open_h5``) takes as it takes a path."""
+    return cast("list[Path]", list(found))
 
 
 def _databases(spec: JaggedSpec) -> list[Path] | None:
@@ -40,7 +49,7 @@ def _databases(spec: JaggedSpec) -> list[Path] | None:
         return found or None
     if not p.exists() and p.suffix.lower() in SUFFIXES:
         try:
-            found = spec.files(SUFFIXES)
+            found = _paths(spec.files(SUFFIXES))
         except DatasetError:
             return None
         return found
@@ -56,7 +65,7 @@ def _h5_files(spec: JaggedSpec) -> list[Path] | None:
         found = [p] if p.suffix.lower() in keyed_h5.SUFFIXES else []
     elif p.is_dir() or Path(p.name).suffix.lower() in keyed_h5.SUFFIXES:
         try:
-            found = spec.files(keyed_h5.SUFFIXES)
+            found = _paths(spec.files(keyed_h5.SUFFIXES))
         except DatasetError:
             return None
     else:
@@ -118,7 +127,7 @@ def _parquet_files(spec: JaggedSpec) -> list[Path]:
         found = [p] if p.suffix.lower() in parquet.SUFFIXES else []
     elif Path(p.name).suffix.lower() in parquet.SUFFIXES:
         try:
-            found = spec.files(parquet.SUFFIXES)
+            found = _paths(spec.files(parquet.SUFFIXES))
         except DatasetError:
             return []
     else:

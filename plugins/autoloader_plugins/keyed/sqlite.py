@@ -43,6 +43,8 @@ _INHERITED: list[Any] = []  # a parent's connections a forked child holds but ne
 class SqliteTable(BlockReader):
     """One database's keyed long table."""
 
+    path: Path  # a local file: an SQLite database on a server is refused
+
     def __init__(
         self,
         path: Path,
