@@ -22,7 +22,11 @@ EVENTS = 300
 LOOP = textwrap.dedent(
     """
     import sys
+    import warnings
     from pathlib import Path
+
+    # torch 2.14 deprecates torch.jit.script, which PyG calls at import: not this test's
+    warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", FutureWarning)
     import autoloader
     from autoloader.errors import one_line
 
