@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoloader.errors import DatasetError
+from autoloader_plugins.jagged.reader import BlockReader
 
 # rows a block holds: one read of this many rows costs a few milliseconds, and a batch of
 # a few hundred events of a heavy-tailed table touches one or two blocks (benchmarks/keyed.py)
@@ -185,3 +186,24 @@ def as_keys(values: np.ndarray, where: str, table: str, key: str) -> np.ndarray:
         f"{where}: table '{table}': key column '{key}' holds {bad!r} "
         f"({type(bad).__name__}): expected integers"
     )
+
+
+class KeyedTable(BlockReader):
+    """A long table read by ``Spans``: its events' keys, counts and storage rows, and the
+    event table's values (``?event_fields=``) in event order."""
+
+    spans: Spans
+    _values: dict[str, np.ndarray]
+
+    def event_values(self) -> dict[str, np.ndarray]:
+        return self._values
+
+    def _block_bounds(self) -> np.ndarray:
+        return self.spans.bounds()
+
+    def _block_start(self, start: int, stop: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """For events ``start:stop``: their keys, their rows in all, and the empty block
+        their rows fill (``[rows, width]`` float32)."""
+        expected = int(self.spans.counts[start:stop].sum())
+        out = np.empty((expected, self.width), dtype=np.float32)
+        return self.spans.keys[start:stop], expected, out

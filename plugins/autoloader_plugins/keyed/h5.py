@@ -19,9 +19,17 @@ import numpy as np
 from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockReader, Field, fill
+from autoloader_plugins.jagged.reader import Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
-from autoloader_plugins.keyed.core import BLOCK_ROWS, KeyRuns, Spans, align, as_keys, key_order
+from autoloader_plugins.keyed.core import (
+    BLOCK_ROWS,
+    KeyedTable,
+    KeyRuns,
+    Spans,
+    align,
+    as_keys,
+    key_order,
+)
 
 SUFFIXES = (".h5", ".hdf5", ".he5")
 DEFAULT_KEY = "event_no"
@@ -83,7 +91,7 @@ def _length(obj: Any, cols: list[str]) -> int:
     return len(obj) if isinstance(obj, h5py.Dataset) else len(obj[cols[0]])
 
 
-class H5LongTable(BlockReader):
+class H5LongTable(KeyedTable):
     """One HDF5 file's keyed long table."""
 
     def __init__(
@@ -201,16 +209,8 @@ class H5LongTable(BlockReader):
             )
 
     # -- reading ---------------------------------------------------------------------------
-    def event_values(self) -> dict[str, np.ndarray]:
-        return self._values
-
-    def _block_bounds(self) -> np.ndarray:
-        return self.spans.bounds()
-
     def _read_block(self, start: int, stop: int) -> np.ndarray:
-        wanted = self.spans.keys[start:stop]
-        expected = int(self.spans.counts[start:stop].sum())
-        out = np.empty((expected, self.width), dtype=np.float32)
+        wanted, expected, out = self._block_start(start, stop)
         lo, hi = self.spans.span(start, stop)
         if expected == 0:
             return out

@@ -32,9 +32,10 @@ from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockReader, Field, fill
+from autoloader_plugins.jagged.reader import Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 from autoloader_plugins.keyed.core import (
+    KeyedTable,
     KeyRuns,
     Spans,
     align,
@@ -106,7 +107,7 @@ def _numeric(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
-class ParquetLongTable(BlockReader):
+class ParquetLongTable(KeyedTable):
     """The rows of one table's files, keyed."""
 
     def __init__(
@@ -321,15 +322,12 @@ class ParquetLongTable(BlockReader):
         return [*self.paths, *self._events_paths]
 
     # -- reading ---------------------------------------------------------------------------
-    def event_values(self) -> dict[str, np.ndarray]:
-        return self._values
-
     def _block_bounds(self) -> np.ndarray:
         """Row groups, where events are in storage order: the events whose first row is in
         one (an event of 0 items goes with the event before it); else blocks of about
         ``BLOCK_ROWS`` rows."""
         if self.sorted:
-            return self.spans.bounds()
+            return super()._block_bounds()
         first = self.spans.first.copy()
         have = first >= 0
         # an event of 0 items sits where the event before it starts

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from autoloader.errors import DatasetError
-from autoloader_plugins.jagged.reader import BlockReader, Field, fill
+from autoloader_plugins.jagged.reader import Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
-from autoloader_plugins.keyed.core import Spans, align, as_keys, key_order
+from autoloader_plugins.keyed.core import KeyedTable, Spans, align, as_keys, key_order
 from autoloader_plugins.keyed.sqlite_db import adbc, connect, quote_name, read_error
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ OPEN_MMAP_BYTES = 1 << 40  # the counts' pass over the key's index reads a memor
 _INHERITED: list[Any] = []  # a parent's connections a forked child holds but never closes
 
 
-class SqliteTable(BlockReader):
+class SqliteTable(KeyedTable):
     """One database's keyed long table."""
 
     path: Path  # a local file: an SQLite database on a server is refused
@@ -321,16 +321,8 @@ class SqliteTable(BlockReader):
         return [self.path, wal] if wal.exists() else [self.path]
 
     # -- reading ---------------------------------------------------------------------------
-    def event_values(self) -> dict[str, np.ndarray]:
-        return self._values
-
-    def _block_bounds(self) -> np.ndarray:
-        return self.spans.bounds()
-
     def _read_block(self, start: int, stop: int) -> np.ndarray:
-        wanted = self.spans.keys[start:stop]
-        expected = int(self.spans.counts[start:stop].sum())
-        out = np.empty((expected, self.width), dtype=np.float32)
+        wanted, expected, out = self._block_start(start, stop)
         if expected == 0:
             return out
         cols = ", ".join(
