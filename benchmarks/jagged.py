@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tune_cli import tune_seconds
 
 from autoloader.demo.jagged_files import (
     make_events,
@@ -122,30 +123,6 @@ def batched_vs_one_by_one(ds, batches: int = 15) -> tuple[float, float]:
     return statistics.median(many), statistics.median(single)
 
 
-def tune_seconds(spec: str, plan: Path) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autoloader",
-            "tune",
-            spec,
-            "--global-batch-size",
-            str(BATCH),
-            "-o",
-            str(plan),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    took = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"tune failed: {done.stderr.strip()}")
-    return took
-
-
 def fresh(ds):
     """The dataset as a worker gets it: handles closed, caches empty."""
     return pickle.loads(pickle.dumps(ds))
@@ -175,6 +152,7 @@ def order_batches(ds, read_order, count: int) -> list[list[int]]:
 def whole(ds, count: int) -> float:
     """Seconds per event reading ``count`` events in storage order, 4,096 at a time."""
     start = len(ds) // 3
+    count = min(count, len(ds) - start)  # --events below READ_EVENTS
     return per_event(
         ds,
         [list(range(a, min(a + 4096, start + count))) for a in range(start, start + count, 4096)],
@@ -208,7 +186,7 @@ def loop_seconds(ds, read_order) -> float:
     it = iter(loader)
     next(it)
     start, count = time.perf_counter(), 0
-    for _ in range(LOOP_BATCHES):
+    for _ in range(min(LOOP_BATCHES, len(loader) - 1)):  # --events below LOOP_BATCHES
         next(it)
         count += 1
         if time.perf_counter() - start > READ_SECONDS:
@@ -295,7 +273,7 @@ def main() -> int:
         print()
         for layout, spec in specs.items():
             plan = Path(args.cache) / f"jagged-plan-{layout}.toml"
-            took = tune_seconds(spec, plan)
+            took = tune_seconds(spec, plan, BATCH)
             print(
                 f"autoloader tune ({layout}, all stages): {took:.1f} s (goal < 60 s on 2 "
                 f"cores); read order: {tuned_order(plan)}"

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tune_cli import tune_seconds
 
 EVENTS = 300_000
 BATCH = 64
@@ -185,30 +186,6 @@ def fetch_per_row(path: Path, rows: int = 200_000) -> tuple[float, float]:
     return best_adbc / rows, best_std / rows
 
 
-def tune(spec: str, plan: Path) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autoloader",
-            "tune",
-            spec,
-            "--global-batch-size",
-            str(BATCH),
-            "-o",
-            str(plan),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    took = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"tune failed: {done.stderr.strip()}")
-    return took
-
-
 def per_event(loader, limit: int | None = None) -> float:
     """Seconds per event over at most ``limit`` batches or ``READ_SECONDS`` (None: the
     whole epoch), the loader's start (workers, first batch) included."""
@@ -291,7 +268,7 @@ def main() -> int:
         read_spec = spec.replace(str(path), str(read_path))
     plan = cache / f"keyed-plan-{read_path.stem}.toml"
     if not args.no_tune or not plan.exists():
-        took = tune(read_spec, plan)
+        took = tune_seconds(read_spec, plan, BATCH)
         print(f"autoloader tune ({read_path.name}, all stages): {took:.1f} s (goal < 120 s)")
     for cold in (False, True):
         theirs, ours, workers = reading(read_path, read_spec, plan, cold)
