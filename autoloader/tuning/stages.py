@@ -710,12 +710,18 @@ def _judged(
 
 
 def _at_threads(loops: list[dict[str, Any]], threads: int) -> list[dict[str, Any]]:
-    """The loops timed at the threads the plan runs with, one per worker count."""
+    """One loop per worker count: the one timed at the threads the plan runs with, else
+    the count's fastest (the threads chosen for it). A climb can choose threads the
+    search's count was never timed at (its workers measured waiting left torch's threads
+    alone): without it the evidence would lose the count the climb left, and the adapter
+    would judge it by the model over loading alone, the figure the climb corrected."""
     kept: dict[int, dict[str, Any]] = {}
     for e in loops:
         if e["num_threads"] == threads:
             kept.setdefault(e["workers"], e)
-    return list(kept.values())
+    for e in sorted(loops, key=lambda e: e["seconds_per_batch"]):
+        kept.setdefault(e["workers"], e)
+    return [kept[w] for w in dict.fromkeys(e["workers"] for e in loops)]
 
 
 def _loop_entry(workers: int, batch: int, loop: trial.LoopResult) -> list[dict[str, Any]]:

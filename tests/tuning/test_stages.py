@@ -186,3 +186,19 @@ def test_the_worker_search_warns_where_the_workers_would_share_a_handle(
         if handle is not None:
             handle.close()  # type: ignore[attr-defined]
     assert "worker search: SharedOnTheClass.handle is an open file" in caplog.text
+
+
+def test_the_loops_kept_as_evidence_hold_every_count_timed_with_the_step() -> None:
+    """A climb to 2 workers at 1 thread from a search's 1 worker timed only at torch's 2
+    threads (its workers measured waiting): both counts stay in the evidence, each at the
+    plan's threads where it was timed there, else at its fastest."""
+    loops = [
+        {"workers": 1, "seconds_per_batch": 0.030, "num_threads": 2},
+        {"workers": 2, "seconds_per_batch": 0.025, "num_threads": 2},
+        {"workers": 2, "seconds_per_batch": 0.020, "num_threads": 1},
+        {"workers": 4, "seconds_per_batch": 0.040, "num_threads": 2},
+        {"workers": 4, "seconds_per_batch": 0.035, "num_threads": 3},
+    ]
+    assert stages._at_threads(loops, 1) == [loops[0], loops[2], loops[4]]
+    assert stages._at_threads(loops, 2) == [loops[0], loops[1], loops[3]]
+    assert stages._at_threads([], 1) == []
