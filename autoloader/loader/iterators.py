@@ -1,9 +1,12 @@
-"""torch's own loader iterators, timed: wait per batch and the batch's indices.
+"""torch's own loader iterators, recording each batch: its indices, samples and bytes.
 
 Subclassing (rather than wrapping) keeps every behaviour of torch's iterators, their
-worker management and ``isinstance`` checks included. Indices are queued in the order the
-sampler hands them out; batches come back in that order with ``in_order=True``, and with
-``in_order=False`` the recorded batch sizes still form the same multiset.
+worker management and ``isinstance`` checks included. Each tells the iterator's meter
+(``autoloader.loader.meter``) the batches it hands into the chain; where nothing wraps it,
+the meter counts and times the loop's ``next()`` here, else around the chain. Indices are
+queued in the order the sampler hands them out; batches come back in that order with
+``in_order=True``, and with ``in_order=False`` the recorded batch sizes still form the same
+multiset.
 
 Every multi-process iterator here starts its workers through ``feed.start.StartSafe``: a
 failed start leaves nothing running and raises ``WorkersNotStarted``.
@@ -32,6 +35,8 @@ from autoloader.metrics.loader import BatchRecorder
 
 
 class _Recording:
+    """Records each batch torch's iterator yields, and counts it taken on the meter."""
+
     _recorder: BatchRecorder
     _pending: deque[Any]
     _meter: Meter

@@ -8,8 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import Indices
 from prometheus_client import CollectorRegistry
 
+from autoloader import DataLoader, Plan
+from autoloader.errors import UsageError
 from autoloader.loader.meter import Cursor, Meter, Metered, Reading
 from autoloader.loader.position import Position
 from autoloader.loader.windows import Window
@@ -220,3 +223,48 @@ def test_stop_ends_the_epoch_and_flushes_the_metrics() -> None:
     with pytest.raises(StopIteration):
         next(it)
     assert registry.get_sample_value("autoloader_batch_wait_seconds_count", {"rank": "0"}) == 2
+
+
+def plan_of(batch: int = 4) -> Plan:
+    return Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": batch, "world_size": 1},
+        }
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_loader_times_each_next_once_and_counts_it_as_its_position(
+    workers: int, adapt: bool
+) -> None:
+    """Whether the meter sits inside torch's iterator (nothing wraps it) or around the
+    chain (adaptation's epoch), each next() is one observation and one batch served."""
+    registry = CollectorRegistry()
+    kw = {"num_workers": workers} if workers else {}
+    loader = DataLoader(
+        Indices(40), plan=plan_of(), check_fingerprint=False, adapt=adapt, registry=registry, **kw
+    )
+    it = iter(loader)
+    inside = type(it).__module__ == "autoloader.loader.iterators"
+    assert inside is not adapt  # iter() stays torch's own where nothing wraps it
+    for _ in range(7):
+        next(it)
+    assert loader.state_dict()["batches"] == 7
+    assert len(list(it)) == 3
+
+    def sample(name: str) -> float:
+        value = registry.get_sample_value(name, {"rank": "0"})
+        assert value is not None
+        return value
+
+    assert sample("autoloader_batch_wait_seconds_count") == 10
+    assert sample("autoloader_batch_wait_seconds_sum") == pytest.approx(loader.stats.wait_seconds)
+
+
+def test_restart_workers_without_a_position_is_refused() -> None:
+    loader = DataLoader(Indices(8), plan=plan_of(), check_fingerprint=False)
+    with pytest.raises(UsageError, match="restart_workers: expected a planned DataLoader in an"):
+        loader.restart_workers()
