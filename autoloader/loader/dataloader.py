@@ -45,7 +45,7 @@ from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
-from autoloader.loader.meter import Cursor, Meter, Metered
+from autoloader.loader.meter import Cursor, Meter, Metered, NoDelay
 from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
     accumulation_for,
@@ -406,13 +406,19 @@ class DataLoader(tud.DataLoader):
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler
+        # the run-delay corrected wait is adaptation's: without it, no /proc reads
+        delay = None if self._runtime is not None else NoDelay
         if self.plan is not None and isinstance(sampler, SizeBatchSampler):
             # this iterator's own count, the loader's position from now on
             meter = Meter(
-                sampler.epoch, sampler.resume, recorder=self._recorder, cursor=self._cursor
+                sampler.epoch,
+                sampler.resume,
+                recorder=self._recorder,
+                cursor=self._cursor,
+                delay=delay,
             )
         else:
-            meter = Meter(recorder=self._recorder)
+            meter = Meter(recorder=self._recorder, delay=delay)
         batches = self._metered(meter)
         meter.opening = time.perf_counter() - began  # the workers' start: a wait too
         if self._runtime is not None:

@@ -102,7 +102,8 @@ class Meter:
         opening: the seconds ``iter()`` took, a wait of the loop's like any other (may be
             set until the first ``next()``).
         clock: seconds, monotonic (``time.perf_counter``).
-        delay: makes the run-delay estimator of a run of workers (``SampledDelay()``).
+        delay: makes the run-delay estimator of a run of workers (``SampledDelay()``);
+            ``NoDelay`` where nothing reads the corrected wait (no /proc reads at all).
     """
 
     def __init__(
@@ -216,6 +217,17 @@ class Meter:
 
 def _sampled_delay() -> SampledDelay:
     return SampledDelay()
+
+
+class NoDelay:
+    """A meter's run delay where no one reads the corrected wait: none (it equals the raw
+    wait), read from nowhere."""
+
+    def before(self, *, start: bool = False) -> None:
+        pass
+
+    def less(self, wall: float) -> float:
+        return wall
 
 
 class Metered:

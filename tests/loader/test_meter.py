@@ -11,9 +11,10 @@ import pytest
 from conftest import Indices
 from prometheus_client import CollectorRegistry
 
+import autoloader.host.run_delay as run_delay_module
 from autoloader import DataLoader, Plan
 from autoloader.errors import UsageError
-from autoloader.loader.meter import Cursor, Meter, Metered, Reading
+from autoloader.loader.meter import Cursor, Meter, Metered, NoDelay, Reading
 from autoloader.loader.position import Position
 from autoloader.loader.windows import Window
 from autoloader.metrics.loader import BatchRecorder, loader_metrics
@@ -268,3 +269,33 @@ def test_restart_workers_without_a_position_is_refused() -> None:
     loader = DataLoader(Indices(8), plan=plan_of(), check_fingerprint=False)
     with pytest.raises(UsageError, match="restart_workers: expected a planned DataLoader in an"):
         loader.restart_workers()
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_the_run_delay_is_read_only_where_adaptation_reads_the_corrected_wait(
+    adapt: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []
+
+    def counted() -> float:
+        reads.append(1)
+        return 0.0
+
+    monkeypatch.setattr(run_delay_module, "run_delay", counted)
+    loader = DataLoader(
+        Indices(40),
+        plan=plan_of(),
+        check_fingerprint=False,
+        adapt=adapt,
+        registry=CollectorRegistry(),
+    )
+    assert len(list(loader)) == 10
+    assert (len(reads) > 0) is adapt
+
+
+def test_without_a_run_delay_the_corrected_wait_is_the_raw_one() -> None:
+    clock = Clock()
+    meter = Meter(clock=clock, delay=NoDelay)
+    list(Metered(batches(clock, [0.25, 0.5]), meter))
+    reading = meter.read()
+    assert reading.corrected == reading.wait == 0.75
