@@ -101,7 +101,7 @@ class Meter:
         cursor: the loader's position, which each batch served makes point here.
         opening: the seconds ``iter()`` took, a wait of the loop's like any other (may be
             set until the first ``next()``).
-        clock: seconds, monotonic (``time.perf_counter``).
+        clock: seconds, monotonic (``time.perf_counter``, as it is when the meter is made).
         delay: makes the run-delay estimator of a run of workers (``SampledDelay()``);
             ``NoDelay`` where nothing reads the corrected wait (no /proc reads at all).
     """
@@ -114,7 +114,7 @@ class Meter:
         recorder: Any = None,
         cursor: Cursor | None = None,
         opening: float = 0.0,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] | None = None,
         delay: Callable[[], RunDelay] | None = None,
     ) -> None:
         self.epoch, self.start = epoch, start
@@ -122,7 +122,8 @@ class Meter:
         self.taken = start  # the epoch's batch torch's iterator hands into the chain next
         self.last = Reading()  # the last next(): its seconds, raw and corrected
         self._recorder, self._cursor = recorder, cursor
-        self._clock, self._new_delay = clock, delay or _sampled_delay
+        self._clock = clock or time.perf_counter
+        self._new_delay = delay or _sampled_delay
         self._delay, self._starting = self._new_delay(), True
         self.opening = opening
         self._zero: float | None = None  # the clock at the meter's zero

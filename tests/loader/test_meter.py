@@ -4,17 +4,22 @@ sleeps, nothing that depends on the machine's load."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from conftest import Indices
 from prometheus_client import CollectorRegistry
+from torch.utils.data import Dataset
 
 import autoloader.host.run_delay as run_delay_module
 from autoloader import DataLoader, Plan
 from autoloader.errors import UsageError
+from autoloader.loader.measures import EpochMeasure
 from autoloader.loader.meter import Cursor, Meter, Metered, NoDelay, Reading
+from autoloader.loader.policy import Adapter
 from autoloader.loader.position import Position
 from autoloader.loader.windows import Window
 from autoloader.metrics.loader import BatchRecorder, loader_metrics
@@ -299,3 +304,58 @@ def test_without_a_run_delay_the_corrected_wait_is_the_raw_one() -> None:
     list(Metered(batches(clock, [0.25, 0.5]), meter))
     reading = meter.read()
     assert reading.corrected == reading.wait == 0.75
+
+
+class Costly(Dataset):
+    """Samples that each cost ``cost`` seconds of the fake clock to read."""
+
+    def __init__(self, clock: Clock, n: int, cost: float) -> None:
+        self.clock, self.n, self.cost = clock, n, cost
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.clock.now += self.cost
+        return torch.tensor([i])
+
+
+def test_an_adapting_loaders_windows_and_epoch_are_differences_of_its_meters_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the loader, on a fake clock that moves only by reads (1 ms a sample, 32 a
+    batch) and steps (60 ms): each window judged and the epoch's exported ratio are exact."""
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(run_delay_module, "run_delay", lambda: 0.0)
+    judged: list[EpochMeasure] = []
+    decide = Adapter.decide
+
+    def spy(self: Adapter, m: EpochMeasure) -> Any:
+        judged.append(m)
+        return decide(self, m)
+
+    monkeypatch.setattr(Adapter, "decide", spy)
+    registry = CollectorRegistry()
+    loader = DataLoader(
+        Costly(clock, 960, 0.001),
+        plan=plan_of(32),
+        check_fingerprint=False,
+        registry=registry,
+        adapt_max_workers=0,  # nothing to change: every window is judged and kept
+    )
+    for _ in loader:
+        clock.now += 0.06
+    # 30 batches: the first is the transient, then windows of 8, the last one to the end
+    assert [(m.batch, m.batches, m.samples) for m in judged] == [
+        (9, 8, 256),
+        (17, 8, 256),
+        (30, 13, 416),
+    ]
+    for m in judged:
+        assert m.wait_seconds == pytest.approx(m.batches * 0.032)
+        assert m.loop_seconds == pytest.approx(m.batches * 0.092)
+        assert m.first_wait_seconds == pytest.approx(0.032)
+    ratio = registry.get_sample_value("autoloader_data_wait_ratio", {"rank": "0"})
+    assert ratio == pytest.approx(0.032 / 0.092)
+    assert loader.adaptations == [] and loader.state_dict()["batches"] == 30
