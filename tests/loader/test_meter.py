@@ -249,7 +249,7 @@ def test_a_loader_times_each_next_once_and_counts_it_as_its_position(
     """Whether the meter sits inside torch's iterator (nothing wraps it) or around the
     chain (adaptation's epoch), each next() is one observation and one batch served."""
     registry = CollectorRegistry()
-    kw = {"num_workers": workers} if workers else {}
+    kw: dict[str, Any] = {"num_workers": workers} if workers else {}
     loader = DataLoader(
         Indices(40), plan=plan_of(), check_fingerprint=False, adapt=adapt, registry=registry, **kw
     )
