@@ -9,12 +9,13 @@ consumer's stream, so the caching allocator does not hand its memory to a later 
 before the step has used it. ``depth`` 0 copies in line on the consumer's stream.
 
 The device holds up to ``depth + 1`` batches; ``autoloader tune`` counts them in the
-memory plan.
+memory plan. The feed moves batches and does not time the loop: the loader's meter
+(``autoloader.loader.meter``) times the whole ``next()`` the loop sees, the copy included;
+the feed records only each copy's own time, on the GPU's clock (``h2d``).
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -90,13 +91,10 @@ class DeviceFeed:
         return self
 
     def __next__(self) -> Any:
-        start = time.perf_counter()
         while not self.exhausted and len(self.ahead) < max(1, self.depth):
             self._issue()
         if not self.ahead:
             self._read_timings(block=True)
-            if self.recorder is not None:
-                self.recorder.flush()
             raise StopIteration
         batch, begun, done = self.ahead.popleft()
         consumer = torch.cuda.current_stream(self.device)
@@ -109,8 +107,6 @@ class DeviceFeed:
             self._issue()  # the next copy overlaps the step about to run on this batch
         self.timing.append((begun, done))
         self._read_timings(block=False)
-        if self.recorder is not None:
-            self.recorder.waited(time.perf_counter() - start)
         return batch
 
     def _issue(self) -> None:

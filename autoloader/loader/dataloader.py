@@ -45,6 +45,7 @@ from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
 from autoloader.loader.known_sizes import known_sizes
+from autoloader.loader.meter import Cursor, Meter, Metered, NoDelay
 from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import (
     accumulation_for,
@@ -57,10 +58,8 @@ from autoloader.loader.planned import (
 )
 from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
-    Cursor,
     Data,
     Position,
-    Served,
     check_state,
     meaning,
     saved_settings,
@@ -158,8 +157,11 @@ class DataLoader(tud.DataLoader):
         sizes: np.ndarray | None = None
         rank, world = 0, 1
         self.grad_accum_steps = 1
-        self._cursor = Cursor()  # where the loader is: its iterators' positions
-        self._inner_position: Position | None = None
+        self._cursor = Cursor()  # where the loader is: its iterators' meters
+        # the meter of the iterator iter() is making, and whether it times inside torch's
+        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
+        self._metering: Meter | None = None
+        self._meter_inside = False
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
         self._data = Data(0)  # what a planned loader serves: a position's data
         self._repeats = RepeatWatch()
@@ -207,12 +209,8 @@ class DataLoader(tud.DataLoader):
     @property
     def _position(self) -> Position:
         """Where the loader is: the position of the iterator it last handed out or last
-        served a batch from (``position.Cursor``)."""
-        return self._cursor.current
-
-    @_position.setter
-    def _position(self, where: Position) -> None:
-        self._cursor.current = where
+        served a batch from (``meter.Cursor``)."""
+        return self._cursor.position
 
     def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
         """A planned loader is sharded across ranks already: trainers must not shard it
@@ -343,7 +341,7 @@ class DataLoader(tud.DataLoader):
         check_ranks_agree({"resumed epoch": where.epoch}, source=self.plan.source)
         sampler.set_epoch(where.epoch)
         sampler.resume_at(where.batches)
-        self._position = where
+        self._cursor.rest(where)
         if self._runtime is not None and self._runtime.adapter is not None:
             self._runtime.adapter.restore(saved_settings(state_dict), saved_trial(state_dict))
 
@@ -407,9 +405,25 @@ class DataLoader(tud.DataLoader):
             self.node_cache = node
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
-        batches = self._chain()
+        sampler = self.batch_sampler
+        # the run-delay corrected wait is adaptation's: without it, no /proc reads
+        delay = None if self._runtime is not None else NoDelay
+        if self.plan is not None and isinstance(sampler, SizeBatchSampler):
+            # this iterator's own count, the loader's position from now on
+            meter = Meter(
+                sampler.epoch,
+                sampler.resume,
+                recorder=self._recorder,
+                cursor=self._cursor,
+                delay=delay,
+            )
+        else:
+            meter = Meter(recorder=self._recorder, delay=delay)
+        batches = self._metered(meter)
+        meter.opening = time.perf_counter() - began  # the workers' start: a wait too
         if self._runtime is not None:
-            batches = self._runtime.wrap(batches, self, time.perf_counter() - began)
+            assert isinstance(batches, Metered)  # nothing is torch's own where it adapts
+            return self._runtime.wrap(batches, self)
         return batches
 
     def _check_epoch(self) -> None:
@@ -422,27 +436,33 @@ class DataLoader(tud.DataLoader):
         last = (self._position.epoch, self._position.batches)
         self._repeats.begins(sampler.epoch, last, len(sampler), sampler.shuffle)
 
+    def _metered(self, meter: Meter) -> Iterator[Any]:
+        """The epoch's batches (``_chain``), counted and timed by ``meter``."""
+        self._metering = meter
+        try:
+            return self._chain()
+        finally:
+            self._metering = None
+
     def _chain(self) -> Iterator[Any]:
         """The epoch's batches from the batch sampler's position: torch's iterator, then
-        the device feed, Accelerate's bookkeeping, and the count of served batches."""
-        sampler = self.batch_sampler if self.plan is not None else None
-        positioned = isinstance(sampler, SizeBatchSampler)
-        if isinstance(sampler, SizeBatchSampler):
-            # this iterator's own count, the loader's position until another serves
-            self._position = Position(sampler.epoch, sampler.resume, self._cursor)
+        the device feed and Accelerate's bookkeeping, through the meter of this ``iter()``
+        (``_metering``) where the loop receives them."""
+        meter = self._metering
+        assert meter is not None
         accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
-        # Batches are counted where the loop receives them: in torch's iterator itself
-        # when nothing wraps it (so iter() stays torch's own), else outermost.
-        outer = self._feed_device is not None or accelerate or self._runtime is not None
-        self._inner_position = self._position if positioned and not outer else None
+        wrapped = self._feed_device is not None or accelerate or self._runtime is not None
+        # Counted and timed where the loop receives them: inside torch's iterator when
+        # nothing wraps it (so iter() stays torch's own), else around the whole chain.
+        self._meter_inside = self._recorder is not None and not wrapped
         batches: Iterator[Any] = super().__iter__()
         self._live = weakref.ref(batches)  # not held: an abandoned epoch's workers end
         if self._feed_device is not None:
             batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
         if accelerate:  # planned: Accelerate keeps it
             batches = accelerate_epoch(self, batches)
-        if positioned and (outer or self._recorder is None):
-            batches = Served(batches, self._position)
+        if not self._meter_inside and (wrapped or meter.positioned):
+            batches = Metered(batches, meter)
         return batches
 
     def __getstate__(self) -> dict[str, Any]:
@@ -451,17 +471,34 @@ class DataLoader(tud.DataLoader):
         state["_live"] = None
         return state
 
-    def _restart_in_epoch(self) -> Iterator[Any]:
-        """The rest of this epoch with the settings adaptation just decided: the workers
-        of the old settings are shut down, and the batch sampler resumes after the batches
-        served (those prefetched but not served are loaded again: nothing is lost, and
-        nothing repeated)."""
-        assert self._runtime is not None and isinstance(self.batch_sampler, SizeBatchSampler)
+    def restart_workers(self) -> Iterator[Any]:
+        """Restart the epoch the loop is in at the loader's position, with the settings
+        the loader has now (those adaptation decided, where it adapts): the workers of the
+        old settings are shut down, and the batch sampler resumes after the batches served
+        (those prefetched but not served are loaded again: nothing is lost, and nothing
+        repeated). Returns the rest of the epoch's batches, which the position's meter
+        goes on counting and timing.
+
+        Raises:
+            UsageError: the loader keeps no position (no plan, or the caller's own batch
+                sampler), or no epoch of it has begun.
+        """
+        meter = self._cursor.meter
+        sampler = self.batch_sampler
+        if meter is None or self.plan is None or not isinstance(sampler, SizeBatchSampler):
+            raise UsageError(
+                "restart_workers: expected a planned DataLoader in an epoch, "
+                "found no position to restart at"
+            )
         compat.shut_down_workers(self._live() if self._live is not None else None)
         compat.forget_iterator(self)
-        self.batch_sampler.resume_at(self._position.batches)
-        self._runtime.begin(self)
-        return self._chain()
+        at = meter.position.batches
+        sampler.resume_at(at)
+        meter.taking_from(at)
+        meter.restarted()
+        if self._runtime is not None:
+            self._runtime.begin(self)
+        return self._metered(meter)
 
     def _warn_accumulation(self) -> None:
         if self._warned_accumulation or accelerator_active():

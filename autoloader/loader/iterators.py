@@ -1,9 +1,12 @@
-"""torch's own loader iterators, timed: wait per batch and the batch's indices.
+"""torch's own loader iterators, recording each batch: its indices, samples and bytes.
 
 Subclassing (rather than wrapping) keeps every behaviour of torch's iterators, their
-worker management and ``isinstance`` checks included. Indices are queued in the order the
-sampler hands them out; batches come back in that order with ``in_order=True``, and with
-``in_order=False`` the recorded batch sizes still form the same multiset.
+worker management and ``isinstance`` checks included. Each tells the iterator's meter
+(``autoloader.loader.meter``) the batches it hands into the chain; where nothing wraps it,
+the meter counts and times the loop's ``next()`` here, else around the chain. Indices are
+queued in the order the sampler hands them out; batches come back in that order with
+``in_order=True``, and with ``in_order=False`` the recorded batch sizes still form the same
+multiset.
 
 Every multi-process iterator here starts its workers through ``feed.start.StartSafe``: a
 failed start leaves nothing running and raises ``WorkersNotStarted``.
@@ -25,27 +28,30 @@ from autoloader.compat import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
 from autoloader.loader.lookahead import Lookahead
-from autoloader.loader.position import served_raising, was_served
+from autoloader.loader.meter import Meter
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
 
 
 class _Recording:
+    """Records each batch torch's iterator yields, and counts it taken on the meter."""
+
     _recorder: BatchRecorder
     _pending: deque[Any]
-    _position: Any
+    _meter: Meter
 
     def __init__(self, loader: Any) -> None:
         self._recorder = loader._recorder
-        self._position = loader._inner_position  # count served batches here, or not
-        self._feed_waits = loader._feed_device is not None  # the feed times the loop's wait
+        self._meter = loader._metering
+        self._inside = loader._meter_inside  # the meter times the loop's next() here
         self._pending = deque()
         super().__init__(loader)  # type: ignore[call-arg]
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._pending.clear()
-        self._position = loader._inner_position
+        if loader._metering is not None:  # a new iter(), not new workers inside one
+            self._meter, self._inside = loader._metering, loader._meter_inside
         super()._reset(loader, first_iter)  # type: ignore[misc]
 
     def _next_index(self) -> Any:
@@ -62,7 +68,16 @@ class _Recording:
         return raised_in_worker(exc)
 
     def __next__(self) -> Any:
-        start = time.perf_counter()
+        if self._inside:  # nothing wraps this iterator: the loop's next() is timed here
+            return self._meter.next(self._next_batch)
+        return self._next_batch()
+
+    def _next_batch(self) -> Any:
+        """The next batch (a multi-process iterator's survives its workers)."""
+        return self._recorded()
+
+    def _recorded(self) -> Any:
+        """torch's next batch, recorded (its bytes and samples) and counted as taken."""
         try:
             batch = unpacked(compat.next_batch(self, super().__next__))  # type: ignore[misc]
         except StopIteration:
@@ -70,17 +85,13 @@ class _Recording:
             raise
         except Exception as exc:
             if self._consumed(exc):  # served, as a batch that raised: not to be read again
-                if self._position is not None:
-                    self._position.serve()
                 if self._pending:
                     self._pending.popleft()
-                served_raising(exc)
+                self._meter.took(raised=True)
             raise
-        now = time.perf_counter()
-        if self._position is not None:
-            self._position.serve()
+        self._meter.took()
         index = self._pending.popleft() if self._pending else None
-        self._recorder.record(None if self._feed_waits else now - start, index, batch, now)
+        self._recorder.record(index, batch, time.perf_counter())
         return batch
 
 
@@ -107,7 +118,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         # without a plan, torch's error where workers cannot start (nothing left of them)
         self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
-        self._start = self._yielded = 0
+        self._start = 0  # the epoch's batch this run of workers began at (their task 0)
         self._wait_began, self._waiting = time.monotonic(), False
         self._stall_warned = False
         self._expired: Stall | None = None  # the wait the watchdog ended (timeout=)
@@ -138,9 +149,9 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
-        self._yielded = 0
         self._wait_began = time.monotonic()
         super()._reset(loader, first_iter)
+        self._meter.taking_from(self._start)
 
     def _try_get_data(self, timeout: float = compat.STATUS_INTERVAL) -> Any:
         if self._survival is None:
@@ -187,7 +198,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
             worker,
             pid,
             getattr(sampler, "epoch", 0),
-            self._start + self._yielded,
+            self._meter.taken,
             indices,
             waited,
             process_state(pid),
@@ -222,22 +233,14 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                 w.kill()
                 w.join(timeout=compat.STATUS_INTERVAL)
 
-    def __next__(self) -> Any:
-        try:
-            return self._next_surviving()
-        except Exception as exc:
-            if was_served(exc):  # the dataset's error for a batch handed out: a restart
-                self._yielded += 1  # begins past it
-            raise
-
-    def _next_surviving(self) -> Any:
+    def _next_batch(self) -> Any:
         """The next batch, the workers restarted (and the batch awaited again) where they
         died."""
         while True:
             self._wait_began, self._stall_warned = time.monotonic(), False
             self._waiting = True
             try:
-                batch = super().__next__()
+                batch = self._recorded()
             except (RuntimeError, OSError, EOFError) as exc:
                 self._waiting = False
                 if self._expired is not None or (
@@ -253,12 +256,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
                 if not deaths:
                     raise
                 assert self._survival is not None
-                self._survival.died(deaths, self._loader(), self._start + self._yielded)
+                self._survival.died(deaths, self._loader(), self._meter.taken)
                 self._restart()
                 continue
             finally:
                 self._waiting = False
-            self._yielded += 1
             if self._survival is not None:
                 self._watch()
             return batch
@@ -329,7 +331,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         if not self._survival.due():
             return  # called at every batch: the workers are listed only when checked
         pids = [w.pid for w in compat.workers(self) if w.pid is not None]
-        at = self._start + self._yielded
+        at = self._meter.taken  # the first batch not yet taken (a raised one was)
         if self._survival.check(pids, at, compat.in_order(self)) is not None:
             self._restart()
 
@@ -343,7 +345,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         """New workers (as many as the loader now asks for), the batch sampler resumed at
         the first batch not yet handed out; this object carries on."""
         loader = self._loader()
-        at = self._start + self._yielded
+        at = self._meter.taken
         self._shutdown_workers()
         loader.batch_sampler.resume_at(at)
         self._start_workers(loader)

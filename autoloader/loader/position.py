@@ -16,13 +16,12 @@ Same method names as torchdata's ``StatefulDataLoader``: Lightning checkpoints i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autoloader.errors import PlanError
@@ -88,69 +87,13 @@ class Data:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Position:
-    """The epoch an iterator serves and the batches of it handed out so far; ``cursor``:
-    the loader's, which each batch served makes point here."""
+    """The epoch an iterator serves and the batches of it handed out so far (as a meter
+    counts them: ``autoloader.loader.meter``)."""
 
     epoch: int = 0
     batches: int = 0
-    cursor: Cursor | None = field(default=None, repr=False, compare=False)
-
-    def serve(self) -> None:
-        """One more batch handed out: the loader is where this iterator is."""
-        self.batches += 1
-        if self.cursor is not None:
-            self.cursor.current = self
-
-
-class Cursor:
-    """A loader's position: that of the iterator it last handed out, or last served a
-    batch from. Each iterator counts its own batches, so one taken mid-epoch beside the
-    loop's (``next(iter(loader))``) neither resets nor adds to the loop's count, and the
-    loop's next batch makes its count the loader's again."""
-
-    def __init__(self) -> None:
-        self.current = Position()
-
-
-class Served:
-    """An epoch's batches as the loop receives them, counted into ``position``."""
-
-    def __init__(self, batches: Iterator[Any], position: Position) -> None:
-        self._batches = batches
-        self._position = position
-
-    def __iter__(self) -> Served:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._batches)  # type: ignore[arg-type]
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._batches)
-        except Exception as exc:
-            if was_served(exc):
-                self._position.serve()
-            raise
-        self._position.serve()
-        return batch
-
-
-_SERVED_RAISING = "_autoloader_served_raising"
-
-
-def served_raising(exc: BaseException) -> None:
-    """Mark ``exc`` as ending a batch that was handed out (the dataset's error, which the
-    loop may catch and go on past): an outer count of served batches counts it too."""
-    with contextlib.suppress(AttributeError, TypeError):
-        setattr(exc, _SERVED_RAISING, True)
-
-
-def was_served(exc: BaseException) -> bool:
-    """Whether ``exc`` ended a batch that was handed out (``served_raising``)."""
-    return getattr(exc, _SERVED_RAISING, False) is True
 
 
 def state(

@@ -2,8 +2,9 @@
 
 ``Runtime`` is what ``autoloader.DataLoader(plan=..., adapt=True)`` holds. Each
 ``iter(loader)`` first applies the settings the last complete epoch decided (the policy is
-``autoloader.loader.policy``), then hands out an ``EpochIter`` that times the loop's wait
-for each batch and, on CUDA, follows the allocator's peak (``autoloader.loader.drift``).
+``autoloader.loader.policy``), then hands out an ``EpochIter`` that judges the epoch and
+its windows from the meter's readings (``autoloader.loader.meter`` counts and times every
+batch) and, on CUDA, follows the allocator's peak (``autoloader.loader.drift``).
 Only ``[loader]`` settings move: the batch sampler, and so every rank's indices, is
 untouched.
 """
@@ -14,8 +15,6 @@ import datetime as _dt
 import logging
 import os
 import socket
-import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -26,13 +25,13 @@ from autoloader.batches import tensors
 from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
-from autoloader.host.run_delay import SampledDelay
 from autoloader.loader.background import Background
 from autoloader.loader.caps import Limits
 from autoloader.loader.cores import Cores, CoreUse
 from autoloader.loader.decisions import Adaptation
 from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
+from autoloader.loader.meter import Metered, Reading
 from autoloader.loader.policy import Adapter
 from autoloader.loader.settings import SETTINGS, Settings, apply, depth_of
 from autoloader.loader.windows import Window, window_size
@@ -202,13 +201,12 @@ class Runtime:
         self.begin(loader)
         return True
 
-    def wrap(self, batches: Iterator[Any], loader: Any, opening: float = 0.0) -> EpochIter:
-        """The epoch's batches, timed; ``opening``: the seconds ``iter()`` took (the old
-        workers' shutdown and the new ones' start, without persistent workers every
-        epoch's), which the loop waited for as it waits for a batch."""
+    def wrap(self, batches: Metered, loader: Any) -> EpochIter:
+        """The epoch's batches, judged from ``batches``' meter (which counts the seconds
+        ``iter()`` took, the old workers' shutdown and the new ones' start, as a wait)."""
         if self.adapter is not None:
             self.adapter.epoch_began()
-        return EpochIter(batches, self, loader, opening)
+        return EpochIter(batches, self, loader)
 
     def end(
         self, m: EpochMeasure, last_bytes: int | None, batches: int, *, judged: bool = False
@@ -328,29 +326,22 @@ class Runtime:
 
 
 class EpochIter:
-    """One epoch's batches as the loop sees them, timed.
+    """One epoch's batches as the loop sees them, judged from the meter's readings.
 
-    Times from the first ``next()`` to the end of the epoch, and the wait inside each
-    ``next()``. The worker processes' memory is read at most once, after the first prefetch
-    round. An epoch abandoned before its end is not judged.
+    The meter (``autoloader.loader.meter``) counts and times every batch; this reads its
+    totals: the epoch is the difference of its reading at the end and its zero, a window
+    the difference of two readings. The worker processes' memory is read at most once,
+    after the first prefetch round. An epoch abandoned before its end is not judged.
     """
 
-    def __init__(
-        self, batches: Iterator[Any], runtime: Runtime, loader: Any, opening: float = 0.0
-    ) -> None:
+    def __init__(self, batches: Metered, runtime: Runtime, loader: Any) -> None:
         self._batches = batches
-        self._opening = opening
+        self._meter = batches.meter
         self._runtime = runtime
         self._loader = loader
-        self._start: float | None = None
-        self._wait = 0.0
         self._first_wait = 0.0
-        self._count = 0
         self._samples_at_start = runtime.recorder.stats.samples if runtime.recorder else 0
         self._last_bytes: int | None = None
-        # the loop's thread waiting for a CPU inside next(), for these workers; the first
-        # batch after their start is read, apart
-        self._delay, self._starting = SampledDelay(), True
         self._watch: MemoryWatch | None = None  # this epoch's, where it reads a peak
         self._window_workers = self._began_workers = loader.num_workers
         self._memory_at, self._worker_memory = self._memory_after(0)
@@ -362,19 +353,18 @@ class EpochIter:
         # where there is one (a resumed epoch), else the iterator's length
         self._epoch_cores: Cores | None = None
         try:
-            self._expected: int | None = len(batches)  # type: ignore[arg-type]
+            self._expected: int | None = len(batches)
         except TypeError:
             self._expected = None
-        # the transient: batches until the prefetch queue is first full, and the loop's
-        # wait and seconds over them (no judged window holds them)
+        # the transient: batches until the prefetch queue is first full, and the meter's
+        # reading at its end (no judged window holds them)
         self._warm_batches = self._fill()
-        self._warm_wait = 0.0
-        self._warm_seconds: float | None = None
+        self._warm: Reading | None = None
         self._skip = self._warm_batches
-        # a restart inside the epoch until its queue is full (when it began, the batch
-        # count then), and each (re)start's seconds until the queue was full, its batches
-        # and the workers it started
-        self._restarted: tuple[float, int, int] | None = None
+        # a restart inside the epoch until its queue is full (the reading when it began,
+        # the workers before it), and each (re)start's seconds until the queue was full,
+        # its batches and the workers it started
+        self._restarted: tuple[Reading, int] | None = None
         self._refills: list[tuple[float, int, int]] = []
         self._done = False
         sampler = loader.batch_sampler
@@ -395,48 +385,37 @@ class EpochIter:
         return self
 
     def __len__(self) -> int:
-        return len(self._batches)  # type: ignore[arg-type]
+        return len(self._batches)
 
     def __next__(self) -> Any:
-        runtime = self._runtime
-        delay = self._delay
-        delay.before(start=self._starting)
-        self._starting = False
-        now = time.perf_counter()
-        if self._start is None:  # the epoch began with iter(): its seconds are a wait
-            self._start = now - self._opening
-            if runtime.watch is not None:
-                runtime.watch.start_epoch()
-                self._watch = runtime.watch if runtime.watch.watching else None
+        runtime, meter = self._runtime, self._meter
+        if not meter.began and runtime.watch is not None:
+            runtime.watch.start_epoch()
+            self._watch = runtime.watch if runtime.watch.watching else None
         if self._watch is not None:
-            self._watch.before_batch(self._count, self._last_bytes)
+            self._watch.before_batch(meter.batches, self._last_bytes)
         try:
             batch = next(self._batches)
         except StopIteration:
             self._finish()
             raise
-        # the wall clock less the time this thread waited for a CPU, which is not a wait
-        # for data (a loaded node: host.run_delay), read at some batches, estimated at others
-        waited = max(0.0, delay.less(time.perf_counter() - now))
-        if self._count == 0:
-            waited += self._opening
-            self._first_wait = waited
+        count = meter.batches
+        if count == 1:
+            self._first_wait = meter.read().corrected  # iter()'s seconds with it
             self._cores = self._core_use()
             if runtime.adapter is not None:  # a descriptor each in flight: open files
                 runtime.adapter.batch_tensors = max(1, sum(1 for _ in tensors(batch)))
-        self._wait += waited
-        self._count += 1
-        if self._count == 1 and self._positioned:
-            self._expected = 1 + self._left()
+            if self._positioned:
+                self._expected = 1 + self._left()
         if self._watch is not None:
             self._last_bytes = nbytes_of(batch)
-        if self._count == self._expected and self._cores is not None and self._cores_whole:
+        if count == self._expected and self._cores is not None and self._cores_whole:
             self._epoch_cores = self._cores.total()
-        if self._count == self._warm_batches:
-            self._warm_wait, self._warm_seconds = self._wait, time.perf_counter() - self._start
-            self._refills.append((self._warm_seconds, self._warm_batches, self._began_workers))
-        if self._count == self._memory_at:  # read off the loop's thread, taken when judged
-            self._runtime.memory.start(self._window_workers, self._runtime.epoch)
+        if count == self._warm_batches:
+            self._warm = meter.read()
+            self._refills.append((self._warm.seconds, self._warm_batches, self._began_workers))
+        if count == self._memory_at:  # read off the loop's thread, taken when judged
+            runtime.memory.start(self._window_workers, runtime.epoch)
         if self._window_size is not None:
             if self._skip > 0:
                 self._skip -= 1
@@ -444,12 +423,12 @@ class EpochIter:
                     self._window = self._new_window()
                     if self._restarted is not None:
                         # the old workers' shutdown is in it too: per the more of the two
-                        began, count, old = self._restarted
-                        seconds = time.perf_counter() - began
+                        began, old = self._restarted
+                        span = self._window.start - began
                         workers = max(old, self._window_workers)
-                        self._refills.append((seconds, self._count - count, workers))
+                        self._refills.append((span.seconds, span.batches, workers))
                         self._restarted = None
-            elif self._window is not None and self._window.add(waited, self._left()):
+            elif self._window is not None and self._window.add(meter.read(), self._left()):
                 self._judge_window()
         return batch
 
@@ -475,11 +454,12 @@ class EpochIter:
     def _samples(self) -> int:
         if self._runtime.recorder is not None:
             return self._runtime.recorder.stats.samples - self._samples_at_start
-        return self._count * (getattr(self._loader.batch_sampler, "batch_size", None) or 1)
+        batches = self._meter.batches
+        return batches * (getattr(self._loader.batch_sampler, "batch_size", None) or 1)
 
     def _judge_window(self) -> None:
         """Judge the window just complete; apply a change at once, at this batch."""
-        window, loader = self._window, self._loader
+        window, loader, meter = self._window, self._loader, self._meter
         assert window is not None and self._window_size is not None
         if not self._left() and window.count < MIN_WINDOW:
             # a tail shorter than a window after a first fill is the queue draining (its
@@ -491,7 +471,7 @@ class EpochIter:
         self._collect_memory()
         cores = self._cores.lap() if self._cores is not None else None
         m = window.measure(self._runtime.epoch, self._samples(), self._worker_memory, cores)
-        served, left = loader._position.batches, self._left()
+        served, left = meter.position.batches, self._left()
         # At the epoch's end a change waits for the next iter(): no restart to repay.
         m = replace(
             m,
@@ -501,20 +481,19 @@ class EpochIter:
             epoch_batches=served + left,
         )
         if self._runtime.judge(m) and left:
-            self._restarted = (time.perf_counter(), self._count, self._window_workers)
+            self._restarted = (meter.read(), self._window_workers)
             try:
-                self._batches = loader._restart_in_epoch()
+                self._batches = loader.restart_workers()
             except BaseException:
                 # the batch this next() took never reaches the loop (Ctrl-C while the
                 # workers restart, caught by a loop that saves its position): not served
-                loader._position.batches -= 1
+                meter.withdraw()
                 raise
             self._window_workers = loader.num_workers
             if self._cores is not None:
                 self._cores.close()
             self._cores, self._cores_whole = self._core_use(), False  # the new workers'
-            self._delay, self._starting = SampledDelay(), True
-            self._memory_at, self._worker_memory = self._memory_after(self._count)
+            self._memory_at, self._worker_memory = self._memory_after(meter.batches)
             self._skip = self._fill()  # the restarted workers' transient is no evidence
             self._window = None
             return
@@ -526,7 +505,7 @@ class EpochIter:
         assert self._window_size is not None
         if self._cores is not None and not lapped:
             self._cores.lap()  # the window's CPU from its start
-        return Window(self._window_size, self._window_workers, self._samples())
+        return Window(self._window_size, self._window_workers, self._samples(), self._meter.read())
 
     def _core_use(self) -> CoreUse | None:
         """The CPU of the workers loading the epoch now, and of this process, from now on
@@ -540,7 +519,7 @@ class EpochIter:
 
     def _left(self) -> int:
         """The epoch's batches not yet served."""
-        return len(self._loader.batch_sampler) - self._loader._position.batches
+        return len(self._loader.batch_sampler) - self._meter.position.batches
 
     def _restart_per_worker(self, m: EpochMeasure) -> float:
         """What a restart costs the loop for each worker it starts, as this epoch measured
@@ -559,13 +538,13 @@ class EpochIter:
         self._worker_memory = found if found is not None else self._worker_memory
 
     def _finish(self) -> None:
-        if self._done or self._start is None:
+        if self._done or not self._meter.began:
             return
         self._done = True
         runtime = self._runtime
-        loop = time.perf_counter() - self._start
+        epoch = self._meter.read()  # the meter's zero is the epoch's start: iter()
         self._collect_memory()
-        warm = min(self._warm_batches, self._count)
+        warm = min(self._warm_batches, epoch.batches)
         cores = self._epoch_cores
         if self._cores is not None:
             if cores is None and self._cores_whole:
@@ -573,20 +552,20 @@ class EpochIter:
             self._cores.close()
         measure = EpochMeasure(
             runtime.epoch,
-            self._count,
+            epoch.batches,
             self._samples(),
-            self._wait,
-            loop,
+            epoch.corrected,
+            epoch.seconds,
             self._worker_memory,
-            self._warm_wait if self._warm_seconds is not None else self._wait,
+            self._warm.corrected if self._warm is not None else epoch.corrected,
             self._window_workers,
             warm_batches=warm,
-            warm_seconds=self._warm_seconds if self._warm_seconds is not None else loop,
+            warm_seconds=self._warm.seconds if self._warm is not None else epoch.seconds,
             # the whole epoch's length: fewer batches were served where it was resumed
             epoch_batches=len(self._loader.batch_sampler) if self._positioned else None,
             cores=cores,
         )
-        runtime.end(measure, self._last_bytes, self._count, judged=self._windows_judged)
+        runtime.end(measure, self._last_bytes, epoch.batches, judged=self._windows_judged)
 
 
 def _workers_memory() -> int | None:

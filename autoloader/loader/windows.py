@@ -9,10 +9,9 @@ at a batch boundary by restarting the epoch's iterator at the loader's position.
 
 from __future__ import annotations
 
-import time
-
 from autoloader.loader.cores import Cores
 from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
+from autoloader.loader.meter import Reading
 
 WINDOWS_PER_EPOCH = 12  # an epoch long enough is judged about this often
 
@@ -28,39 +27,45 @@ def window_size(epoch_batches: int) -> int | None:
 
 
 class Window:
-    """One window's wait and loop time; its first batch apart (a restart's start-up)."""
+    """One window of an epoch: the difference of two of the meter's readings, its first
+    batch apart (a restart's start-up)."""
 
-    def __init__(self, size: int, workers: int, samples: int) -> None:
+    def __init__(self, size: int, workers: int, samples: int, start: Reading) -> None:
         self.size, self.workers, self.samples_at_start = size, workers, samples
-        self.start = time.perf_counter()
-        self.wait = self.first_wait = 0.0
-        self.count = 0
+        self.start = self.now = start
+        self.first: Reading | None = None  # the reading after its first batch
 
-    def add(self, waited: float, left: int) -> bool:
-        """Count one batch, with ``left`` of the epoch's batches still to come; whether
-        the window is complete: at its size, or, where fewer than a window's batches would
-        be left after it, at the epoch's end. A window judged with a few batches left is
-        priced over those alone, so a change it asks for could never repay a restart, and
-        the epoch's end, where it costs least, would go unjudged."""
-        if self.count == 0:
-            self.first_wait = waited
-        self.wait += waited
-        self.count += 1
+    @property
+    def count(self) -> int:
+        """The window's batches so far."""
+        return (self.now - self.start).batches
+
+    def add(self, now: Reading, left: int) -> bool:
+        """A batch arrived (``now``: the meter's reading after it), with ``left`` of the
+        epoch's batches still to come; whether the window is complete: at its size, or,
+        where fewer than a window's batches would be left after it, at the epoch's end. A
+        window judged with a few batches left is priced over those alone, so a change it
+        asks for could never repay a restart, and the epoch's end, where it costs least,
+        would go unjudged."""
+        self.now = now
+        if self.first is None:
+            self.first = now
         return left == 0 or (self.count >= self.size and left >= self.size)
 
     def measure(
         self, epoch: int, samples: int, worker_memory: int | None, cores: Cores | None = None
     ) -> EpochMeasure:
         """The window as an epoch's measure; ``cores``: as read over it."""
-        loop = time.perf_counter() - self.start
+        span = self.now - self.start
+        first = (self.first - self.start).corrected if self.first is not None else 0.0
         return EpochMeasure(
             epoch,
-            self.count,
+            span.batches,
             samples - self.samples_at_start,
-            self.wait,
-            loop,
+            span.corrected,
+            span.seconds,
             worker_memory,
-            self.first_wait,
+            first,
             self.workers,
             cores=cores,
         )

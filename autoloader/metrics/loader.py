@@ -308,11 +308,9 @@ class BatchRecorder:
                 rank=self.rank, strategy=strategy, fingerprint=fingerprint or ""
             ).set(1)
 
-    def record(self, wait_seconds: float | None, index: Any, batch: Any, now: float) -> None:
-        """Record one batch; ``index`` is what the sampler gave (a list or one index).
-
-        ``wait_seconds`` None: a device feed reports the loop's wait itself (``waited``).
-        """
+    def record(self, index: Any, batch: Any, now: float) -> None:
+        """Record one batch; ``index`` is what the sampler gave (a list or one index). Its
+        wait is the meter's to report (``waited``)."""
         sizes = self._sizes
         if type(index) is list or isinstance(index, (tuple, np.ndarray, Sequence)):
             count = len(index)
@@ -333,9 +331,6 @@ class BatchRecorder:
         if self._ceiling is not None and measured > self._ceiling[0]:
             over, self._ceiling = self._ceiling[1], None  # once
             over(measured, index)
-        if wait_seconds is not None:
-            st.wait_seconds += wait_seconds
-            self._pending_waits.append(wait_seconds)
         self._pending_bytes.append(nbytes)
         self._pending_samples += count
         if now - self._flushed_at >= self.FLUSH_SECONDS:
@@ -355,7 +350,7 @@ class BatchRecorder:
         self.metrics.outgrown_batch.labels(rank=self.rank, samples=samples).set(nbytes)
 
     def waited(self, seconds: float) -> None:
-        """The loop waited ``seconds`` for a batch ready on the device (a device feed)."""
+        """The loop waited ``seconds`` in one ``next()`` (``autoloader.loader.meter``)."""
         self.stats.wait_seconds += seconds
         self._pending_waits.append(seconds)
 

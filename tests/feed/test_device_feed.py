@@ -181,9 +181,11 @@ def test_copies_run_ahead_on_a_side_stream_and_the_step_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The orchestration, against fake CUDA streams: depth copies ahead, each handed
-    batch preceded by the consumer's wait on its copy, copy times recorded."""
+    batch preceded by the consumer's wait on its copy, copy times recorded (the loop's
+    wait for each batch, device copy included, by the meter around the feed)."""
     from contextlib import nullcontext
 
+    from autoloader.loader.meter import Meter, Metered
     from autoloader.metrics.loader import BatchRecorder, loader_metrics
 
     consumer = FakeStream("consumer")
@@ -201,7 +203,8 @@ def test_copies_run_ahead_on_a_side_stream_and_the_step_waits(
 
     registry = CollectorRegistry()
     recorder = BatchRecorder(loader_metrics(registry), 0, None)
-    feed = DeviceFeed(source(), torch.device("cuda", 0), 2, recorder, mover=lambda b, d: b + 100)
+    copies = DeviceFeed(source(), torch.device("cuda", 0), 2, recorder, mover=lambda b, d: b + 100)
+    feed = Metered(copies, Meter(recorder=recorder))
     first = next(feed)
     assert first.item() == 100 and pulled == [0, 1, 2]  # two ahead, plus the next issued
     assert FakeEvent.log[:4] == ["record on side"] * 4  # copies of 0 and 1 (start, end)

@@ -730,10 +730,10 @@ def test_waiting_for_a_cpu_is_not_waiting_for_data(monkeypatch: pytest.MonkeyPat
     (host.run_delay), so a loop fed by its own reads changes nothing. Every call's delay
     is read here: the estimate between sampled reads (tests/host/test_run_delay.py) missed
     by a window's 15% once, with a second run of the suite loading the machine too."""
-    import autoloader.loader.runtime as runtime
+    import autoloader.loader.meter as meter
     from autoloader.host.run_delay import SampledDelay
 
-    monkeypatch.setattr(runtime, "SampledDelay", functools.partial(SampledDelay, every=1))
+    monkeypatch.setattr(meter, "SampledDelay", functools.partial(SampledDelay, every=1))
     before = os.sched_getaffinity(0)
     cpu = min(before)
     hog = multiprocessing.get_context("fork").Process(target=_spin, daemon=True)
@@ -798,7 +798,7 @@ def test_an_interrupt_while_the_workers_restart_inside_an_epoch_loses_no_batch(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runtime, "judge", judge)
-    monkeypatch.setattr(loader, "_restart_in_epoch", restart)
+    monkeypatch.setattr(loader, "restart_workers", restart)
     got = []
     with pytest.raises(KeyboardInterrupt):
         for batch in loader:
