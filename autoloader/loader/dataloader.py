@@ -54,6 +54,7 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
     refresh_cache,
+    shm_in_flight,
 )
 from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
@@ -178,7 +179,8 @@ class DataLoader(tud.DataLoader):
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
             given, sizes = self._planned(dataset, given, fixed, check_fingerprint, rank, world)
-            self.node_cache = attach_cache(self.plan, dataset, cache)
+            in_flight = shm_in_flight(self.plan, given, sizes)
+            self.node_cache = attach_cache(self.plan, dataset, cache, in_flight)
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.

@@ -340,3 +340,36 @@ def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
     assert not was.exists()  # the old entries: removed, never served
     again = registry.get_sample_value("autoloader_cache_misses_total", FIRST)
     assert again == 2 * misses  # the new data's blocks decoded once, counted on
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hand_written_shm_cache_leaves_what_the_batches_in_flight_need(
+    specs: dict[str, str], workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``where = "shm"`` without ``min_free_bytes``: the cache leaves free what the tune
+    would have planned, the node's batches in flight (2 local ranks here) over the margin
+    they may take."""
+    from autoloader.sizes import sample_sizes
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ds = autoloader.open_dataset(specs["km3"])
+    plan = autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32},
+            "cache": {"where": "shm"},
+        }
+    )
+    loader = autoloader.DataLoader(ds, plan=plan, adapt=False, check_fingerprint=False)
+    node = loader.node_cache
+    assert node is not None and node.where == "shm"
+    try:
+        sizes = sorted(int(s) for s in sample_sizes(ds))
+        worst = sum(sizes[-32:])  # the 32 largest samples: a batch can hold no more
+        in_flight = (workers * 2 + 2) * worst if workers else 0  # torch's default depth 2
+        assert node.min_free_bytes == int(in_flight * 2 / 0.5)
+        if workers:
+            assert node.min_free_bytes > 0
+    finally:
+        release(str(node.home))
