@@ -314,3 +314,48 @@ def test_two_caches_of_one_process_on_the_same_data_count_their_own(tmp_path: Pa
     second.get(("f", "hits", 0), Loads())
     assert first.counts()[:2] == (0, 1)  # one block decoded, none mapped
     assert second.counts()[:2] == (2, 0)
+
+
+def _job_with_a_worker(where: str, pid_file: str) -> None:
+    """A training process that holds the cache and forks a worker; the test kills it."""
+    assert hold(_cache(Path(where)))
+    worker = os.fork()
+    if worker == 0:  # the orphan-to-be: sleeps as a worker whose parent died does
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        import time
+
+        time.sleep(60)
+        os._exit(0)
+    Path(pid_file).write_text(str(worker))
+    signal.pause()
+
+
+def test_orphaned_workers_of_a_killed_job_do_not_hold_the_cache(tmp_path: Path) -> None:
+    import fcntl
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    job = mp.get_context("fork").Process(
+        target=_job_with_a_worker, args=(str(tmp_path / "place"), str(pid_file))
+    )
+    (tmp_path / "place").mkdir()
+    job.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and job.is_alive()
+        time.sleep(0.01)
+    worker = int(pid_file.read_text())
+    try:
+        os.kill(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        while job.exitcode is None:  # (join would wait for the orphan: it holds a pipe)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(worker, 0)  # the orphan still runs
+        lock = _cache(tmp_path / "place").home / "users.lock"
+        fd = os.open(lock, os.O_RDWR)
+        try:  # the next job finds no one using the cache, at once
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(worker, signal.SIGKILL)
