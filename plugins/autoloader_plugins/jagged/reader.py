@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from autoloader.cache import NodeCache
+from autoloader.cache import CachedBlock, NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
@@ -207,19 +207,19 @@ class BlockCache:
         load: Callable[..., np.ndarray],
         *args: Any,
         shape: tuple[int, int] | None = None,
-    ) -> np.ndarray:
+    ) -> np.ndarray | CachedBlock:
         """The block ``key``, decoded by ``load(*args)`` where neither the node cache nor
         this process has it (``shape``: the ``[items, width]`` it must have)."""
         node = self.node
         if node is not None and node.keeps(key):
             if node.accepting:
                 block = node.get(key, load, *args, shape=shape)
-                if node.accepting or isinstance(block, np.memmap):
+                if node.accepting or isinstance(block, CachedBlock):
                     return block
                 return self._keep(key, block)  # the cache just filled: this process keeps it
-            mapped = node.lookup(key, shape)  # full: what it holds is still mapped
-            if mapped is not None:
-                return mapped
+            found = node.lookup(key, shape, load, *args)  # full: what it holds still serves
+            if found is not None:
+                return found
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
