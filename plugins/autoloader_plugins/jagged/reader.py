@@ -144,7 +144,13 @@ class BlockReader(Reader):
             rows = cache.get(key, self._read_block, start, stop, shape=shape)
             mine = events[block_of == b]
             base = self.offsets[start]
-            index = ranges_index(self.offsets[mine] - base, self.offsets[mine + 1] - base)
+            firsts, lasts = self.offsets[mine] - base, self.offsets[mine + 1] - base
+            if isinstance(rows, CachedBlock):  # each event's rows read into the batch
+                for a, z in zip(firsts.tolist(), lasts.tolist(), strict=True):
+                    rows.read_into(out[row : row + z - a], a, z)
+                    row += z - a
+                continue
+            index = ranges_index(firsts, lasts)
             out[row : row + len(index)] = rows[index]
             row += len(index)
         return out
