@@ -43,7 +43,7 @@ class EntryError(Exception):
 def write_entry(f: BinaryIO, block: np.ndarray) -> None:
     """Write C-contiguous float32 ``block`` as an entry: ``.npy`` and the trailer."""
     np.lib.format.write_array(f, block, allow_pickle=False)
-    f.write(TRAILER.pack(_MAGIC, zlib.crc32(memoryview(block).cast("B"))))
+    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.data.cast("B"))))
 
 
 def open_entry(path: Path, shape: tuple[int, int] | None) -> CachedBlock | None:
@@ -194,7 +194,7 @@ class CachedBlock:
         fd = self._fd
         if fd is None:
             return False
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")
         at = self._offset + row * self._row
         got = 0
         while got < want:

@@ -223,9 +223,9 @@ class BlockCache:
                 if node.accepting or isinstance(block, CachedBlock):
                     return block
                 return self._keep(key, block)  # the cache just filled: this process keeps it
-            found = node.lookup(key, shape, load, *args)  # full: what it holds still serves
-            if found is not None:
-                return found
+            cached = node.lookup(key, shape, load, *args)  # full: what it holds still serves
+            if cached is not None:
+                return cached
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
