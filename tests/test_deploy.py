@@ -240,3 +240,45 @@ def test_dashboard_queries_use_exported_metrics(monkeypatch: pytest.MonkeyPatch)
         "autoloader_predicted_worst_batch_bytes",
         "autoloader_outgrown_batch_bytes",
     } <= used
+
+
+def test_dashboard_keeps_the_loaders_of_a_rank_apart(tmp_path: Path) -> None:
+    """A panel that splits a loader series by rank splits it by loader too (a training and
+    a validation loader of one rank are never summed), its legend (if any) names the loader, and
+    every query parses (promtool, where installed)."""
+    from autoloader.metrics.loader import LoaderMetrics
+
+    family = LoaderMetrics(CollectorRegistry())
+    by_loader = {
+        m._name for m in vars(family).values() if "loader" in getattr(m, "_labelnames", ())
+    }
+    assert "autoloader_batch_wait_seconds" in by_loader and "autoloader_oom" not in by_loader
+    dashboard = json.loads((DEPLOY / "grafana" / "autoloader.json").read_text())
+    targets = [t for p in dashboard["panels"] for t in p["targets"]]
+    for target in targets:
+        expr = target["expr"]
+        series = {n.removesuffix("_total") for n in re.findall(r"\bautoloader_\w+", expr)}
+        series = {re.sub(r"_(sum|count|bucket)$", "", n) for n in series}
+        for grouping in re.findall(r"by \(([^)]*)\)", expr):
+            labels = {label.strip() for label in grouping.split(",")}
+            if "rank" in labels and series & by_loader:
+                assert "loader" in labels, expr
+                legend = target["legendFormat"]
+                assert not legend or "{{loader}}" in legend, target  # a table shows labels
+    if shutil.which("promtool") is None:
+        return
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query{i}", "expr": t["expr"]}
+                    for i, t in enumerate(targets)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

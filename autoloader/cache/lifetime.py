@@ -1,7 +1,11 @@
 """How long a node cache lives: while any process of a job that uses it runs.
 
 Each training process that applies a plan's cache holds a shared ``flock`` on the data's
-``users.lock`` for its lifetime (its workers share it). When one exits, it tries to take
+``users.lock`` for its lifetime. Its workers do not: a forked child closes its copy of the
+descriptor at once (``_forget_in_child``), since a lock is held while any copy stays open,
+and the orphaned workers of a job killed outright would otherwise hold it until torch's
+watchdog ends them (it looks for their parent every 5 s), and the next job would find
+the cache in use. When one exits, it tries to take
 the lock alone: it gets it only where no other process (another rank, another job on the
 same data) still holds it, and then removes the cache unless the plan keeps it for the
 next job on the node. A process killed outright releases its hold with its death (the
@@ -104,3 +108,15 @@ def release_all() -> None:
     """Every hold of this process, ended (at exit)."""
     for home in list(_HELD):
         release(home)
+
+
+def _forget_in_child() -> None:
+    """In a forked child (a worker): its parent's holds are not its own; their descriptors
+    are closed, the parent's locks stay with the parent (one thread runs here)."""
+    for fd, _, _ in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,26 +1,29 @@
 """A node's cache of decoded storage blocks: one file per block, shared by every process.
 
 A block (an HDF5 chunk's events, a ROOT cluster, a Parquet row group) decoded once is
-written as a ``.npy`` file under ``ROOT/autoloader-UID/DATA/STAMP/`` and read back by any
-process on the node as a memory map: the page cache holds one copy, whatever the number
-of workers and ranks. ``DATA`` names the data (its path and part), ``STAMP`` its
-fingerprint: data that changed gets a new directory, and the old one is removed.
+written as a ``.npy`` file with a checksum under ``ROOT/autoloader-UID/DATA/STAMP/`` and
+read back by any process on the node through its file (``autoloader.cache.entry``): the
+page cache holds one copy, whatever the number of workers and ranks. ``DATA`` names the
+data (its path and part), ``STAMP`` its fingerprint: data that changed gets a new
+directory, and the old one is removed.
 
 Writing is safe against everything the loader survives: a block is written by the one
 process holding its lock file (``flock``; the kernel releases it when the holder dies),
-the others wait and then map what it wrote; the entry appears by an atomic rename of a
+the others wait and then read what it wrote; the entry appears by an atomic rename of a
 complete temporary file, so a process killed mid-write leaves only a temporary file,
-which no read trusts. Each entry is checked against the shape its reader expects; one
-that does not match is removed and decoded again (a corrupt cache is rebuilt, never an
-error). The bytes written are counted in a ledger under a lock: the cache keeps to its
-bound, and never leaves less free space on its filesystem than ``min_free_bytes`` (the
-batches in flight need /dev/shm too).
+which no read trusts. Each entry is checked against the shape its reader expects, and
+its bytes against their checksum when a process first opens it; one that does not match,
+or that ends while being read, is removed and decoded again (a corrupt cache is rebuilt,
+never an error, never a signal). The bytes written are counted in a ledger under a lock:
+the cache keeps to its bound, and never leaves less free space on its filesystem than
+``min_free_bytes`` (the batches in flight need /dev/shm too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import itertools
 import logging
@@ -34,20 +37,21 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.cache.entry import TRAILER, CachedBlock, EntryError, open_entry, write_entry
 from autoloader.cache.tally import Tally
 
 log = logging.getLogger("autoloader")
 
-FORMAT = "1"  # the layout of entries: a change makes every older cache unused
+FORMAT = "2"  # the layout of entries (2: a checksum trailer): older caches are unused
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _SERIAL = itertools.count()  # tells this process's caches apart in their tallies
-# entries a process keeps mapped: mapping one costs a file open, a header parse and an
-# mmap (~0.1-1 ms; far more than the read it serves), and a block is asked for by every
-# batch that holds one of its events. A map costs address space, not memory: the pages
-# are the page cache's, shared by every process.
-MAPS_HELD = 4096
+# entries a process keeps open: opening one costs a file open, a header parse and a stat
+# (its checksum only the first time), and a block is asked for by every batch that holds
+# one of its events. An open entry costs a descriptor, not memory: the pages are the
+# page cache's, shared by every process.
+MAPS_HELD = 256
 
 
 def cache_base(where: str) -> Path:
@@ -90,7 +94,7 @@ class NodeCache:
         self.directory = self.home / _digest(stamp)
         self.tally = Tally(self.directory / "tally", f"{os.getpid()}.{next(_SERIAL)}")
         self._ready_pid: int | None = None
-        self._maps: OrderedDict[Any, np.ndarray] = OrderedDict()  # this process's, by key
+        self._maps: OrderedDict[Any, CachedBlock] = OrderedDict()  # this process's, by key
         self._maps_pid: int | None = None
         self._broken = False
         self._full = False  # this process found the bound or the free space reached
@@ -114,22 +118,23 @@ class NodeCache:
         load: Callable[..., np.ndarray],
         *args: Any,
         shape: tuple[int, int] | None = None,
-    ) -> np.ndarray:
-        """Block ``key`` mapped from the cache, else ``load(*args)`` (written for the next
-        reader where this block is kept). ``shape``: what the entry must hold."""
+    ) -> np.ndarray | CachedBlock:
+        """Block ``key`` from the cache, else ``load(*args)`` (written for the next reader
+        where this block is kept). ``shape``: what the entry must hold. An entry found is
+        a ``CachedBlock`` that decodes with ``load(*args)`` should its file end early."""
         if self._broken or not self.keeps(key):
             return load(*args)
         held = self._held(key, shape)
         if held is not None:
             self.tally.hit()
-            return held
+            return _decodes(held, load, args)
         if not self._ready():
             return load(*args)
         path = self.directory / f"{_digest(repr(key))}.npy"
         found = self._map(path, shape, key)
         if found is not None:
             self.tally.hit()
-            return found
+            return _decodes(found, load, args)
         lock = path.with_suffix(".lock")
         try:
             fd = _lock(lock)
@@ -140,7 +145,7 @@ class NodeCache:
             found = self._map(path, shape, key)  # another process wrote it while we waited
             if found is not None:
                 self.tally.hit()
-                return found
+                return _decodes(found, load, args)
             self.tally.miss()
             block = load(*args)
             if self._store(path, block):
@@ -150,8 +155,15 @@ class NodeCache:
         finally:
             os.close(fd)
 
-    def lookup(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
-        """Block ``key`` mapped where the cache has it (a hit), else None; nothing written."""
+    def lookup(
+        self,
+        key: Any,
+        shape: tuple[int, int] | None = None,
+        load: Callable[..., np.ndarray] | None = None,
+        *args: Any,
+    ) -> CachedBlock | None:
+        """Block ``key`` where the cache has it (a hit), else None; nothing written.
+        ``load(*args)`` decodes it should its file end early (without: an error then)."""
         if self._broken or not self.keeps(key):
             return None
         found = self._held(key, shape)
@@ -159,6 +171,8 @@ class NodeCache:
             found = self._map(self.directory / f"{_digest(repr(key))}.npy", shape, key)
         if found is not None:
             self.tally.hit()
+            if load is not None:
+                _decodes(found, load, args)
         return found
 
     def has(self, key: Any) -> bool:
@@ -178,10 +192,10 @@ class NodeCache:
         h = int(hashlib.sha256(repr(key).encode()).hexdigest()[:8], 16)
         return h < self.share * 2**32
 
-    def _held(self, key: Any, shape: tuple[int, int] | None = None) -> np.ndarray | None:
-        """Block ``key`` as this process mapped it before, or None (also where a reader
+    def _held(self, key: Any, shape: tuple[int, int] | None = None) -> CachedBlock | None:
+        """Block ``key`` as this process opened it before, or None (also where a reader
         expects another ``shape``: the entry is then checked again)."""
-        if self._maps_pid != os.getpid():  # forked: the parent's maps are not ours to keep
+        if self._maps_pid != os.getpid():  # forked: the parent's entries are not ours
             self._maps, self._maps_pid = OrderedDict(), os.getpid()
             return None
         found = self._maps.get(key)
@@ -193,44 +207,39 @@ class NodeCache:
         self._maps.move_to_end(key)
         return found
 
-    def _map(self, path: Path, shape: tuple[int, int] | None, key: Any) -> np.ndarray | None:
-        """The entry ``path`` mapped and checked, kept mapped for the next ask of ``key``
+    def _map(self, path: Path, shape: tuple[int, int] | None, key: Any) -> CachedBlock | None:
+        """The entry ``path`` opened and checked, kept open for the next ask of ``key``
         (an entry is never rewritten in place: a new one is a new file)."""
-        found = self._map_entry(path, shape)
+        try:
+            found = open_entry(path, shape)
+        except EntryError as exc:  # truncated, corrupted or not ours: rebuilt
+            log.warning("autoloader: cache entry %s: %s: decoded again", path, exc)
+            _unlink(path)
+            return None
         if found is not None:
+            found.on_bad = lambda block, key=key: self._give_up(key, block)
             self._held(key)  # (this process's table)
             self._maps[key] = found
-            while len(self._maps) > MAPS_HELD:
+            while len(self._maps) > MAPS_HELD:  # closed with its last reference
                 self._maps.popitem(last=False)
         return found
 
-    def _map_entry(self, path: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
+    def _give_up(self, key: Any, block: CachedBlock) -> None:
+        """``block``'s file ended while being read: it is removed (where it is still the
+        entry: not one written since) and its bytes given back."""
+        if self._maps.get(key) is block:
+            del self._maps[key]
         try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:  # truncated or not ours: rebuilt
-            log.warning("autoloader: cache entry %s unreadable (%s): decoded again", path, exc)
-            _unlink(path)
-            return None
-        if array.dtype != np.float32 or (shape is not None and array.shape != shape):
-            log.warning(
-                "autoloader: cache entry %s holds %s %s, expected float32 %s: decoded again",
-                path,
-                array.dtype,
-                array.shape,
-                shape,
-            )
-            del array
-            _unlink(path)
-            return None
-        return array
+            if os.stat(block.path).st_ino == block.ino:
+                self.drop(key)
+        except OSError:
+            pass
 
     # -- writing -------------------------------------------------------------------------
     def _store(self, path: Path, block: np.ndarray) -> bool:
         """Write ``block`` as the entry ``path`` where the bound allows; True if written."""
         block = np.ascontiguousarray(block, dtype=np.float32)
-        nbytes = block.nbytes + 128  # the .npy header
+        nbytes = block.nbytes + 128 + TRAILER.size  # the .npy header, the checksum
         try:
             if not self._reserve(nbytes):
                 return False
@@ -241,7 +250,7 @@ class NodeCache:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, _FILE_MODE)
             with os.fdopen(fd, "wb") as f:
-                np.lib.format.write_array(f, block, allow_pickle=False)
+                write_entry(f, block)
             publish(tmp, path)
         except OSError as exc:  # the filesystem filled past its statvfs: serve decoded
             _unlink(tmp)
@@ -375,6 +384,13 @@ class NodeCache:
         state["_full"] = False
         state["_maps"], state["_maps_pid"] = OrderedDict(), None  # maps are per process
         return state
+
+
+def _decodes(block: CachedBlock, load: Callable[..., np.ndarray], args: tuple) -> CachedBlock:
+    """``block``, decoding with ``load(*args)`` should its file end while being read."""
+    if block.reload is None:
+        block.reload = functools.partial(load, *args)
+    return block
 
 
 def publish(tmp: Path, path: Path) -> None:

@@ -6,12 +6,15 @@ import argparse
 import datetime as _dt
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 HELP = """\
 Reads the loader metrics the node's training processes write to PROMETHEUS_MULTIPROC_DIR
-(or --metrics-dir) and prints, per rank: the last complete epoch's data-wait share and
+(or --metrics-dir) and prints, per rank and per loader of a rank that has several (the
+loader's name, DataLoader(..., name="val"), else "0", "1", ... in the order the process
+made them): the last complete epoch's data-wait share and
 samples/s, the workers now and since when, the adaptations made, the workers restarted
 (one died, or they passed their memory budget), the shared memory their batches hold, the
 device memory peak against the plan's prediction and budget, out-of-memory errors, a
@@ -27,7 +30,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "status",
-        help="what this node's training processes are waiting on",
+        help="what this node's training processes are waiting on, per rank and loader",
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -62,8 +65,12 @@ def render(status: dict[str, Any], directory: Path) -> str:
     from autoloader.units import format_bytes
 
     lines = [f"autoloader status: {directory}", f"  verdict: {status['verdict']}"]
+    loaders = Counter(r["rank"] for r in status["ranks"])
     for r in status["ranks"]:
-        lines.append(f"  rank {r['rank']}: {r['verdict']}")
+        who = f"rank {r['rank']}"
+        if loaders[r["rank"]] > 1 and r.get("loader") is not None:
+            who += f" loader {r['loader']}"  # a training and a validation loader, apart
+        lines.append(f"  {who}: {r['verdict']}")
         facts = []
         if r.get("wait_fraction") is not None:
             facts.append(

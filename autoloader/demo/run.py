@@ -82,7 +82,7 @@ def run_demo(
 
     port = serve_metrics(port=0)
     say(f"[4/5] training  one epoch on {where}; metrics at http://127.0.0.1:{port}/metrics")
-    figures, stats = _train(DataLoader(dataset, plan=plan_path), device, progress)
+    figures, stats = _train(DataLoader(dataset, plan=plan_path, name="demo"), device, progress)
     figures["scraped_batches"] = _scrape_batches(port)
     say("[5/5] summary")
     say(
@@ -158,8 +158,11 @@ def _summarise(figures: dict[str, float], stats: Any, plan: Plan, say: Callable[
 
 
 def _scrape_batches(port: int) -> float:
-    """The batches the endpoint counts for rank 0, all this process's loaders'."""
+    """The batches the endpoint counts for the demo's loader on rank 0 (every demo run in
+    this process: they share its name)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    found = re.findall(r'^autoloader_batches_total\{rank="0"\} ([0-9.e+]+)$', text, re.M)
+    found = re.findall(
+        r'^autoloader_batches_total\{loader="demo",rank="0"\} ([0-9.e+]+)$', text, re.M
+    )
     return float(found[0]) if found else float("nan")

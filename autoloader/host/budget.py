@@ -24,6 +24,7 @@ from typing import Any
 
 from autoloader.host import available_memory, worker_memory_budget
 from autoloader.launch import local_world_size
+from autoloader.loader.settings import depth_of
 from autoloader.units import format_bytes
 
 SHM_PATH = Path("/dev/shm")
@@ -117,7 +118,7 @@ class HostBudget:
         once: those in flight and those the loop holds (none without workers)."""
         if workers <= 0:
             return 0
-        return int((workers * (prefetch or 2) + HELD_BY_LOOP) * batch_bytes)
+        return int((workers * depth_of(prefetch) + HELD_BY_LOOP) * batch_bytes)
 
     def shm_refuses(self, workers: int, prefetch: int | None, batch_bytes: float) -> str | None:
         """Why ``workers`` x ``prefetch`` batches do not fit /dev/shm (None: they do)."""
@@ -127,7 +128,7 @@ class HostBudget:
         if need <= self.shm_budget_bytes:
             return None
         return (
-            f"{workers} worker(s) x {prefetch or 2} batch(es) of up to "
+            f"{workers} worker(s) x {depth_of(prefetch)} batch(es) of up to "
             f"{format_bytes(int(batch_bytes))} in flight need about {format_bytes(need)} "
             f"of shared memory; /dev/shm has {format_bytes(self.shm_free_bytes or 0)} free "
             f"(budget {format_bytes(self.shm_budget_bytes)})"

@@ -25,6 +25,7 @@ import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autoloader.loader.settings import depth_of
 from autoloader.units import format_bytes
 
 FILES_PER_WORKER = 4  # its index queue's pipe and its sentinel pipe, both ends kept
@@ -105,7 +106,7 @@ class ProcessLimits:
     def files_needed(self, workers: int, prefetch: int | None, tensors: int = 1) -> int:
         """Descriptors this process holds with ``workers`` running: its own, each
         worker's pipes, and a descriptor per tensor of each batch in flight or held."""
-        in_flight = workers * (prefetch or 2) + 2  # and the two the loop holds
+        in_flight = workers * depth_of(prefetch) + 2  # and the two the loop holds
         return (
             self.files_in_use
             + FILES_PER_WORKER * workers
@@ -118,7 +119,7 @@ class ProcessLimits:
         most = cap
         if self.open_files is not None:
             fixed = self.files_in_use + 2 * max(1, tensors) + FILES_MARGIN
-            each = FILES_PER_WORKER + max(1, tensors) * (prefetch or 2)
+            each = FILES_PER_WORKER + max(1, tensors) * depth_of(prefetch)
             most = min(most, (self.open_files - fixed) // each)
         if self.tasks is not None:
             most = min(most, (self.tasks - self.tasks_in_use - TASKS_MARGIN) // TASKS_PER_WORKER)

@@ -55,6 +55,7 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
     refresh_cache,
+    shm_in_flight,
 )
 from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
@@ -100,6 +101,10 @@ class DataLoader(tud.DataLoader):
         cache: use the plan's ``[cache]`` (a node cache of decoded storage blocks, shared
             by every worker and rank on the node); False reads the files alone.
         registry: the Prometheus registry to record into (the global one by default).
+        name: the ``loader`` label of this loader's metrics, which tells a training and a
+            validation loader of one rank apart (``autoloader status`` shows each); by
+            default its place among this process's loaders: "0", "1", ... Give one to a
+            loader made anew each epoch, or its series multiply.
         metrics: record metrics and ``stats`` (on by default; off, iteration is torch's own).
         device: ``cuda[:K]``: batches arrive on the device, copied from pinned memory on a
             side stream ``[loader] device_prefetch`` batches ahead of the step (default 1;
@@ -129,6 +134,7 @@ class DataLoader(tud.DataLoader):
         check_fingerprint: bool = True,
         cache: bool = True,
         registry: CollectorRegistry | None = None,
+        name: str | None = None,
         metrics: bool = True,
         device: str | torch.device | None = None,
         adapt: bool = True,
@@ -140,6 +146,8 @@ class DataLoader(tud.DataLoader):
         check_adapt_args(adapt, adapt_max_workers)
         if not isinstance(cache, bool):
             raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name should be a non-empty string, but got name={name!r}")
         self.node_cache: NodeCache | None = None
         check_threads(num_threads)
         self._feed_device = check_device(device)
@@ -173,7 +181,8 @@ class DataLoader(tud.DataLoader):
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
             given, sizes = self._planned(dataset, given, fixed, check_fingerprint, rank, world)
-            self.node_cache = attach_cache(self.plan, dataset, cache)
+            in_flight = shm_in_flight(self.plan, given, sizes)
+            self.node_cache = attach_cache(self.plan, dataset, cache, in_flight)
         else:
             self.plan = None
             # Without a plan a malformed RANK only affects the metric label: never fail.
@@ -182,7 +191,11 @@ class DataLoader(tud.DataLoader):
         if given.get("collate_fn") is None and _auto_collation(given):
             given["collate_fn"] = collate
         self._sizes = sizes
-        self._recorder = BatchRecorder(loader_metrics(registry), rank, sizes) if metrics else None
+        self._recorder = (
+            BatchRecorder(loader_metrics(registry), rank, sizes, name) if metrics else None
+        )
+        # the label of its metrics (None: none recorded, and no name given)
+        self.name = self._recorder.name if self._recorder is not None else name
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
             self._hand_to_trainers(self.batch_sampler, self.plan)

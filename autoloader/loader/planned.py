@@ -15,7 +15,8 @@ from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.cache import NodeCache, hold
 from autoloader.errors import AutoloaderError, PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
-from autoloader.launch import launched_local_rank
+from autoloader.host.budget import SHM_MARGIN, HostBudget
+from autoloader.launch import launched_local_rank, local_world_size
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.samplers.order import Windows
@@ -62,11 +63,16 @@ def apply_plan(
     return {**planned, **given}
 
 
-def attach_cache(plan: Plan, dataset: Any, enabled: bool) -> NodeCache | None:
+def attach_cache(
+    plan: Plan, dataset: Any, enabled: bool, in_flight_bytes: int = 0
+) -> NodeCache | None:
     """The plan's node cache, handed to a dataset that reads storage blocks through one
     (``autoloader_node_cache``); None where the plan has none, ``cache=False`` turned it
     off, the dataset cannot use one, or its directory is unusable here (then the data is
-    read from its files, as without a cache)."""
+    read from its files, as without a cache). A cache in /dev/shm leaves free at least what
+    the node's batches in flight take there (``in_flight_bytes``: this rank's, from
+    ``shm_in_flight``), whatever the plan says: a hand-written ``[cache]`` without
+    ``min_free_bytes`` never fills /dev/shm under the loader's own batches."""
     use = getattr(dataset, "autoloader_node_cache", None)
     source = getattr(dataset, "autoloader_source", None)
     if not callable(use) or not callable(source):
@@ -78,6 +84,10 @@ def attach_cache(plan: Plan, dataset: Any, enabled: bool) -> NodeCache | None:
         use(None)
         return None
     found = source()
+    min_free = cp.min_free_bytes
+    if cp.where == "shm":  # the tune's own floor (tuning/node_cache.py), at the least
+        floor = int(in_flight_bytes * max(1, local_world_size()) / SHM_MARGIN)
+        min_free = max(min_free, floor)
     node = NodeCache(
         cp.where,
         f"{found.path}#{found.part}",
@@ -85,13 +95,25 @@ def attach_cache(plan: Plan, dataset: Any, enabled: bool) -> NodeCache | None:
         budget_bytes=cp.bytes,
         share=cp.share,
         keep=cp.keep,
-        min_free_bytes=cp.min_free_bytes,
+        min_free_bytes=min_free,
     )
     if not hold(node):
         use(None)
         return None
     use(node)
     return node
+
+
+def shm_in_flight(plan: Plan, given: dict[str, Any], sizes: np.ndarray | None) -> int:
+    """The /dev/shm this rank's batches take with torch's arguments ``given``: the workers'
+    batches in flight and those the loop holds, each of the plan's worst batch (the tune's
+    replay), else of the ``local_batch_size`` largest samples."""
+    batch = plan.evidence.worst_batch_bytes
+    if not batch and sizes is not None and len(sizes):
+        k = min(len(sizes), max(1, plan.batching.local_batch_size))
+        batch = int(np.partition(np.asarray(sizes), len(sizes) - k)[-k:].sum())
+    workers = int(given.get("num_workers") or 0)
+    return HostBudget.shm_need(workers, given.get("prefetch_factor"), float(batch or 0))
 
 
 def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoloader import compat
-
 SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")  # the settings that move
 DEFAULT_PREFETCH = 2  # torch's prefetch_factor with workers, where none is given
 
@@ -69,6 +67,8 @@ def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
     place they are set on it); whether its workers change. Persistent workers of the old
     settings are ended cleanly, unless ``in_place``: the iterator in hand restarts its own
     workers at the new settings (survival's restart after deaths)."""
+    from autoloader import compat  # torch's: the depth above is read without torch
+
     workers = settings.num_workers
     prefetch = settings.prefetch_factor if workers > 0 else loader.prefetch_factor
     workers_changed = workers != loader.num_workers

@@ -1,4 +1,11 @@
-"""Loader metrics, labelled by rank, recorded in the training process only.
+"""Loader metrics, labelled by rank and loader, recorded in the training process only.
+
+Each loader's series carry ``loader``: the name it was given (``DataLoader(...,
+name="val")``), else its place among the loaders of its process that record into the
+registry ("0" for the first, "1" for the next, ...), so a training and a validation loader
+of one rank are two series, not one. The out-of-memory count (``oom_guard``, the step's)
+and the remote reads retried (the process's reads, whichever loader asked) are the rank's,
+labelled by rank alone.
 
 Nothing here runs in worker processes: wait time is measured around ``next()`` in the
 main process and batch bytes come from the cached sample sizes (the unit the plan's
@@ -9,6 +16,7 @@ predictions are in); each batch's samples are measured too, in the same unit
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +32,7 @@ from autoloader.sizes import nbytes_of
 
 # Batches of graph events span four orders of magnitude: 1 KiB .. 64 GiB in powers of 2.
 BYTES_BUCKETS = tuple(float(2**e) for e in range(10, 37))
+LABELS = ["rank", "loader"]  # every loader series'; see the module's docstring
 WAIT_BUCKETS = (
     0.0001,
     0.0005,
@@ -49,7 +58,8 @@ class LoaderMetrics:
     """The loader metric family of one registry (see DESIGN.md for the names)."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        kw: dict[str, Any] = {"labelnames": ["rank"], "registry": registry}
+        self._names = itertools.count()
+        kw: dict[str, Any] = {"labelnames": LABELS, "registry": registry}
         self.batches = Counter(
             "autoloader_batches", "Batches delivered to the training loop.", **kw
         )
@@ -75,7 +85,7 @@ class LoaderMetrics:
         self.plan_info = Gauge(
             "autoloader_plan_info",
             "The plan in use (value is always 1).",
-            labelnames=["rank", "strategy", "fingerprint"],
+            labelnames=[*LABELS, "strategy", "fingerprint"],
             multiprocess_mode="livemax",
             registry=registry,
         )
@@ -89,7 +99,12 @@ class LoaderMetrics:
             "The plan's predicted peak memory of the worst batch.",
             **gauge,
         )
-        self.oom = Counter("autoloader_oom", "CUDA out-of-memory errors caught by oom_guard.", **kw)
+        self.oom = Counter(
+            "autoloader_oom",
+            "CUDA out-of-memory errors caught by oom_guard (the rank's step, not a loader's).",
+            labelnames=["rank"],
+            registry=registry,
+        )
         self.predicted_worst_batch = Gauge(
             "autoloader_predicted_worst_batch_bytes",
             "The plan's predicted worst batch on this rank (the tune's replay).",
@@ -99,7 +114,7 @@ class LoaderMetrics:
             "autoloader_outgrown_batch_bytes",
             "The first batch whose measured bytes passed the plan's predicted worst by the "
             "margin (the data changed since the tune), labelled with its samples.",
-            labelnames=["rank", "samples"],
+            labelnames=[*LABELS, "samples"],
             multiprocess_mode="livemax",
             registry=registry,
         )
@@ -114,12 +129,12 @@ class LoaderMetrics:
     def _runtime_metrics(self, registry: CollectorRegistry) -> None:
         """Run-time adaptation, the last complete epoch and memory drift (see
         ``autoloader/loader/runtime.py``)."""
-        kw: dict[str, Any] = {"labelnames": ["rank"], "registry": registry}
+        kw: dict[str, Any] = {"labelnames": LABELS, "registry": registry}
         gauge = {**kw, "multiprocess_mode": "livemax"}
         self.adaptations = Counter(
             "autoloader_adaptations",
             "Changes of a [loader] setting made while training (between or inside epochs).",
-            labelnames=["rank", "setting", "direction"],
+            labelnames=[*LABELS, "setting", "direction"],
             registry=registry,
         )
         self.epochs = Counter("autoloader_epochs", "Complete epochs delivered.", **kw)
@@ -157,12 +172,13 @@ class LoaderMetrics:
             "autoloader_worker_restarts",
             "Worker restarts of a planned loader at its position: a worker died, or the "
             "workers' memory passed their budget.",
-            labelnames=["rank", "reason"],
+            labelnames=[*LABELS, "reason"],
             registry=registry,
         )
         self.source_retries = Counter(
             "autoloader_source_retries",
-            "Reads of a remote source (XRootD, HTTP) tried again after a transient error.",
+            "Reads of a remote source (XRootD, HTTP) tried again after a transient error "
+            "(the rank's processes, whichever loader asked).",
             labelnames=["rank"],
             registry=registry,
         )
@@ -170,8 +186,7 @@ class LoaderMetrics:
             "autoloader_worker_stalls",
             "Waits of a planned loader for one batch past what the plan's batches take: a "
             "stopped or hung worker (warned once per stall; nothing killed).",
-            labelnames=["rank"],
-            registry=registry,
+            **kw,
         )
         self.shm_used = Gauge(
             "autoloader_shm_used_bytes",
@@ -198,6 +213,11 @@ class LoaderMetrics:
             "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
             **gauge,
         )
+
+    def next_name(self) -> str:
+        """The ``loader`` label of a loader given no name: its place among this registry's
+        loaders in this process ("0", "1", ...), the same in every run of one script."""
+        return str(next(self._names))
 
 
 _FAMILIES: dict[int, tuple[CollectorRegistry, LoaderMetrics]] = {}
@@ -247,16 +267,20 @@ class BatchRecorder:
 
     FLUSH_SECONDS = 0.5
 
-    def __init__(self, metrics: LoaderMetrics, rank: int, sizes: np.ndarray | None) -> None:
+    def __init__(
+        self, metrics: LoaderMetrics, rank: int, sizes: np.ndarray | None, name: str | None = None
+    ) -> None:
         self.rank = str(rank)
+        self.name = metrics.next_name() if name is None else name
+        self.ids = {"rank": self.rank, "loader": self.name}  # this loader's series
         # A list sums a batch's sizes faster than NumPy fancy indexing of a list of indices.
         self._sizes = sizes.tolist() if sizes is not None else None
         with writable_metrics_dir():  # multiprocess mode opens this process's files here
-            self._batches = metrics.batches.labels(rank=self.rank)
-            self._samples = metrics.samples.labels(rank=self.rank)
-            self._bytes = metrics.batch_bytes.labels(rank=self.rank)
-            self._wait = metrics.batch_wait.labels(rank=self.rank)
-            self._h2d = metrics.h2d.labels(rank=self.rank)
+            self._batches = metrics.batches.labels(**self.ids)
+            self._samples = metrics.samples.labels(**self.ids)
+            self._bytes = metrics.batch_bytes.labels(**self.ids)
+            self._wait = metrics.batch_wait.labels(**self.ids)
+            self._h2d = metrics.h2d.labels(**self.ids)
             metrics.oom.labels(rank=self.rank)  # exported as 0 until oom_guard counts one
             retries = metrics.source_retries.labels(rank=self.rank)
         # retries in this process and in workers it forks (which export them in
@@ -275,22 +299,25 @@ class BatchRecorder:
 
     def __getstate__(self) -> dict[str, Any]:
         """What survives a pickle (``copy.deepcopy``, a worker, another process): the rank,
-        the sizes and the stats. Metric objects hold locks and belong to one registry."""
+        the name, the sizes and the stats. Metric objects hold locks and belong to one
+        registry."""
         self.flush()
-        return {"rank": self.rank, "sizes": self._sizes, "stats": self.stats}
+        return {"rank": self.rank, "name": self.name, "sizes": self._sizes, "stats": self.stats}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Record into the global registry of the process the copy lives in."""
-        self.__init__(loader_metrics(None), int(state["rank"]), None)  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            loader_metrics(None), int(state["rank"]), None, state.get("name", "0")
+        )
         self._sizes = state["sizes"]
         self.stats = state["stats"]
 
     def memory(self, budget: int | None, predicted_peak: int | None) -> None:
         """Export the plan's memory budget and predicted peak, for dashboards."""
         if budget is not None:
-            self.metrics.memory_budget.labels(rank=self.rank).set(budget)
+            self.metrics.memory_budget.labels(**self.ids).set(budget)
         if predicted_peak is not None:
-            self.metrics.predicted_peak.labels(rank=self.rank).set(predicted_peak)
+            self.metrics.predicted_peak.labels(**self.ids).set(predicted_peak)
 
     def configure(
         self,
@@ -300,13 +327,11 @@ class BatchRecorder:
         fingerprint: str | None,
     ) -> None:
         m = self.metrics
-        m.num_workers.labels(rank=self.rank).set(num_workers)
+        m.num_workers.labels(**self.ids).set(num_workers)
         if local_batch_size is not None:
-            m.local_batch_size.labels(rank=self.rank).set(local_batch_size)
+            m.local_batch_size.labels(**self.ids).set(local_batch_size)
         if strategy is not None:
-            m.plan_info.labels(
-                rank=self.rank, strategy=strategy, fingerprint=fingerprint or ""
-            ).set(1)
+            m.plan_info.labels(**self.ids, strategy=strategy, fingerprint=fingerprint or "").set(1)
 
     def record(self, index: Any, batch: Any, now: float) -> None:
         """Record one batch; ``index`` is what the sampler gave (a list or one index). Its
@@ -343,11 +368,11 @@ class BatchRecorder:
 
     def predicted_worst(self, nbytes: int) -> None:
         """Export the plan's predicted worst batch, beside which batches are measured."""
-        self.metrics.predicted_worst_batch.labels(rank=self.rank).set(nbytes)
+        self.metrics.predicted_worst_batch.labels(**self.ids).set(nbytes)
 
     def outgrown(self, nbytes: int, samples: str) -> None:
         """A batch of ``nbytes`` (its ``samples``) passed the plan's predicted worst."""
-        self.metrics.outgrown_batch.labels(rank=self.rank, samples=samples).set(nbytes)
+        self.metrics.outgrown_batch.labels(**self.ids, samples=samples).set(nbytes)
 
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` in one ``next()`` (``autoloader.loader.meter``)."""
@@ -361,31 +386,31 @@ class BatchRecorder:
     def runtime_started(self, max_workers: int | None, settings: Sequence[str] = ()) -> None:
         """A loader that adapts (``max_workers``, ``settings``) or watches its plan: export
         its starting point, and every adaptation counter at 0."""
-        m, rank = self.metrics, self.rank
-        m.workers_since.labels(rank=rank).set(time.time())
-        m.plan_stale.labels(rank=rank).set(0)
+        m, ids = self.metrics, self.ids
+        m.workers_since.labels(**ids).set(time.time())
+        m.plan_stale.labels(**ids).set(0)
         if max_workers is None:
             return
-        m.max_workers.labels(rank=rank).set(max_workers)
+        m.max_workers.labels(**ids).set(max_workers)
         for setting in settings:
             for direction in ("up", "down"):
-                m.adaptations.labels(rank=rank, setting=setting, direction=direction)
+                m.adaptations.labels(**ids, setting=setting, direction=direction)
 
     def survival_started(self) -> None:
         """A loader that survives its workers: its restart counters and its shared memory,
         exported at 0."""
         for reason in ("died", "memory"):
-            self.metrics.worker_restarts.labels(rank=self.rank, reason=reason)
-        self.metrics.worker_stalls.labels(rank=self.rank)
+            self.metrics.worker_restarts.labels(**self.ids, reason=reason)
+        self.metrics.worker_stalls.labels(**self.ids)
         self.shm_used(0)
 
     def worker_restarted(self, reason: str) -> None:
         self.stats.worker_restarts += 1
-        self.metrics.worker_restarts.labels(rank=self.rank, reason=reason).inc()
+        self.metrics.worker_restarts.labels(**self.ids, reason=reason).inc()
 
     def worker_stalled(self) -> None:
         self.stats.worker_stalls += 1
-        self.metrics.worker_stalls.labels(rank=self.rank).inc()
+        self.metrics.worker_stalls.labels(**self.ids).inc()
 
     def watch_cache(self, counts: Callable[[], tuple[int, int, int]] | None) -> None:
         """Export the node cache's hits, misses and bytes as ``counts()`` gives them
@@ -394,8 +419,8 @@ class BatchRecorder:
         self._cache, self._cache_counted = counts, (0, 0)
         if counts is None:
             return
-        self.metrics.cache_hits.labels(rank=self.rank)
-        self.metrics.cache_misses.labels(rank=self.rank)
+        self.metrics.cache_hits.labels(**self.ids)
+        self.metrics.cache_misses.labels(**self.ids)
         self._flush_cache()
 
     def _flush_cache(self) -> None:
@@ -403,38 +428,38 @@ class BatchRecorder:
             return
         hits, misses, nbytes = self._cache()
         was_hits, was_misses = self._cache_counted
-        m, rank = self.metrics, self.rank
+        m, ids = self.metrics, self.ids
         if hits > was_hits:
-            m.cache_hits.labels(rank=rank).inc(hits - was_hits)
+            m.cache_hits.labels(**ids).inc(hits - was_hits)
         if misses > was_misses:
-            m.cache_misses.labels(rank=rank).inc(misses - was_misses)
+            m.cache_misses.labels(**ids).inc(misses - was_misses)
         self._cache_counted = (max(hits, was_hits), max(misses, was_misses))
-        m.cache_bytes.labels(rank=rank).set(nbytes)
+        m.cache_bytes.labels(**ids).set(nbytes)
 
     def shm_used(self, nbytes: int) -> None:
-        self.metrics.shm_used.labels(rank=self.rank).set(nbytes)
+        self.metrics.shm_used.labels(**self.ids).set(nbytes)
 
     def workers_changed(self, num_workers: int) -> None:
-        self.metrics.num_workers.labels(rank=self.rank).set(num_workers)
-        self.metrics.workers_since.labels(rank=self.rank).set(time.time())
+        self.metrics.num_workers.labels(**self.ids).set(num_workers)
+        self.metrics.workers_since.labels(**self.ids).set(time.time())
 
     def epoch_done(self, epochs: int, wait_fraction: float, samples_per_second: float) -> None:
-        m, rank = self.metrics, self.rank
-        m.epochs.labels(rank=rank).inc()
-        m.wait_ratio.labels(rank=rank).set(wait_fraction)
-        m.samples_per_second.labels(rank=rank).set(samples_per_second)
+        m, ids = self.metrics, self.ids
+        m.epochs.labels(**ids).inc()
+        m.wait_ratio.labels(**ids).set(wait_fraction)
+        m.samples_per_second.labels(**ids).set(samples_per_second)
         self.stats.epochs = epochs
 
     def adapted(self, setting: str, direction: str) -> None:
-        self.metrics.adaptations.labels(rank=self.rank, setting=setting, direction=direction).inc()
+        self.metrics.adaptations.labels(**self.ids, setting=setting, direction=direction).inc()
 
     def memory_peak(self, peak_bytes: int, drift_ratio: float) -> None:
-        self.metrics.memory_peak.labels(rank=self.rank).set(peak_bytes)
-        self.metrics.memory_drift.labels(rank=self.rank).set(drift_ratio)
+        self.metrics.memory_peak.labels(**self.ids).set(peak_bytes)
+        self.metrics.memory_drift.labels(**self.ids).set(drift_ratio)
 
     def plan_stale(self, reason: str) -> None:
         self.stats.plan_stale = reason
-        self.metrics.plan_stale.labels(rank=self.rank).set(1)
+        self.metrics.plan_stale.labels(**self.ids).set(1)
 
     def oom_count(self) -> int:
         """Out-of-memory errors ``oom_guard`` counted on this rank (same registry)."""

@@ -1,11 +1,13 @@
 """What a node's training processes are waiting on, read from their metrics.
 
 ``autoloader status`` and the agent's ``/status`` read the same merged registry that
-``/metrics`` serves (the node's ``PROMETHEUS_MULTIPROC_DIR``) and say, per rank: the
+``/metrics`` serves (the node's ``PROMETHEUS_MULTIPROC_DIR``) and say, per rank and per
+loader of the rank (the ``loader`` label: a training and a validation loader apart): the
 last complete epoch's data-wait share and samples/s, the workers now and since when,
 the adaptations made, the memory peak against the plan, the OOMs, the workers restarted
-and stalled, a batch that outgrew the plan's predicted worst, and one verdict.
-Imports no torch: it answers at once.
+and stalled, a batch that outgrew the plan's predicted worst, and one verdict. What is the
+rank's and no loader's (``oom_guard``'s out-of-memory errors) is told with each of its
+loaders. Imports no torch: it answers at once.
 """
 
 from __future__ import annotations
@@ -60,35 +62,59 @@ _INTS = {
 
 
 def read_status(registry: CollectorRegistry) -> dict[str, Any]:
-    """``{"ranks": [...], "verdict": str}`` from a registry of loader metrics."""
-    ranks: dict[str, dict[str, Any]] = defaultdict(lambda: {"adaptations": {}})
+    """``{"ranks": [...], "verdict": str}`` from a registry of loader metrics: one entry
+    per rank and loader (``"loader"``: its label; None for series that carry none)."""
+    found: dict[tuple[str, str | None], dict[str, Any]] = defaultdict(lambda: {"adaptations": {}})
     for family in registry.collect():
         for sample in family.samples:
             rank = sample.labels.get("rank")
             if rank is None or not math.isfinite(sample.value):
                 continue
+            entry = found[(rank, sample.labels.get("loader"))]
             if sample.name == "autoloader_adaptations_total":
                 key = f"{sample.labels.get('setting')} {sample.labels.get('direction')}"
-                adaptations = ranks[rank]["adaptations"]
                 if sample.value > 0:  # a counter declared but never moved is no adaptation
-                    adaptations[key] = int(sample.value)
+                    entry["adaptations"][key] = int(sample.value)
             elif sample.name == "autoloader_worker_restarts_total":
-                restarts = ranks[rank].setdefault("worker_restarts", {})
+                restarts = entry.setdefault("worker_restarts", {})
                 if sample.value > 0:
                     restarts[str(sample.labels.get("reason"))] = int(sample.value)
             elif sample.name == "autoloader_outgrown_batch_bytes" and sample.value > 0:
-                ranks[rank]["outgrown_batch_bytes"] = int(sample.value)
-                ranks[rank]["outgrown_samples"] = str(sample.labels.get("samples", ""))
+                entry["outgrown_batch_bytes"] = int(sample.value)
+                entry["outgrown_samples"] = str(sample.labels.get("samples", ""))
             elif sample.name in _FIELDS:
                 field = _FIELDS[sample.name]
-                ranks[rank][field] = int(sample.value) if field in _INTS else sample.value
+                entry[field] = int(sample.value) if field in _INTS else sample.value
     out = []
-    for rank in sorted(ranks, key=lambda r: (not _number(r), int(r) if _number(r) else 0, r)):
-        entry = {"rank": int(rank) if _number(rank) else rank, **ranks[rank]}
+    for rank, loader in sorted(found, key=_order):
+        named = [other for r, other in found if r == rank and other is not None]
+        if loader is None and named:
+            continue  # the rank's own series (its OOMs): told with each of its loaders
+        rank_wide = found.get((rank, None), {}) if loader is not None else {}
+        entry = {
+            "rank": int(rank) if _number(rank) else rank,
+            "loader": loader,
+            **{k: v for k, v in rank_wide.items() if k != "adaptations"},
+            **found[(rank, loader)],
+        }
         entry["plan_stale"] = bool(entry.get("plan_stale"))
-        entry["severity"], entry["verdict"] = rank_verdict(entry)
+        entry["severity"], entry["verdict"] = rank_verdict(entry, named=len(named) > 1)
         out.append(entry)
     return {"ranks": out, "verdict": node_verdict(out)}
+
+
+def _order(key: tuple[str, str | None]) -> tuple[Any, ...]:
+    """Ranks by number, then their loaders by number ("0", "1", ...) or name."""
+    rank, loader = key
+    name = loader or ""
+    return (
+        not _number(rank),
+        int(rank) if _number(rank) else 0,
+        rank,
+        not _number(name),
+        int(name) if _number(name) else 0,
+        name,
+    )
 
 
 def _number(label: str) -> bool:
@@ -96,12 +122,14 @@ def _number(label: str) -> bool:
     return label.isascii() and label.isdigit()
 
 
-def rank_verdict(r: dict[str, Any]) -> tuple[int, str]:
+def rank_verdict(r: dict[str, Any], *, named: bool = False) -> tuple[int, str]:
     """(severity, one line): 3 memory (OOMs, drift, or a batch past the plan's worst),
-    2 data-bound, 1 no complete epoch yet, 0 fed."""
-    who = f"rank {r['rank']}"
-    if r.get("oom_total"):
-        return 3, f"memory: {who} caught {r['oom_total']} out-of-memory error(s); re-run tune"
+    2 data-bound, 1 no complete epoch yet, 0 fed. ``named``: the rank has several loaders,
+    and the line names ``r``'s."""
+    rank = f"rank {r['rank']}"
+    who = f"{rank} loader {r['loader']}" if named and r.get("loader") is not None else rank
+    if r.get("oom_total"):  # the rank's step ran out, whichever loader fed it
+        return 3, f"memory: {rank} caught {r['oom_total']} out-of-memory error(s); re-run tune"
     drift = r.get("memory_drift_ratio")
     if drift is not None and drift > 1 + DRIFT_LIMIT:
         return 3, (

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from autoloader._version import __version__
+from autoloader.loader.settings import depth_of
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
 from autoloader.plan.evidence import gpus_table, memory_table, ranks_table, tuning_table
 from autoloader.samplers import make_sampler
@@ -106,7 +107,7 @@ def _loader(found: Findings) -> LoaderPlan:
         found.workers.loader,
         num_workers=workers,
         pin_memory=base.pin_memory,
-        prefetch_factor=(base.prefetch_factor or 2) if workers else None,
+        prefetch_factor=depth_of(base.prefetch_factor) if workers else None,
         persistent_workers=base.persistent_workers and workers > 0,
         num_threads=base.num_threads,
     )

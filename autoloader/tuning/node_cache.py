@@ -174,6 +174,7 @@ def _time_blocks(
             probe.get(b, lambda block=block: block)  # written
             if not probe.has(b):  # unusable, or full (a container's small /dev/shm)
                 return [], [], sizes
+            probe.get(b, _never)  # opened: its checksum checked, once a process as a worker
             t = time.perf_counter()
             mapped = probe.get(b, _never)
             np.array(mapped)  # every byte read, as a batch's gather reads them

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoloader.cache import NodeCache, hold, release
+from autoloader.cache import CachedBlock, NodeCache, hold, release
 from autoloader.cache import store as store_module
 
 BLOCK = np.arange(600, dtype=np.float32).reshape(100, 6) / 7.0
@@ -36,12 +36,14 @@ class Loads:
         return self.block.copy()
 
 
-def test_a_block_decoded_once_is_mapped_from_then_on_bit_for_bit(tmp_path: Path) -> None:
+def test_a_block_decoded_once_is_read_from_the_cache_from_then_on_bit_for_bit(
+    tmp_path: Path,
+) -> None:
     cache, load = _cache(tmp_path), Loads()
     first = cache.get(("f", "hits", 0), load, shape=(100, 6))
     again = cache.get(("f", "hits", 0), load, shape=(100, 6))
     assert load.calls == 1
-    assert isinstance(again, np.memmap)  # shared through the page cache, not copied
+    assert isinstance(again, CachedBlock)  # read through the page cache: one copy a node
     assert again.tobytes() == first.tobytes() == BLOCK.tobytes()
     counts = cache.tally.total()
     assert (counts.hits, counts.misses) == (1, 1)
@@ -56,14 +58,14 @@ def test_a_process_maps_an_entry_once_however_often_it_is_asked_for(
     cache = _cache(tmp_path)
     cache.get(("f", "hits", 0), Loads(), shape=(100, 6))  # decoded and written
     maps = []
-    real_load = np.load
+    real_open = store_module.open_entry
     monkeypatch.setattr(
-        store_module.np, "load", lambda *a, **kw: maps.append(a[0]) or real_load(*a, **kw)
+        store_module, "open_entry", lambda *a, **kw: maps.append(a[0]) or real_open(*a, **kw)
     )
     for _ in range(50):  # each batch holding one of the block's events asks for it
         block = cache.get(("f", "hits", 0), Loads(), shape=(100, 6))
         assert cache.lookup(("f", "hits", 0), (100, 6)) is block
-    assert len(maps) == 1  # one map (~0.1-1 ms each), not one per ask
+    assert len(maps) == 1  # one open (a header, a stat), not one per ask
     assert block.tobytes() == BLOCK.tobytes()
     assert cache.tally.total().hits == 100
 
@@ -71,12 +73,12 @@ def test_a_process_maps_an_entry_once_however_often_it_is_asked_for(
 def test_a_process_maps_an_entry_once_and_still_checks_its_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch of a global shuffle asks for most blocks: each is mapped once per process."""
+    """A batch of a global shuffle asks for most blocks: each is opened once per process."""
     cache, load = _cache(tmp_path), Loads()
     cache.get(("f", "hits", 0), load, shape=(100, 6))
     maps = []
-    real = np.load
-    monkeypatch.setattr(np, "load", lambda *a, **k: maps.append(a) or real(*a, **k))
+    real = store_module.open_entry
+    monkeypatch.setattr(store_module, "open_entry", lambda *a, **k: maps.append(a) or real(*a, **k))
     first = cache.get(("f", "hits", 0), load, shape=(100, 6))
     again = cache.get(("f", "hits", 0), load, shape=(100, 6))
     assert again is first and len(maps) == 1 and load.calls == 1
@@ -171,7 +173,7 @@ def test_several_processes_filling_one_block_decode_and_write_it_once(tmp_path: 
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     assert len(marks.read_text().split()) == 1
     cache = _cache(tmp_path / "c")
-    assert cache.used_bytes() == BLOCK.nbytes + 128  # the ledger counts one entry
+    assert cache.used_bytes() == BLOCK.nbytes + 128 + 8  # the ledger counts one entry
     assert len(list(cache.directory.glob("*.npy"))) == 1
 
 
@@ -298,7 +300,7 @@ def test_the_first_user_clears_what_killed_processes_left(tmp_path: Path) -> Non
     assert p.exitcode == -signal.SIGKILL
     cache = _cache(tmp_path)
     assert list(cache.directory.glob(".*.tmp")) and list(cache.directory.glob("tally/*"))
-    assert cache.used_bytes() == BLOCK.nbytes + 128  # reserved for an entry never named
+    assert cache.used_bytes() == BLOCK.nbytes + 128 + 8  # reserved for an entry never named
     assert hold(cache)  # no other process uses it: what the dead left goes
     assert not list(cache.directory.glob(".*.tmp")) and not list(cache.directory.glob("tally/*"))
     assert cache.used_bytes() == 0
@@ -314,3 +316,103 @@ def test_two_caches_of_one_process_on_the_same_data_count_their_own(tmp_path: Pa
     second.get(("f", "hits", 0), Loads())
     assert first.counts()[:2] == (0, 1)  # one block decoded, none mapped
     assert second.counts()[:2] == (2, 0)
+
+
+def _job_with_a_worker(where: str, pid_file: str) -> None:
+    """A training process that holds the cache and forks a worker; the test kills it."""
+    assert hold(_cache(Path(where)))
+    worker = os.fork()
+    if worker == 0:  # the orphan-to-be: sleeps as a worker whose parent died does
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        import time
+
+        time.sleep(60)
+        os._exit(0)
+    Path(pid_file).write_text(str(worker))
+    signal.pause()
+
+
+def test_orphaned_workers_of_a_killed_job_do_not_hold_the_cache(tmp_path: Path) -> None:
+    import fcntl
+    import time
+
+    pid_file = tmp_path / "worker.pid"
+    job = mp.get_context("fork").Process(
+        target=_job_with_a_worker, args=(str(tmp_path / "place"), str(pid_file))
+    )
+    (tmp_path / "place").mkdir()
+    job.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and job.is_alive()
+        time.sleep(0.01)
+    worker = int(pid_file.read_text())
+    try:
+        os.kill(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        while job.exitcode is None:  # (join would wait for the orphan: it holds a pipe)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(worker, 0)  # the orphan still runs
+        lock = _cache(tmp_path / "place").home / "users.lock"
+        fd = os.open(lock, os.O_RDWR)
+        try:  # the next job finds no one using the cache, at once
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+def _writes_one_entry(where: str) -> None:
+    _cache(Path(where)).get(("f", "hits", 0), Loads())
+
+
+def test_bytes_corrupted_in_place_are_never_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Size and header intact, one value changed inside: the first open in a process
+    checks the entry's checksum, finds it differs, and decodes the block again."""
+    p = mp.get_context("fork").Process(target=_writes_one_entry, args=(str(tmp_path),))
+    p.start()
+    p.join(60)  # written by another process: this one has never opened it
+    assert p.exitcode == 0
+    cache, load = _cache(tmp_path), Loads()
+    (entry,) = cache.directory.glob("*.npy")
+    size = entry.stat().st_size
+    with open(entry, "r+b") as f:
+        f.seek(size - 8 - 4 * 7)  # a float of the last row
+        f.write(np.float32(1e9).tobytes())
+    assert entry.stat().st_size == size and np.load(entry).shape == (100, 6)
+    got = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert load.calls == 1 and got.tobytes() == BLOCK.tobytes()
+    assert "differs from the one written" in caplog.text
+    again = _cache(tmp_path).get(("f", "hits", 0), Loads(), shape=(100, 6))  # rewritten
+    assert again.tobytes() == BLOCK.tobytes()
+
+
+def _truncated_while_read(where: str) -> None:
+    """Reads an entry it holds open after the file was cut: a memory map of it would be a
+    SIGBUS here."""
+    cache, load = _cache(Path(where)), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))  # decoded and written
+    block = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert isinstance(block, CachedBlock) and load.calls == 1
+    assert block[np.arange(10, 20)].tobytes() == BLOCK[10:20].tobytes()
+    os.truncate(next(cache.directory.glob("*.npy")), 300)  # cut under the reader
+    rows = block[np.r_[3:9, 50:70, 98:100]]
+    assert load.calls == 2 and rows.tobytes() == BLOCK[np.r_[3:9, 50:70, 98:100]].tobytes()
+    into = np.empty((5, 6), dtype=np.float32)
+    block.read_into(into, 90, 95)
+    assert into.tobytes() == BLOCK[90:95].tobytes()
+    assert not list(cache.directory.glob("*.npy"))  # given up: the next reader rewrites it
+    assert cache.get(("f", "hits", 0), load, shape=(100, 6)).tobytes() == BLOCK.tobytes()
+    os._exit(0)
+
+
+def test_an_entry_truncated_while_a_process_reads_it_is_decoded_again_not_a_signal(
+    tmp_path: Path,
+) -> None:
+    p = mp.get_context("fork").Process(target=_truncated_while_read, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0  # -SIGBUS where the entry was memory-mapped

@@ -204,3 +204,60 @@ def test_an_ended_rank_odd_labels_and_far_timestamps_render() -> None:
     )
     text = render(status, Path("/metrics"))
     assert "rank ²: starting" in text and "    2 workers\n" in text
+
+
+# A training loader (named by its place: "0") and a validation loader named "val" in one
+# process: a different number of batches each, so mixed series would show.
+TWO_LOADERS = """
+import torch
+from torch.utils.data import Dataset
+from autoloader import DataLoader, Plan
+
+class Data(Dataset):
+    def __init__(self, n): self.n = n
+    def __len__(self): return self.n
+    def __getitem__(self, i): return torch.zeros(4)
+
+plan = Plan.from_dict({"schema": 1, "loader": {"num_workers": 0},
+                       "batching": {"strategy": "random", "local_batch_size": 4}})
+train = DataLoader(Data(32), plan=plan, check_fingerprint=False, adapt_max_workers=0)
+val = DataLoader(Data(12), plan=plan, check_fingerprint=False, adapt=False, name="val")
+assert (train.name, val.name) == ("0", "val")
+for epoch in range(2):
+    train.set_epoch(epoch)
+    for batch in train:
+        pass
+    for batch in val:
+        pass
+"""
+
+
+def test_two_loaders_of_one_process_are_shown_apart(tmp_path: Path) -> None:
+    env = {**prepend_pythonpath(TESTS), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = run_reaped([sys.executable, "-c", TWO_LOADERS], env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(run_cli("status", "--json", "--metrics-dir", str(tmp_path)).stdout)
+    train, val = status["ranks"]
+    assert (train["rank"], train["loader"]) == (0, "0") and (val["rank"], val["loader"]) == (
+        0,
+        "val",
+    )
+    assert (train["batches"], val["batches"]) == (16, 6)  # 8 and 3 a epoch, two epochs
+    assert train["epochs"] == 2 and train["oom_total"] == val["oom_total"] == 0
+    assert train["max_workers"] == 0 and "max_workers" not in val  # only train adapts
+    assert " rank 0 loader 0 " in train["verdict"] and " rank 0 loader val " in val["verdict"]
+
+    text = run_cli("status", "--metrics-dir", str(tmp_path)).stdout.splitlines()
+    assert [line.split(":")[0] for line in text if line.startswith("  rank")] == [
+        "  rank 0 loader 0",
+        "  rank 0 loader val",
+    ]
+
+
+def test_a_loaders_name_must_be_a_non_empty_string() -> None:
+    from autoloader import DataLoader
+
+    with pytest.raises(TypeError, match=r"^name should be a non-empty string, but got name=''$"):
+        DataLoader([1, 2], name="")
+    with pytest.raises(TypeError, match=r"^name should be a non-empty string, but got name=3$"):
+        DataLoader([1, 2], name=3)  # type: ignore[arg-type]

@@ -23,6 +23,9 @@ from autoloader.demo.jagged_files import (
 
 N = 900
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
@@ -157,9 +160,9 @@ def test_hits_misses_and_bytes_are_exported_and_status_shows_them(
     blocks = len(loader.dataset.autoloader_blocks()) - 1
     hits, misses, nbytes = node.counts()
     value = registry.get_sample_value
-    assert value("autoloader_cache_misses_total", {"rank": "0"}) == misses == blocks
-    assert value("autoloader_cache_hits_total", {"rank": "0"}) == hits > 0
-    assert value("autoloader_cache_bytes", {"rank": "0"}) == nbytes == node.used_bytes() > 0
+    assert value("autoloader_cache_misses_total", FIRST) == misses == blocks
+    assert value("autoloader_cache_hits_total", FIRST) == hits > 0
+    assert value("autoloader_cache_bytes", FIRST) == nbytes == node.used_bytes() > 0
     (rank,) = read_status(registry)["ranks"]
     assert (rank["cache_hits"], rank["cache_misses"]) == (hits, misses)
     shown = render(read_status(registry), tmp_path)
@@ -319,7 +322,7 @@ def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
     assert loader.node_cache is not None
     _epochs(loader, 1)  # the cache filled from the data as it was
     size = path.stat().st_size
-    misses = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    misses = registry.get_sample_value("autoloader_cache_misses_total", FIRST)
     assert misses == len(loader.dataset.autoloader_blocks()) - 1
     with h5py.File(path, "r+") as f:  # the same events, every float doubled, in place
         for name, column in f["hits"].items():
@@ -335,5 +338,38 @@ def test_data_changed_between_epochs_of_one_job_is_never_served_from_the_cache(
     assert all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(got, want, strict=True))
     assert loader.node_cache is not None and loader.node_cache.directory != was
     assert not was.exists()  # the old entries: removed, never served
-    again = registry.get_sample_value("autoloader_cache_misses_total", {"rank": "0"})
+    again = registry.get_sample_value("autoloader_cache_misses_total", FIRST)
     assert again == 2 * misses  # the new data's blocks decoded once, counted on
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hand_written_shm_cache_leaves_what_the_batches_in_flight_need(
+    specs: dict[str, str], workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``where = "shm"`` without ``min_free_bytes``: the cache leaves free what the tune
+    would have planned, the node's batches in flight (2 local ranks here) over the margin
+    they may take."""
+    from autoloader.sizes import sample_sizes
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ds = autoloader.open_dataset(specs["km3"])
+    plan = autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32},
+            "cache": {"where": "shm"},
+        }
+    )
+    loader = autoloader.DataLoader(ds, plan=plan, adapt=False, check_fingerprint=False)
+    node = loader.node_cache
+    assert node is not None and node.where == "shm"
+    try:
+        sizes = sorted(int(s) for s in sample_sizes(ds))
+        worst = sum(sizes[-32:])  # the 32 largest samples: a batch can hold no more
+        in_flight = (workers * 2 + 2) * worst if workers else 0  # torch's default depth 2
+        assert node.min_free_bytes == int(in_flight * 2 / 0.5)
+        if workers:
+            assert node.min_free_bytes > 0
+    finally:
+        release(str(node.home))

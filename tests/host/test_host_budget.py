@@ -51,6 +51,35 @@ def test_batches_in_flight_and_those_the_loop_holds_count() -> None:
     assert budget(None).shm_refuses(64, 16, 2**30) is None  # no /dev/shm known: no bound
 
 
+def test_an_unset_prefetch_is_the_loaders_one_effective_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared memory and the open files a worker count needs read the depth of an
+    unset ``prefetch_factor`` where the loader's settings define it, not a copy of it."""
+    from autoloader.host.limits import FILES_PER_WORKER, ProcessLimits
+    from autoloader.loader import settings
+
+    monkeypatch.setattr(settings, "DEFAULT_PREFETCH", 3)
+    b = budget(256 * MiB)
+    assert b.shm_need(2, None, 8 * MiB) == (2 * 3 + 2) * 8 * MiB
+    assert b.shm_refuses(2, None, 32 * MiB) == (
+        "2 worker(s) x 3 batch(es) of up to 32.0 MiB in flight need about 256.0 MiB of "
+        "shared memory; /dev/shm has 256.0 MiB free (budget 128.0 MiB)"
+    )
+    limits = ProcessLimits.probe()
+    assert limits.files_needed(2, None) - limits.files_needed(1, None) == FILES_PER_WORKER + 3
+
+
+def test_the_host_budgets_read_the_depth_without_torch() -> None:
+    """The command line (``show``, ``status``) renders budgets without importing torch."""
+    code = (
+        "import sys, autoloader.host.budget, autoloader.host.limits; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_fix_is_sized_for_the_need() -> None:
     assert "--shm-size=2g" in shm_fix(128 * MiB)
     assert "--shm-size=5g" in shm_fix(2 * 2**30)  # 4 GiB at the margin, and NCCL's 1 GiB

@@ -21,6 +21,9 @@ from autoloader.accelerator import accelerator_available
 from autoloader.samplers import RandomBatchSampler
 from autoloader.sizes import fingerprint, sample_sizes
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 def plan_for(
     dataset: object,
@@ -69,7 +72,7 @@ def test_plan_sets_sampler_workers_and_graph_batches(
         seen.append(batch.num_graphs)
     assert sum(seen) == len(ds)
     assert len(seen) == len(loader) == -(-len(ds) // 32)
-    rank = {"rank": "0"}
+    rank = FIRST
     assert registry.get_sample_value("autoloader_batches_total", rank) == len(seen)
     assert registry.get_sample_value("autoloader_samples_total", rank) == len(ds)
     assert registry.get_sample_value("autoloader_batch_bytes_sum", rank) == sample_sizes(ds).sum()
@@ -177,7 +180,8 @@ def test_rank_and_world_size_from_the_environment(
         assert loader.batch_sampler.rank == rank and loader.batch_sampler.num_replicas == 2
         seen.append([i for b in loader.batch_sampler for i in b])
     assert sorted(seen[0] + seen[1]) == list(range(50))
-    assert registry.get_sample_value("autoloader_local_batch_size", {"rank": "1"}) == 5
+    second = {"rank": "1", "loader": "1"}  # the registry's second loader in this process
+    assert registry.get_sample_value("autoloader_local_batch_size", second) == 5
 
 
 def test_another_world_size_keeps_the_local_batch_and_the_global_batch(
@@ -221,10 +225,10 @@ def test_without_plan_metrics_count_batches_and_bytes(registry: CollectorRegistr
     assert loader.plan is None
     batches = list(loader)
     assert [len(b) for b in batches] == [4, 4, 2]
-    assert registry.get_sample_value("autoloader_batches_total", {"rank": "0"}) == 3
-    assert registry.get_sample_value("autoloader_samples_total", {"rank": "0"}) == 10
+    assert registry.get_sample_value("autoloader_batches_total", FIRST) == 3
+    assert registry.get_sample_value("autoloader_samples_total", FIRST) == 10
     # without a plan, bytes come from the delivered batch itself
-    assert registry.get_sample_value("autoloader_batch_bytes_sum", {"rank": "0"}) == sum(
+    assert registry.get_sample_value("autoloader_batch_bytes_sum", FIRST) == sum(
         t.numel() * 4 for b in batches for t in b
     )
 

@@ -18,6 +18,9 @@ from autoloader import DataLoader
 
 TESTS = Path(__file__).parent.parent
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
@@ -48,7 +51,7 @@ def test_a_batch_past_the_plans_worst_is_measured_and_said_once(
     assert (stats.worst_batch_bytes, stats.worst_measured_batch_bytes) == (64, 208)
     assert stats.measured_bytes == 2 * (40 * 16 + 144) and stats.bytes == 2 * 40 * 16
     assert stats.plan_stale is not None and stats.plan_stale.startswith("a batch of 208 bytes")
-    rank = {"rank": "0"}
+    rank = FIRST
     label = {**rank, "samples": ",".join(map(str, held))}
     assert registry.get_sample_value("autoloader_outgrown_batch_bytes", label) == 208
     assert registry.get_sample_value("autoloader_predicted_worst_batch_bytes", rank) == 64

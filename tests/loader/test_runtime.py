@@ -30,6 +30,9 @@ from autoloader.loader.policy import Adapter
 
 SCRIPTS = Path(__file__).parent.parent / "distributed"
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 class Slow(Dataset):
     """Sample i is ``tensor([i])`` after ``delay`` seconds; in a worker process after
@@ -237,7 +240,7 @@ def test_an_epoch_is_timed_from_iter_where_its_workers_start(
     opened = time.perf_counter() - began
     assert sum(len(b) for b in batches) == 16
     whole = time.perf_counter() - began
-    sps = registry.get_sample_value("autoloader_samples_per_second", {"rank": "0"})
+    sps = registry.get_sample_value("autoloader_samples_per_second", FIRST)
     assert sps is not None and 16 / sps >= whole - opened / 2, (16 / sps, whole, opened)
 
 
@@ -288,13 +291,13 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     assert (
         value(
             "autoloader_adaptations_total",
-            {"rank": "0", "setting": "num_workers", "direction": "up"},
+            {**FIRST, "setting": "num_workers", "direction": "up"},
         )
         >= 1
     )
-    assert value("autoloader_num_workers", {"rank": "0"}) == loader.num_workers
-    assert value("autoloader_epochs_total", {"rank": "0"}) == 2
-    assert value("autoloader_data_wait_ratio", {"rank": "0"}) > 0
+    assert value("autoloader_num_workers", FIRST) == loader.num_workers
+    assert value("autoloader_epochs_total", FIRST) == 2
+    assert value("autoloader_data_wait_ratio", FIRST) > 0
 
 
 def test_a_fed_loader_changes_nothing() -> None:
@@ -634,9 +637,9 @@ def test_memory_drift_warns_once_and_marks_the_plan_stale(
         "(32 bytes) set it; re-run `autoloader tune`"
     )
     assert loader.stats.plan_stale is not None and "1.50x" in loader.stats.plan_stale
-    assert registry.get_sample_value("autoloader_memory_drift_ratio", {"rank": "0"}) == 1.5
-    assert registry.get_sample_value("autoloader_memory_peak_bytes", {"rank": "0"}) == 1500
-    assert registry.get_sample_value("autoloader_plan_stale", {"rank": "0"}) == 1
+    assert registry.get_sample_value("autoloader_memory_drift_ratio", FIRST) == 1.5
+    assert registry.get_sample_value("autoloader_memory_peak_bytes", FIRST) == 1500
+    assert registry.get_sample_value("autoloader_plan_stale", FIRST) == 1
 
 
 def test_no_drift_within_ten_percent_and_nothing_on_the_cpu() -> None:
@@ -695,7 +698,7 @@ def test_a_cap_under_the_plans_count_holds_the_plans_count() -> None:
     )
     run(loader, 2, step=0.001)
     assert loader.num_workers == 2 and loader.adaptations == []
-    assert registry.get_sample_value("autoloader_adapt_max_workers", {"rank": "0"}) == 2
+    assert registry.get_sample_value("autoloader_adapt_max_workers", FIRST) == 2
 
 
 def test_a_fed_long_epoch_never_changes() -> None:

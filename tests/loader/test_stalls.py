@@ -32,6 +32,9 @@ from autoloader.metrics.status import read_status
 TESTS = Path(__file__).parent.parent
 STALL = 2.0  # seconds: the threshold these tests run with
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 class Numbers(Dataset):
     """Sample i is ``tensor([i])``; in a worker, sample ``hang`` takes ``hang_for`` s once
@@ -132,7 +135,7 @@ def test_a_stalled_worker_is_named_once_and_not_killed(
     else:
         assert hang in order[int(batch)]
     assert loader.stats.worker_restarts == 0 and loader.stats.worker_stalls == 1
-    assert registry.get_sample_value("autoloader_worker_stalls_total", {"rank": "0"}) == 1
+    assert registry.get_sample_value("autoloader_worker_stalls_total", FIRST) == 1
     status = read_status(registry)
     assert status["ranks"][0]["worker_stalls"] == 1
     assert "stalled waits for a worker: 1 (named in the log)" in render(status, tmp_path)

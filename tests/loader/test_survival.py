@@ -27,6 +27,9 @@ from autoloader.datasets.reads import SampleError
 from autoloader.host.budget import loader_shm_bytes
 from autoloader.metrics.status import read_status
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 class Numbers(Dataset):
     """Sample i is ``tensor([i])``, after ``delay`` seconds. In a worker process, reading a
@@ -112,7 +115,7 @@ def settle_reads() -> None:
 
 def restarts(registry: CollectorRegistry, reason: str) -> float:
     value = registry.get_sample_value(
-        "autoloader_worker_restarts_total", {"rank": "0", "reason": reason}
+        "autoloader_worker_restarts_total", {**FIRST, "reason": reason}
     )
     return value or 0.0
 

@@ -32,6 +32,9 @@ needs_prometheus = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="prometheus missing (apt-get install prometheus)"
 )
 
+# the series of the first loader a process makes on rank 0 (its "loader" label: "0")
+FIRST = {"rank": "0", "loader": "0"}
+
 
 class Fixed(Dataset):
     def __len__(self) -> int:
@@ -55,9 +58,9 @@ def get(url: str) -> str:
 def test_wait_bytes_and_counts_are_recorded(registry: CollectorRegistry) -> None:
     loader = DataLoader(Fixed(), batch_size=10, registry=registry)
     n = sum(1 for _ in loader)
-    assert registry.get_sample_value("autoloader_batches_total", {"rank": "0"}) == n == 10
-    assert registry.get_sample_value("autoloader_batch_wait_seconds_count", {"rank": "0"}) == n
-    assert registry.get_sample_value("autoloader_batch_wait_seconds_sum", {"rank": "0"}) > 0
+    assert registry.get_sample_value("autoloader_batches_total", FIRST) == n == 10
+    assert registry.get_sample_value("autoloader_batch_wait_seconds_count", FIRST) == n
+    assert registry.get_sample_value("autoloader_batch_wait_seconds_sum", FIRST) > 0
     assert registry.get_sample_value("autoloader_oom_total", {"rank": "0"}) == 0
     off = DataLoader(Fixed(), batch_size=10, registry=CollectorRegistry(), metrics=False)
     assert sum(1 for _ in off) == 10 and off.stats.batches == 0
@@ -87,7 +90,9 @@ def test_serve_metrics_binds_loopback_and_offsets_by_local_rank(
 ) -> None:
     list(DataLoader(Fixed(), batch_size=48, registry=registry))
     port = serve_metrics(port=0, registry=registry)
-    assert 'autoloader_batches_total{rank="0"} 2.0' in get(f"http://127.0.0.1:{port}/metrics")
+    assert 'autoloader_batches_total{loader="0",rank="0"} 2.0' in get(
+        f"http://127.0.0.1:{port}/metrics"
+    )
     import psutil
 
     (listening,) = [
@@ -180,8 +185,8 @@ def test_agent_merges_the_training_processes(tmp_path: Path) -> None:
     )
     assert once.returncode == 0, once.stderr
     lines = once.stdout.splitlines()
-    assert 'autoloader_batches_total{rank="0"} 8.0' in lines
-    assert 'autoloader_batches_total{rank="1"} 8.0' in lines
+    assert 'autoloader_batches_total{loader="0",rank="0"} 8.0' in lines
+    assert 'autoloader_batches_total{loader="0",rank="1"} 8.0' in lines
     # the trainers have exited: their live gauges were cleaned, their counters kept
     assert not any(line.startswith("autoloader_num_workers{") for line in lines)
 
@@ -202,7 +207,9 @@ def test_agent_merges_the_training_processes(tmp_path: Path) -> None:
     )
     try:
         assert "serving http://127.0.0.1:" in agent.stdout.readline()
-        assert 'autoloader_batches_total{rank="1"} 8.0' in get(f"http://127.0.0.1:{port}/metrics")
+        assert 'autoloader_batches_total{loader="0",rank="1"} 8.0' in get(
+            f"http://127.0.0.1:{port}/metrics"
+        )
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=20) == 0
     finally:
@@ -217,7 +224,7 @@ def test_textfile_writer_for_node_exporter(tmp_path: Path, registry: CollectorRe
     time.sleep(0.2)
     writer.stop()
     text = path.read_text()
-    assert 'autoloader_batches_total{rank="0"} 3.0' in text
+    assert 'autoloader_batches_total{loader="0",rank="0"} 3.0' in text
     done = subprocess.run(
         ["promtool", "check", "metrics"], input=text.encode(), capture_output=True
     )
@@ -248,7 +255,7 @@ def test_push_to_a_gateway(registry: CollectorRegistry, monkeypatch: pytest.Monk
     server.server_close()
     ((method, path, body),) = received
     assert method == "PUT" and path.startswith("/metrics/job/train/") and path.endswith("/rank/3")
-    assert b'autoloader_batches_total{rank="3"} 2.0' in body
+    assert b'autoloader_batches_total{loader="0",rank="3"} 2.0' in body
 
 
 def test_a_burst_of_scrapes_is_served_and_other_paths_are_404() -> None:
@@ -259,14 +266,14 @@ def test_a_burst_of_scrapes_is_served_and_other_paths_are_404() -> None:
     from autoloader.metrics.loader import loader_metrics
 
     registry = CollectorRegistry()
-    loader_metrics(registry).batches.labels(rank="0").inc(3)
+    loader_metrics(registry).batches.labels(**FIRST).inc(3)
     port = serve_metrics(port=0, registry=registry)
     url = f"http://127.0.0.1:{port}"
 
     def scrape(_: int) -> tuple[int, float]:
         start = time.perf_counter()
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-            assert b'autoloader_batches_total{rank="0"} 3.0' in resp.read()
+            assert b'autoloader_batches_total{loader="0",rank="0"} 3.0' in resp.read()
             return resp.status, time.perf_counter() - start
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=200) as pool:
@@ -301,13 +308,15 @@ def test_an_unreadable_metric_file_is_skipped_counted_and_logged_once(
     with caplog.at_level("WARNING", logger="autoloader"):
         first = generate_latest(registry).decode()
         generate_latest(registry)
-    assert 'autoloader_batches_total{rank="0"} 8.0' in first.splitlines()
+    assert 'autoloader_batches_total{loader="0",rank="0"} 8.0' in first.splitlines()
     assert "autoloader_metric_files_skipped 2.0" in first.splitlines()
     notes = [r.getMessage() for r in caplog.records if "skipping metric file" in r.getMessage()]
     assert len(notes) == 2  # once a file, not once a scrape
     assert "counter_123.db" in notes[0] and "histogram_456.db" in notes[1]
     once = run_cli("agent", "--once", "--metrics-dir", str(tmp_path))
-    assert once.returncode == 0 and 'autoloader_batches_total{rank="0"} 8.0' in once.stdout
+    assert (
+        once.returncode == 0 and 'autoloader_batches_total{loader="0",rank="0"} 8.0' in once.stdout
+    )
 
 
 def test_a_fifo_or_a_huge_metric_file_never_blocks_a_scrape(tmp_path: Path) -> None:

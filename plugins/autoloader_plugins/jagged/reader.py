@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from autoloader.cache import NodeCache
+from autoloader.cache import CachedBlock, NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
@@ -144,7 +144,13 @@ class BlockReader(Reader):
             rows = cache.get(key, self._read_block, start, stop, shape=shape)
             mine = events[block_of == b]
             base = self.offsets[start]
-            index = ranges_index(self.offsets[mine] - base, self.offsets[mine + 1] - base)
+            firsts, lasts = self.offsets[mine] - base, self.offsets[mine + 1] - base
+            if isinstance(rows, CachedBlock):  # each event's rows read into the batch
+                for a, z in zip(firsts.tolist(), lasts.tolist(), strict=True):
+                    rows.read_into(out[row : row + z - a], a, z)
+                    row += z - a
+                continue
+            index = ranges_index(firsts, lasts)
             out[row : row + len(index)] = rows[index]
             row += len(index)
         return out
@@ -207,19 +213,19 @@ class BlockCache:
         load: Callable[..., np.ndarray],
         *args: Any,
         shape: tuple[int, int] | None = None,
-    ) -> np.ndarray:
+    ) -> np.ndarray | CachedBlock:
         """The block ``key``, decoded by ``load(*args)`` where neither the node cache nor
         this process has it (``shape``: the ``[items, width]`` it must have)."""
         node = self.node
         if node is not None and node.keeps(key):
             if node.accepting:
                 block = node.get(key, load, *args, shape=shape)
-                if node.accepting or isinstance(block, np.memmap):
+                if node.accepting or isinstance(block, CachedBlock):
                     return block
                 return self._keep(key, block)  # the cache just filled: this process keeps it
-            mapped = node.lookup(key, shape)  # full: what it holds is still mapped
-            if mapped is not None:
-                return mapped
+            cached = node.lookup(key, shape, load, *args)  # full: what it holds still serves
+            if cached is not None:
+                return cached
         if self._pid != os.getpid():  # forked: the parent's blocks are not ours to count
             self.clear()
         found = self._blocks.get(key)
