@@ -194,6 +194,8 @@ class CachedBlock:
         fd = self._fd
         if fd is None:
             return False
+        if want == 0:  # an event of no items (a memoryview of no bytes cannot be cast)
+            return True
         view = out.data.cast("B")
         at = self._offset + row * self._row
         got = 0

@@ -416,3 +416,13 @@ def test_an_entry_truncated_while_a_process_reads_it_is_decoded_again_not_a_sign
     p.start()
     p.join(60)
     assert p.exitcode == 0  # -SIGBUS where the entry was memory-mapped
+
+
+def test_an_event_of_no_items_reads_as_no_rows(tmp_path: Path) -> None:
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))
+    block = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert isinstance(block, CachedBlock)
+    out = np.full((0, 6), -1.0, dtype=np.float32)
+    block.read_into(out, 40, 40)
+    assert block[40:40].shape == (0, 6) and load.calls == 1
