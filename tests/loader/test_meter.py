@@ -108,7 +108,7 @@ def test_the_histogram_observes_each_next_the_loop_makes_once() -> None:
     assert list(Metered(batches(clock, [0.25, 0.5, 0.25]), meter)) == [0, 1, 2]
 
     def sample(name: str) -> float | None:
-        return registry.get_sample_value(name, {"rank": "0"})
+        return registry.get_sample_value(name, {"rank": "0", "loader": recorder.name})
 
     # flushed at the epoch's end; iter()'s seconds are no next() of the loop
     assert sample("autoloader_batch_wait_seconds_count") == 3
@@ -225,10 +225,20 @@ def test_stop_ends_the_epoch_and_flushes_the_metrics() -> None:
     meter = Meter(clock=clock, delay=Delay, recorder=recorder)
     it = Metered(batches(clock, [0.1, 0.1]), meter)
     next(it), next(it)
-    assert registry.get_sample_value("autoloader_batch_wait_seconds_count", {"rank": "0"}) == 0
+    assert (
+        registry.get_sample_value(
+            "autoloader_batch_wait_seconds_count", {"rank": "0", "loader": recorder.name}
+        )
+        == 0
+    )
     with pytest.raises(StopIteration):
         next(it)
-    assert registry.get_sample_value("autoloader_batch_wait_seconds_count", {"rank": "0"}) == 2
+    assert (
+        registry.get_sample_value(
+            "autoloader_batch_wait_seconds_count", {"rank": "0", "loader": recorder.name}
+        )
+        == 2
+    )
 
 
 def plan_of(batch: int = 4) -> Plan:
@@ -262,7 +272,7 @@ def test_a_loader_times_each_next_once_and_counts_it_as_its_position(
     assert len(list(it)) == 3
 
     def sample(name: str) -> float:
-        value = registry.get_sample_value(name, {"rank": "0"})
+        value = registry.get_sample_value(name, {"rank": "0", "loader": "0"})
         assert value is not None
         return value
 
@@ -356,6 +366,6 @@ def test_an_adapting_loaders_windows_and_epoch_are_differences_of_its_meters_rea
         assert m.wait_seconds == pytest.approx(m.batches * 0.032)
         assert m.loop_seconds == pytest.approx(m.batches * 0.092)
         assert m.first_wait_seconds == pytest.approx(0.032)
-    ratio = registry.get_sample_value("autoloader_data_wait_ratio", {"rank": "0"})
+    ratio = registry.get_sample_value("autoloader_data_wait_ratio", {"rank": "0", "loader": "0"})
     assert ratio == pytest.approx(0.032 / 0.092)
     assert loader.adaptations == [] and loader.state_dict()["batches"] == 30
