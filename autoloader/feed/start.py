@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from autoloader.compat import BaseIter, MultiProcessIter, abandon_start, shut_down_workers
 from autoloader.errors import one_line
+from autoloader.feed.start_method import choose_start_method
 
 
 class WorkersNotStarted(RuntimeError):
@@ -55,6 +56,7 @@ class StartSafe:
         self._start_workers(loader)
 
     def _start_workers(self, loader: Any) -> None:
+        choose_start_method(loader)  # not forked from a process where a fork may hang
         try:
             MultiProcessIter.__init__(self, loader)  # type: ignore[arg-type]
         except BaseException as exc:
