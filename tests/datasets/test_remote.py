@@ -502,3 +502,15 @@ def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
     assert again.autoloader_source().stamp != stamp
     for a, b in zip(again.__getitems__([0, 299]), local.__getitems__([0, 299]), strict=True):
         assert torch.equal(a.x, b.x)
+
+
+def test_loaders_started_right_after_xrootd_reads_start_their_workers(xrootd: Server) -> None:
+    """A fork of a process that used XRootD was seen to hang in its fork handler: the
+    loader's workers start from a forkserver instead, loader after loader, each started
+    right after the training process read from the server."""
+    url = _url(xrootd, xrootd.port, FILES["parquet"])
+    for _ in range(4):
+        dataset = autoloader.open_dataset(url)  # XRootD in use as the workers start
+        loader = autoloader.DataLoader(dataset, batch_size=500, num_workers=2, shuffle=True)
+        assert sum(b.num_graphs for b in loader) == N
+        assert loader.multiprocessing_context.get_start_method() == "forkserver"
