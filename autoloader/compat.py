@@ -272,6 +272,11 @@ def workers(it: Any) -> list[Any]:
     return list(getattr(it, "_workers", []))
 
 
+def index_queues(it: Any) -> list[Any]:
+    """A multi-process iterator's queues of indices, one per worker (none before)."""
+    return list(getattr(it, "_index_queues", []))
+
+
 def kept_workers(loader: Any) -> list[Any]:
     """The worker processes of the iterator a DataLoader keeps (``persistent_workers``)."""
     return workers(getattr(loader, "_iterator", None))

@@ -9,8 +9,9 @@ transient error is tried again ``retries`` times (3) with backoff doubling from
 seconds, 161.75 s with the defaults (a server that refuses connections: at once after
 the retries, about 2 s).
 A missing file and a refusal are never tried again; a timeout, a dropped connection, a
-server busy or refusing connections is, and each retry is counted (``RETRIES``, which the
-loader's metrics export as ``autoloader_source_retries_total``).
+server busy or refusing connections, a file handle the network closed is, and each retry
+is counted (``RETRIES``, which the loader's metrics export as
+``autoloader_source_retries_total``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ _TRANSIENT = re.compile(
     r"timed? ?out|timeout|expired|reset by peer|broken pipe|disconnect|server ?disconnected|"
     r"connection (?:closed|lost|aborted|reset)|socket error|"
     r"payload|incomplete|\[FATAL\]|\[ERROR\] Socket|cannot connect|connection refused|"
-    r"connect call failed",
+    r"connect call failed|operation on closed file",
     re.I,
 )
 

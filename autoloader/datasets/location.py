@@ -15,11 +15,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
-import io
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from autoloader.datasets.failures import (  # noqa: F401 - also named here
     retrying,
     transient,
 )
+from autoloader.datasets.remote_file import KNOWN, RemoteFile  # noqa: F401 - also named here
 from autoloader.errors import DatasetError
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -224,11 +224,15 @@ def fsspec_options(location: Location) -> dict[str, Any]:
     return {}
 
 
-def info(location: Location) -> dict[str, Any]:
+def info(location: Location, doing: str = "asking for its size") -> dict[str, Any]:
     """What the server says of the file: size, and a modification time or checksum where
-    it has one (one metadata request)."""
+    it has one (one metadata request); ``doing``: what a failure says was being done."""
     fs = filesystem(location)
-    return retrying(location, "asking for its size", lambda: fs.info(location.path))
+    # the server's answer now, not a listing a glob left in fsspec's directory cache (its
+    # names need not match the path, and it would not see the file change)
+    with contextlib.suppress(Exception):
+        fs.dircache.clear()
+    return retrying(location, doing, lambda: fs.info(location.path))
 
 
 def stamp(location: Location) -> str:
@@ -281,135 +285,25 @@ def glob(location: Location) -> list[Location]:
     return [parse_url(f"{head}/{n}") for n in found]
 
 
-def open_input(location: Location, block_size: int | None = None) -> RemoteFile:
+def open_input(
+    location: Location, block_size: int | None = None, known: Mapping[str, Any] | None = None
+) -> RemoteFile:
     """A binary file object over ``location`` for libraries that read through one (h5py,
-    pyarrow): each miss reads ``block_size`` bytes in one request and recent blocks are
-    kept (fsspec's block cache), so small reads of metadata cost one request per block,
-    not one per read; reads are retried (``retrying``)."""
+    pyarrow): each miss reads ``block_size`` bytes in one request, and what it fetched is
+    kept for every later opening in this process (``remote_file.KNOWN``), so small reads
+    of metadata cost one request per block per process, not one per read or per opening;
+    reads are retried (``retrying``). ``known``: what the server said of the file when
+    the dataset was opened (``info``), where a worker opens it again; without it the
+    server is asked (one metadata request), so a file changed since is read anew."""
     fs = filesystem(location)
-    size = block_size or BLOCK_BYTES
-
-    def opener() -> Any:
-        return fs.open(
-            location.path,
-            "rb",
-            block_size=size,
-            cache_type="blockcache",
-            cache_options={"maxblocks": CACHED_BLOCKS},
-        )
-
-    return RemoteFile(location, opener, retrying(location, "opening", opener))
-
-
-class RemoteFile(io.RawIOBase):
-    """A remote file's bytes, read with retries (a handle that failed is opened again);
-    ``failed`` keeps the error a library swallowed (h5py reports a failed read as its own
-    ``OSError``) so that it can be raised."""
-
-    def __init__(self, location: Location, opener: Callable[[], Any], handle: Any) -> None:
-        super().__init__()
-        self.location = location
-        self._opener = opener
-        self._f: Any = handle
-        self._at = 0
-        self.failed: SourceError | None = None
-        self.size = int(handle.size)
-        self._windows: list[tuple[int, bytes]] = []  # see hold()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._at, 2: self.size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def tell(self) -> int:
-        return self._at
-
-    def hold(self, ranges: list[tuple[int, int]]) -> None:
-        """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads
-        within them from memory until the next hold: a storage block's bytes read whole,
-        so that a block costs one round trip, and only its own bytes (the block cache's
-        fixed blocks would fetch its neighbours too, which another process may read)."""
-        spans: list[list[int]] = []
-        for a, z in sorted((max(0, a), min(z, self.size)) for a, z in ranges):
-            if z <= a:
-                continue
-            if spans and a <= spans[-1][1]:
-                spans[-1][1] = max(spans[-1][1], z)
-            else:
-                spans.append([a, z])
-        self._windows = []
-        if not spans:
-            return
-
-        def fetch() -> list[bytes]:
-            if self._f is None:
-                self._f = self._opener()
-            fs, path = self._f.fs, self._f.path
-            starts, stops = [a for a, _ in spans], [z for _, z in spans]
-            try:
-                got = fs.cat_ranges([path] * len(spans), starts, stops, on_error="raise")
-                for b in got:
-                    if isinstance(b, BaseException):
-                        raise b
-            except Exception:
-                self._f = None  # as readinto: the next try opens anew (and says why not)
-                raise
-            return [bytes(b) for b in got]
-
-        what = f"reading {len(spans)} ranges from byte {spans[0][0]}"
-        try:
-            found = retrying(self.location, what, fetch)
-        except SourceError as exc:
-            self.failed = exc
-            raise
-        self._windows = [(a, data) for (a, _), data in zip(spans, found, strict=True)]
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        where = self._at
-        for first, held in self._windows:
-            if first <= where and where + len(view) <= first + len(held):
-                view[:] = held[where - first : where - first + len(view)]
-                self._at = where + len(view)
-                return len(view)
-
-        def read() -> bytes:
-            if self._f is None:
-                self._f = self._opener()
-            try:
-                self._f.seek(where)
-                return bytes(self._f.read(len(view)))
-            except Exception:
-                self._f = None  # fsspec's file may be closed by the error: open anew
-                raise
-
-        try:
-            data = retrying(self.location, f"reading bytes {where}..{where + len(view)}", read)
-        except SourceError as exc:
-            self.failed = exc
-            raise
-        view[: len(data)] = data
-        self._at = where + len(data)
-        return len(data)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._f is not None:
-                self._f.close()
-        super().close()
+    said = known if known is not None else info(location, "opening")
+    return RemoteFile(location, fs, said, block_size or BLOCK_BYTES)
 
 
 BLOCK_BYTES = 4 * 2**20  # one request's bytes where a library reads through a file object
 # one request's bytes for metadata where the data's blocks are read by hold(): a footer read
 # fetches this much, not BLOCK_BYTES of the payload before it
 METADATA_BLOCK_BYTES = 256 * 2**10
-CACHED_BLOCKS = 32
 
 
 def local_or_location(text: str | os.PathLike[str]) -> Path | Location:

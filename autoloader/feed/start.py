@@ -21,8 +21,15 @@ from typing import Any
 import torch.multiprocessing
 from torch.utils.data import DataLoader
 
-from autoloader.compat import BaseIter, MultiProcessIter, abandon_start, shut_down_workers
+from autoloader.compat import (
+    BaseIter,
+    MultiProcessIter,
+    abandon_start,
+    index_queues,
+    shut_down_workers,
+)
 from autoloader.errors import one_line
+from autoloader.feed.start_method import choose_start_method
 
 
 class WorkersNotStarted(RuntimeError):
@@ -55,6 +62,7 @@ class StartSafe:
         self._start_workers(loader)
 
     def _start_workers(self, loader: Any) -> None:
+        choose_start_method(loader)  # not forked from a process where a fork may hang
         try:
             MultiProcessIter.__init__(self, loader)  # type: ignore[arg-type]
         except BaseException as exc:
@@ -62,6 +70,25 @@ class StartSafe:
             if self._named_failure and cannot_start(exc):
                 raise WorkersNotStarted(loader.num_workers, exc) from exc
             raise
+        _HELD[id(self)] = index_queues(self)
+
+    def _shutdown_workers(self) -> None:
+        """torch's shutdown, with this iterator's index queues alive until it is done.
+
+        A worker's error re-raised in the loop leaves the iterator in a reference cycle
+        (its traceback's frames hold it). The collector that frees the cycle runs the
+        queues' finalizers (weak references) before the iterator's ``__del__``: each
+        queue's feeder thread has stopped when torch's shutdown puts the ``None`` that
+        tells a worker to end, so the worker never hears it and torch waits out its 5 s
+        join for each. Held here, outside the cycle, the queues live through it."""
+        try:
+            super()._shutdown_workers()  # type: ignore[misc]
+        finally:
+            _HELD.pop(id(self), None)
+
+
+# the index queues of the iterators started here, until they shut down (StartSafe)
+_HELD: dict[int, list[Any]] = {}
 
 
 class StartSafeIter(StartSafe, MultiProcessIter):

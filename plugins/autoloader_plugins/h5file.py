@@ -18,10 +18,16 @@ from autoloader.errors import DatasetError
 METADATA_BLOCK_BYTES = 64 * 2**10
 
 
-def h5_file(path: Path | Location, block_size: int | None = None, **options: Any) -> h5py.File:
+def h5_file(
+    path: Path | Location,
+    block_size: int | None = None,
+    known: dict[str, Any] | None = None,
+    **options: Any,
+) -> h5py.File:
     """``path`` opened by h5py for reading; a URL's through a file object of remote
     blocks (``autoloader.datasets.location.open_input``, of ``block_size`` bytes), kept
-    alive with the handle as ``f.autoloader_source``.
+    alive with the handle as ``f.autoloader_source``; ``known``: what the server said of
+    the file when the dataset opened it (``location.open_input``).
 
     Raises:
         SourceError: the server failed (down, missing, refused, lost).
@@ -29,7 +35,7 @@ def h5_file(path: Path | Location, block_size: int | None = None, **options: Any
     """
     if not isinstance(path, Location):
         return h5py.File(path, "r", **options)
-    handle = location.open_input(path, block_size)
+    handle = location.open_input(path, block_size, known)
     try:
         f = h5py.File(handle, "r", **options)
     except OSError as exc:

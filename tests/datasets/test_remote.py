@@ -419,3 +419,98 @@ def test_the_tune_plans_a_node_cache_for_a_remote_source(nginx: Server, tmp_path
     assert found.plan is not None, found.evidence
     assert found.evidence["chosen"] == "cache"
     assert found.evidence["source_seconds_per_block"] >= 0.02
+
+
+def _windowed_plan(where: Path, workers: int, block: int) -> autoloader.Plan:
+    return autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {
+                "strategy": "random",
+                "local_batch_size": 100,
+                "seed": 4,
+                "read_order": {"block": block, "window": 2 * block},
+            },
+            "cache": {"where": str(where)},
+        }
+    )
+
+
+# the messages a process's own connection costs XRootD: handshake, protocol, login and
+# the file's open (nginx: none, a connection is no request)
+_CONNECTION = {"root": 4, "http": 0}
+
+
+def _epoch_requests(server: Server, name: str, where: Path, workers: int) -> tuple[int, int]:
+    """Requests the server saw in one epoch of ``workers`` through a node cache, after the
+    dataset was opened; and the file's storage blocks."""
+    proxy = DelayProxy(server.port)
+    try:
+        dataset = autoloader.open_dataset(_url(server, proxy.port, name))
+        bounds = dataset.autoloader_blocks()
+        plan = _windowed_plan(where, workers, int(np.diff(bounds).max()))
+        loader = autoloader.DataLoader(dataset, plan=plan, adapt=False)
+        assert loader.node_cache is not None
+        proxy.reset()
+        assert sum(b.num_graphs for b in loader) == N
+        return proxy.requests, len(bounds) - 1
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("layout", list(FILES))
+def test_an_epoch_costs_one_request_per_block_and_workers_only_their_connection(
+    server: Server, tmp_path: Path, layout: str
+) -> None:
+    """Read in the training process, an epoch costs one request per storage block (HDF5
+    over HTTP: a range per column), and a chunk index node or two that opening the file
+    did not read; each worker adds only its own connection, never what
+    the dataset's opening read (a stat, a header, a footer, streamers, a chunk index):
+    counted by the server's side."""
+    kind = "http" if isinstance(server, Nginx) else "root"
+    (tmp_path / "0").mkdir()
+    (tmp_path / "2").mkdir()
+    alone, blocks = _epoch_requests(server, FILES[layout], tmp_path / "0", 0)
+    two, _ = _epoch_requests(server, FILES[layout], tmp_path / "2", 2)
+    ranges = 4 if (kind, layout) == ("http", "h5") else 1  # ev.h5's four columns
+    assert alone <= blocks * ranges + 2, (alone, blocks)
+    assert two - alone <= 2 * _CONNECTION[kind], (two, alone)
+
+
+@pytest.mark.parametrize("layout", ["root", "parquet"])
+def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
+    server: Server, data: Path, layout: str
+) -> None:
+    """What opening a file read is kept for later openings in the process, under what the
+    server said of the file: the same name with other contents is another file."""
+    suffix = ".root" if layout == "root" else ".parquet"
+    name = f"changing{suffix}"
+    write = write_root if layout == "root" else write_parquet
+    write(data / name, make_events(N, seed=5))
+    readable_by_server(data / name)
+    url = _url(server, server.port, name + ("#Events" if layout == "root" else ""))
+    first = autoloader.open_dataset(url)
+    assert len(first) == N
+    stamp = first.autoloader_source().stamp
+    write(data / name, make_events(300, seed=6))
+    os.utime(data / name, (time.time() + 60, time.time() + 60))
+    readable_by_server(data / name)
+    again = autoloader.open_dataset(url)
+    local = autoloader.open_dataset(str(data / name) + ("#Events" if layout == "root" else ""))
+    assert len(again) == 300
+    assert again.autoloader_source().stamp != stamp
+    for a, b in zip(again.__getitems__([0, 299]), local.__getitems__([0, 299]), strict=True):
+        assert torch.equal(a.x, b.x)
+
+
+def test_loaders_started_right_after_xrootd_reads_start_their_workers(xrootd: Server) -> None:
+    """A fork of a process that used XRootD was seen to hang in its fork handler: the
+    loader's workers start from a forkserver instead, loader after loader, each started
+    right after the training process read from the server."""
+    url = _url(xrootd, xrootd.port, FILES["parquet"])
+    for _ in range(4):
+        dataset = autoloader.open_dataset(url)  # XRootD in use as the workers start
+        loader = autoloader.DataLoader(dataset, batch_size=500, num_workers=2, shuffle=True)
+        assert sum(b.num_graphs for b in loader) == N
+        assert loader.multiprocessing_context.get_start_method() == "forkserver"

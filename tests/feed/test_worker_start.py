@@ -88,3 +88,48 @@ def test_a_start_that_fails_holding_a_queues_lock_raises_and_exits() -> None:
     run = run_reaped([sys.executable, "-c", LOCK_LEFT_TAKEN], timeout=60)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "raised DataLoader worker (pid 1) exited unexpectedly" in run.stdout
+
+
+# A worker's error ends the loop; the iterator, held in a reference cycle by the error's
+# traceback, is then freed by the collector. torch's wait for each worker to end is made
+# 60 s (its own is 5 s), so a worker that never hears the end shows as a minute's wait.
+ERROR_THEN_COLLECTED = textwrap.dedent(
+    """
+    import gc, time
+    import torch
+    import torch.utils.data._utils as torch_utils
+    import torch.utils.data._utils.worker as torch_worker
+    import autoloader
+
+    torch_utils.MP_STATUS_CHECK_INTERVAL = torch_worker.MP_STATUS_CHECK_INTERVAL = 60.0
+
+    class FailsLate(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            if i >= 100:
+                raise ValueError("the source is gone")
+            return i
+
+    it = iter(autoloader.DataLoader(FailsLate(), batch_size=50, num_workers=1))
+    try:
+        for _ in it:
+            pass
+    except ValueError:
+        pass
+    workers = list(it._workers)
+    start = time.monotonic()
+    del it
+    gc.collect()
+    print("ended in", round(time.monotonic() - start, 1), [w.exitcode for w in workers])
+    """
+)
+
+
+def test_workers_end_with_the_loop_that_a_worker_error_ended() -> None:
+    run = run_reaped([sys.executable, "-c", ERROR_THEN_COLLECTED], timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seconds = float(run.stdout.split("ended in ")[1].split()[0])
+    assert seconds < 30, run.stdout  # not torch's wait: the worker heard the end
+    assert run.stdout.rstrip().endswith("[0]"), run.stdout

@@ -152,7 +152,7 @@ class H5Table(BlockReader):
         self._items: tuple[np.ndarray, np.ndarray] | None = None  # each block's item range
         self._chunk_cache_bytes = _MIN_CHUNK_CACHE_BYTES
         try:
-            with h5_file(path, _metadata_blocks(path)) as f:
+            with h5_file(path, _metadata_blocks(path), self._said()) as f:
                 g = f.get(group)
                 if not isinstance(g, h5py.Group):
                     tables = find_tables(f)
@@ -279,7 +279,11 @@ class H5Table(BlockReader):
             self._h = handles.open_file(
                 self,
                 lambda: h5_file(
-                    self.path, _metadata_blocks(self.path), rdcc_nbytes=cache, rdcc_nslots=10007
+                    self.path,
+                    _metadata_blocks(self.path),
+                    self._said(),
+                    rdcc_nbytes=cache,
+                    rdcc_nslots=10007,
                 ),
                 self._release,
             )

@@ -125,7 +125,9 @@ class ParquetTable(BlockReader):
     def _open_parquet(self, pq: Any) -> Any:
         try:
             if isinstance(self.path, Location):
-                raw = location.open_input(self.path, location.METADATA_BLOCK_BYTES)
+                raw = location.open_input(
+                    self.path, location.METADATA_BLOCK_BYTES, known=self._said()
+                )
                 self._hremote = raw
                 return pq.ParquetFile(raw)
             return pq.ParquetFile(self.path)

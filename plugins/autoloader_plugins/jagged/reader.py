@@ -23,6 +23,7 @@ import numpy as np
 from autoloader.cache import CachedBlock, NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
+from autoloader.datasets.remote_file import KNOWN, file_key
 from autoloader.errors import DatasetError
 
 T = TypeVar("T")
@@ -86,6 +87,18 @@ class Reader(ABC):
     def blocks(self) -> np.ndarray:
         """Event indices where storage blocks begin, then ``len(self)``: ``[0, ..., n]``."""
 
+    def _said(self) -> dict[str, Any] | None:
+        """What the server said of a URL's file (size, modification time or ETag) when the
+        dataset opened it: asked once, by the reader's opening; a worker's reader carries
+        it, so that its openings ask nothing and read the same file's kept bytes
+        (``autoloader.datasets.remote_file``). None for a local file."""
+        if not isinstance(self.path, Location):
+            return None
+        said = self.__dict__.get("_server_said")
+        if said is None:
+            said = self._server_said = dict(location.info(self.path, "opening"))
+        return said
+
     def _io(self, doing: str, call: Callable[[], T]) -> T:
         """``call()``, retried as a remote read is where the file is remote."""
         if isinstance(self.path, Location):
@@ -109,7 +122,16 @@ class Reader(ABC):
         state = self.__dict__.copy()
         for key in [k for k in state if k.startswith("_h")]:
             state[key] = None  # library handles: each process opens its own
+        said = state.get("_server_said")
+        if said is not None:  # for a worker started anew: the metadata its opening reads
+            state["_carried"] = KNOWN.carried(file_key(str(self.path), said))
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        carried = state.pop("_carried", None)
+        self.__dict__.update(state)
+        if carried:
+            KNOWN.adopt(file_key(str(self.path), state["_server_said"]), carried)
 
 
 class BlockReader(Reader):

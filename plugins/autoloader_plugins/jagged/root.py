@@ -25,6 +25,7 @@ import numpy as np
 
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
+from autoloader.datasets.remote_file import file_key
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
@@ -97,6 +98,14 @@ def _common_entry_offsets(tree: Any, names: list[str]) -> np.ndarray:
     return np.asarray([0] if common is None else sorted(common), dtype=np.int64)
 
 
+def _counter(branch: Any) -> str | None:
+    """The name of a jagged branch's flat counter branch (``nhits``), or None."""
+    counter = getattr(branch, "count_branch", None)
+    if counter is not None and isinstance(counter.interpretation, _uproot().AsDtype):
+        return str(counter.name)
+    return None
+
+
 def _counted_by(tree: Any, branch: Any) -> str:
     """What counts a jagged branch's items, for messages: its flat counter branch
     (``nhits``), or the split object it is a member of (``Evt/mc_hits``), whose count uproot
@@ -165,8 +174,16 @@ class RootTree(BlockReader):
         path = self.path
         try:
             if isinstance(path, Location):  # uproot reads URLs through fsspec itself
+                from autoloader_plugins.jagged.root_source import KnownSource
+
+                options = location.fsspec_options(path)
+                key = file_key(path.url, self._said() or {})
                 return location.retrying(
-                    path, "opening", lambda: uproot.open(path.url, **location.fsspec_options(path))
+                    path,
+                    "opening",
+                    lambda: uproot.open(
+                        path.url, handler=KnownSource, autoloader_key=key, **options
+                    ),
                 )
             return uproot.open(path)
         except DatasetError:
@@ -341,7 +358,12 @@ class RootTree(BlockReader):
 
     def _groups(self, tree: Any, names: list[str]) -> dict[str, list[str]]:
         """Fields by collection: equal counts over the first cluster (every read checks
-        the rest), each labelled by its counter branch where the file has one."""
+        the rest), each labelled by its counter branch where the file has one. Fields
+        that all share one flat counter branch are one collection without reading any
+        (over a network, reading the first cluster of every field costs a request each)."""
+        counters = {_counter(tree[n]) for n in names}
+        if len(counters) == 1 and None not in counters:
+            return {f"counted by {counters.pop()}": list(names)}
         try:
             first = int(_common_entry_offsets(tree, names)[:2][-1])
         except Exception:

@@ -1,0 +1,38 @@
+"""uproot's fsspec source, with the single ranges it reads kept for the process.
+
+Opening a ROOT file reads the same few single ranges each time (the header, the
+directory, the streamers, the tree's own object), one request each; every worker opens
+its file again. ``KnownSource`` keeps each single range it fetched in the process's store
+of remote bytes (``autoloader.datasets.remote_file.KNOWN``, keyed by what the server said
+of the file, so a changed file is never served old bytes): an opening after the first in
+this process, and in every worker forked after it, reads them from memory. The baskets of
+a block (``chunks``, one vector read) are not kept: the block cache keeps them decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uproot
+import uproot.source.chunk
+import uproot.source.fsspec
+import uproot.source.futures
+
+from autoloader.datasets.remote_file import KNOWN, FileKey
+
+
+class KnownSource(uproot.source.fsspec.FSSpecSource):
+    """``FSSpecSource`` whose single-range reads of file ``autoloader_key`` are kept."""
+
+    def __init__(self, file_path: str, autoloader_key: FileKey, **options: Any) -> None:
+        self._key = autoloader_key
+        super().__init__(file_path, **options)
+
+    def chunk(self, start: int, stop: int) -> uproot.source.chunk.Chunk:
+        found = KNOWN.get(self._key, start, stop)
+        if found is None:
+            got = super().chunk(start, stop)
+            KNOWN.put(self._key, start, stop, bytes(got.raw_data))
+            return got
+        future = uproot.source.futures.TrivialFuture(found)
+        return uproot.source.chunk.Chunk(self, start, stop, future)
