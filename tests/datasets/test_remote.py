@@ -231,8 +231,15 @@ def test_a_server_lost_mid_epoch_ends_the_loop_naming_it(
     proxy = DelayProxy(server.port)
     try:
         dataset = autoloader.open_dataset(_url(server, proxy.port, FILES["parquet"]))
+        # spawn: a fork after XRootD's client ran can deadlock in its fork handlers, and a
+        # forkserver started earlier would not see this test's settings in its environment
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=100, num_workers=1, collate_fn=list, timeout=60
+            dataset,
+            batch_size=100,
+            num_workers=1,
+            collate_fn=list,
+            timeout=60,
+            multiprocessing_context="spawn",
         )
         it = iter(loader)
         start = time.monotonic()
