@@ -18,20 +18,14 @@ from autoloader.sizes import fingerprint, size_stats
 from autoloader.tuning.batching import BatchingChoice
 from autoloader.tuning.calibrate import Point
 from autoloader.tuning.devices import Headroom
+from autoloader.tuning.loop_stage import Trials
 from autoloader.tuning.memory_model import MemoryModel
 from autoloader.tuning.node_cache import CacheChoice
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
 from autoloader.tuning.read_order import ReadOrder
 from autoloader.tuning.reserve import reserve_table
-from autoloader.tuning.stages import (
-    Budget,
-    Placement,
-    Timings,
-    Trials,
-    WorkerStage,
-    sized_for,
-)
+from autoloader.tuning.stages import Budget, Placement, Timings, WorkerStage, sized_for
 
 
 @dataclass(frozen=True)

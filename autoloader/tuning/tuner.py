@@ -1,5 +1,6 @@
 """``autoloader.tune``: the conductor. It decides the order of the stages
-(``autoloader.tuning.stages``), each of which owns its measurement and its evidence:
+(``autoloader.tuning.stages``; the trials in ``autoloader.tuning.loop_stage``), each of
+which owns its measurement and its evidence:
 
     sizes -> headroom -> memory model -> budget -> batching -> read order -> timings -> loader
           -> trials (the plan's loop against the user's own; threads) -> node cache -> plan
@@ -19,7 +20,7 @@ import torch
 from autoloader.feed.collate import collate
 from autoloader.job.distributed import job_group
 from autoloader.plan import Plan
-from autoloader.tuning import stages
+from autoloader.tuning import loop_stage, stages
 from autoloader.tuning.collective import current_team
 from autoloader.tuning.devices import resolve_device
 from autoloader.tuning.findings import Findings, plan_of
@@ -147,7 +148,7 @@ def run(
         times = stages.timings(team, work, local)
         prefetch = stages.device_prefetch(dev, times, batching, budget.bytes)
         loader = stages.worker_search(team, work, opts, batching, times, where, prefetch)
-        tried = stages.trials(team, work, opts, model, budget.bytes, batching, loader, where)
+        tried = loop_stage.trials(team, work, opts, model, budget.bytes, batching, loader, where)
         cache = stages.node_cache(team, work, opts, batching, times, loader)
         found = Findings(
             sizes,

@@ -12,7 +12,7 @@ from hostile_data import GOOD
 
 from autoloader import DeviceError, UsageError
 from autoloader.feed.collate import collate
-from autoloader.tuning import stages
+from autoloader.tuning import loop_stage, stages
 from autoloader.tuning.collective import Solo
 from autoloader.tuning.findings import Findings, plan_of
 from autoloader.tuning.memory_model import MemoryModel
@@ -116,7 +116,7 @@ def test_the_worker_search_stage_and_the_report() -> None:
     found = stages.worker_search(Solo(), work, opts, choice, stages.Timings(), where, None)
     assert found.loader.num_workers in (0, 1) and found.max_workers == 1 and found.nodes == {}
     assert [c.workers for c in found.choice.trace] == [0, 1] and found.choice.reach is None
-    tried = stages.trials(Solo(), work, opts, model, budget.bytes, choice, found, where)
+    tried = loop_stage.trials(Solo(), work, opts, model, budget.bytes, choice, found, where)
     assert tried.threads is None  # no step: the threads are not the loop's to choose
     assert tried.comparison is not None and tried.comparison.diagnosis.kind == "loading-only"
     assert tried.comparison.baseline.settings["batch_size"] == 8
@@ -199,6 +199,6 @@ def test_the_loops_kept_as_evidence_hold_every_count_timed_with_the_step() -> No
         {"workers": 4, "seconds_per_batch": 0.040, "num_threads": 2},
         {"workers": 4, "seconds_per_batch": 0.035, "num_threads": 3},
     ]
-    assert stages._at_threads(loops, 1) == [loops[0], loops[2], loops[4]]
-    assert stages._at_threads(loops, 2) == [loops[0], loops[1], loops[3]]
-    assert stages._at_threads([], 1) == []
+    assert loop_stage._at_threads(loops, 1) == [loops[0], loops[2], loops[4]]
+    assert loop_stage._at_threads(loops, 2) == [loops[0], loops[1], loops[3]]
+    assert loop_stage._at_threads([], 1) == []
