@@ -101,7 +101,8 @@ class Guarded:
                 with _deadline(limit, -1, error=_BatchTimeout):
                     samples = many(list(_BATCH))
                 if len(samples) == len(_BATCH):
-                    return list(samples)
+                    # a list subclass as it is: its samples may be made only on first use
+                    return samples if isinstance(samples, list) else list(samples)
             except (AutoloaderError, KeyboardInterrupt):
                 raise
             except Exception:
