@@ -209,3 +209,31 @@ def test_a_field_pyg_adds_to_is_collated_by_pyg(tmp_path: Path) -> None:
     got = collate(ds.__getitems__(indices))
     assert_same_batch(got, Batch.from_data_list([ds[i] for i in indices]))
     assert got.pmt_index.tolist() == [1, 2 + 2, 3 + 2]  # PyG adds the nodes before
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_planned_loader_sends_the_batch_of_the_events_with_the_node_cache(
+    specs: dict[str, str], tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unexpected(self: LazySamples) -> list[Any]:
+        raise AssertionError("a batch's events were made")
+
+    monkeypatch.setattr(LazySamples, "_items", unexpected)  # forked workers inherit it
+    plan = autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 24, "seed": 2},
+            "cache": {"where": str(tmp_path)},
+        }
+    )
+    loader = autoloader.DataLoader(autoloader.open_dataset(specs["sqlite"]), plan=plan, adapt=False)
+    assert loader.node_cache is not None
+    alone = autoloader.open_dataset(specs["sqlite"])
+    seen = []
+    for batch in loader:
+        indices = (batch.energy / 2.5).long().tolist()  # event i has energy 2.5 i
+        assert_same_batch(batch, Batch.from_data_list([alone[i] for i in indices]))
+        seen.extend(indices)
+    assert sorted(seen) == list(range(N))
+    assert loader.node_cache.tally.total().misses > 0  # the blocks came through it
