@@ -93,7 +93,8 @@ class EventColumns:
         for attr, value in zip(self.attrs, self.values, strict=True):
             store[attr] = torch.from_numpy(np.ascontiguousarray(value[order]))
             slices[attr], incs[attr] = torch.arange(n + 1), zeros.clone()
-        store["batch"] = torch.repeat_interleave(torch.arange(n), sizes)
+        # numpy's repeat: torch's repeat_interleave took ~6 ms a batch of 64 on 2 loaded CPUs
+        store["batch"] = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), counts))
         store["ptr"] = _with_zero(sizes)
         out._num_graphs = n
         out._slice_dict = slices
