@@ -196,6 +196,17 @@ def test_a_users_collate_and_a_transform_get_the_events(specs: dict[str, str]) -
     assert got.num_graphs == 3 and torch.equal(got.doubled, got.x * 2)
 
 
+def test_the_tuners_guarded_reads_keep_the_list_unmade(specs: dict[str, str]) -> None:
+    from autoloader.datasets.reads import Guarded, NamedCollate
+
+    guarded = Guarded(autoloader.open_dataset(specs["merged"]), timeout=30.0)
+    samples = guarded.__getitems__([5, 1, 5])
+    assert isinstance(samples, LazySamples) and not samples.made
+    got = NamedCollate(collate)(samples)
+    assert not samples.made
+    assert_same_batch(got, Batch.from_data_list([guarded[i] for i in (5, 1, 5)]))
+
+
 def test_a_field_pyg_adds_to_is_collated_by_pyg(tmp_path: Path) -> None:
     counts = np.array([2, 0, 3])
     db = write_graphnet_db(tmp_path / "g.db", counts)
