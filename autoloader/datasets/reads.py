@@ -91,7 +91,8 @@ class Guarded:
         A dataset with its own ``__getitems__`` (a jagged table reads a batch with one read
         per column) is read that way, as torch's fetcher reads it in training, under a
         deadline of ``timeout`` per sample; where that fails or hangs, the samples are read
-        one at a time, which names the one at fault."""
+        one at a time, which names the one at fault. A list it returns is passed on as it
+        is (``LazySamples``: the collate builds their batch without making them)."""
         global _BATCH
         _BATCH = list(indices)
         many = getattr(self.dataset, "__getitems__", None)
@@ -101,7 +102,8 @@ class Guarded:
                 with _deadline(limit, -1, error=_BatchTimeout):
                     samples = many(list(_BATCH))
                 if len(samples) == len(_BATCH):
-                    return list(samples)
+                    # a list subclass as it is: its samples may be made only on first use
+                    return samples if isinstance(samples, list) else list(samples)
             except (AutoloaderError, KeyboardInterrupt):
                 raise
             except Exception:

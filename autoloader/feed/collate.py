@@ -4,7 +4,9 @@
 into a ``torch_geometric.data.Batch``; everything else is exactly ``default_collate``.
 PyG is imported only where a sample can hold a PyG object: a process in which
 ``torch_geometric`` was never imported has none (unpickling one in a spawned worker
-imports it first). Module-level functions only, so worker processes can pickle them.
+imports it first). A batch of ``LazySamples`` that no one looked at is built by the
+dataset that read it, from its columns: the batch these functions would make of its
+samples. Module-level functions only, so worker processes can pickle them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from typing import Any
 
 from autoloader.compat import default_collate_fn_map, torch_collate
+from autoloader.feed.lazy import LazySamples
 
 
 def _collate_graphs(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
@@ -31,6 +34,8 @@ def _graph_map() -> dict[Any, Any]:
 
 def collate(batch: list[Any]) -> Any:
     """``default_collate``, extended so that PyG graphs form a PyG ``Batch``."""
+    if isinstance(batch, LazySamples) and not batch.made and len(batch):
+        return batch.direct_batch()
     if "torch_geometric" not in sys.modules:
         return torch_collate(batch, collate_fn_map=default_collate_fn_map)
     return torch_collate(batch, collate_fn_map=_graph_map())

@@ -5,7 +5,9 @@ holds the chosen per-item fields in the order given, the per-event fields ride a
 0-d tensors of their own dtype. Sizes are arithmetic on the extents (no payload is read),
 and a batch is read with ``__getitems__`` (which torch's fetcher calls with a batch's
 indices): its events are sorted and each file reads them together, one contiguous read per
-run of neighbouring events and column, never one read per event per column.
+run of neighbouring events and column, never one read per event per column. The batch's
+``Data`` are made only if something looks at them: the default collate builds the
+``Batch`` from the columns read (``batch.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from autoloader.cache import NodeCache
@@ -28,6 +29,7 @@ from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
 from autoloader_plugins.jagged import handles
+from autoloader_plugins.jagged.batch import EventColumns, collates_directly
 from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Reader
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
@@ -61,6 +63,7 @@ class JaggedEvents(Dataset):
         self.counts = np.concatenate([np.diff(r.offsets) for r in readers]).astype(np.int64)
         self.width = first.width
         self.attrs = _attribute_names(spec, first.event_fields)
+        self.direct = collates_directly(self.attrs)
         values = [r.event_values() for r in readers]
         self.event_values = {
             name: _torch_friendly(np.concatenate([v[name] for v in values]))
@@ -77,9 +80,16 @@ class JaggedEvents(Dataset):
         return int(self.starts[-1])
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        return self._columns([index]).events()[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The events at ``indices``, read together: a list whose ``Data`` are made on
+        first use, and that the default collate turns into their ``Batch`` straight from
+        the columns read (``autoloader_plugins.jagged.batch``)."""
+        columns = self._columns(indices)
+        return columns.samples() if self.direct else columns.events()
+
+    def _columns(self, indices: Sequence[int]) -> EventColumns:
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         bad = (wanted < -n) | (wanted >= n)
@@ -87,9 +97,10 @@ class JaggedEvents(Dataset):
             raise IndexError(f"index {int(wanted[bad][0])} is out of range for {n} events")
         wanted = np.where(wanted < 0, wanted + n, wanted)
         unique, inverse = np.unique(wanted, return_inverse=True)
-        events = [self._events(unique, k, rows) for k, rows in self._read(unique)]
-        made = [e for part in events for e in part]
-        return [made[j] for j in inverse.reshape(-1)]
+        parts = [self._checked(unique, k, rows) for k, rows in self._read(unique)]
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        values = [v[unique] for v in self.event_values.values()]
+        return EventColumns(rows, self.counts[unique], inverse.reshape(-1), values, self.attrs)
 
     def _read(self, unique: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Per file touched: (file number, the rows of its events in ``unique``)."""
@@ -100,29 +111,16 @@ class JaggedEvents(Dataset):
             out.append((int(k), self.readers[k].read(local, self.cache)))
         return out
 
-    def _events(self, unique: np.ndarray, k: int, rows: np.ndarray) -> list[Any]:
+    def _checked(self, unique: np.ndarray, k: int, rows: np.ndarray) -> np.ndarray:
+        """``rows`` of file ``k``, as many as its events in ``unique`` have."""
         mine = unique[(unique >= self.starts[k]) & (unique < self.starts[k + 1])]
-        counts = self.counts[mine]
-        if int(counts.sum()) != len(rows):  # a reader's own check should have said
+        expected = int(self.counts[mine].sum())
+        if expected != len(rows):  # a reader's own check should have said
             raise DatasetError(
                 f"DATASET '{self.spec}': {self.readers[k].path}: read {len(rows)} items for "
-                f"events {int(mine[0])}..{int(mine[-1])}, expected {int(counts.sum())}"
+                f"events {int(mine[0])}..{int(mine[-1])}, expected {expected}"
             )
-        from torch_geometric.data import Data  # imported as the dataset opened
-
-        # each per-event field as one tensor for the batch, unbound into its events' 0-d
-        # tensors: one conversion per field, not one per event and field (~3 us each)
-        values = [
-            torch.from_numpy(np.ascontiguousarray(v[mine])).unbind()
-            for v in self.event_values.values()
-        ]
-        out = []
-        for j, x in enumerate(np.split(rows, np.cumsum(counts)[:-1])):
-            data = Data(x=torch.from_numpy(np.ascontiguousarray(x).copy()), num_nodes=len(x))
-            for attr, value in zip(self.attrs, values, strict=True):
-                data[attr] = value[j]
-            out.append(data)
-        return out
+        return rows
 
     def autoloader_sizes(self) -> np.ndarray:
         """Bytes per event from the extents alone: items x fields x 4, plus the per-event

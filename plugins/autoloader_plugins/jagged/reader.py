@@ -154,27 +154,32 @@ class BlockReader(Reader):
         """Rows of events ``start:stop`` as ``[items, width]`` float32."""
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
-        bounds = self.blocks()
-        counts = self.offsets[events + 1] - self.offsets[events]
-        out = np.empty((int(counts.sum()), self.width), dtype=np.float32)
+        bounds, offsets, width = self.blocks(), self.offsets, self.width
+        firsts, lasts = offsets[events], offsets[events + 1]
+        out = np.empty((int((lasts - firsts).sum()), width), dtype=np.float32)
         block_of = np.searchsorted(bounds, events, side="right") - 1
+        # events are sorted: each block's are one run of them
+        heads = np.flatnonzero(np.diff(block_of, prepend=-1))
         row = 0
-        for b in np.unique(block_of):
+        for head, tail in zip(heads.tolist(), [*heads[1:].tolist(), len(events)], strict=True):
+            b = int(block_of[head])
             start, stop = int(bounds[b]), int(bounds[b + 1])
-            shape = (int(self.offsets[stop] - self.offsets[start]), self.width)
+            base = int(offsets[start])
+            shape = (int(offsets[stop]) - base, width)
             key = (self.path, self.name, start)
-            rows = cache.get(key, self._read_block, start, stop, shape=shape)
-            mine = events[block_of == b]
-            base = self.offsets[start]
-            firsts, lasts = self.offsets[mine] - base, self.offsets[mine + 1] - base
-            if isinstance(rows, CachedBlock):  # each event's rows read into the batch
-                for a, z in zip(firsts.tolist(), lasts.tolist(), strict=True):
-                    rows.read_into(out[row : row + z - a], a, z)
+            found = cache.get(key, self._read_block, start, stop, shape=shape)
+            spans = zip(firsts[head:tail].tolist(), lasts[head:tail].tolist(), strict=True)
+            if isinstance(found, CachedBlock):  # each event's rows read into the batch
+                for a, z in spans:
+                    found.read_into(out[row : row + z - a], a - base, z - base)
                     row += z - a
                 continue
-            index = ranges_index(firsts, lasts)
-            out[row : row + len(index)] = rows[index]
-            row += len(index)
+            # a plain view of what the cache holds
+            rows = np.asarray(found)
+            # a batch holds few events of a block: one slice copy each, not a gather index
+            for a, z in spans:
+                out[row : row + z - a] = rows[a - base : z - base]
+                row += z - a
         return out
 
 
