@@ -255,6 +255,9 @@ def _broken(tmp_path: Path, case: str) -> str:
     if case == "null_key":
         pq.write_table(pa.table({"event_no": pa.array([1, None, 1]), "q": [1.0, 2.0, 3]}), path)
         return str(path)
+    if case == "float_key":  # pandas writes a key column holding a NaN as doubles
+        pq.write_table(pa.table({"event_no": [0.0, 0.0, 1.5], "q": [1.0, 2.0, 3.0]}), path)
+        return str(path)
     if case == "text_field":
         pq.write_table(pa.table({"event_no": [1, 1], "q": [1.0, 2], "tag": ["a", "b"]}), path)
         return f"{path}?fields=q,tag"
@@ -291,6 +294,8 @@ BAD = {
     r"name the key with '\?key=COLUMN'$",
     "null_key": r"bad\.parquet': bad\.parquet: key column 'event_no' is null in 1 rows: "
     r"expected a key in every row$",
+    "float_key": r"bad\.parquet': bad\.parquet: key column 'event_no' holds 1\.5 \(float\): "
+    r"expected integers$",
     "text_field": r"bad\.parquet': field 'tag' cannot be read: string: not numbers$",
     "events_not_unique": r"m#total\?events=truth': table 'truth': key 0 is in 2 rows: expected "
     r"one row per event \(unique 'event_no'\)$",
