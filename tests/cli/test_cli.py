@@ -269,6 +269,17 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in text
 
 
+def test_tune_help_names_the_keyed_tables_and_urls(capsys: pytest.CaptureFixture[str]) -> None:
+    """What the plugins open, as docs/graphnet.md and docs/remote.md name it: GraphNeT's
+    SQLite and Parquet tables and files on servers are DATASETs too."""
+    assert main(["tune", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for spec in ("DB.db[#TABLE]", "DIR#TABLE", "FILE.parquet#COLUMN", "?key=", "?events=TABLE2"):
+        assert spec in text, spec
+    for url in ("root://HOST//PATH", "https://HOST/PATH"):
+        assert url in text, url
+
+
 @pytest.mark.slow
 def test_python_dash_m_and_sigterm_leave_no_partial_plan(tmp_path: Path) -> None:
     out = tmp_path / "plan.toml"

@@ -255,6 +255,9 @@ def _broken(tmp_path: Path, case: str) -> str:
     if case == "null_key":
         pq.write_table(pa.table({"event_no": pa.array([1, None, 1]), "q": [1.0, 2.0, 3]}), path)
         return str(path)
+    if case == "float_key":  # pandas writes a key column holding a NaN as doubles
+        pq.write_table(pa.table({"event_no": [0.0, 0.0, 1.5], "q": [1.0, 2.0, 3.0]}), path)
+        return str(path)
     if case == "text_field":
         pq.write_table(pa.table({"event_no": [1, 1], "q": [1.0, 2], "tag": ["a", "b"]}), path)
         return f"{path}?fields=q,tag"
@@ -291,6 +294,8 @@ BAD = {
     r"name the key with '\?key=COLUMN'$",
     "null_key": r"bad\.parquet': bad\.parquet: key column 'event_no' is null in 1 rows: "
     r"expected a key in every row$",
+    "float_key": r"bad\.parquet': bad\.parquet: key column 'event_no' holds 1\.5 \(float\): "
+    r"expected integers$",
     "text_field": r"bad\.parquet': field 'tag' cannot be read: string: not numbers$",
     "events_not_unique": r"m#total\?events=truth': table 'truth': key 0 is in 2 rows: expected "
     r"one row per event \(unique 'event_no'\)$",
@@ -345,3 +350,48 @@ def test_planned_loader_gives_the_same_batches_with_0_and_2_workers(
         np.testing.assert_array_equal(x0, x2)
     energies = np.concatenate([e for e, _ in got[0]])
     np.testing.assert_array_equal(np.sort(energies), np.arange(N) * 2.5)
+
+
+@pytest.mark.parametrize("kind", ["http", "root"])
+def test_an_events_table_beside_a_file_on_a_server_reads_as_the_local_one(
+    kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``URL?events=TABLE`` looks beside the file on the server, as beside a local file:
+    ``TABLE/`` shards where the protocol lists (XRootD), ``TABLE.parquet`` on both."""
+    pytest.importorskip("aiohttp" if kind == "http" else "fsspec_xrootd")
+    import shutil
+    import tempfile
+
+    from remote_servers import Nginx, XRootD, readable_by_server
+
+    why = (Nginx if kind == "http" else XRootD).available()
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = Path(tempfile.mkdtemp(prefix="autoloader-served-"))  # the server's user reads it
+    root.chmod(0o755)
+    keys = np.repeat(np.arange(40, dtype=np.int64), np.arange(40) % 5)
+    pq.write_table(pa.table({"event_no": keys, "q": keys * 1.5}), root / "pulses.parquet")
+    truth = pa.table({"event_no": np.arange(40)[::-1].copy(), "e": np.arange(40.0)})
+    pq.write_table(truth, root / "mc.parquet")
+    (root / "truth").mkdir()
+    for i in (0, 1):
+        pq.write_table(truth.slice(20 * i, 20), root / "truth" / f"truth_{i}.parquet")
+    for p in [root, *root.rglob("*")]:
+        readable_by_server(p)
+    server = (Nginx if kind == "http" else XRootD)(root).start()
+    try:
+        base = server.url()  # root://HOST:PORT/ (a path after it begins //), http://HOST:PORT
+        for table in ["mc", "truth"] if kind == "root" else ["mc"]:
+            query = f"pulses.parquet?events={table}&event_fields=e"
+            remote = autoloader.open_dataset(f"{base}/{query}")
+            local = autoloader.open_dataset(f"{root}/{query}")
+            assert len(remote) == len(local) == 40  # events without pulses too
+            every = list(range(40))
+            for a, b in zip(remote.__getitems__(every), local.__getitems__(every), strict=True):
+                assert a.x.tolist() == b.x.tolist() and a.e.item() == b.e.item()
+        with pytest.raises(DatasetError, match=r"no table 'nope' beside the table on the server"):
+            autoloader.open_dataset(f"{base}/pulses.parquet?events=nope")
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -184,6 +184,49 @@ def test_typeless_columns_of_integers_then_reals_read_whole(tmp_path: Path, fetc
     assert ds[3].x.tolist() == [[3.0], [3.0]] and np.isnan(ds[3].e.item())
 
 
+@pytest.mark.parametrize("value", ["x", "1.5", b"\x00\x01"])
+@pytest.mark.parametrize("rows", [3_000, 70_000])
+def test_text_past_the_first_rows_of_a_typeless_field_is_refused_not_read_as_zero(
+    tmp_path: Path, fetch: str, value: str | bytes, rows: int
+) -> None:
+    """The field's kind is told by its first rows; a text or blob value further on is not
+    a number (SQLite's CAST would read 'x' as 0.0 and '1.5' as 1.5), in the middle of a
+    block (3,000 rows, one block) or in the first rows of one (70,000 rows, every row from
+    the 60,000th: ADBC types the later block's column as text)."""
+    path = tmp_path / "text.db"
+    events = rows // 2
+    with sqlite3.connect(path) as con:
+        con.executescript(graphnet_ddl("pulses", ["event_no", "q"], truth=False))
+        table: list[tuple[int, object]] = [(e, float(e)) for e in range(events) for _ in range(2)]
+        bad = range(2801, 2802) if rows == 3_000 else range(60_000, rows)
+        table[bad.start : bad.stop] = [(table[r][0], value) for r in bad]
+        con.executemany("INSERT INTO pulses VALUES (?, ?)", table)
+    con.close()
+    ds = autoloader.open_dataset(f"{path}#pulses")
+    assert ds.fields == ["q"]
+    last = list(range(events - 20, events))
+    with pytest.raises(DatasetError, match=r"text\.db#pulses': field 'q' is NULL or not a number"):
+        ds.__getitems__(last)
+
+
+def test_text_in_an_event_field_past_its_first_rows_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_db(tmp_path / "truthtext.db", np.full(1500, 2))
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE truth SET energy = 'high' WHERE event_no = 1200")
+    con.close()
+    spec = f"{path}#pulses?events=truth&event_fields=energy"
+    expected = (
+        r"truthtext\.db#pulses\?events=truth': table 'truth': field "
+        r"'energy' holds 'high' \(text\) for key 1200: expected numbers$"
+    )
+    with pytest.raises(DatasetError, match=expected):
+        autoloader.open_dataset(spec)
+    line = refused(capsys, spec, "--global-batch-size", "2")
+    assert line.startswith("autoloader: error: DATASET ") and re.search(expected, line), line
+
+
 def test_a_table_without_rowid_is_read_by_key(tmp_path: Path, fetch: str) -> None:
     path = tmp_path / "norowid.db"
     with sqlite3.connect(path) as con:

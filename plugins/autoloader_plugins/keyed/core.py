@@ -182,8 +182,9 @@ def as_keys(values: np.ndarray, where: str, table: str, key: str) -> np.ndarray:
         bad = values[~ints][0]
     else:
         bad = values[0].item() if len(values) else values.dtype
+    named = f"table '{table}': " if table else ""  # a Parquet file's table has no name
     raise DatasetError(
-        f"{where}: table '{table}': key column '{key}' holds {bad!r} "
+        f"{where}: {named}key column '{key}' holds {bad!r} "
         f"({type(bad).__name__}): expected integers"
     )
 

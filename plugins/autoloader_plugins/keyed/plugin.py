@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.events import JaggedEvents
@@ -153,6 +154,8 @@ def _events_files(spec: JaggedSpec, where: Path, name: str) -> list[Path] | None
     """The files of ``?events=TABLE``: a table directory (or file) beside the table."""
     if spec.events is None:
         return None
+    if spec.remote:
+        return _events_on_server(spec)
     base = where if name else where.parent
     for candidate in (base / spec.events, base / f"{spec.events}.parquet"):
         if candidate.is_dir() and parquet.shards(candidate):
@@ -163,6 +166,24 @@ def _events_files(spec: JaggedSpec, where: Path, name: str) -> list[Path] | None
     raise DatasetError(
         f"DATASET '{spec.text}': no table '{spec.events}' beside the table in '{base}': found "
         f"{', '.join(tables) or 'none'}"
+    )
+
+
+def _events_on_server(spec: JaggedSpec) -> list[Path]:
+    """``?events=TABLE`` beside a file on a server: ``TABLE/``'s Parquet files (where the
+    protocol lists directories), else ``TABLE.parquet``."""
+    head = spec.path.rpartition("/")[0]
+    for url in (f"{head}/{spec.events}/*.parquet", f"{head}/{spec.events}.parquet"):
+        try:
+            found = location.glob(location.parse_url(url))
+            if not found[0].has_glob():
+                location.info(found[0])  # it is there
+        except DatasetError:
+            continue
+        return sorted(_paths(found), key=parquet.natural)
+    raise DatasetError(
+        f"DATASET '{spec.text}': no table '{spec.events}' beside the table on the server: "
+        f"found neither {head}/{spec.events}/*.parquet nor {head}/{spec.events}.parquet"
     )
 
 

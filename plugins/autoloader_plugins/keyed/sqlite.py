@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged.reader import Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 from autoloader_plugins.keyed.core import KeyedTable, Spans, align, as_keys, key_order
-from autoloader_plugins.keyed.sqlite_db import adbc, connect, quote_name, read_error
+from autoloader_plugins.keyed.sqlite_db import (
+    ARROW_NUMBERS,
+    adbc,
+    as_number,
+    connect,
+    quote_name,
+    read_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -267,11 +275,28 @@ class SqliteTable(KeyedTable):
                 f"{where}: table '{events}': key column '{self.key}' is NULL in some rows: "
                 "expected a key in every row"
             )
+        self._numbers_only(events, chosen, where)
         cols = ", ".join([q, *(quote_name(c) for c in chosen)])
         data = self._arrays(f"SELECT {cols} FROM {t} ORDER BY {q}", 1 + len(chosen))
         self.event_fields = chosen
         self._values = dict(zip(chosen, data[1:], strict=True))
         return as_keys(data[0], where, events, self.key)
+
+    def _numbers_only(self, table: str, columns: Sequence[str], where: str) -> None:
+        """Refuse a text or blob value anywhere in ``columns`` (their kind was told by
+        their first rows; NULL is allowed: nan)."""
+        q, t = quote_name(self.key), quote_name(table)
+        for c in columns:
+            found = self._run(
+                f"SELECT {q}, {quote_name(c)}, typeof({quote_name(c)}) FROM {t} WHERE "
+                f"typeof({quote_name(c)}) NOT IN ('integer', 'real', 'null') LIMIT 1"
+            )
+            if found:
+                key, value, kind = found[0]
+                raise DatasetError(
+                    f"{where}: table '{table}': field '{c}' holds {value!r} ({kind}) for key "
+                    f"{key!r}: expected numbers"
+                )
 
     def _arrays(self, sql: str, width: int) -> list[np.ndarray]:
         """A statement's columns as arrays (NULLs among numbers as nan), through the
@@ -325,22 +350,19 @@ class SqliteTable(KeyedTable):
         wanted, expected, out = self._block_start(start, stop)
         if expected == 0:
             return out
-        cols = ", ".join(
-            [
-                f"CAST({quote_name(self.key)} AS INTEGER)",
-                *(f"CAST({quote_name(f.name)} AS REAL)" for f in self.fields),
-            ]
-        )
+        key = f"CAST({quote_name(self.key)} AS INTEGER)"
+        raw = ", ".join([key, *(quote_name(f.name) for f in self.fields)])
+        checked = ", ".join([key, *(as_number(f.name) for f in self.fields)])
         t, q = quote_name(self.name), quote_name(self.key)
         lo, hi = self.spans.span(start, stop)
         if self._rowid and hi >= 0 and not self.spans.scattered(start, stop):
-            sql = f"SELECT {cols} FROM {t} WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
+            rows = f"FROM {t} WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
             params: tuple[Any, ...] = (lo, hi)
         else:  # by key, through its index: ordered by key, then by rowid
             then = ", rowid" if self._rowid else ""
-            sql = f"SELECT {cols} FROM {t} WHERE {q} BETWEEN ? AND ? ORDER BY {q}{then}"
+            rows = f"FROM {t} WHERE {q} BETWEEN ? AND ? ORDER BY {q}{then}"
             params = (int(wanted[0]), int(wanted[-1]))
-        columns = self._fetch(sql, params)
+        columns = self._fetch(f"SELECT {raw} {rows}", f"SELECT {checked} {rows}", params)
         order = key_order(columns[0], wanted)
         if len(order) != expected:
             raise DatasetError(
@@ -358,9 +380,17 @@ class SqliteTable(KeyedTable):
             fill(out, col, values[order].reshape(-1, 1))
         return out
 
-    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[np.ndarray]:
-        """The statement's columns as arrays: key int64, fields float64 (NULL as nan)."""
-        table = self._columnar_table(self._columnar(), sql, params)
+    def _fetch(self, raw: str, checked: str, params: tuple[Any, ...]) -> list[np.ndarray]:
+        """The statement's columns as arrays: key int64, fields float64 (NULL, text and
+        blobs as nan). Through ADBC the fields are fetched as stored (its cheapest) where
+        they arrive as numbers, else again through ``as_number``'s check (a column of
+        integers, then reals; text)."""
+        con = self._columnar()
+        table = self._columnar_table(con, raw, params)
+        if table is not None and any(str(c.type) not in ARROW_NUMBERS for c in table.columns):
+            table = None  # text in the block's first rows: ADBC typed the column string
+        if table is None:
+            table = self._columnar_table(con, checked, params)
         if table is not None:
             return [
                 table.column(i).to_numpy()
@@ -368,7 +398,7 @@ class SqliteTable(KeyedTable):
                 else table.column(i).cast("double").fill_null(float("nan")).to_numpy()
                 for i in range(table.num_columns)
             ]
-        rows = self._run(sql, params)
+        rows = self._run(checked, params)
         width = 1 + len(self.fields)
         if not rows:
             return [np.zeros(0, np.int64)] + [np.zeros(0)] * (width - 1)

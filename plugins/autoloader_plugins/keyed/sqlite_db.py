@@ -78,3 +78,14 @@ def read_error(path: Path, table: str, exc: Exception) -> DatasetError:
         why = text
     where = f"table '{table}': " if table else ""
     return DatasetError(f"DATASET '{path}': {where}cannot read: {why}")
+
+
+ARROW_NUMBERS = ("int64", "double", "null")  # the Arrow types ADBC's driver gives numbers
+
+
+def as_number(column: str) -> str:
+    """A column's value as a REAL, NULL where it is no number: SQLite's own CAST reads
+    text as its numeric prefix ('x' as 0.0), which a typeless column may hold past the
+    first rows that told its kind."""
+    c = quote_name(column)
+    return f"CASE typeof({c}) WHEN 'real' THEN {c} WHEN 'integer' THEN CAST({c} AS REAL) END"
