@@ -26,10 +26,14 @@ from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import drop_stdout, printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
 
-# Warnings other packages raise while they import, which a user of the command line can
-# do nothing about: torch 2.14 deprecates torch.jit.script, which PyG's nn package calls
-# at import, so every command that opens a graph dataset would print it.
-THIRD_PARTY_NOISE = (r"`torch\.jit\.script` is deprecated",)
+# Warnings other packages raise, which a user of the command line can do nothing about:
+# torch 2.14 deprecates torch.jit.script, which PyG's nn package calls at import, so every
+# command that opens a graph dataset would print it; XRootD's client, finalised at exit,
+# walks modules' attributes and touches torch.distributed.reduce_op, after any root:// read.
+THIRD_PARTY_NOISE = (
+    r"`torch\.jit\.script` is deprecated",
+    r"`torch\.distributed\.reduce_op` is deprecated",
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -110,6 +114,11 @@ def build_parser() -> Parser:
     return parser
 
 
+def _quiet_third_parties() -> None:
+    for message in THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
@@ -121,10 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     logger = logging.getLogger("autoloader")
     level = logger.level  # --verbose sets it for the run; called in a program, it goes back
+    if program:  # for the whole process: some are raised at its exit
+        _quiet_third_parties()
     with interrupts.handled(for_the_process=program) as signals, warnings.catch_warnings():
         # first: a signal during the imports is a stop
-        for message in THIRD_PARTY_NOISE:
-            warnings.filterwarnings("ignore", message=message)
+        _quiet_third_parties()
         try:
             status = _run(argv, signals)
         except KeyboardInterrupt:  # landed as _run returned, or inside its error handling

@@ -332,6 +332,15 @@ def test_tune_names_a_server_that_is_down(monkeypatch: pytest.MonkeyPatch) -> No
     ), done.stderr
 
 
+def test_an_error_on_a_root_url_is_one_line_and_nothing_at_exit(xrootd: Server) -> None:
+    """XRootD's client, finalised at exit, touched a deprecated torch attribute: a
+    FutureWarning followed the error line."""
+    done = run_cli("tune", _url(xrootd, xrootd.port, "events.db#pulses"), "-o", "-")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "an SQLite database cannot be read from" in line
+
+
 def test_a_nugraph_file_reads_from_a_server(xrootd: Server, data: Path) -> None:
     from autoloader.demo.nugraph import generate_nugraph
 
