@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import run_cli
@@ -530,3 +532,43 @@ def test_loaders_started_right_after_xrootd_reads_start_their_workers(xrootd: Se
         loader = autoloader.DataLoader(dataset, batch_size=500, num_workers=2, shuffle=True)
         assert sum(b.num_graphs for b in loader) == N
         assert loader.multiprocessing_context.get_start_method() == "forkserver"
+
+
+@pytest.mark.parametrize("kind", ["http", "root"])
+def test_an_events_table_beside_a_file_on_a_server_reads_as_the_local_one(
+    kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """(GraphNeT's keyed Parquet.) ``URL?events=TABLE`` looks beside the file on the server, as beside a local file:
+    ``TABLE/`` shards where the protocol lists (XRootD), ``TABLE.parquet`` on both."""
+    pytest.importorskip("aiohttp" if kind == "http" else "fsspec_xrootd")
+    why = (Nginx if kind == "http" else XRootD).available()
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = Path(tempfile.mkdtemp(prefix="autoloader-served-"))  # the server's user reads it
+    root.chmod(0o755)
+    keys = np.repeat(np.arange(40, dtype=np.int64), np.arange(40) % 5)
+    pq.write_table(pa.table({"event_no": keys, "q": keys * 1.5}), root / "pulses.parquet")
+    truth = pa.table({"event_no": np.arange(40)[::-1].copy(), "e": np.arange(40.0)})
+    pq.write_table(truth, root / "mc.parquet")
+    (root / "truth").mkdir()
+    for i in (0, 1):
+        pq.write_table(truth.slice(20 * i, 20), root / "truth" / f"truth_{i}.parquet")
+    for p in [root, *root.rglob("*")]:
+        readable_by_server(p)
+    server = (Nginx if kind == "http" else XRootD)(root).start()
+    try:
+        base = server.url()  # root://HOST:PORT/ (a path after it begins //), http://HOST:PORT
+        for table in ["mc", "truth"] if kind == "root" else ["mc"]:
+            query = f"pulses.parquet?events={table}&event_fields=e"
+            remote = autoloader.open_dataset(f"{base}/{query}")
+            local = autoloader.open_dataset(f"{root}/{query}")
+            assert len(remote) == len(local) == 40  # events without pulses too
+            every = list(range(40))
+            for a, b in zip(remote.__getitems__(every), local.__getitems__(every), strict=True):
+                assert a.x.tolist() == b.x.tolist() and a.e.item() == b.e.item()
+        with pytest.raises(DatasetError, match=r"no table 'nope' beside the table on the server"):
+            autoloader.open_dataset(f"{base}/pulses.parquet?events=nope")
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
