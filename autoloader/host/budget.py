@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autoloader.feed.depth import depth_of
 from autoloader.host import available_memory, worker_memory_budget
 from autoloader.launch import local_world_size
-from autoloader.loader.settings import depth_of
 from autoloader.units import format_bytes
 
 SHM_PATH = Path("/dev/shm")

@@ -25,7 +25,7 @@ import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoloader.loader.settings import depth_of
+from autoloader.feed.depth import depth_of
 from autoloader.units import format_bytes
 
 FILES_PER_WORKER = 4  # its index queue's pipe and its sentinel pipe, both ends kept

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from autoloader.feed.depth import depth_of
 from autoloader.host.budget import HostBudget
-from autoloader.loader.settings import depth_of
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")

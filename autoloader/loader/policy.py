@@ -23,12 +23,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from autoloader.feed.depth import DEFAULT_PREFETCH
 from autoloader.loader.caps import Limits, within_caps
 from autoloader.loader.decisions import Adaptation, Because, Cause, Declined
 from autoloader.loader.loading import SPAN, Loading, slower
 from autoloader.loader.measures import MIN_BATCHES, MIN_WINDOW, EpochMeasure, others_moved, whole
 from autoloader.loader.raises import RaiseSearch
-from autoloader.loader.settings import DEFAULT_PREFETCH, Settings
+from autoloader.loader.settings import Settings
 from autoloader.loader.trials import (
     MIN_REFERENCE,
     TRIAL_BATCHES,

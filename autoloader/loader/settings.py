@@ -17,13 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoloader.feed.depth import depth_of
+
 SETTINGS = ("num_workers", "prefetch_factor", "device_prefetch")  # the settings that move
-DEFAULT_PREFETCH = 2  # torch's prefetch_factor with workers, where none is given
-
-
-def depth_of(prefetch: int | None) -> int:
-    """The batches each worker keeps in flight for ``prefetch_factor`` ``prefetch``."""
-    return DEFAULT_PREFETCH if prefetch is None else int(prefetch)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from autoloader._version import __version__
-from autoloader.loader.settings import depth_of
+from autoloader.feed.depth import depth_of
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
 from autoloader.plan.evidence import gpus_table, memory_table, ranks_table, tuning_table
 from autoloader.samplers import make_sampler

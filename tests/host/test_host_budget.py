@@ -55,11 +55,11 @@ def test_an_unset_prefetch_is_the_loaders_one_effective_depth(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The shared memory and the open files a worker count needs read the depth of an
-    unset ``prefetch_factor`` where the loader's settings define it, not a copy of it."""
+    unset ``prefetch_factor`` where it is defined (``feed.depth``), not a copy of it."""
+    from autoloader.feed import depth
     from autoloader.host.limits import FILES_PER_WORKER, ProcessLimits
-    from autoloader.loader import settings
 
-    monkeypatch.setattr(settings, "DEFAULT_PREFETCH", 3)
+    monkeypatch.setattr(depth, "DEFAULT_PREFETCH", 3)
     b = budget(256 * MiB)
     assert b.shm_need(2, None, 8 * MiB) == (2 * 3 + 2) * 8 * MiB
     assert b.shm_refuses(2, None, 32 * MiB) == (
