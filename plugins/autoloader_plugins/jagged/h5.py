@@ -30,7 +30,6 @@ from typing import Any
 import h5py
 import numpy as np
 
-from autoloader.cache import CachedBlock
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
@@ -41,6 +40,7 @@ from autoloader_plugins.jagged.reader import (
     BlockReader,
     Field,
     as_rows,
+    copy_runs,
     fill,
     ranges_index,
     runs,
@@ -333,12 +333,8 @@ class H5Table(BlockReader):
                 alone[lo:hi] = True
                 continue
             rows = cache.get(key, self._read_items, a, z, shape=(z - a, self.width))
-            if isinstance(rows, CachedBlock):  # read from its file straight into the batch
-                for j in range(lo, hi):
-                    rows.read_into(out[at_[j] : at_[j + 1]], starts_[j] - a, stops_[j] - a)
-                continue
-            for j in range(lo, hi):
-                out[at_[j] : at_[j + 1]] = rows[starts_[j] - a : stops_[j] - a]
+            firsts = [i - a for i in starts_[lo:hi]]
+            copy_runs(rows, out, at_[lo:hi], firsts, [i - a for i in stops_[lo:hi]])
         if alone.any():
             self._read_alone(out, at, starts, stops, np.flatnonzero(alone))
         return out

@@ -168,18 +168,11 @@ class BlockReader(Reader):
             shape = (int(offsets[stop]) - base, width)
             key = (self.path, self.name, start)
             found = cache.get(key, self._read_block, start, stop, shape=shape)
-            spans = zip(firsts[head:tail].tolist(), lasts[head:tail].tolist(), strict=True)
-            if isinstance(found, CachedBlock):  # each event's rows read into the batch
-                for a, z in spans:
-                    found.read_into(out[row : row + z - a], a - base, z - base)
-                    row += z - a
-                continue
-            # a plain view of what the cache holds
-            rows = np.asarray(found)
-            # a batch holds few events of a block: one slice copy each, not a gather index
-            for a, z in spans:
-                out[row : row + z - a] = rows[a - base : z - base]
-                row += z - a
+            starts, stops = firsts[head:tail] - base, lasts[head:tail] - base
+            ends = row + np.cumsum(stops - starts)
+            at = ends - (stops - starts)
+            copy_runs(found, out, at.tolist(), starts.tolist(), stops.tolist())
+            row = int(ends[-1])
         return out
 
 
@@ -279,6 +272,26 @@ class BlockCache:
         self.budget = state["budget"]
         self.node = state.get("node")
         self.clear()
+
+
+def copy_runs(
+    block: np.ndarray | CachedBlock,
+    out: np.ndarray,
+    at: list[int],
+    starts: list[int],
+    stops: list[int],
+) -> None:
+    """Rows ``starts[j]:stops[j]`` of ``block`` into ``out`` from row ``at[j]``, one slice
+    copy each: a batch holds few events of a block, and a slice costs less than a gather
+    index. A node-cache entry reads each run from its file straight into the batch."""
+    spans = zip(at, starts, stops, strict=True)
+    if isinstance(block, CachedBlock):
+        for d, a, z in spans:
+            block.read_into(out[d : d + z - a], a, z)
+        return
+    rows = np.asarray(block)  # a plain view of what the cache holds
+    for d, a, z in spans:
+        out[d : d + z - a] = rows[a:z]
 
 
 def ranges_index(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
