@@ -300,10 +300,41 @@ def test_a_starved_loader_adds_workers_records_why_and_exports_it() -> None:
     assert value("autoloader_data_wait_ratio", FIRST) > 0
 
 
-def test_a_fed_loader_changes_nothing() -> None:
-    loader = make(Slow(delay=0), planned(0), adapt_max_workers=2)
-    run(loader, 3, step=0.05, busy=True)  # the main process's own loading: ~1% of the loop
+class Ticking(Dataset):
+    """Sample i is ``tensor([i])``, read in ``cost`` seconds of a fake clock."""
+
+    def __init__(self, clock: list[float], n: int, cost: float) -> None:
+        self.clock, self.n, self.cost = clock, n, cost
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.clock[0] += self.cost
+        return torch.tensor([i])
+
+
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The loader's clock (``time.perf_counter``) as a number the test moves, and no run
+    delay: a verdict on a fed loop that no load on the machine can move."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(run_delay_module, "run_delay", lambda: 0.0)
+    return clock
+
+
+def test_a_fed_loader_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main process's own loading is 0.8% of the loop (0.4 ms a batch against a 50 ms
+    step), on a fake clock that moves only by reads and steps: no raise, whatever the
+    machine's load (on the wall clock a loaded machine once made it 6%)."""
+    clock = fake_clock(monkeypatch)
+    loader = make(Ticking(clock, 48, 0.0001), planned(0), adapt_max_workers=2)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            clock[0] += 0.05
     assert loader.adaptations == [] and loader.num_workers == 0
+    assert loader.state_dict()["batches"] == 12
 
 
 def test_a_raise_that_did_not_help_steps_back() -> None:
@@ -701,12 +732,15 @@ def test_a_cap_under_the_plans_count_holds_the_plans_count() -> None:
     assert registry.get_sample_value("autoloader_adapt_max_workers", FIRST) == 2
 
 
-def test_a_fed_long_epoch_never_changes() -> None:
-    # the main process's own loading: ~1% of the loop; a window of 8 steps of 0.1 s, so a
-    # loaded machine's one 25 ms hiccup in a next() (a test beside it leaking 1 GiB) is 3%
-    loader = make(Slow(n=128, delay=0), planned(0), adapt_max_workers=2)
-    run(loader, 1, step=0.1, busy=True)
+def test_a_fed_long_epoch_never_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 batches, judged in windows of 8: none changes a loop whose own loading is 0.4%
+    of it (on the fake clock of the test above)."""
+    clock = fake_clock(monkeypatch)
+    loader = make(Ticking(clock, 128, 0.0001), planned(0), adapt_max_workers=2)
+    for _ in loader:
+        clock[0] += 0.1
     assert loader.adaptations == [] and loader.num_workers == 0
+    assert loader.state_dict()["batches"] == 32
 
 
 class Yields(Dataset):
