@@ -500,8 +500,8 @@ def test_an_epoch_costs_one_request_per_block_and_workers_only_their_connection(
     server: Server, tmp_path: Path, layout: str
 ) -> None:
     """Read in the training process, an epoch costs one request per storage block (HDF5
-    over HTTP: a range per column), and a chunk index node or two that opening the file
-    did not read; each worker adds only its own connection, never what
+    over HTTP too: its columns' ranges in one multi-range request), and a chunk index
+    node or two that opening the file did not read; each worker adds only its own connection, never what
     the dataset's opening read (a stat, a header, a footer, streamers, a chunk index):
     counted by the server's side."""
     kind = "http" if isinstance(server, Nginx) else "root"
@@ -509,8 +509,7 @@ def test_an_epoch_costs_one_request_per_block_and_workers_only_their_connection(
     (tmp_path / "2").mkdir()
     alone, blocks = _epoch_requests(server, FILES[layout], tmp_path / "0", 0)
     two, _ = _epoch_requests(server, FILES[layout], tmp_path / "2", 2)
-    ranges = 4 if (kind, layout) == ("http", "h5") else 1  # ev.h5's four columns
-    assert alone <= blocks * ranges + 2, (alone, blocks)
+    assert alone <= blocks + 2, (alone, blocks)
     assert two - alone <= 2 * _CONNECTION[kind], (two, alone)
 
 
