@@ -101,6 +101,7 @@ http {{
         root {self.root};
         {"" if self.max_ranges is None else f"max_ranges {self.max_ranges};"}
         location /secret/ {{ deny all; }}
+        location /token/ {{ if ($http_x_token != "t0ken") {{ return 403; }} }}
     }}
 }}
 """

@@ -151,6 +151,23 @@ def test_hdf5_batches_over_a_one_range_server_are_the_local_ones(
         assert torch.equal(a.x, b.x)
 
 
+def test_the_filesystems_own_headers_go_with_the_request(nginx: Nginx, served: Path) -> None:
+    """The request goes through fsspec's session with its request options: nginx serves
+    ``/token/`` only to a request with the header."""
+    import fsspec
+
+    (served / "token").mkdir(exist_ok=True)
+    shutil.copy(served / "blob.bin", served / "token" / "blob.bin")
+    for p in (served / "token", served / "token" / "blob.bin"):
+        readable_by_server(p)
+    blob = (served / "blob.bin").read_bytes()
+    url = f"{nginx.url()}/token/blob.bin"
+    with_token = fsspec.filesystem("http", skip_instance_cache=True, headers={"X-Token": "t0ken"})
+    assert _read(with_token, url, RANGES) == [blob[a:z] for a, z in RANGES]
+    with pytest.raises(aiohttp.ClientResponseError, match="403"):
+        _read(_filesystem([]), url, RANGES)
+
+
 def test_a_missing_file_is_not_found(nginx: Nginx) -> None:
     with pytest.raises(FileNotFoundError):
         _read(_filesystem([]), f"{nginx.url()}/nothere.bin", RANGES[:2])
