@@ -13,7 +13,11 @@ of the dataset (cold caches, as a job starts):
   trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
 - **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
   order (no shuffle: a bound, not a peer);
-- **limit**: the file copied whole (one stream), then the plan's epoch on the local copy.
+- **limit**: the file copied whole (one stream), then the plan's epoch on the local copy;
+- **multi-range / range per request** (nginx): the plan's epoch again, each into a node
+  cache of its own (an empty directory): a block's ranges in one multi-range request,
+  then each range in a request of its own, concurrently (``http_ranges.MAX_RANGES = 1``:
+  what fsspec's HTTP filesystem sends).
 
 Each row gives seconds, the ratios defaults/plan and plan/limit, and the bytes and
 requests the proxy counted per epoch (of the plan, from a fresh dataset: the requests of
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from remote_servers import DelayProxy, Nginx, XRootD
 
 import autoloader
+from autoloader.datasets import http_ranges
 from autoloader.demo.jagged_files import (
     make_events,
     write_km3pipe_h5,
@@ -99,6 +104,24 @@ def per_event(url: str, events: int) -> float:
     return (time.perf_counter() - start) * events / PER_EVENT
 
 
+def ranges(url: str, plan: Any, proxy: DelayProxy, cache: Path, per_request: int) -> None:
+    """The plan's epoch from a fresh dataset with a node cache in the empty directory
+    ``cache`` (so no block is mapped from an earlier epoch's), ``per_request`` ranges at
+    most in one request."""
+    from autoloader.datasets import http_ranges
+
+    data = plan.to_dict()
+    if data.get("cache"):
+        cache.mkdir()
+        data["cache"]["where"] = str(cache)
+    keep = http_ranges.MAX_RANGES
+    http_ranges.MAX_RANGES = per_request
+    try:
+        planned(url, autoloader.Plan.from_dict(data), proxy, [])
+    finally:
+        http_ranges.MAX_RANGES = keep
+
+
 def iterate(url: str) -> None:
     import uproot
 
@@ -141,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{'layout':8} {'rtt':>5} {'per-event s':>11} {'defaults s':>10} {'plan s':>7} "
         f"{'evt/plan':>8} {'def/plan':>8} "
         f"{'limit s':>7} {'plan/lim':>8} {'iterate s':>9} {'MB/epoch':>8} {'file MB':>7} "
-        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'blocks':>6}"
+        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'blocks':>6} "
+        f"{'multi s':>7} {'1-range s':>9} {'1r/multi':>8} {'multi req':>9} {'1r req':>6}"
     )
     try:
         for layout in args.layouts.split(","):
@@ -175,6 +199,21 @@ def main(argv: list[str] | None = None) -> int:
                 lim, _, _ = timed(
                     proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
                 )
+                apart = f"{'-':>7} {'-':>9} {'-':>8} {'-':>9} {'-':>6}"
+                if args.server == "nginx":
+                    found = []
+                    for n, each in enumerate([http_ranges.MAX_RANGES, 1]):
+                        cache = scratch / f"cache-{layout}-{rtt}-{n}"
+                        found.append(
+                            timed(
+                                proxy,
+                                lambda url=url, plan=plan, x=proxy, c=cache, k=each: ranges(
+                                    url, plan, x, c, k
+                                ),
+                            )
+                        )
+                    (m, _, m_req), (r, _, r_req) = found
+                    apart = f"{m:7.2f} {r:9.2f} {r / m:7.2f}x {m_req:9d} {r_req:6d}"
                 it = (
                     f"{timed(proxy, lambda url=url: iterate(url))[0]:9.2f}"
                     if layout == "root"
@@ -184,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
                     f"{one / p:7.1f}x {d / p:7.2f}x "
                     f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
-                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} {blocks:6d}",
+                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} {blocks:6d} "
+                    f"{apart}",
                     flush=True,
                 )
             proxy.close()

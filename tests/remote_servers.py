@@ -68,7 +68,14 @@ class Server:
 
 
 class Nginx(Server):
+    """``max_ranges``: nginx's cap on the ranges of one request (past it, the whole file
+    is sent); None: no cap, nginx's default."""
+
     binary = "nginx"
+
+    def __init__(self, root: Path, max_ranges: int | None = None) -> None:
+        super().__init__(root)
+        self.max_ranges = max_ranges
 
     def start(self) -> Nginx:
         self.port = free_port()
@@ -92,7 +99,9 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
+        {"" if self.max_ranges is None else f"max_ranges {self.max_ranges};"}
         location /secret/ {{ deny all; }}
+        location /token/ {{ if ($http_x_token != "t0ken") {{ return 403; }} }}
     }}
 }}
 """

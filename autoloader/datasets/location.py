@@ -272,7 +272,7 @@ def glob(location: Location) -> list[Location]:
     directory = location.path.rpartition("/")[0] or "/"
     fs = filesystem(location)
     try:
-        listed = retrying(location, "listing files", lambda: fs.ls(directory, detail=False))
+        listed = retrying(location, "listing files", lambda: _listing(fs, directory))
     except NotImplementedError:
         raise DatasetError(
             f"DATASET '{location.url}': {location.protocol}:// cannot list directories: name "
@@ -283,6 +283,21 @@ def glob(location: Location) -> list[Location]:
     if not found:
         raise DatasetError(f"DATASET '{location.url}': the pattern matches no files")
     return [parse_url(f"{head}/{n}") for n in found]
+
+
+def _listing(fs: Any, directory: str) -> list[str]:
+    """The names in ``directory`` as the server says now, leaving no listing in fsspec's
+    directory cache: fsspec-xrootd caches the top directory ``/`` under its own name but
+    its entries as ``//NAME``, and reads it back as neither, so a second ``ls('/')``, or
+    ``info`` of a file there while the listing is kept, raised ``FileNotFoundError('/')``
+    (a glob at a server's top directory said "no such file")."""
+    with contextlib.suppress(Exception):
+        fs.dircache.clear()
+    try:
+        return list(fs.ls(directory, detail=False))
+    finally:
+        with contextlib.suppress(Exception):
+            fs.dircache.clear()
 
 
 def open_input(

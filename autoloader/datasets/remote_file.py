@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoloader.datasets.failures import SourceError, retrying
+from autoloader.datasets.http_ranges import read_ranges
 
 KNOWN_BYTES = 64 * 2**20  # metadata bytes one process keeps, over all its remote files
 CARRIED_BYTES = 2**20  # of one file's, pickled with its reader for a worker started anew
@@ -126,15 +127,20 @@ class RemoteFile(io.RawIOBase):
         return self._at
 
     def _fetch(self, doing: str, starts: list[int], stops: list[int]) -> list[bytes]:
-        """The byte ranges, in one call (one vector read over XRootD, concurrent range
-        requests over HTTP), retried; a failure is kept in ``failed`` and raised."""
+        """The byte ranges, in one call (one vector read over XRootD, one multi-range
+        request over HTTP: ``http_ranges``), retried; a failure is kept in ``failed`` and
+        raised."""
         fs, path = self.fs, self.location.path
 
         def fetch() -> list[bytes]:
             try:
                 if len(starts) == 1:
                     return [bytes(fs.cat_file(path, start=starts[0], end=stops[0]))]
-                got = fs.cat_ranges([path] * len(starts), starts, stops, on_error="raise")
+                if self.location.protocol in ("http", "https"):
+                    # one multi-range request: fsspec sends a request per range
+                    got = read_ranges(fs, path, starts, stops)
+                else:
+                    got = fs.cat_ranges([path] * len(starts), starts, stops, on_error="raise")
                 for b in got:
                     if isinstance(b, BaseException):
                         raise b

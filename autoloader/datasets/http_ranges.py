@@ -1,0 +1,147 @@
+"""A storage block's byte ranges from an HTTP(S) server in one multi-range request.
+
+fsspec's HTTP filesystem sends one request per range, so a block of several ranges (an
+HDF5 block's column chunks) cost a round trip per range. Here they go as one
+``Range: bytes=a-b,c-d,...`` request through the filesystem's own aiohttp session and
+event loop (its client options, headers, authentication and SSL settings hold), and the
+server's ``multipart/byteranges`` answer is split by each part's ``Content-Range``.
+At most ``MAX_RANGES`` ranges go in one request (servers cap them: Apache's
+``MaxRanges`` is 200 by default, nginx's ``max_ranges`` unlimited unless set); a block
+of more is sent as several requests at once.
+
+A server that answers a multi-range request with the whole file (``200``: nginx past its
+``max_ranges``, a server without multi-range support) or with fewer ranges than asked
+is read as before, one concurrent single-range request per range, from then on in this
+process; its ``200`` answer is abandoned unread (the connection is closed, so a large
+file is never downloaded by surprise), and the log says so once per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+MAX_RANGES = 64  # ranges in one request; a block of more sends several requests at once
+
+log = logging.getLogger(__name__)
+
+_BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
+_CONTENT_RANGE = re.compile(rb"^content-range:\s*bytes\s+(\d+)-(\d+)/", re.I | re.M)
+_SINGLE: set[str] = set()  # servers (scheme://host:port) read one range per request
+_LOCK = threading.Lock()
+
+
+def read_ranges(fs: Any, url: str, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
+    """Bytes ``starts[i]:stops[i]`` of ``url`` through ``fs`` (fsspec's HTTP filesystem),
+    in one multi-range request per ``MAX_RANGES`` ranges where the server answers them,
+    else in concurrent single-range requests.
+
+    Raises:
+        FileNotFoundError: the server answered 404.
+        aiohttp.ClientResponseError: another error status (read by ``failures``).
+    """
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _read_ranges, fs, url, list(starts), list(stops))
+
+
+def single_range_servers() -> set[str]:
+    """The servers this process reads one range per request (for the tests and logs)."""
+    with _LOCK:
+        return set(_SINGLE)
+
+
+async def _read_ranges(fs: Any, url: str, starts: list[int], stops: list[int]) -> list[bytes]:
+    server = _server(url)
+    if len(starts) > 1 and server not in _SINGLE:
+        groups = [
+            (starts[i : i + MAX_RANGES], stops[i : i + MAX_RANGES])
+            for i in range(0, len(starts), MAX_RANGES)
+        ]
+        answers = await asyncio.gather(*(_multi(fs, url, a, z) for a, z in groups))
+        found = [b for answer in answers for b in answer]
+    else:
+        found = [None] * len(starts)
+    missing = [i for i, b in enumerate(found) if b is None]
+    if missing and len(starts) > 1 and server not in _SINGLE:
+        with _LOCK:
+            first = server not in _SINGLE
+            _SINGLE.add(server)
+        if first:
+            log.warning(
+                "%s answers no multi-range requests (HTTP 200 or fewer ranges than asked): "
+                "a storage block's ranges are read as concurrent single-range requests, a "
+                "round trip each",
+                server,
+            )
+    if missing:
+        got = await fs._cat_ranges(
+            [url] * len(missing),
+            [starts[i] for i in missing],
+            [stops[i] for i in missing],
+            on_error="raise",
+        )
+        for i, data in zip(missing, got, strict=True):
+            if isinstance(data, BaseException):
+                raise data
+            found[i] = bytes(data)
+    return [b for b in found if b is not None]
+
+
+async def _multi(fs: Any, url: str, starts: list[int], stops: list[int]) -> list[bytes | None]:
+    """The ranges from one request: each one's bytes, or None where the answer lacked it
+    (the whole file, or fewer ranges than asked)."""
+    kw = dict(fs.kwargs)
+    headers = dict(kw.pop("headers", None) or {})
+    headers["Range"] = "bytes=" + ",".join(
+        f"{a}-{z - 1}" for a, z in zip(starts, stops, strict=True)
+    )
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        fs._raise_not_found_for_status(r, url)
+        if r.status != 206:
+            r.close()  # the whole file follows: leave it unread
+            return [None] * len(starts)
+        boundary = _BOUNDARY.search(r.headers.get("Content-Type", ""))
+        if r.headers.get("Content-Type", "").startswith("multipart/byteranges") and boundary:
+            parts = _parts(await r.read(), boundary.group(1).encode("latin-1"), url)
+        else:
+            head = f"content-range: {r.headers.get('Content-Range', '')}".encode("latin-1")
+            span = _CONTENT_RANGE.search(head)
+            if span is None:
+                raise OSError(f"{url}: a 206 answer without a Content-Range")
+            parts = [(int(span.group(1)), await r.read())]
+    out: list[bytes | None] = []
+    for a, z in zip(starts, stops, strict=True):
+        out.append(next((d[a - p : z - p] for p, d in parts if p <= a and z <= p + len(d)), None))
+    return out
+
+
+def _parts(body: bytes, boundary: bytes, url: str) -> list[tuple[int, bytes]]:
+    """A ``multipart/byteranges`` body as (first byte, bytes) per part; each part's length
+    comes from its ``Content-Range``, so its binary bytes are never searched."""
+    delimiter = b"--" + boundary
+    parts: list[tuple[int, bytes]] = []
+    at = body.find(delimiter)
+    while at >= 0 and body[at + len(delimiter) : at + len(delimiter) + 2] != b"--":
+        end = body.find(b"\r\n\r\n", at)
+        span = _CONTENT_RANGE.search(body, at, end) if end >= 0 else None
+        if span is None:
+            raise OSError(f"{url}: a multipart/byteranges part without a Content-Range")
+        first, length = int(span.group(1)), int(span.group(2)) + 1 - int(span.group(1))
+        data = body[end + 4 : end + 4 + length]
+        if len(data) != length:
+            raise OSError(f"{url}: a multipart/byteranges part ended early")
+        parts.append((first, data))
+        at = body.find(delimiter, end + 4 + length)
+    return parts
+
+
+def _server(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"

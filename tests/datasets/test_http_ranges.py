@@ -1,0 +1,176 @@
+"""A block's ranges from a real nginx on loopback in one multi-range request, counted by
+the tests' proxy; a server that answers multi-range requests with the whole file is read
+a range per request, byte-exact, without reading the file it sent."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from remote_servers import DelayProxy, Nginx, readable_by_server
+
+import autoloader
+from autoloader.datasets import http_ranges, location
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5
+
+pytest.importorskip("fsspec")
+aiohttp = pytest.importorskip("aiohttp")
+
+SIZE = 2**20
+# first and last bytes, neighbours, one byte, and spans across nginx's output buffers
+RANGES = [(0, 10), (10, 20), (777, 778), (4096, 70_000), (300_000, 600_000), (SIZE - 5, SIZE)]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="autoloader-served-"))
+    root.chmod(0o755)
+    (root / "blob.bin").write_bytes(np.random.default_rng(5).bytes(SIZE))
+    write_km3pipe_h5(root / "ev.h5", make_events(2000, seed=3), chunk_items=4096)
+    for p in root.rglob("*"):
+        readable_by_server(p)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _nginx(root: Path, max_ranges: int | None = None) -> Iterator[Nginx]:
+    why = Nginx.available()
+    if why is not None:
+        pytest.skip(why)
+    server = Nginx(root, max_ranges=max_ranges).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def nginx(served: Path) -> Iterator[Nginx]:
+    yield from _nginx(served)
+
+
+@pytest.fixture
+def one_range_nginx(served: Path) -> Iterator[Nginx]:
+    """nginx that sends the whole file for a request of more than one range."""
+    yield from _nginx(served, max_ranges=1)
+
+
+@pytest.fixture
+def proxy(request: pytest.FixtureRequest) -> Iterator[DelayProxy]:
+    server = request.getfixturevalue(request.param)
+    p = DelayProxy(server.port)
+    yield p
+    p.close()
+
+
+def _filesystem(received: list[int]) -> object:
+    """fsspec's HTTP filesystem whose client options count the body bytes it reads."""
+    import fsspec
+
+    async def chunk(session: object, context: object, params: object) -> None:
+        received.append(len(params.chunk))  # type: ignore[attr-defined]
+
+    trace = aiohttp.TraceConfig()
+    trace.on_response_chunk_received.append(chunk)
+    return fsspec.filesystem(
+        "http", skip_instance_cache=True, client_kwargs={"trace_configs": [trace]}
+    )
+
+
+def _read(fs: object, url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    return http_ranges.read_ranges(fs, url, [a for a, _ in ranges], [z for _, z in ranges])
+
+
+@pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
+def test_a_blocks_ranges_are_one_request_byte_exact(
+    nginx: Nginx, proxy: DelayProxy, served: Path
+) -> None:
+    blob = (served / "blob.bin").read_bytes()
+    received: list[int] = []
+    fs = _filesystem(received)
+    url = f"{nginx.url(proxy.port)}/blob.bin"
+    assert _read(fs, url, RANGES) == [blob[a:z] for a, z in RANGES]
+    assert proxy.requests == 1
+    asked = sum(z - a for a, z in RANGES)
+    assert asked <= sum(received) < asked + 4096  # the parts' own headers besides
+    assert f"http://127.0.0.1:{proxy.port}" not in http_ranges.single_range_servers()
+
+
+@pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
+def test_more_ranges_than_one_request_takes_go_in_several(
+    nginx: Nginx, proxy: DelayProxy, served: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http_ranges, "MAX_RANGES", 4)
+    blob = (served / "blob.bin").read_bytes()
+    ranges = [(i * 1000, i * 1000 + 10 + i) for i in range(10)]
+    got = _read(_filesystem([]), f"{nginx.url(proxy.port)}/blob.bin", ranges)
+    assert got == [blob[a:z] for a, z in ranges]
+    assert proxy.requests == 3  # 4 + 4 + 2
+
+
+@pytest.mark.parametrize("proxy", ["one_range_nginx"], indirect=True)
+def test_a_server_without_multi_range_answers_is_read_a_range_per_request(
+    one_range_nginx: Nginx,
+    proxy: DelayProxy,
+    served: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nginx with ``max_ranges 1`` answers a request of two ranges with the whole file
+    (200): that answer is left unread, the ranges are read one per request, and the
+    server is not asked for several ranges again; the log says so once."""
+    blob = (served / "blob.bin").read_bytes()
+    received: list[int] = []
+    fs = _filesystem(received)
+    url = f"{one_range_nginx.url(proxy.port)}/blob.bin"
+    asked = sum(z - a for a, z in RANGES)
+    with caplog.at_level(logging.WARNING, logger=http_ranges.__name__):
+        assert _read(fs, url, RANGES) == [blob[a:z] for a, z in RANGES]
+        assert proxy.requests == 1 + len(RANGES)
+        assert sum(received) == asked  # not a byte of the whole file's answer
+        proxy.reset()
+        assert _read(fs, url, RANGES) == [blob[a:z] for a, z in RANGES]
+        assert proxy.requests == len(RANGES)
+    server = f"http://127.0.0.1:{proxy.port}"
+    assert server in http_ranges.single_range_servers()
+    (record,) = [r for r in caplog.records if r.name == http_ranges.__name__]
+    assert record.getMessage().startswith(f"{server} answers no multi-range requests")
+
+
+@pytest.mark.parametrize("proxy", ["one_range_nginx"], indirect=True)
+def test_hdf5_batches_over_a_one_range_server_are_the_local_ones(
+    one_range_nginx: Nginx, proxy: DelayProxy, served: Path
+) -> None:
+    remote = autoloader.open_dataset(f"{one_range_nginx.url(proxy.port)}/ev.h5#hits")
+    local = autoloader.open_dataset(f"{served / 'ev.h5'}#hits")
+    batch = [1999, 0, 1000, 5, 1001]
+    for a, b in zip(remote.__getitems__(batch), local.__getitems__(batch), strict=True):
+        assert torch.equal(a.x, b.x)
+
+
+def test_the_filesystems_own_headers_go_with_the_request(nginx: Nginx, served: Path) -> None:
+    """The request goes through fsspec's session with its request options: nginx serves
+    ``/token/`` only to a request with the header."""
+    import fsspec
+
+    (served / "token").mkdir(exist_ok=True)
+    shutil.copy(served / "blob.bin", served / "token" / "blob.bin")
+    for p in (served / "token", served / "token" / "blob.bin"):
+        readable_by_server(p)
+    blob = (served / "blob.bin").read_bytes()
+    url = f"{nginx.url()}/token/blob.bin"
+    with_token = fsspec.filesystem("http", skip_instance_cache=True, headers={"X-Token": "t0ken"})
+    assert _read(with_token, url, RANGES) == [blob[a:z] for a, z in RANGES]
+    with pytest.raises(aiohttp.ClientResponseError, match="403"):
+        _read(_filesystem([]), url, RANGES)
+
+
+def test_a_missing_file_is_not_found(nginx: Nginx) -> None:
+    with pytest.raises(FileNotFoundError):
+        _read(_filesystem([]), f"{nginx.url()}/nothere.bin", RANGES[:2])
+    where = location.parse_url(f"{nginx.url()}/nothere.bin")
+    with pytest.raises(autoloader.errors.DatasetError, match=r"no such file on 127\.0\.0\.1"):
+        location.retrying(where, "reading", lambda: _read(_filesystem([]), where.path, RANGES))
