@@ -547,3 +547,24 @@ def test_every_count_is_timed_on_blocks_its_processes_decoded(
     assert choice.num_workers == 0, by_w
     assert by_w[0].seconds_per_batch == pytest.approx(8 * 0.001)
     assert by_w[1].seconds_per_batch > 2 * 8 * 0.001
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_worker_is_timed_on_the_batches_it_read_in_the_first_pass(
+    monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Torch hands batch i to worker i % workers: a cycle of 16 batches read by 3 workers
+    would hand each worker other batches on the next pass, blocks it never decoded. The
+    cycle is whole rounds (18 batches for 3), so no timed batch decodes a block: one that
+    did would add 10 s of the fake clock to the mean of at most 40 batches."""
+    import multiprocessing
+
+    clock = multiprocessing.get_context("fork").Value("d", 100.0)
+    ds = Decodes(clock, decode=10.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock.value)
+    timing = Timing(iterations=40, timeout=30.0)
+    assert timing.passes(workers, 2) == (16 if workers == 2 else 18)
+    got = measure(ds, np.full(len(ds), 16), 8, workers, timing=timing, device=torch.device("cpu"))
+    monkeypatch.undo()
+    assert got.ok and got.batches >= 10
+    assert got.seconds_per_batch < 0.1  # 8 reads of 4 ms a batch, give or take the queue
