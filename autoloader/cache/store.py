@@ -38,11 +38,12 @@ from typing import Any
 import numpy as np
 
 from autoloader.cache.entry import TRAILER, CachedBlock, EntryError, open_entry, write_entry
+from autoloader.cache.older import OLDER_FORMATS
 from autoloader.cache.tally import Tally
 
 log = logging.getLogger("autoloader")
 
-FORMAT = "2"  # the layout of entries (2: a checksum trailer): older caches are unused
+FORMAT = "2"  # the layout of entries (2: a checksum trailer): older caches are removed
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
@@ -110,6 +111,11 @@ class NodeCache:
             keep=self.keep,
             min_free_bytes=self.min_free_bytes,
         )
+
+    def older_homes(self) -> list[Path]:
+        """The names this data's cache had in the older formats (``older.OLDER_FORMATS``)."""
+        base = self.home.parent
+        return [base / _digest(f"{old}\0{self.data}") for old in OLDER_FORMATS]
 
     # -- reading -------------------------------------------------------------------------
     def get(
