@@ -384,3 +384,66 @@ def test_a_hand_written_shm_cache_leaves_what_the_batches_in_flight_need(
             assert node.min_free_bytes > 0
     finally:
         release(str(node.home))
+
+
+def _shm_plan(workers: int, worst: int) -> autoloader.Plan:
+    """A plan of ``workers``, batches of 32 and a /dev/shm cache, whose tune replayed a
+    worst batch of ``worst`` bytes."""
+    return autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32},
+            "cache": {"where": "shm"},
+            "tuning": {"strategies": {"random": {"worst_batch_bytes": worst}}},
+        }
+    )
+
+
+def _largest(ds: object, k: int) -> int:
+    from autoloader.sizes import sample_sizes
+
+    return sum(sorted(int(s) for s in sample_sizes(ds))[-k:])
+
+
+def test_a_shm_cache_leaves_room_for_the_batches_the_loader_runs_not_the_plans(
+    specs: dict[str, str],
+) -> None:
+    """A plan of 0 workers and batches of 32, overridden by ``num_workers=2,
+    batch_size=128``: the cache leaves free what 2 workers x 2 batches of 128 (and the two
+    the loop holds) take, not what the plan's batch of 32 does."""
+    ds = autoloader.open_dataset(specs["km3"])
+    plan = _shm_plan(0, worst=1000)  # the plan's batch of 32: 1 kB at worst
+    loader = autoloader.DataLoader(
+        ds, plan=plan, num_workers=2, batch_size=128, adapt=False, check_fingerprint=False
+    )
+    node = loader.node_cache
+    assert node is not None
+    try:
+        in_flight = (2 * 2 + 2) * _largest(ds, 128)  # the 128 largest: no batch holds more
+        assert node.min_free_bytes == int(in_flight / 0.5)
+    finally:
+        release(str(node.home))
+
+
+def test_a_shm_cache_follows_the_settings_adaptation_moves_the_loader_to(
+    specs: dict[str, str],
+) -> None:
+    """The settings the adapter (and survival) apply to the loader move the cache's floor
+    with them: up with more batches in flight, down with fewer."""
+    from autoloader.loader.settings import Settings, apply
+
+    ds = autoloader.open_dataset(specs["km3"])
+    worst = 50_000
+    loader = autoloader.DataLoader(ds, plan=_shm_plan(1, worst), check_fingerprint=False)
+    node = loader.node_cache
+    assert node is not None
+    try:
+        assert node.min_free_bytes == int((1 * 2 + 2) * worst / 0.5)
+        apply(loader, Settings(4, 3))  # as a raise does, between epochs
+        assert (loader.num_workers, loader.prefetch_factor) == (4, 3)
+        assert node.min_free_bytes == int((4 * 3 + 2) * worst / 0.5)
+        apply(loader, Settings(0, None))  # as survival's step down to none does
+        assert node.min_free_bytes == 0
+    finally:
+        release(str(node.home))
