@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -447,3 +451,48 @@ def test_a_shm_cache_follows_the_settings_adaptation_moves_the_loader_to(
         assert node.min_free_bytes == 0
     finally:
         release(str(node.home))
+
+
+def _in_small_shm(command: str, size: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run with a /dev/shm of ``size``: a tmpfs in a private mount namespace,
+    as a container's small /dev/shm (nothing outside the namespace sees it)."""
+    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && {command}"
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent.parent,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a private mount namespace with its own /dev/shm needs root and unshare(1)",
+)
+def test_overrides_on_a_small_dev_shm_serve_or_say_which_setting_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The hostile case: a plan of 0 workers with a /dev/shm cache, run with
+    ``num_workers=2, batch_size=128``. On a /dev/shm of 28 MB the cache left the batches
+    in flight of the plan's batch of 32 and the workers died at epoch 0 (or hung): it
+    leaves those of 128 now, and both epochs are served. On 6 MB, where no cache is
+    involved and the batches alone do not fit, one line names the settings and what is
+    free, instead of torch's error printed in a worker and a loop that waits for ever."""
+    probe = _in_small_shm("true", "6m")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr.strip()}")
+    run = f"{sys.executable} tests/shm_cache_data.py {tmp_path} 800"
+    served = _in_small_shm(run, "28m")
+    assert served.returncode == 0, served.stdout + served.stderr[-3000:]
+    assert served.stdout.count("7 batches") == 2, served.stdout
+    refused = _in_small_shm(f"{run} --no-cache", "6m")
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: a batch of [\d.]+ MiB does not fit in shared memory at num_workers=2, "
+        r"prefetch_factor=2, batch_size=128: /dev/shm has [\d.]+ [KM]iB free of 6\.0 MiB; "
+        r"lower num_workers, prefetch_factor or batch_size, or give the container a larger "
+        r"/dev/shm: .*\n",
+        refused.stdout,
+    ), refused.stdout
+    assert "Traceback" not in refused.stderr  # nothing printed from a worker's queue
