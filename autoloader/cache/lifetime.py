@@ -13,6 +13,8 @@ kernel drops the lock); the cache it leaves is the next job's if the data is unc
 (same fingerprint), and is removed by the next that finds the data changed. The process
 that takes a cache no other process uses first clears what killed ones left there
 (``NodeCache.sweep``); the last user also removes the user's directory where it is empty.
+A process that takes a cache also removes the caches of older layouts no process holds
+(``autoloader.cache.older``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import shutil
 import threading
 
+from autoloader.cache.older import remove_older
 from autoloader.cache.store import NodeCache
 
 log = logging.getLogger("autoloader")
@@ -42,6 +45,7 @@ def hold(cache: NodeCache) -> bool:
             if not cache.keep:  # one user that does not keep it: removed
                 _HELD[key] = (_HELD[key][0], False, _HELD[key][2])
             return True
+        remove_older(cache.home.parent, cache.older_homes())  # never served: their room back
         for _ in range(8):
             cache._ready_pid = None
             if not cache._ready():

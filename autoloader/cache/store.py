@@ -38,11 +38,12 @@ from typing import Any
 import numpy as np
 
 from autoloader.cache.entry import TRAILER, CachedBlock, EntryError, open_entry, write_entry
+from autoloader.cache.older import OLDER_FORMATS
 from autoloader.cache.tally import Tally
 
 log = logging.getLogger("autoloader")
 
-FORMAT = "2"  # the layout of entries (2: a checksum trailer): older caches are unused
+FORMAT = "2"  # the layout of entries (2: a checksum trailer): older caches are removed
 SHM = Path("/dev/shm")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
@@ -110,6 +111,11 @@ class NodeCache:
             keep=self.keep,
             min_free_bytes=self.min_free_bytes,
         )
+
+    def older_homes(self) -> list[Path]:
+        """The names this data's cache had in the older formats (``older.OLDER_FORMATS``)."""
+        base = self.home.parent
+        return [base / _digest(f"{old}\0{self.data}") for old in OLDER_FORMATS]
 
     # -- reading -------------------------------------------------------------------------
     def get(
@@ -276,6 +282,42 @@ class NodeCache:
                     return False
             _write_int(ledger, max(0, used + nbytes))
             return True
+
+    def leave_free(self, nbytes: int) -> int:
+        """Leave at least ``nbytes`` free on the cache's filesystem from now on (the
+        batches in flight at the loader's settings now), giving back entries where the
+        cache already holds that room; the bytes given back. A reader that had an entry
+        given back decodes its block again, as for any entry not there."""
+        self.min_free_bytes = max(0, int(nbytes))
+        if self._broken or not self._ready():
+            return 0
+        given = 0
+        try:
+            short = self.min_free_bytes - _free(self.directory)
+            entries = list(self.directory.glob("*.npy")) if short > 0 else []
+        except OSError:
+            return 0
+        if entries:
+            self._maps.clear()  # this process's open entries: their pages go with the files
+        for path in entries:
+            if given >= short:
+                break
+            try:
+                size = path.stat().st_size
+                path.unlink()
+                self._reserve(-size)
+            except OSError:
+                continue  # removed meanwhile by another process
+            given += size
+        if given:
+            log.info(
+                "autoloader: node cache %s gave back %d bytes: the batches in flight need "
+                "%d bytes free",
+                self.directory,
+                given,
+                self.min_free_bytes,
+            )
+        return given
 
     def drop(self, key: Any) -> None:
         """Remove block ``key``'s entry, giving back the bytes it held."""

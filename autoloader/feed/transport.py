@@ -27,7 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.batches import nbytes, tensors
 from autoloader.compat import pin_memory
+from autoloader.errors import UsageError
+from autoloader.host.budget import is_shm_failure, shm_fix, shm_space
+from autoloader.units import format_bytes
 
 BY_VALUE_BYTES = 256 * 1024
 
@@ -142,10 +146,12 @@ def _unpack_graph(graph: _Graph) -> Any:
 
 class ByValue:
     """A worker's collate whose small batches travel by value (picklable, as the collate
-    it wraps must be for spawned workers)."""
+    it wraps must be for spawned workers). A batch that keeps torch's path is moved to
+    shared memory here, in the worker (``shared``): ``settings`` names the loader's
+    settings in the error where /dev/shm cannot hold it."""
 
-    def __init__(self, collate: Any, limit: int = BY_VALUE_BYTES) -> None:
-        self.collate, self.limit = collate, limit
+    def __init__(self, collate: Any, limit: int = BY_VALUE_BYTES, settings: str = "") -> None:
+        self.collate, self.limit, self.settings = collate, limit, settings
 
     def __call__(self, samples: Any) -> Any:
         batch = self.collate(samples)
@@ -153,7 +159,46 @@ class ByValue:
         try:
             return Packed(_pack(batch, budget))
         except _Keep:
-            return batch
+            return shared(batch, self.settings)
+
+
+def shared(batch: Any, settings: str = "") -> Any:
+    """``batch`` with its tensors in shared memory, as torch would move them on their way
+    to the loop, but here, in the worker's collate: where /dev/shm cannot hold them, the
+    worker raises an error torch hands to the loop. Moved later, in the thread that feeds
+    the worker's queue, the failure is printed and the batch lost, and the loop waits for
+    it for ever (or until ``timeout=``). Outside a worker, the batch as it is.
+
+    Raises:
+        UsageError: /dev/shm has no room for the batch: one line naming ``settings``
+            (the loader's), the batch's bytes and /dev/shm's free space, and the fix.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return batch
+    for t in tensors(batch):
+        if t.device.type != "cpu" or t.layout != torch.strided or t.is_shared():
+            continue
+        try:
+            t.share_memory_()
+        except RuntimeError as exc:
+            if not is_shm_failure(str(exc)):
+                return batch  # not ours to judge: torch's path says what it is
+            raise UsageError(_no_room(nbytes(batch), settings)) from None
+    return batch
+
+
+def _no_room(batch_bytes: int, settings: str) -> str:
+    space = shm_space()
+    free = (
+        f"/dev/shm has {format_bytes(space[0])} free of {format_bytes(space[1])}"
+        if space is not None
+        else "no /dev/shm was found"
+    )
+    running = f" at {settings}" if settings else ""
+    return (
+        f"a batch of {format_bytes(batch_bytes)} does not fit in shared memory{running}: "
+        f"{free}; lower num_workers, prefetch_factor or batch_size, or {shm_fix(batch_bytes)}"
+    )
 
 
 def unpacked(batch: Any) -> Any:

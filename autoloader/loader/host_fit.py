@@ -16,6 +16,7 @@ from typing import Any
 
 from autoloader.feed.depth import depth_of
 from autoloader.host.budget import HostBudget
+from autoloader.loader.planned import batch_bytes, running_batch_size
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")
@@ -27,8 +28,9 @@ def fit_to_host(
     """``given`` (torch's arguments from the plan) with workers and prefetch lowered to fit
     ``budget``'s shared memory; where the caller gave ``num_workers`` or
     ``prefetch_factor`` (``fixed``: ``settings.user_fixed``), they are kept, with a
-    WARNING where they do not fit."""
-    batch = plan.evidence.worst_batch_bytes
+    WARNING where they do not fit. The batch is the largest the loader runs: the plan's
+    worst, scaled to a ``batch_size`` the caller gave instead of the plan's."""
+    batch = batch_bytes(plan, running_batch_size(plan, given), None)
     workers = int(given.get("num_workers") or 0)
     prefetch = given.get("prefetch_factor")
     why = budget.shm_refuses(workers, prefetch, batch) if batch else None

@@ -25,6 +25,7 @@ from typing import Any
 
 from autoloader import compat
 from autoloader.compat import MultiProcessIter, SingleProcessIter
+from autoloader.feed.depth import depth_of
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
 from autoloader.loader.lookahead import Lookahead
@@ -102,6 +103,15 @@ class RecordingSingleProcessIter(_Recording, SingleProcessIter):
         return True  # the sampler handed the batch out before the dataset read it
 
 
+def _settings_named(loader: Any) -> str:
+    """The loader's settings that put batches in /dev/shm, as a worker's error names them."""
+    size = getattr(loader.batch_sampler, "batch_size", None) or loader.batch_size
+    return (
+        f"num_workers={loader.num_workers}, prefetch_factor={depth_of(loader.prefetch_factor)}"
+        + (f", batch_size={size}" if size else "")
+    )
+
+
 class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProcessIter):
     """torch's multi-process iterator, recording each batch. For a planned loader with
     persistent workers it reads the next epoch's first batches while an epoch ends
@@ -135,8 +145,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
     def _collate_fn(self, fn: Any) -> None:
         # torch's base iterator sets the collate its workers run: a planned loader's small
         # batches travel to the loop by value (feed.transport), and _Recording unpacks them
-        planned = getattr(self._loader_ref(), "plan", None) is not None
-        self.__dict__["_worker_collate"] = ByValue(fn) if planned and fn is not None else fn
+        loader = self._loader_ref()
+        planned = getattr(loader, "plan", None) is not None
+        if planned and fn is not None:
+            fn = ByValue(fn, settings=_settings_named(loader))
+        self.__dict__["_worker_collate"] = fn
 
     def _started(self) -> None:
         """Fresh workers: take them off torch's SIGCHLD handler, which raises from

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -85,9 +86,8 @@ def attach_cache(
         return None
     found = source()
     min_free = cp.min_free_bytes
-    if cp.where == "shm":  # the tune's own floor (tuning/node_cache.py), at the least
-        floor = int(in_flight_bytes * max(1, local_world_size()) / SHM_MARGIN)
-        min_free = max(min_free, floor)
+    if cp.where == "shm":  # the tune's own floor, at the least
+        min_free = max(min_free, shm_floor(in_flight_bytes))
     node = NodeCache(
         cp.where,
         f"{found.path}#{found.part}",
@@ -104,16 +104,64 @@ def attach_cache(
     return node
 
 
-def shm_in_flight(plan: Plan, given: dict[str, Any], sizes: np.ndarray | None) -> int:
-    """The /dev/shm this rank's batches take with torch's arguments ``given``: the workers'
-    batches in flight and those the loop holds, each of the plan's worst batch (the tune's
-    replay), else of the ``local_batch_size`` largest samples."""
-    batch = plan.evidence.worst_batch_bytes
-    if not batch and sizes is not None and len(sizes):
-        k = min(len(sizes), max(1, plan.batching.local_batch_size))
-        batch = int(np.partition(np.asarray(sizes), len(sizes) - k)[-k:].sum())
+def shm_in_flight(plan: Plan, given: Mapping[str, Any], sizes: np.ndarray | None) -> int:
+    """The /dev/shm this rank's batches take with torch's arguments ``given`` (the plan's,
+    the caller's overrides and the host fit applied): the workers' batches in flight and
+    those the loop holds, each of the largest batch the loader runs (``batch_bytes``)."""
     workers = int(given.get("num_workers") or 0)
-    return HostBudget.shm_need(workers, given.get("prefetch_factor"), float(batch or 0))
+    if workers <= 0:
+        return 0
+    batch = batch_bytes(plan, running_batch_size(plan, given), sizes)
+    return HostBudget.shm_need(workers, given.get("prefetch_factor"), float(batch))
+
+
+def running_batch_size(plan: Plan, given: Mapping[str, Any]) -> int:
+    """Samples per batch the loader runs with torch's arguments ``given``: its batch
+    sampler's, else the ``batch_size`` torch batches a sampler with, else the plan's."""
+    sampler = given.get("batch_sampler")
+    size = getattr(sampler, "batch_size", None) if sampler is not None else given.get("batch_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return max(1, plan.batching.local_batch_size)
+
+
+def batch_bytes(plan: Plan, batch_size: int, sizes: np.ndarray | None) -> int:
+    """The largest batch of ``batch_size`` samples: the plan's worst batch (measured or
+    replayed by the tune) where the loader runs the plan's batch size; else the
+    ``batch_size`` largest samples, else the plan's worst scaled to ``batch_size``
+    (0: nothing known)."""
+    planned = max(1, plan.batching.local_batch_size)
+    worst = plan.evidence.worst_batch_bytes
+    if worst and batch_size == planned:
+        return int(worst)
+    if sizes is not None and len(sizes):
+        k = min(len(sizes), batch_size)
+        return int(np.partition(np.asarray(sizes), len(sizes) - k)[-k:].sum())
+    return int(worst * batch_size / planned)
+
+
+def fit_cache(loader: Any) -> None:
+    """A /dev/shm node cache brought to the settings ``loader`` runs now (after adaptation
+    or survival changed them): it leaves free what the node's batches in flight need at
+    those settings, giving back blocks where it holds that room already."""
+    node: NodeCache | None = getattr(loader, "node_cache", None)
+    plan: Plan | None = getattr(loader, "plan", None)
+    if node is None or plan is None or node.where != "shm":
+        return
+    running = {
+        "num_workers": loader.num_workers,
+        "prefetch_factor": loader.prefetch_factor,
+        "batch_sampler": loader.batch_sampler,
+    }
+    in_flight = shm_in_flight(plan, running, getattr(loader, "_sizes", None))
+    node.leave_free(max(plan.cache.min_free_bytes if plan.cache else 0, shm_floor(in_flight)))
+
+
+def shm_floor(in_flight_bytes: int) -> int:
+    """What a /dev/shm cache leaves free for ``in_flight_bytes`` of this rank's batches:
+    every local rank's, over the share of free /dev/shm batches may take (the tune's own
+    floor, ``tuning/node_cache.py``)."""
+    return int(in_flight_bytes * max(1, local_world_size()) / SHM_MARGIN)
 
 
 def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:

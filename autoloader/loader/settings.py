@@ -73,6 +73,9 @@ def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
             compat.end_persistent_iterator(loader)
         loader.num_workers = workers
         loader.prefetch_factor = prefetch
+        from autoloader.loader.planned import fit_cache  # it imports torch; this module not
+
+        fit_cache(loader)  # a /dev/shm cache leaves the new batches in flight their room
     if settings.device_prefetch is not None:
         loader.device_prefetch = settings.device_prefetch
     return workers_changed

@@ -119,6 +119,8 @@ class LoaderMetrics:
             registry=registry,
         )
         self._runtime_metrics(registry)
+        self._health_metrics(registry)
+        self._cache_metrics(registry)
         self.h2d = Histogram(
             "autoloader_h2d_seconds",
             "Host-to-device copy time per batch (DataLoader(device=...)).",
@@ -127,8 +129,8 @@ class LoaderMetrics:
         )
 
     def _runtime_metrics(self, registry: CollectorRegistry) -> None:
-        """Run-time adaptation, the last complete epoch and memory drift (see
-        ``autoloader/loader/runtime.py``)."""
+        """Run-time adaptation, the last complete epoch, memory drift and whether the plan
+        is stale (see ``autoloader/loader/runtime.py``)."""
         kw: dict[str, Any] = {"labelnames": LABELS, "registry": registry}
         gauge = {**kw, "multiprocess_mode": "livemax"}
         self.adaptations = Counter(
@@ -168,6 +170,17 @@ class LoaderMetrics:
             "The last epoch's device memory peak over the plan's predicted peak (CUDA).",
             **gauge,
         )
+        self.plan_stale = Gauge(
+            "autoloader_plan_stale",
+            "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
+            **gauge,
+        )
+
+    def _health_metrics(self, registry: CollectorRegistry) -> None:
+        """What the loader survived: restarted workers, retried remote reads, stalls, and
+        the shared memory its batches in flight hold."""
+        kw: dict[str, Any] = {"labelnames": LABELS, "registry": registry}
+        gauge = {**kw, "multiprocess_mode": "livemax"}
         self.worker_restarts = Counter(
             "autoloader_worker_restarts",
             "Worker restarts of a planned loader at its position: a worker died, or the "
@@ -193,6 +206,12 @@ class LoaderMetrics:
             "Shared memory (/dev/shm) the loader's processes hold mapped: batches in flight.",
             **gauge,
         )
+
+    def _cache_metrics(self, registry: CollectorRegistry) -> None:
+        """The node cache: blocks mapped and decoded by this rank's processes, and the
+        bytes the node's cache holds (``autoloader_cache_*``)."""
+        kw: dict[str, Any] = {"labelnames": LABELS, "registry": registry}
+        gauge = {**kw, "multiprocess_mode": "livemax"}
         self.cache_hits = Counter(
             "autoloader_cache_hits",
             "Storage blocks this rank's processes mapped from the node cache.",
@@ -206,11 +225,6 @@ class LoaderMetrics:
         self.cache_bytes = Gauge(
             "autoloader_cache_bytes",
             "Bytes of decoded blocks in the node cache (every rank's on the node).",
-            **gauge,
-        )
-        self.plan_stale = Gauge(
-            "autoloader_plan_stale",
-            "1 when memory drift or an out-of-memory error says the plan should be re-tuned.",
             **gauge,
         )
 

@@ -79,15 +79,36 @@ def choose_cache(
     """Measure and decide (the module's notes). ``where``: "shm" or a directory;
     ``batch_bytes``: a mean batch's; ``shm_need_bytes``: this rank's batches in flight;
     ``worker_bytes``: what one worker holds; ``step_seconds``: one step, where timed."""
-    read = getattr(dataset, "autoloader_read_block", None)
-    blocks = getattr(dataset, "autoloader_blocks", None)
-    if (
-        not callable(read)
-        or not callable(blocks)
-        or not callable(getattr(dataset, "autoloader_node_cache", None))
+    if not all(
+        callable(getattr(dataset, name, None))
+        for name in ("autoloader_read_block", "autoloader_blocks", "autoloader_node_cache")
     ):
         return none("the dataset reads no storage blocks a node cache could keep")
-    bounds = np.asarray(blocks(), dtype=np.int64)
+    measured = _measure(dataset, where)
+    if isinstance(measured, CacheChoice):
+        return measured
+    pointless = _pays_nothing(measured, workers, batch_bytes, step_seconds)
+    if pointless is not None:
+        return pointless
+    return _sized(measured, where, shm_need_bytes, workers, worker_bytes)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A few blocks decoded and read back from a probe cache: the figures kept in
+    ``[tuning.cache]`` (added to as the choice goes on), and what the choice reads."""
+
+    figures: dict[str, Any]
+    count: int  # the data's blocks
+    decoded: int  # the data's decoded bytes
+    speedup: float  # a block decoded over the same block read from the cache
+    seconds_per_byte: float  # decoding from the source
+
+
+def _measure(dataset: Any, where: str) -> _Measured | CacheChoice:
+    """Blocks timed as a worker reads them, decoded and from a cache in ``where``; no
+    cache (a ``CacheChoice``) where none can be written there or it is not faster."""
+    bounds = np.asarray(dataset.autoloader_blocks(), dtype=np.int64)
     count = len(bounds) - 1
     fresh = pickle.loads(pickle.dumps(dataset))  # as a worker reads it: no warm caches
     source, cached, block_bytes = _time_blocks(fresh, count, where)
@@ -113,15 +134,34 @@ def choose_cache(
             **figures,
         )
     per_byte = src / max(1.0, float(np.mean(block_bytes)))
-    read_per_batch = per_byte * batch_bytes / max(1, workers)
-    if step_seconds is not None:
-        figures.update(step_seconds_per_batch=step_seconds, read_seconds_per_batch=read_per_batch)
-        if step_seconds > STEP_BOUND * read_per_batch:
-            return none(
-                f"the step ({step_seconds:.3g} s a batch) is over {STEP_BOUND:g}x the "
-                f"workers' reads ({read_per_batch:.3g} s a batch): faster reads buy nothing",
-                **figures,
-            )
+    return _Measured(figures, count, decoded, speedup, per_byte)
+
+
+def _pays_nothing(
+    measured: _Measured, workers: int, batch_bytes: float, step_seconds: float | None
+) -> CacheChoice | None:
+    """No cache where the step is so much slower than the workers' reads that faster
+    reads buy nothing (None: reads matter, or the step was not timed)."""
+    if step_seconds is None:
+        return None
+    read_per_batch = measured.seconds_per_byte * batch_bytes / max(1, workers)
+    figures = measured.figures
+    figures.update(step_seconds_per_batch=step_seconds, read_seconds_per_batch=read_per_batch)
+    if step_seconds <= STEP_BOUND * read_per_batch:
+        return None
+    return none(
+        f"the step ({step_seconds:.3g} s a batch) is over {STEP_BOUND:g}x the "
+        f"workers' reads ({read_per_batch:.3g} s a batch): faster reads buy nothing",
+        **figures,
+    )
+
+
+def _sized(
+    measured: _Measured, where: str, shm_need_bytes: int, workers: int, worker_bytes: float
+) -> CacheChoice:
+    """The cache the room in ``where`` holds: all the blocks, a share of them, or none
+    where that share is under ``MIN_SHARE``."""
+    figures, decoded, count = measured.figures, measured.decoded, measured.count
     room, room_figures = _room(where, shm_need_bytes, workers, worker_bytes)
     figures.update(room_figures)
     budget = int(room * ROOM_SHARE)
@@ -146,7 +186,7 @@ def choose_cache(
     )
     what = "all" if share >= 1.0 else f"{share:.0%} of the blocks"
     reason = (
-        f"a block maps {speedup:.1f}x faster than it decodes; {what} of the "
+        f"a block maps {measured.speedup:.1f}x faster than it decodes; {what} of the "
         f"{format_bytes(decoded)} decoded fits {_place(where)}"
     )
     return CacheChoice(plan, {"chosen": "cache", "reason": reason, **figures})

@@ -138,6 +138,33 @@ def test_the_bound_and_the_free_space_left_hold(tmp_path: Path) -> None:
     assert tight.directory.is_dir() and not list(tight.directory.glob("*.npy"))
 
 
+def test_a_floor_raised_past_the_free_space_gives_back_entries_until_it_is_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More batches in flight (adaptation raised the workers) than the room the cache left:
+    entries are given back until the new floor is free, and their blocks decoded again."""
+    cache, load = _cache(tmp_path), Loads()
+    for start in range(4):
+        cache.get(("f", "hits", start), load, shape=(100, 6))
+    entry = cache.used_bytes() // 4
+    given: list[int] = []
+    free = {"bytes": 10 * entry}  # the filesystem's free space, as statvfs says it
+
+    def drop_counted(path: Path) -> int:  # the space an entry held comes back
+        return free["bytes"] + sum(given)
+
+    monkeypatch.setattr(store_module, "_free", drop_counted)
+    assert cache.leave_free(10 * entry) == 0  # the room is there: nothing given back
+    given.append(cache.leave_free(int(11.5 * entry)))  # 1.5 entries short: two go
+    assert given == [2 * entry]
+    assert len(list(cache.directory.glob("*.npy"))) == 2
+    assert cache.used_bytes() == 2 * entry and cache.min_free_bytes == int(11.5 * entry)
+    served = [cache.get(("f", "hits", start), load, shape=(100, 6)) for start in range(4)]
+    assert all(np.asarray(b).tobytes() == BLOCK.tobytes() for b in served)
+    assert load.calls == 4 + 2  # the two given back decoded again, and not written
+    assert len(list(cache.directory.glob("*.npy"))) == 2
+
+
 def test_a_share_of_blocks_is_kept_the_same_in_every_process(tmp_path: Path) -> None:
     keys = [("f", "hits", s) for s in range(400)]
     kept = [k for k in keys if _cache(tmp_path, share=0.25).keeps(k)]

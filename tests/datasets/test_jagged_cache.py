@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -384,3 +388,111 @@ def test_a_hand_written_shm_cache_leaves_what_the_batches_in_flight_need(
             assert node.min_free_bytes > 0
     finally:
         release(str(node.home))
+
+
+def _shm_plan(workers: int, worst: int) -> autoloader.Plan:
+    """A plan of ``workers``, batches of 32 and a /dev/shm cache, whose tune replayed a
+    worst batch of ``worst`` bytes."""
+    return autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": workers},
+            "batching": {"strategy": "random", "local_batch_size": 32},
+            "cache": {"where": "shm"},
+            "tuning": {"strategies": {"random": {"worst_batch_bytes": worst}}},
+        }
+    )
+
+
+def _largest(ds: object, k: int) -> int:
+    from autoloader.sizes import sample_sizes
+
+    return sum(sorted(int(s) for s in sample_sizes(ds))[-k:])
+
+
+def test_a_shm_cache_leaves_room_for_the_batches_the_loader_runs_not_the_plans(
+    specs: dict[str, str],
+) -> None:
+    """A plan of 0 workers and batches of 32, overridden by ``num_workers=2,
+    batch_size=128``: the cache leaves free what 2 workers x 2 batches of 128 (and the two
+    the loop holds) take, not what the plan's batch of 32 does."""
+    ds = autoloader.open_dataset(specs["km3"])
+    plan = _shm_plan(0, worst=1000)  # the plan's batch of 32: 1 kB at worst
+    loader = autoloader.DataLoader(
+        ds, plan=plan, num_workers=2, batch_size=128, adapt=False, check_fingerprint=False
+    )
+    node = loader.node_cache
+    assert node is not None
+    try:
+        in_flight = (2 * 2 + 2) * _largest(ds, 128)  # the 128 largest: no batch holds more
+        assert node.min_free_bytes == int(in_flight / 0.5)
+    finally:
+        release(str(node.home))
+
+
+def test_a_shm_cache_follows_the_settings_adaptation_moves_the_loader_to(
+    specs: dict[str, str],
+) -> None:
+    """The settings the adapter (and survival) apply to the loader move the cache's floor
+    with them: up with more batches in flight, down with fewer."""
+    from autoloader.loader.settings import Settings, apply
+
+    ds = autoloader.open_dataset(specs["km3"])
+    worst = 50_000
+    loader = autoloader.DataLoader(ds, plan=_shm_plan(1, worst), check_fingerprint=False)
+    node = loader.node_cache
+    assert node is not None
+    try:
+        assert node.min_free_bytes == int((1 * 2 + 2) * worst / 0.5)
+        apply(loader, Settings(4, 3))  # as a raise does, between epochs
+        assert (loader.num_workers, loader.prefetch_factor) == (4, 3)
+        assert node.min_free_bytes == int((4 * 3 + 2) * worst / 0.5)
+        apply(loader, Settings(0, None))  # as survival's step down to none does
+        assert node.min_free_bytes == 0
+    finally:
+        release(str(node.home))
+
+
+def _in_small_shm(command: str, size: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run with a /dev/shm of ``size``: a tmpfs in a private mount namespace,
+    as a container's small /dev/shm (nothing outside the namespace sees it)."""
+    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && {command}"
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent.parent,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a private mount namespace with its own /dev/shm needs root and unshare(1)",
+)
+def test_overrides_on_a_small_dev_shm_serve_or_say_which_setting_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The hostile case: a plan of 0 workers with a /dev/shm cache, run with
+    ``num_workers=2, batch_size=128``. On a /dev/shm of 28 MB the cache left the batches
+    in flight of the plan's batch of 32 and the workers died at epoch 0 (or hung): it
+    leaves those of 128 now, and both epochs are served. On 6 MB, where no cache is
+    involved and the batches alone do not fit, one line names the settings and what is
+    free, instead of torch's error printed in a worker and a loop that waits for ever."""
+    probe = _in_small_shm("true", "6m")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr.strip()}")
+    run = f"{sys.executable} tests/shm_cache_data.py {tmp_path} 800"
+    served = _in_small_shm(run, "28m")
+    assert served.returncode == 0, served.stdout + served.stderr[-3000:]
+    assert served.stdout.count("7 batches") == 2, served.stdout
+    refused = _in_small_shm(f"{run} --no-cache", "6m")
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: a batch of [\d.]+ MiB does not fit in shared memory at num_workers=2, "
+        r"prefetch_factor=2, batch_size=128: /dev/shm has [\d.]+ [KM]iB free of 6\.0 MiB; "
+        r"lower num_workers, prefetch_factor or batch_size, or give the container a larger "
+        r"/dev/shm: .*\n",
+        refused.stdout,
+    ), refused.stdout
+    assert "Traceback" not in refused.stderr  # nothing printed from a worker's queue
