@@ -94,3 +94,39 @@ def test_a_tree_whose_name_holds_hashes_is_named_after_the_path(tmp_path: Path) 
     assert len(autoloader.open_dataset(f"{tmp_path}/*.root###Params")) == 2
     with pytest.raises(DatasetError, match=r"holds 2 trees: '##Params', 'CollectionTree'"):
         autoloader.open_dataset(str(path))
+
+
+def _cached(name: str) -> str:
+    """A scikit-hep-testdata file where this machine has it in that package's cache: its
+    wheel ships none and fetches them at first use, which a test never does."""
+    path = Path.home() / ".local" / "skhepdata" / name
+    if not path.is_file():
+        pytest.skip(f"{name} is not in scikit-hep-testdata's cache on this machine")
+    return str(path)
+
+
+def test_a_delphes_file_repeating_a_branch_name_reads_the_first_and_names_the_second() -> None:
+    path = _cached("uproot-issue513.root")  # two top-level branches named 'Particle'
+    ds = autoloader.open_dataset(f"{path}#Delphes?fields=Particle.PT,Particle.Eta")
+    t = uproot.open(path)["Delphes"]
+    for e in (0, 9):
+        want = np.stack([ak.to_numpy(t[n].array(library="ak")[e]) for n in ds.fields], 1)
+        np.testing.assert_array_equal(ds[e].x.numpy(), want.astype(np.float32))
+    with pytest.raises(
+        DatasetError,
+        match=r"field 'Particle/Particle.DeltaEta' cannot be read: the file gives its path "
+        r"to two branches$",
+    ):
+        autoloader.open_dataset(f"{path}#Delphes?fields=Particle.DeltaEta")
+
+
+def test_types_uproot_cannot_name_and_tnuples_are_said_not_raised() -> None:
+    with pytest.raises(
+        DatasetError,
+        match=r"the tree holds 1 other branch \('point': a type uproot cannot interpret",
+    ):
+        autoloader.open_dataset(f"{_cached('uproot-issue501.root')}#T")
+    with pytest.raises(
+        DatasetError, match=r"#ntuple': no per-event collection to read: the TNtuple holds 5"
+    ):
+        autoloader.open_dataset(f"{_cached('uproot-hepdata-example.root')}#ntuple")

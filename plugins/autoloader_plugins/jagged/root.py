@@ -122,6 +122,25 @@ def _counted_by(tree: Any, branch: Any) -> str:
     return f"counted by {counter.name}" if counter is not None else "no counter"
 
 
+def _typename(branch: Any) -> str:
+    """A branch's C++ type as uproot names it, for messages; uproot's own naming fails on
+    some types it reads as raw bytes (a 16-byte ``V`` dtype)."""
+    try:
+        name = branch.typename
+    except Exception:
+        name = None
+    return name if name and name != "unknown" else "a type uproot cannot interpret"
+
+
+def _reachable(tree: Any, name: str, branch: Any) -> bool:
+    """Whether ``tree[name]`` is this branch: a file that repeats a top-level branch name
+    (Delphes output merged twice) hides the second one's members behind the first's."""
+    try:
+        return tree[name] is branch
+    except Exception:
+        return False
+
+
 def _owner(tree: Any, branch: Any) -> str:
     """The split object a branch is a member of (its parent branch's name), or "" for a
     branch at the top of the tree."""
@@ -156,11 +175,7 @@ class RootTree(BlockReader):
         self.event_fields = select_event_fields(
             event_fields,
             scalars,
-            (
-                (n, b.typename or "unknown type")
-                for n, b in tree.iteritems(recursive=True)
-                if not len(b.branches)
-            ),
+            ((n, _typename(b)) for n, b in tree.iteritems(recursive=True) if not len(b.branches)),
             where=self.where,
             match=self._matcher(tree, "event field"),
         )
@@ -277,6 +292,9 @@ class RootTree(BlockReader):
         scalars: list[str] = []
         skipped: dict[str, str] = {}
         for name, branch in tree.iteritems(recursive=True):
+            if not _reachable(tree, name, branch):
+                skipped.setdefault(name, "the file gives its path to two branches")
+                continue
             if len(branch.branches):
                 first = branch.branches[0].name
                 skipped[name] = (
@@ -296,8 +314,7 @@ class RootTree(BlockReader):
                 if kind.inner_shape == ():
                     scalars.append(name)
                 continue
-            typename = branch.typename if branch.typename not in ("", "unknown") else None
-            why = f"{typename or 'a type uproot cannot interpret'}: not a numeric per-item array"
+            why = f"{_typename(branch)}: not a numeric per-item array"
             skipped[name] = why
             if not named:
                 log.info("%s: branch %r skipped (%s)", self.where, name, why)
@@ -390,8 +407,9 @@ class RootTree(BlockReader):
             try:
                 counts = self._counts_of(tree, n, 0, first)
             except Exception as exc:
+                hint = "; name the fields to read with '?fields=PATTERNS'" if by_object else ""
                 raise DatasetError(
-                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}"
+                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}{hint}"
                 ) from None
             owner = _owner(tree, tree[n]) if by_object else ""
             groups.setdefault((counts.tobytes(), owner), []).append(n)
