@@ -157,6 +157,7 @@ class _Plugin:
                 return NuGraphEvents(p, split)
             if tables:
                 return open_h5(spec)
+            _refuse_item_tables(spec, p, split)
         if split is not None:
             raise DatasetError(
                 f"DATASET '{spec}': '#{split}' selects a split of a NuGraph/pynuml file "
@@ -164,6 +165,41 @@ class _Plugin:
                 "with _indices, offsets or counts), but this file has one group per event"
             )
         return GraphEventsH5(path)
+
+
+_KEYS = ("event_no", "event_id", "Event", "group_id")  # GraphNeT, km3pipe, I3 tableio
+
+
+def _refuse_item_tables(spec: str, path: Path, split: str | None) -> None:
+    """A file of tables of one row per item (km3pipe's and IceCube's tableio's compound
+    datasets, PyTables tables) is not one group per event: say how to open a table as a
+    keyed long table, naming its key, instead of reading its index groups as events.
+
+    Raises:
+        DatasetError: the file holds such tables at its top level.
+    """
+    with h5py.File(path, "r") as f:
+        found = {
+            k: (len(v), v.dtype.names)
+            for k, v in f.items()
+            if isinstance(v, h5py.Dataset) and v.dtype.names
+        }
+    if not found:
+        return
+    chosen = split if split in found else max(found, key=lambda k: found[k][0])
+    key = next((k for k in _KEYS if k in (found[chosen][1] or ())), "COLUMN")
+    how = f"naming the column of its event, as '{path}#{chosen}?key={key}'"
+    if split in found:
+        raise DatasetError(
+            f"DATASET '{spec}': '{split}' is a table of rows, not a group of events; open "
+            f"it as a keyed long table, {how}"
+        )
+    listed = ", ".join(f"'{k}' ({rows} rows)" for k, (rows, _) in list(found.items())[:6])
+    more = f", ... ({len(found)} tables)" if len(found) > 6 else ""
+    raise DatasetError(
+        f"DATASET '{spec}': the file holds tables of rows, not one group per event: "
+        f"{listed}{more}; open one as a keyed long table, {how}"
+    )
 
 
 def _split_spec(spec: str) -> tuple[str, str | None]:
