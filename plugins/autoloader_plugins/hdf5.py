@@ -56,12 +56,24 @@ class GraphEventsH5(LazyFile, Dataset):
         try:
             with h5py.File(self.path, "r") as f:
                 self.keys = [k for k, v in f.items() if isinstance(v, h5py.Group)]
+                found = [
+                    f"'{k}' {list(v.shape)} {v.dtype}"
+                    for k, v in f.items()
+                    if isinstance(v, h5py.Dataset)
+                ]
         except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
             raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
         if not self.keys:
+            held = (
+                f"holds no group, only the datasets {', '.join(found[:6])}"
+                + (f", ... ({len(found)} datasets)" if len(found) > 6 else "")
+                if found
+                else "holds no event groups"
+            )
             raise DatasetError(
-                f"DATASET '{path}': empty: the file holds no event groups "
-                "(expected one group per event, one dataset per tensor)"
+                f"DATASET '{path}': empty: the file {held} (expected one group per event, "
+                "one dataset per tensor; a jagged table's group of per-item columns with "
+                "_indices, offsets or counts; or a table of rows, FILE.h5#TABLE?key=COLUMN)"
             )
         self._file: h5py.File | None = None
         self._pid: int | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -87,3 +88,30 @@ def test_a_blosc_compressed_km3pipe_table_names_the_filter_or_reads_through_hdf5
         rows = hits[hits["event_id"] == event]
         want = np.stack([rows["time"], rows["tot"], rows["dom_id"]], 1).astype(np.float32)
         np.testing.assert_array_equal(ds[i].x.numpy(), want)
+
+
+def test_a_file_of_matrices_names_them_and_the_layouts_read(tmp_path) -> None:
+    # pylhe's HPC layout (scikit-hep-testdata's pylhe-testfile-hpcgen.hdf5, where cached):
+    # an events matrix and a particles matrix, no group
+    cached = Path.home() / ".local" / "skhepdata" / "pylhe-testfile-hpcgen.hdf5"
+    path = tmp_path / "hpcgen.hdf5"
+    with h5py.File(path, "w") as f:
+        f["events"] = np.zeros((100, 10))
+        f["particles"] = np.zeros((400, 13))
+        f["version"] = np.zeros(3, dtype=np.int32)
+    for file, shown in (
+        (path, "'events' [100, 10] float64, 'particles' [400, 13] float64, 'version' [3] int32"),
+        (cached, "'events' [100, 10] float64, 'init' [10] float64, 'particles' [400, 13] float64"),
+    ):
+        if not file.is_file():
+            continue  # scikit-hep-testdata's wheel ships no files: fetched at first use
+        with pytest.raises(DatasetError) as caught:
+            autoloader.open_dataset(str(file))
+        assert str(caught.value).startswith(
+            f"DATASET '{file}': empty: the file holds no group, only the datasets {shown}"
+        )
+        assert str(caught.value).endswith(
+            "(expected one group per event, one dataset per tensor; a jagged table's group of "
+            "per-item columns with _indices, offsets or counts; or a table of rows, "
+            "FILE.h5#TABLE?key=COLUMN)"
+        )
