@@ -56,12 +56,24 @@ class GraphEventsH5(LazyFile, Dataset):
         try:
             with h5py.File(self.path, "r") as f:
                 self.keys = [k for k, v in f.items() if isinstance(v, h5py.Group)]
+                found = [
+                    f"'{k}' {list(v.shape)} {v.dtype}"
+                    for k, v in f.items()
+                    if isinstance(v, h5py.Dataset)
+                ]
         except (OSError, RuntimeError) as exc:  # RuntimeError: corrupt metadata
             raise DatasetError(f"DATASET '{path}': cannot open as HDF5: {exc}") from None
         if not self.keys:
+            held = (
+                f"holds no group, only the datasets {', '.join(found[:6])}"
+                + (f", ... ({len(found)} datasets)" if len(found) > 6 else "")
+                if found
+                else "holds no event groups"
+            )
             raise DatasetError(
-                f"DATASET '{path}': empty: the file holds no event groups "
-                "(expected one group per event, one dataset per tensor)"
+                f"DATASET '{path}': empty: the file {held} (expected one group per event, "
+                "one dataset per tensor; a jagged table's group of per-item columns with "
+                "_indices, offsets or counts; or a table of rows, FILE.h5#TABLE?key=COLUMN)"
             )
         self._file: h5py.File | None = None
         self._pid: int | None = None
@@ -157,6 +169,7 @@ class _Plugin:
                 return NuGraphEvents(p, split)
             if tables:
                 return open_h5(spec)
+            _refuse_item_tables(spec, p, split)
         if split is not None:
             raise DatasetError(
                 f"DATASET '{spec}': '#{split}' selects a split of a NuGraph/pynuml file "
@@ -164,6 +177,41 @@ class _Plugin:
                 "with _indices, offsets or counts), but this file has one group per event"
             )
         return GraphEventsH5(path)
+
+
+_KEYS = ("event_no", "event_id", "Event", "group_id")  # GraphNeT, km3pipe, I3 tableio
+
+
+def _refuse_item_tables(spec: str, path: Path, split: str | None) -> None:
+    """A file of tables of one row per item (km3pipe's and IceCube's tableio's compound
+    datasets, PyTables tables) is not one group per event: say how to open a table as a
+    keyed long table, naming its key, instead of reading its index groups as events.
+
+    Raises:
+        DatasetError: the file holds such tables at its top level.
+    """
+    with h5py.File(path, "r") as f:
+        found = {
+            k: (len(v), v.dtype.names)
+            for k, v in f.items()
+            if isinstance(v, h5py.Dataset) and v.dtype.names
+        }
+    if not found:
+        return
+    chosen = split if split in found else max(found, key=lambda k: found[k][0])
+    key = next((k for k in _KEYS if k in (found[chosen][1] or ())), "COLUMN")
+    how = f"naming the column of its event, as '{path}#{chosen}?key={key}'"
+    if split in found:
+        raise DatasetError(
+            f"DATASET '{spec}': '{split}' is a table of rows, not a group of events; open "
+            f"it as a keyed long table, {how}"
+        )
+    listed = ", ".join(f"'{k}' ({rows} rows)" for k, (rows, _) in list(found.items())[:6])
+    more = f", ... ({len(found)} tables)" if len(found) > 6 else ""
+    raise DatasetError(
+        f"DATASET '{spec}': the file holds tables of rows, not one group per event: "
+        f"{listed}{more}; open one as a keyed long table, {how}"
+    )
 
 
 def _split_spec(spec: str) -> tuple[str, str | None]:

@@ -29,11 +29,13 @@ from autoloader.datasets.remote_file import file_key
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
+from autoloader_plugins.jagged.root_said import listed_groups, no_collection
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
 
 _ROOT_MAGIC = b"root"  # the first bytes of every ROOT file
+_TREES = "/^(TTree|TNtuple|TNtupleD)$/"  # a TNtuple is a TTree of float scalars
 
 
 def _uproot() -> Any:
@@ -120,6 +122,34 @@ def _counted_by(tree: Any, branch: Any) -> str:
     return f"counted by {counter.name}" if counter is not None else "no counter"
 
 
+def _typename(branch: Any) -> str:
+    """A branch's C++ type as uproot names it, for messages; uproot's own naming fails on
+    some types it reads as raw bytes (a 16-byte ``V`` dtype)."""
+    try:
+        name = branch.typename
+    except Exception:
+        name = None
+    return name if name and name != "unknown" else "a type uproot cannot interpret"
+
+
+def _reachable(tree: Any, name: str, branch: Any) -> bool:
+    """Whether ``tree[name]`` is this branch: a file that repeats a top-level branch name
+    (Delphes output merged twice) hides the second one's members behind the first's."""
+    try:
+        return tree[name] is branch
+    except Exception:
+        return False
+
+
+def _owner(tree: Any, branch: Any) -> str:
+    """The split object a branch is a member of (its parent branch's name), or "" for a
+    branch at the top of the tree."""
+    parent = getattr(branch, "parent", None)
+    if parent is None or parent is tree or not hasattr(parent, "branches"):
+        return ""
+    return str(parent.name)
+
+
 class RootTree(BlockReader):
     """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
 
@@ -138,16 +168,14 @@ class RootTree(BlockReader):
         tree = self._open_tree()
         self.name = tree.object_path.strip("/").split(";")[0]
         items, scalars, skipped = self._branches(tree, named=fields is not None)
+        if not items and fields is None:
+            raise DatasetError(f"{self.where}: {no_collection(tree, scalars, skipped)}")
         chosen = self._collection(tree, items, skipped, fields)
         self.fields = tuple(Field(n, items[n]) for n in chosen)
         self.event_fields = select_event_fields(
             event_fields,
             scalars,
-            (
-                (n, b.typename or "unknown type")
-                for n, b in tree.iteritems(recursive=True)
-                if not len(b.branches)
-            ),
+            ((n, _typename(b)) for n, b in tree.iteritems(recursive=True) if not len(b.branches)),
             where=self.where,
             match=self._matcher(tree, "event field"),
         )
@@ -215,7 +243,7 @@ class RootTree(BlockReader):
         try:
             trees = list(
                 dict.fromkeys(
-                    self._file().keys(filter_classname="TTree", recursive=True, cycle=False)
+                    self._file().keys(filter_classname=_TREES, recursive=True, cycle=False)
                 )
             )
         except DatasetError:
@@ -264,6 +292,9 @@ class RootTree(BlockReader):
         scalars: list[str] = []
         skipped: dict[str, str] = {}
         for name, branch in tree.iteritems(recursive=True):
+            if not _reachable(tree, name, branch):
+                skipped.setdefault(name, "the file gives its path to two branches")
+                continue
             if len(branch.branches):
                 first = branch.branches[0].name
                 skipped[name] = (
@@ -283,7 +314,7 @@ class RootTree(BlockReader):
                 if kind.inner_shape == ():
                     scalars.append(name)
                 continue
-            why = f"{branch.typename or 'unknown type'}: not a numeric per-item array"
+            why = f"{_typename(branch)}: not a numeric per-item array"
             skipped[name] = why
             if not named:
                 log.info("%s: branch %r skipped (%s)", self.where, name, why)
@@ -308,9 +339,9 @@ class RootTree(BlockReader):
             names = list(items)
         if not names:
             raise DatasetError(f"{self.where}: no jagged numeric branch to read")
-        groups = self._groups(tree, names)
+        groups = self._groups(tree, names, by_object=patterns is None)
         if len(groups) > 1:
-            listed = "; ".join(f"{', '.join(members)} [{key}]" for key, members in groups.items())
+            listed = listed_groups(groups)
             if patterns is not None:
                 raise DatasetError(
                     f"{self.where}: the fields belong to different collections (their "
@@ -356,11 +387,14 @@ class RootTree(BlockReader):
 
         return match
 
-    def _groups(self, tree: Any, names: list[str]) -> dict[str, list[str]]:
+    def _groups(self, tree: Any, names: list[str], by_object: bool) -> dict[str, list[str]]:
         """Fields by collection: equal counts over the first cluster (every read checks
         the rest), each labelled by its counter branch where the file has one. Fields
         that all share one flat counter branch are one collection without reading any
-        (over a network, reading the first cluster of every field costs a request each)."""
+        (over a network, reading the first cluster of every field costs a request each).
+        ``by_object``: members of different split objects are different collections even
+        where their counts agree over the first cluster (a data file's empty ``mc_hits``
+        and ``mc_trks``): a tree is not opened whole as one mixed collection."""
         counters = {_counter(tree[n]) for n in names}
         if len(counters) == 1 and None not in counters:
             return {f"counted by {counters.pop()}": list(names)}
@@ -368,17 +402,19 @@ class RootTree(BlockReader):
             first = int(_common_entry_offsets(tree, names)[:2][-1])
         except Exception:
             first = min(int(tree.num_entries), 1000)
-        groups: dict[bytes, list[str]] = {}
+        groups: dict[tuple[bytes, str], list[str]] = {}
         for n in names:
             try:
                 counts = self._counts_of(tree, n, 0, first)
             except Exception as exc:
+                hint = "; name the fields to read with '?fields=PATTERNS'" if by_object else ""
                 raise DatasetError(
-                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}"
+                    f"{self.where}: cannot read {n!r}: {handles.whole(exc)}{hint}"
                 ) from None
-            groups.setdefault(counts.tobytes(), []).append(n)
+            owner = _owner(tree, tree[n]) if by_object else ""
+            groups.setdefault((counts.tobytes(), owner), []).append(n)
         labelled = {}
-        for key, members in groups.items():
+        for (key, _), members in groups.items():
             label = _counted_by(tree, tree[members[0]])
             items = int(np.frombuffer(key, dtype=np.int64).sum())
             labelled[f"{label} ({items} items in the first {first} events)"] = members

@@ -99,7 +99,7 @@ def parse(spec: str) -> JaggedSpec:
         head, query = spec[:found], spec[found + 1 :]
     path, name = head, None
     if "#" in head and not Path(head).exists():
-        path, _, name = head.rpartition("#")
+        path, name = _split_name(head)
         name = name.strip("/") or None
     values: dict[str, tuple[str, ...]] = {}
     names: dict[str, str] = {}
@@ -148,15 +148,30 @@ def _query_start(spec: str) -> int | None:
     return known.start() if known is not None else None
 
 
+def _split_name(head: str) -> tuple[str, str]:
+    """``PATH#NAME`` as (path, name). The name may hold ``#`` itself (ATLAS files keep
+    trees named ``##Links``, ``##Params``): the path is the shortest part before a ``#``
+    that names something; where none does, the last ``#`` splits, so that the error is
+    about the path."""
+    if not location.is_url(head):
+        for found in re.finditer("#", head):
+            if _exists(head[: found.start()]):
+                return head[: found.start()], head[found.end() :]
+    path, _, name = head.rpartition("#")
+    return path, name
+
+
+def _exists(path: str) -> bool:
+    """Whether a local path names a file, a directory or files a glob matches."""
+    return bool(path) and bool(Path(path).exists() or (_GLOB.search(path) and glob.glob(path)))
+
+
 def _names_something(head: str) -> bool:
     """Whether ``PATH[#NAME]`` names a file, a directory or files a glob matches (a URL
     is taken to: asking its server is not for parsing)."""
     if location.is_url(head):
         return True
-    for path in dict.fromkeys((head, head.rpartition("#")[0])):
-        if path and (Path(path).exists() or (_GLOB.search(path) and glob.glob(path))):
-            return True
-    return False
+    return _exists(head) or ("#" in head and _exists(_split_name(head)[0]))
 
 
 def select(

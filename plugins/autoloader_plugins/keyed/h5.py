@@ -77,6 +77,39 @@ def is_long_table(path: Path, name: str, key: str | None) -> bool:
         return False
 
 
+_FILTER_NAMES = {307: "bzip2", 32001: "Blosc", 32004: "LZ4", 32008: "Bitshuffle", 32015: "Zstd"}
+
+
+def missing_filter(obj: Any) -> str | None:
+    """The compression filter a table's datasets need and this h5py lacks, named, or None.
+    PyTables writes Blosc (filter 32001) by default, and h5py's own read of it fails with
+    "can't open directory (/usr/local/lib/plugin)"; hdf5plugin registers it when imported."""
+    import h5py
+
+    datasets = [obj] if isinstance(obj, h5py.Dataset) else list(_datasets(obj))
+    for dataset in datasets:
+        plist = dataset.id.get_create_plist()
+        for i in range(plist.get_nfilters()):
+            code, _, _, label = plist.get_filter(i)
+            if h5py.h5z.filter_avail(code):
+                continue
+            try:
+                import hdf5plugin  # noqa: F401  (registers its filters with HDF5)
+            except ImportError:
+                pass
+            if h5py.h5z.filter_avail(code):
+                continue
+            named = _FILTER_NAMES.get(code) or label.decode(errors="replace") or "a filter"
+            return f"{named} (HDF5 filter {code})"
+    return None
+
+
+def _datasets(group: Any) -> list[Any]:
+    import h5py
+
+    return [v for v in group.values() if isinstance(v, h5py.Dataset)]
+
+
 def _column(obj: Any, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
     import h5py
 
@@ -114,6 +147,12 @@ class H5LongTable(KeyedTable):
                 "of 1-D columns without extents"
             )
         cols, obj = found
+        missing = missing_filter(obj)
+        if missing is not None:
+            raise DatasetError(
+                f"{self.where}: table '{name}' is compressed with {missing}, which this h5py "
+                "cannot decode: pip install hdf5plugin (read through it where installed)"
+            )
         if self.key not in cols:
             raise DatasetError(
                 f"{self.where}: table '{name}' has no key column '{self.key}': found columns "
