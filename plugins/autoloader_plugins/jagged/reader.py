@@ -27,6 +27,7 @@ from autoloader.datasets.remote_file import KNOWN, file_key
 from autoloader.errors import DatasetError
 
 T = TypeVar("T")
+Ahead = tuple[Any, Any, str]  # a block as read-ahead fetches it (read_ahead.block)
 
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
 # chunks' events, ROOT clusters, Parquet row groups
@@ -153,6 +154,32 @@ class BlockReader(Reader):
     def _read_block(self, start: int, stop: int) -> np.ndarray:
         """Rows of events ``start:stop`` as ``[items, width]`` float32."""
 
+    def ahead(self, events: np.ndarray, cache: BlockCache, limit: int) -> list[Ahead]:
+        """The blocks of ``events`` (in order of first appearance) that neither this
+        process nor the node cache holds decoded, at most ``limit``, as
+        ``read_ahead.ReadAhead.want`` takes them; none for a local file (the page cache
+        reads ahead of it)."""
+        if not isinstance(self.path, Location) or limit <= 0 or not len(events):
+            return []
+        bounds = self.blocks()
+        of = np.searchsorted(bounds, events, side="right") - 1
+        _, first = np.unique(of, return_index=True)
+        out: list[Ahead] = []
+        for b in of[np.sort(first)].tolist():
+            if cache.holds((self.path, self.name, int(bounds[b]))):
+                continue  # decoded here or on the node: nothing to fetch
+            found = self._ahead_block(b)
+            if found is not None:
+                out.append(found)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _ahead_block(self, block: int) -> Ahead | None:
+        """Block ``block``'s bytes as its read fetches them (``read_ahead.block``); None
+        where the layout reads it another way."""
+        return None
+
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         bounds, offsets, width = self.blocks(), self.offsets, self.width
         firsts, lasts = offsets[events], offsets[events + 1]
@@ -199,6 +226,17 @@ class BlockCache:
         self._again = 1.0
         self._bytes = 0
         self._pid = os.getpid()
+
+    def holds(self, key: Any) -> bool:
+        """Whether block ``key`` is decoded here, or is the node cache's to fetch: held
+        there, or to be decoded into it by whichever process of the node reads it first
+        (fetched ahead here it could be fetched twice)."""
+        if self._pid != os.getpid():
+            self.clear()
+        node = self.node
+        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
+            return True
+        return key in self._blocks
 
     def admits(self, key: Any, nbytes: int) -> bool:
         """Whether block ``key`` (``nbytes`` decoded) is worth decoding whole and keeping:
