@@ -10,6 +10,7 @@ groups) begin, so a read order can follow them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -24,7 +25,7 @@ from autoloader.cache import CachedBlock, NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.datasets.remote_file import KNOWN, file_key
-from autoloader.errors import DatasetError
+from autoloader.errors import AutoloaderError, DatasetError
 
 T = TypeVar("T")
 Ahead = tuple[Any, Any, str]  # a block as read-ahead fetches it (read_ahead.block)
@@ -228,14 +229,16 @@ class BlockCache:
         self._pid = os.getpid()
 
     def holds(self, key: Any) -> bool:
-        """Whether block ``key`` is decoded here, or is the node cache's to fetch: held
-        there, or to be decoded into it by whichever process of the node reads it first
-        (fetched ahead here it could be fetched twice)."""
+        """Whether block ``key`` is decoded here or on the node; or is the node cache's to
+        fetch where other processes read it too (workers, the node's other ranks): the
+        first of them to read it decodes it there, so one fetched ahead here could be
+        fetched twice."""
         if self._pid != os.getpid():
             self.clear()
         node = self.node
-        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
-            return True
+        if node is not None and node.keeps(key):
+            if node.has(key) or (node.accepting and _node_shared()):
+                return True
         return key in self._blocks
 
     def admits(self, key: Any, nbytes: int) -> bool:
@@ -310,6 +313,19 @@ class BlockCache:
         self.budget = state["budget"]
         self.node = state.get("node")
         self.clear()
+
+
+def _node_shared() -> bool:
+    """Whether other processes of the node read this dataset too: this is a loader's
+    worker, or the node runs several ranks."""
+    from torch.utils.data import get_worker_info
+
+    from autoloader.launch import local_world_size
+
+    with contextlib.suppress(AutoloaderError):
+        if local_world_size() > 1:
+            return True
+    return get_worker_info() is not None
 
 
 def copy_runs(
