@@ -9,22 +9,27 @@ of the dataset (cold caches, as a job starts):
 - **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``);
 - **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
   file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
+- **no read-ahead**: the plan's epoch with read-ahead off (``AUTOLOADER_READ_AHEAD=0``):
+  each reading process fetches a block only when it decodes it;
 - **per event**: one event at a time in random order, no decoded block kept (a round
   trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
 - **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
   order (no shuffle: a bound, not a peer);
 - **limit**: the file copied whole (one stream), then the plan's epoch on the local copy.
 
-Each row gives seconds, the ratios defaults/plan and plan/limit, and the bytes and
-requests the proxy counted per epoch (of the plan, from a fresh dataset: the requests of
-its opening, then of the epoch itself), against the file's bytes and storage blocks.
-Every figure is a ratio measured in this run, on this machine.
-Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]``.
+Each row gives seconds, the ratios defaults/plan, no-read-ahead/plan and plan/limit, and
+the bytes and requests the proxy counted per epoch (of the plan, from a fresh dataset: the
+requests of its opening, then of the epoch itself; and of the epoch without read-ahead),
+against the file's bytes and storage blocks. Every figure is a ratio measured in this
+run, on this machine.
+Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]
+[--skip per-event,defaults,limit,iterate]`` (skipped columns print ``-``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -84,6 +89,15 @@ def planned(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
     epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
 
 
+def without_read_ahead(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
+    """``planned`` with read-ahead off (its workers inherit the setting)."""
+    os.environ["AUTOLOADER_READ_AHEAD"] = "0"
+    try:
+        planned(url, plan, proxy, opening)
+    finally:
+        del os.environ["AUTOLOADER_READ_AHEAD"]
+
+
 def per_event(url: str, events: int) -> float:
     """Seconds an epoch takes read one event at a time in random order without keeping
     decoded blocks (a round trip per event): ``PER_EVENT`` events timed, scaled."""
@@ -128,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt", default="5,20,50", help="round trips in ms")
     parser.add_argument("--server", choices=["xrootd", "nginx"], default="xrootd")
     parser.add_argument("--layouts", default="root,parquet,hdf5")
+    parser.add_argument("--skip", default="", help="of per-event,defaults,limit,iterate")
     args = parser.parse_args(argv)
     rtts = [float(x) / 1e3 for x in args.rtt.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    nan = float("nan")
     root = Path(tempfile.mkdtemp(prefix="autoloader-bench-"))
     root.chmod(0o755)
     scratch = Path(tempfile.mkdtemp(prefix="autoloader-bench-local-"))
@@ -139,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.events} events; server {args.server}; batch {BATCH}; cold caches per epoch")
     header = (
         f"{'layout':8} {'rtt':>5} {'per-event s':>11} {'defaults s':>10} {'plan s':>7} "
-        f"{'evt/plan':>8} {'def/plan':>8} "
+        f"{'evt/plan':>8} {'def/plan':>8} {'no-RA s':>7} {'noRA/plan':>9} "
         f"{'limit s':>7} {'plan/lim':>8} {'iterate s':>9} {'MB/epoch':>8} {'file MB':>7} "
-        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'blocks':>6}"
+        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'noRA ep':>7} {'blocks':>6}"
     )
     try:
         for layout in args.layouts.split(","):
@@ -162,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             print(header)
             for rtt in rtts:
                 proxy.rtt = rtt
-                one = per_event(url, args.events)
-                d, _, _ = timed(proxy, lambda url=url: defaults(url))
+                one = nan if "per-event" in skip else per_event(url, args.events)
+                d = nan if "defaults" in skip else timed(proxy, lambda url=url: defaults(url))[0]
+                off: list[int] = []
+                q, _, requests_off = timed(
+                    proxy,
+                    lambda url=url, plan=plan, proxy=proxy, off=off: without_read_ahead(
+                        url, plan, proxy, off
+                    ),
+                )
                 opening: list[int] = []
                 p, nbytes, requests = timed(
                     proxy,
@@ -172,19 +196,24 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                 )
                 local = scratch / name.partition("#")[0]
-                lim, _, _ = timed(
-                    proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
+                lim = (
+                    nan
+                    if "limit" in skip
+                    else timed(
+                        proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
+                    )[0]
                 )
                 it = (
                     f"{timed(proxy, lambda url=url: iterate(url))[0]:9.2f}"
-                    if layout == "root"
+                    if layout == "root" and "iterate" not in skip
                     else f"{'-':>9}"
                 )
                 print(
                     f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
-                    f"{one / p:7.1f}x {d / p:7.2f}x "
+                    f"{one / p:7.1f}x {d / p:7.2f}x {q:7.2f} {q / p:8.2f}x "
                     f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
-                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} {blocks:6d}",
+                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} "
+                    f"{requests_off - off[0]:7d} {blocks:6d}",
                     flush=True,
                 )
             proxy.close()
