@@ -9,18 +9,19 @@ of the dataset (cold caches, as a job starts):
 - **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``);
 - **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
   file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
-- **no read-ahead**: the plan's epoch with read-ahead off (``AUTOLOADER_READ_AHEAD=0``):
-  each reading process fetches a block only when it decodes it;
+- **read-ahead on / off**: the plan's epoch without its node cache (so that neither
+  run maps what the other fetched), with read-ahead as planned and off
+  (``AUTOLOADER_READ_AHEAD=0``: each reading process fetches a block when it decodes it);
 - **per event**: one event at a time in random order, no decoded block kept (a round
   trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
 - **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
   order (no shuffle: a bound, not a peer);
 - **limit**: the file copied whole (one stream), then the plan's epoch on the local copy.
 
-Each row gives seconds, the ratios defaults/plan, no-read-ahead/plan and plan/limit, and
-the bytes and requests the proxy counted per epoch (of the plan, from a fresh dataset: the
-requests of its opening, then of the epoch itself; and of the epoch without read-ahead),
-against the file's bytes and storage blocks. Every figure is a ratio measured in this
+Each row gives seconds, the ratios defaults/plan, off/on and plan/limit, and the bytes
+and requests the proxy counted per epoch (of the plan, from a fresh dataset: the requests
+of its opening, then of the epoch itself; and the epochs' requests with read-ahead on and
+off), against the file's bytes and storage blocks. Every figure is a ratio measured in this
 run, on this machine.
 Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]
 [--skip per-event,defaults,limit,iterate]`` (skipped columns print ``-``).
@@ -29,6 +30,7 @@ Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -89,11 +91,12 @@ def planned(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
     epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
 
 
-def without_read_ahead(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
-    """``planned`` with read-ahead off (its workers inherit the setting)."""
-    os.environ["AUTOLOADER_READ_AHEAD"] = "0"
+def read_ahead(url: str, plan: Any, proxy: DelayProxy, opening: list[int], on: bool) -> None:
+    """``planned`` without the plan's node cache, read-ahead on or off (its workers
+    inherit the setting)."""
+    os.environ["AUTOLOADER_READ_AHEAD"] = "1" if on else "0"
     try:
-        planned(url, plan, proxy, opening)
+        planned(url, dataclasses.replace(plan, cache=None), proxy, opening)
     finally:
         del os.environ["AUTOLOADER_READ_AHEAD"]
 
@@ -156,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.events} events; server {args.server}; batch {BATCH}; cold caches per epoch")
     header = (
         f"{'layout':8} {'rtt':>5} {'per-event s':>11} {'defaults s':>10} {'plan s':>7} "
-        f"{'evt/plan':>8} {'def/plan':>8} {'no-RA s':>7} {'noRA/plan':>9} "
+        f"{'evt/plan':>8} {'def/plan':>8} {'RA on s':>7} {'RA off s':>8} {'off/on':>7} "
         f"{'limit s':>7} {'plan/lim':>8} {'iterate s':>9} {'MB/epoch':>8} {'file MB':>7} "
-        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'noRA ep':>7} {'blocks':>6}"
+        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'RA on':>5} {'RA off':>6} {'blocks':>6}"
     )
     try:
         for layout in args.layouts.split(","):
@@ -181,13 +184,16 @@ def main(argv: list[str] | None = None) -> int:
                 proxy.rtt = rtt
                 one = nan if "per-event" in skip else per_event(url, args.events)
                 d = nan if "defaults" in skip else timed(proxy, lambda url=url: defaults(url))[0]
-                off: list[int] = []
-                q, _, requests_off = timed(
-                    proxy,
-                    lambda url=url, plan=plan, proxy=proxy, off=off: without_read_ahead(
-                        url, plan, proxy, off
-                    ),
-                )
+                ra: dict[bool, tuple[float, int]] = {}
+                for on in (False, True):
+                    opened: list[int] = []
+                    took, _, asked = timed(
+                        proxy,
+                        lambda url=url, plan=plan, proxy=proxy, o=opened, on=on: read_ahead(
+                            url, plan, proxy, o, on
+                        ),
+                    )
+                    ra[on] = (took, asked - opened[0])
                 opening: list[int] = []
                 p, nbytes, requests = timed(
                     proxy,
@@ -210,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
-                    f"{one / p:7.1f}x {d / p:7.2f}x {q:7.2f} {q / p:8.2f}x "
+                    f"{one / p:7.1f}x {d / p:7.2f}x {ra[True][0]:7.2f} {ra[False][0]:8.2f} "
+                    f"{ra[False][0] / ra[True][0]:6.2f}x "
                     f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
                     f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} "
-                    f"{requests_off - off[0]:7d} {blocks:6d}",
+                    f"{ra[True][1]:5d} {ra[False][1]:6d} {blocks:6d}",
                     flush=True,
                 )
             proxy.close()

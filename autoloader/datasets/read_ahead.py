@@ -10,10 +10,13 @@ vector read over XRootD, concurrent range requests over HTTP), while the reading
 decodes. ``RemoteFile.hold`` then takes a block's bytes from here (``take``): fetched, or
 in flight (it waits for that fetch instead of fetching twice), else it fetches as before.
 
-Bounds: at most ``blocks`` hinted blocks (the plan's ``read_ahead_blocks``) and
-``READ_AHEAD_BYTES`` queued, in flight or held; a block the latest hint no longer names is
-dropped. Only bytes are fetched here: the readers' handles (h5py, pyarrow, uproot) are not
-thread-safe, and decoding stays on the reading thread. A hint is only a hint: a wrong one
+The blocks the current batch still needs are asked for too: its reads take them as they
+come, several fetched in one call rather than a round trip each (a global shuffle's batch
+touches many blocks). Bounds: besides those, at most ``blocks`` hinted blocks (the plan's
+``read_ahead_blocks``); ``READ_AHEAD_BYTES`` queued, in flight or held in all; a block
+neither the current batch nor the latest hint names is dropped. Only bytes are fetched
+here: the readers' handles (h5py, pyarrow, uproot) are not thread-safe, and decoding stays
+on the reading thread. A hint is only a hint: a wrong one
 costs the bytes of the blocks it named, never what a batch holds. The thread never
 raises: a failed fetch is one try of that block's read, which the reading thread then
 makes again with its retries (``autoloader.datasets.failures``). A forked child starts
@@ -113,32 +116,35 @@ class ReadAhead:
             return key in self._queued or key in self._flying or key in self._held
 
     def want(
-        self, current: Sequence[Key], ahead: Sequence[tuple[Key, Any, str]], blocks: int
+        self,
+        current: Sequence[tuple[Key, Any, str]],
+        ahead: Sequence[tuple[Key, Any, str]],
+        blocks: int,
     ) -> None:
-        """Keep what the current batch reads (``current``) and fetch the first ``blocks``
-        of ``ahead`` (``(key, fs, path)``: the blocks the next batches read, in order);
-        whatever else was queued or held is dropped."""
+        """Fetch the blocks ``current`` (``(key, fs, path)``: those the batch being read
+        needs and has not decoded; its reads take them as they come, several fetched in
+        one call instead of a round trip each) and the first ``blocks`` of ``ahead`` (the
+        blocks the next batches read, in order); whatever else was queued or held is
+        dropped."""
         with self._lock:
-            keep = set(current)
-            room = self.budget
-            chosen: list[tuple[Key, Any, str]] = []
+            chosen: dict[Key, tuple[Any, str]] = {}
+            for key, fs, path in current:
+                chosen.setdefault(key, (fs, path))
+            later = 0
             for key, fs, path in ahead:
-                if len(chosen) >= blocks:
+                if later >= blocks:
                     break
-                nbytes = sum(z - a for a, z in key[1])
-                if key in keep or nbytes > room:
-                    continue
-                room -= nbytes
-                chosen.append((key, fs, path))
-            keep.update(key for key, _, _ in chosen)
+                if key not in chosen:
+                    chosen[key] = (fs, path)
+                    later += 1
             for store in (self._queued, self._held):
-                for key in [k for k in store if k not in keep]:
+                for key in [k for k in store if k not in chosen]:
                     del store[key]
                     self.counts.dropped += 1
             used = sum(
                 b.nbytes for s in (self._queued, self._flying, self._held) for b in s.values()
             )
-            for key, fs, path in chosen:
+            for key, (fs, path) in chosen.items():
                 if key in self._queued or key in self._flying or key in self._held:
                     continue
                 nbytes = sum(z - a for a, z in key[1])

@@ -151,20 +151,32 @@ def test_an_epoch_takes_blocks_fetched_ahead_and_holds_the_same_batches(
     assert requests_on <= requests_off + 2, (requests_on, requests_off)
 
 
-def test_the_next_block_is_in_flight_before_the_batch_that_reads_it(
-    nginx: Server,
-) -> None:
+def test_the_next_block_is_fetched_before_the_batch_that_reads_it(nginx: Server) -> None:
     """Handed a batch whose hint names another block, the dataset has that block's bytes
-    asked for before it returns the batch: the read-ahead holds it, or has it in flight."""
-    dataset = autoloader.open_dataset(f"{nginx.url(nginx.port)}/{FILES['parquet']}")
-    bounds = dataset.autoloader_blocks()
-    now, later = list(range(0, 50)), np.arange(int(bounds[2]), int(bounds[2]) + 50)
-    fetched = read_ahead.READ_AHEAD.counts.taken
-    dataset.__getitems__(Hinted(now, later, 1))
-    batch = dataset.__getitems__(Hinted(later.tolist(), np.empty(0, dtype=np.int64), 1))
-    assert read_ahead.READ_AHEAD.counts.taken == fetched + 1
+    fetched by the time it is idle after serving the batch (counted by the proxy); the
+    batch that reads the block then takes them and asks the server for nothing, and holds
+    what a read without hints holds."""
+    proxy = DelayProxy(nginx.port)
+    try:
+        dataset = autoloader.open_dataset(f"{nginx.url(proxy.port)}/{FILES['parquet']}")
+        bounds = dataset.autoloader_blocks()
+        now, later = list(range(0, 50)), np.arange(int(bounds[2]), int(bounds[2]) + 50)
+        proxy.reset()
+        dataset.__getitems__(Hinted(now, later, 1))
+        assert read_ahead.READ_AHEAD.quiet(30)
+        served = proxy.bytes_sent
+        taken = read_ahead.READ_AHEAD.counts.taken
+        proxy.reset()
+        batch = dataset.__getitems__(Hinted(later.tolist(), np.empty(0, dtype=np.int64), 1))
+        asked = proxy.requests
+    finally:
+        proxy.close()
+    assert asked == 0
+    assert read_ahead.READ_AHEAD.counts.taken == taken + 1
+    block_bytes = (int(bounds[3]) - int(bounds[2])) * 8  # at least 8 bytes per event
+    assert served > 2 * block_bytes  # the served batch's block and the next one's
     plain = dataset.__getitems__(later.tolist())
-    assert torch.equal(batch[0].x, plain[0].x) and torch.equal(batch[-1].x, plain[-1].x)
+    assert all(torch.equal(a.x, b.x) for a, b in zip(batch, plain, strict=True))
 
 
 def test_a_wrong_hint_costs_bytes_only(nginx: Server) -> None:

@@ -98,8 +98,8 @@ class JaggedEvents(Dataset):
         return columns.samples() if self.direct else columns.events()
 
     def _ask_ahead(self, now: Sequence[int], ahead: Any, blocks: int) -> None:
-        """Ask this process's read-ahead for the first ``blocks`` remote blocks not held
-        that the events ``ahead`` read, keeping those the events ``now`` read. Only a
+        """Ask this process's read-ahead for the remote blocks not held that the events
+        ``now`` read, and the first ``blocks`` of those the events ``ahead`` read. Only a
         hint: whatever fails here is left to the reads themselves to report."""
         if blocks <= 0 or not read_ahead.enabled():
             return
@@ -111,7 +111,7 @@ class JaggedEvents(Dataset):
         except Exception as exc:  # a read of the same block says what is wrong
             log.debug("no read-ahead: %s", exc)
             return
-        read_ahead.READ_AHEAD.want([key for key, _, _ in current], wanted, blocks)
+        read_ahead.READ_AHEAD.want(current, wanted, blocks)
 
     def _blocks_of(self, indices: Any, limit: int) -> list[Ahead]:
         """The remote blocks, not held, that the events ``indices`` read (at most
