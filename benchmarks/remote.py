@@ -24,7 +24,7 @@ of its opening, then of the epoch itself; and the epochs' requests with read-ahe
 off), against the file's bytes and storage blocks. Every figure is a ratio measured in this
 run, on this machine.
 Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]
-[--skip per-event,defaults,limit,iterate]`` (skipped columns print ``-``).
+[--skip per-event,defaults,limit,iterate] [--workers N]`` (skipped columns print ``nan``).
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", choices=["xrootd", "nginx"], default="xrootd")
     parser.add_argument("--layouts", default="root,parquet,hdf5")
     parser.add_argument("--skip", default="", help="of per-event,defaults,limit,iterate")
+    parser.add_argument("--workers", type=int, help="instead of the plan's worker count")
     args = parser.parse_args(argv)
     rtts = [float(x) / 1e3 for x in args.rtt.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             dataset = autoloader.open_dataset(url)
             blocks = len(dataset.autoloader_blocks()) - 1
             plan = autoloader.tune(dataset, global_batch_size=BATCH, progress=False)
+            if args.workers is not None:
+                loader = dataclasses.replace(plan.loader, num_workers=args.workers)
+                plan = dataclasses.replace(plan, loader=loader)
             print(
                 f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
                 f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
