@@ -151,6 +151,22 @@ def test_an_epoch_takes_blocks_fetched_ahead_and_holds_the_same_batches(
     assert requests_on <= requests_off + 2, (requests_on, requests_off)
 
 
+@pytest.mark.parametrize("layout", ["root", "h5"])
+def test_with_two_workers_an_epoch_holds_the_same_batches(
+    nginx: Server, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker's hints name the batches it reads next (every second one): batches
+    come back as without read-ahead."""
+    url = f"{nginx.url(nginx.port)}/{FILES[layout]}"
+    monkeypatch.setenv(read_ahead.ENVIRONMENT, "0")
+    off = _epoch(url, 2)
+    monkeypatch.setenv(read_ahead.ENVIRONMENT, "1")
+    on = _epoch(url, 2)
+    assert len(on) == len(off)
+    for a, b in zip(on, off, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_next_block_is_fetched_before_the_batch_that_reads_it(nginx: Server) -> None:
     """Handed a batch whose hint names another block, the dataset has that block's bytes
     fetched by the time it is idle after serving the batch (counted by the proxy); the
