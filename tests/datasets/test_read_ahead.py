@@ -104,3 +104,47 @@ def test_a_forked_child_starts_empty_with_its_own_lock() -> None:
     fs.gate.set()
     assert read_ahead.READ_AHEAD.take(a[0]) == [fs._bytes(0, 100)]
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_STUCK = """
+import sys, threading
+sys.path.insert(0, {here!r})
+from test_read_ahead import CountingFs, _block
+from autoloader.datasets.read_ahead import READ_AHEAD
+fs = CountingFs()
+fs.gate = threading.Event()  # never opened: the fetch hangs as on a server that stopped
+a = _block(fs, (0, 100))
+READ_AHEAD.want([], [a], 1)
+fs.started.wait(30)
+print("fetching", flush=True)
+if {take!r}:
+    READ_AHEAD.take(a[0])  # waits for the fetch in flight
+"""
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_a_hung_fetch_never_holds_the_exit_nor_ctrl_c(interrupt: bool) -> None:
+    """The thread is a daemon: the interpreter's exit does not wait for a fetch that
+    hangs; a read waiting for it is interrupted by Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = _STUCK.format(here=str(Path(__file__).parent), take=interrupt)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"fetching\n"
+        if interrupt:
+            child.send_signal(signal.SIGINT)
+        # the fetch would hang 30 s at its gate: well before that the process has ended
+        code = child.wait(timeout=20)
+    finally:
+        child.kill()
+    err = child.stderr.read().decode() if child.stderr is not None else ""
+    if interrupt:
+        assert code != 0 and "KeyboardInterrupt" in err, err
+    else:
+        assert code == 0, err
