@@ -406,6 +406,10 @@ class H5Table(BlockReader):
             col += width
         return out
 
+    def _reads_whole(self, key: Any, cache: BlockCache) -> bool:
+        # a block the cache does not admit has its events read alone (_read_events)
+        return cache.would_admit(key)
+
     def _ahead_block(self, block: int) -> Ahead | None:
         first, last = self._block_items()
         a, z = int(first[block]), int(last[block])

@@ -167,8 +167,9 @@ class BlockReader(Reader):
         _, first = np.unique(of, return_index=True)
         out: list[Ahead] = []
         for b in of[np.sort(first)].tolist():
-            if cache.holds((self.path, self.name, int(bounds[b]))):
-                continue  # decoded here or on the node: nothing to fetch
+            key = (self.path, self.name, int(bounds[b]))
+            if cache.holds(key) or not self._reads_whole(key, cache):
+                continue  # decoded here or on the node, or its events are read alone
             found = self._ahead_block(b)
             if found is not None:
                 out.append(found)
@@ -180,6 +181,11 @@ class BlockReader(Reader):
         """Block ``block``'s bytes as its read fetches them (``read_ahead.block``); None
         where the layout reads it another way."""
         return None
+
+    def _reads_whole(self, key: Any, cache: BlockCache) -> bool:
+        """Whether a read of block ``key``'s events reads the whole block (what is
+        fetched ahead): always, unless the layout reads events alone."""
+        return True
 
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         bounds, offsets, width = self.blocks(), self.offsets, self.width
@@ -240,6 +246,15 @@ class BlockCache:
             if node.has(key) or (node.accepting and _node_shared()):
                 return True
         return key in self._blocks
+
+    def would_admit(self, key: Any) -> bool:
+        """What ``admits`` would answer now for block ``key``, without counting an ask."""
+        if self._pid != os.getpid():
+            self.clear()
+        node = self.node
+        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
+            return True
+        return key in self._blocks or key in self._asked or self._again > 0.5
 
     def admits(self, key: Any, nbytes: int) -> bool:
         """Whether block ``key`` (``nbytes`` decoded) is worth decoding whole and keeping:
