@@ -26,9 +26,9 @@ demo: $(STAMP)
 # load installs fork handlers (XrdCl::ForkHandler) that were seen to deadlock a later fork
 # of another test's DataLoader workers in the same process.
 TEST_WORKERS ?= 2
-REMOTE_TESTS := tests/datasets/test_remote.py
+REMOTE_TESTS := tests/datasets/test_remote.py tests/datasets/test_remote_read_ahead.py
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --ignore=$(REMOTE_TESTS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(addprefix --ignore=,$(REMOTE_TESTS))
 	$(PY) -m pytest -q $(REMOTE_TESTS)
 
 # The suite on another torch, in its own venv: `make test-torch TORCH=2.15.0`. The
@@ -51,7 +51,7 @@ $(TSTAMP): pyproject.toml
 
 test-torch: $(TSTAMP)
 	$(TVENV)/bin/python -c "import torch; print('torch', torch.__version__)"
-	$(TVENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --ignore=$(REMOTE_TESTS)
+	$(TVENV)/bin/python -m pytest -q -n $(TEST_WORKERS) $(addprefix --ignore=,$(REMOTE_TESTS))
 	$(TVENV)/bin/python -m pytest -q $(REMOTE_TESTS)
 
 # The real CUDA path on a GPU machine; prints SKIP and exits 0 without CUDA. Runs with

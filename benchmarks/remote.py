@@ -9,6 +9,9 @@ of the dataset (cold caches, as a job starts):
 - **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``);
 - **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
   file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
+- **read-ahead on / off**: the plan's epoch without its node cache (so that neither
+  run maps what the other fetched), with read-ahead as planned and off
+  (``AUTOLOADER_READ_AHEAD=0``: each reading process fetches a block when it decodes it);
 - **per event**: one event at a time in random order, no decoded block kept (a round
   trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
 - **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
@@ -19,16 +22,20 @@ of the dataset (cold caches, as a job starts):
   then each range in a request of its own, concurrently (``http_ranges.MAX_RANGES = 1``:
   what fsspec's HTTP filesystem sends).
 
-Each row gives seconds, the ratios defaults/plan and plan/limit, and the bytes and
-requests the proxy counted per epoch (of the plan, from a fresh dataset: the requests of
-its opening, then of the epoch itself), against the file's bytes and storage blocks.
-Every figure is a ratio measured in this run, on this machine.
-Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]``.
+Each row gives seconds, the ratios defaults/plan, off/on and plan/limit, and the bytes
+and requests the proxy counted per epoch (of the plan, from a fresh dataset: the requests
+of its opening, then of the epoch itself; and the epochs' requests with read-ahead on and
+off), against the file's bytes and storage blocks. Every figure is a ratio measured in this
+run, on this machine.
+Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]
+[--skip per-event,defaults,limit,iterate] [--workers N]`` (skipped columns print ``nan``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import shutil
 import sys
 import tempfile
@@ -87,6 +94,16 @@ def planned(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
     dataset = autoloader.open_dataset(url)
     opening.append(proxy.requests)
     epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
+
+
+def read_ahead(url: str, plan: Any, proxy: DelayProxy, opening: list[int], on: bool) -> None:
+    """``planned`` without the plan's node cache, read-ahead on or off (its workers
+    inherit the setting)."""
+    os.environ["AUTOLOADER_READ_AHEAD"] = "1" if on else "0"
+    try:
+        planned(url, dataclasses.replace(plan, cache=None), proxy, opening)
+    finally:
+        del os.environ["AUTOLOADER_READ_AHEAD"]
 
 
 def per_event(url: str, events: int) -> float:
@@ -151,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt", default="5,20,50", help="round trips in ms")
     parser.add_argument("--server", choices=["xrootd", "nginx"], default="xrootd")
     parser.add_argument("--layouts", default="root,parquet,hdf5")
+    parser.add_argument("--skip", default="", help="of per-event,defaults,limit,iterate")
+    parser.add_argument("--workers", type=int, help="instead of the plan's worker count")
     args = parser.parse_args(argv)
     rtts = [float(x) / 1e3 for x in args.rtt.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    nan = float("nan")
     root = Path(tempfile.mkdtemp(prefix="autoloader-bench-"))
     root.chmod(0o755)
     scratch = Path(tempfile.mkdtemp(prefix="autoloader-bench-local-"))
@@ -162,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.events} events; server {args.server}; batch {BATCH}; cold caches per epoch")
     header = (
         f"{'layout':8} {'rtt':>5} {'per-event s':>11} {'defaults s':>10} {'plan s':>7} "
-        f"{'evt/plan':>8} {'def/plan':>8} "
+        f"{'evt/plan':>8} {'def/plan':>8} {'RA on s':>7} {'RA off s':>8} {'off/on':>7} "
         f"{'limit s':>7} {'plan/lim':>8} {'iterate s':>9} {'MB/epoch':>8} {'file MB':>7} "
-        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'blocks':>6} "
+        f"{'requests':>8} {'opening':>7} {'epoch':>5} {'RA on':>5} {'RA off':>6} {'blocks':>6} "
         f"{'multi s':>7} {'1-range s':>9} {'1r/multi':>8} {'multi req':>9} {'1r req':>6}"
     )
     try:
@@ -176,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             dataset = autoloader.open_dataset(url)
             blocks = len(dataset.autoloader_blocks()) - 1
             plan = autoloader.tune(dataset, global_batch_size=BATCH, progress=False)
+            if args.workers is not None:
+                loader = dataclasses.replace(plan.loader, num_workers=args.workers)
+                plan = dataclasses.replace(plan, loader=loader)
             print(
                 f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
                 f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
@@ -186,8 +210,18 @@ def main(argv: list[str] | None = None) -> int:
             print(header)
             for rtt in rtts:
                 proxy.rtt = rtt
-                one = per_event(url, args.events)
-                d, _, _ = timed(proxy, lambda url=url: defaults(url))
+                one = nan if "per-event" in skip else per_event(url, args.events)
+                d = nan if "defaults" in skip else timed(proxy, lambda url=url: defaults(url))[0]
+                ra: dict[bool, tuple[float, int]] = {}
+                for on in (False, True):
+                    opened: list[int] = []
+                    took, _, asked = timed(
+                        proxy,
+                        lambda url=url, plan=plan, proxy=proxy, o=opened, on=on: read_ahead(
+                            url, plan, proxy, o, on
+                        ),
+                    )
+                    ra[on] = (took, asked - opened[0])
                 opening: list[int] = []
                 p, nbytes, requests = timed(
                     proxy,
@@ -196,8 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                 )
                 local = scratch / name.partition("#")[0]
-                lim, _, _ = timed(
-                    proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
+                lim = (
+                    nan
+                    if "limit" in skip
+                    else timed(
+                        proxy, lambda url=url, local=local, plan=plan: limit(url, local, plan)
+                    )[0]
                 )
                 apart = f"{'-':>7} {'-':>9} {'-':>8} {'-':>9} {'-':>6}"
                 if args.server == "nginx":
@@ -216,15 +254,16 @@ def main(argv: list[str] | None = None) -> int:
                     apart = f"{m:7.2f} {r:9.2f} {r / m:7.2f}x {m_req:9d} {r_req:6d}"
                 it = (
                     f"{timed(proxy, lambda url=url: iterate(url))[0]:9.2f}"
-                    if layout == "root"
+                    if layout == "root" and "iterate" not in skip
                     else f"{'-':>9}"
                 )
                 print(
                     f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
-                    f"{one / p:7.1f}x {d / p:7.2f}x "
+                    f"{one / p:7.1f}x {d / p:7.2f}x {ra[True][0]:7.2f} {ra[False][0]:8.2f} "
+                    f"{ra[False][0] / ra[True][0]:6.2f}x "
                     f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
-                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} {blocks:6d} "
-                    f"{apart}",
+                    f"{requests:8d} {opening[0]:7d} {requests - opening[0]:5d} "
+                    f"{ra[True][1]:5d} {ra[False][1]:6d} {blocks:6d} {apart}",
                     flush=True,
                 )
             proxy.close()

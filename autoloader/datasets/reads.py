@@ -100,7 +100,8 @@ class Guarded:
             limit = None if self.timeout is None else self.timeout * len(_BATCH)
             try:
                 with _deadline(limit, -1, error=_BatchTimeout):
-                    samples = many(list(_BATCH))
+                    # a copy of the same kind: a sampler's hint rides along (read_ahead.py)
+                    samples = many(indices.copy() if isinstance(indices, list) else list(_BATCH))
                 if len(samples) == len(_BATCH):
                     # a list subclass as it is: its samples may be made only on first use
                     return samples if isinstance(samples, list) else list(samples)

@@ -23,6 +23,7 @@ from typing import Any
 
 from autoloader.datasets.failures import SourceError, retrying
 from autoloader.datasets.http_ranges import read_ranges
+from autoloader.datasets.read_ahead import READ_AHEAD, merged
 
 KNOWN_BYTES = 64 * 2**20  # metadata bytes one process keeps, over all its remote files
 CARRIED_BYTES = 2**20  # of one file's, pickled with its reader for a worker started anew
@@ -162,21 +163,17 @@ class RemoteFile(io.RawIOBase):
         """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads
         within them from memory until the next hold: a storage block's bytes read whole,
         so that a block costs one round trip, and only its own bytes (fixed blocks would
-        fetch its neighbours too, which another process may read)."""
-        spans: list[list[int]] = []
-        for a, z in sorted((max(0, a), min(z, self.size)) for a, z in ranges):
-            if z <= a:
-                continue
-            if spans and a <= spans[-1][1]:
-                spans[-1][1] = max(spans[-1][1], z)
-            else:
-                spans.append([a, z])
+        fetch its neighbours too, which another process may read). Bytes this process
+        fetched ahead (``autoloader.datasets.read_ahead``) are taken from there."""
+        spans = merged(ranges, self.size)
         self._windows = []
         if not spans:
             return
         starts, stops = [a for a, _ in spans], [z for _, z in spans]
-        what = f"reading {len(spans)} ranges from byte {spans[0][0]}"
-        found = self._fetch(what, starts, stops)
+        found = READ_AHEAD.take((self.key, spans))
+        if found is None:
+            what = f"reading {len(spans)} ranges from byte {spans[0][0]}"
+            found = self._fetch(what, starts, stops)
         self._windows = [(a, data) for a, data in zip(starts, found, strict=True)]
 
     def readinto(self, buffer: Any) -> int:

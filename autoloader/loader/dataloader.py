@@ -54,6 +54,7 @@ from autoloader.loader.planned import (
     check_data_fingerprint,
     digest,
     node_loader,
+    read_ahead_blocks,
     refresh_cache,
     shm_in_flight,
 )
@@ -199,6 +200,8 @@ class DataLoader(tud.DataLoader):
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
             self._hand_to_trainers(self.batch_sampler, self.plan)
+        if isinstance(self.batch_sampler, SizeBatchSampler):
+            self.batch_sampler.read_ahead_blocks = read_ahead_blocks(self.plan, dataset)
         self.device_prefetch = device_prefetch(self.plan, prefetch_override)
         if self._feed_device is not None and not self.pin_memory:
             warnings.warn(
@@ -419,6 +422,8 @@ class DataLoader(tud.DataLoader):
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler
+        if isinstance(sampler, SizeBatchSampler):
+            sampler.readers = max(1, self.num_workers)  # whose next batches a hint names
         # the run-delay corrected wait is adaptation's: without it, no /proc reads
         delay = None if self._runtime is not None else NoDelay
         if self.plan is not None and isinstance(sampler, SizeBatchSampler):
@@ -551,6 +556,8 @@ class DataLoader(tud.DataLoader):
         super().check_worker_number_rationality()
 
     def _get_iterator(self) -> compat.BaseIter:
+        if isinstance(self.batch_sampler, SizeBatchSampler):
+            self.batch_sampler.readers = max(1, self.num_workers)  # workers restarted
         if self._recorder is None:
             return super()._get_iterator()
         if self.num_workers == 0:

@@ -14,6 +14,8 @@ import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.cache import NodeCache, hold
+from autoloader.datasets import read_ahead
+from autoloader.datasets.location import Location
 from autoloader.errors import AutoloaderError, PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host.budget import SHM_MARGIN, HostBudget
@@ -306,3 +308,29 @@ def gpu_local_cpus_of_rank() -> list[int] | None:
     local = launched_local_rank()
     index = local if local is not None else torch.cuda.current_device()
     return gpu_local_cpus(nvml_index(torch.device("cuda", index)))
+
+
+def read_ahead_blocks(plan: Plan | None, dataset: Any) -> int:
+    """The storage blocks each reading process of ``dataset`` fetches ahead
+    (``autoloader.datasets.read_ahead``): 0 where it reads no remote file or read-ahead is
+    off; else the plan's ``[tuning.source] read_ahead_blocks`` (measured by the tune), else
+    ``read_ahead.DEFAULT_BLOCKS``."""
+    if not read_ahead.enabled() or not _reads_remote(dataset):
+        return 0
+    source = (plan.tuning.get("source") or {}) if plan is not None else {}
+    planned = source.get("read_ahead_blocks")
+    if isinstance(planned, int) and not isinstance(planned, bool) and planned >= 0:
+        return planned
+    return read_ahead.DEFAULT_BLOCKS
+
+
+def _reads_remote(dataset: Any) -> bool:
+    """Whether ``dataset`` (or a dataset it wraps) reads files from a server."""
+    for _ in range(8):
+        readers = getattr(dataset, "readers", None)
+        if readers is not None:
+            return any(isinstance(getattr(r, "path", None), Location) for r in readers)
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            return False
+    return False

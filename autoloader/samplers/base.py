@@ -17,6 +17,7 @@ from torch.utils.data import Sampler
 
 from autoloader.plan.strategies import STRATEGY_OPTIONS
 from autoloader.samplers.checks import check_bool, check_int, check_sizes
+from autoloader.samplers.hints import hint_batches, hinted
 from autoloader.samplers.order import Windows
 
 
@@ -79,6 +80,10 @@ class SizeBatchSampler(Sampler[list[int]]):
         self.epoch_set = False  # set_epoch called: the loop chooses its epochs
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
         self._read_ahead: tuple[Any, list[np.ndarray]] | None = None  # see batches_for
+        # set by the loader that reads remote storage: each batch is handed with a hint of
+        # its reader's next batches (``autoloader.samplers.hints``); 0: plain lists
+        self.read_ahead_blocks = 0
+        self.readers = 1  # the processes reading batches in turn (the loader's workers)
 
     @property
     def global_batch_size(self) -> int:
@@ -115,8 +120,10 @@ class SizeBatchSampler(Sampler[list[int]]):
         skip, self.resume = self.resume, 0
         batches = self.local_batches()
         self._read_ahead = None  # the epoch has come: this iteration holds its batches
-        for local in batches[skip:]:
-            yield local.tolist()
+        blocks, stride = self.read_ahead_blocks, max(1, self.readers)
+        block = self.read_order.block if self.read_order is not None else None
+        count = hint_batches(blocks, block, self.batch_size, stride)
+        yield from hinted(batches[skip:], stride, count, blocks)
 
     def local_batches(self) -> list[np.ndarray]:
         """This rank's batches for the current epoch, as index arrays."""

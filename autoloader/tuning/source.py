@@ -5,8 +5,10 @@ Over a network every request pays a round trip; a read of ``B`` bytes takes
 one large read (the throughput) of the dataset's first remote file, and plans from them:
 the block a request should fetch so that transfer, not waiting, dominates it (at least
 ``_TRANSFER_SHARE`` of its time), and how many such blocks must be in flight to keep the
-link full (the bandwidth-delay product in blocks), which the worker search's reach past
-the CPUs (workers whose reads wait) and the prefetch provide.
+link full (the bandwidth-delay product in blocks): what each reading process fetches
+ahead of need (``read_ahead_blocks``, applied by ``autoloader.datasets.read_ahead``),
+besides the worker search's reach past the CPUs (workers whose reads wait) and the
+prefetch.
 """
 
 from __future__ import annotations

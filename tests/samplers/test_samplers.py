@@ -298,3 +298,30 @@ def test_rank_shares_of_balanced_strategies_stay_even() -> None:
         per_batch = np.array(per_rank)[:, :-1]  # full batches
         spread = (per_batch.max(axis=0) - per_batch.min(axis=0)) / per_batch.mean(axis=0)
         assert np.median(spread) < 0.03, name
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_a_hint_names_what_the_same_reader_reads_next(readers: int) -> None:
+    """With read-ahead, batch j carries the indices of batches j + readers, j + 2 readers,
+    ... (torch hands batches to its workers round-robin); the batches themselves, pickled
+    or resumed, are those of a sampler without hints."""
+    import pickle
+
+    from autoloader.samplers.order import Windows
+
+    sizes = np.arange(1, 2001)
+    plain = make_sampler("random", sizes, 50, seed=1, read_order=Windows(200, 400))
+    hinted = make_sampler("random", sizes, 50, seed=1, read_order=Windows(200, 400))
+    hinted.read_ahead_blocks, hinted.readers = 2, readers
+    want, got = list(plain), list(hinted)
+    assert got == want and all(type(b) is list for b in want)
+    count = 2 * -(-200 // (50 * readers)) + 1  # batches a hint names: two new blocks' worth
+    for j, batch in enumerate(got):
+        later = want[j + readers : j + readers * count + 1 : readers]
+        assert batch.ahead.tolist() == [i for b in later for i in b]
+        assert batch.blocks == 2
+    again = pickle.loads(pickle.dumps(got[3]))
+    assert again == want[3] and again.ahead.tolist() == got[3].ahead.tolist()
+    hinted.resume_at(5)
+    resumed = list(hinted)
+    assert resumed == want[5:] and resumed[0].ahead.tolist() == got[5].ahead.tolist()

@@ -13,6 +13,7 @@ run of neighbouring events and column, never one read per event per column. The 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -23,14 +24,16 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from autoloader.cache import NodeCache
-from autoloader.datasets import location
+from autoloader.datasets import location, read_ahead
 from autoloader.datasets.location import Location
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader_plugins.graphs import import_pyg
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.batch import EventColumns, collates_directly
-from autoloader_plugins.jagged.reader import BlockCache, BlockReader, Reader
+from autoloader_plugins.jagged.reader import Ahead, BlockCache, BlockReader, Reader
+
+log = logging.getLogger(__name__)
 
 _NUM_NODES_BYTES = 8  # a Python int in the sample: what it takes once collated
 
@@ -85,9 +88,46 @@ class JaggedEvents(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The events at ``indices``, read together: a list whose ``Data`` are made on
         first use, and that the default collate turns into their ``Batch`` straight from
-        the columns read (``autoloader_plugins.jagged.batch``)."""
+        the columns read (``autoloader_plugins.jagged.batch``). A batch sampler's hint of
+        the batches this process reads next (``autoloader.samplers.hints``) has their
+        remote blocks fetched ahead while this one is read."""
+        ahead = getattr(indices, "ahead", None)
+        if ahead is not None:
+            self._ask_ahead(indices, ahead, int(getattr(indices, "blocks", 0)))
         columns = self._columns(indices)
         return columns.samples() if self.direct else columns.events()
+
+    def _ask_ahead(self, now: Sequence[int], ahead: Any, blocks: int) -> None:
+        """Ask this process's read-ahead for the remote blocks not held that the events
+        ``now`` read, and the first ``blocks`` of those the events ``ahead`` read. Only a
+        hint: whatever fails here is left to the reads themselves to report."""
+        if blocks <= 0 or not read_ahead.enabled():
+            return
+        if not any(isinstance(r.path, Location) for r in self.readers):
+            return
+        try:
+            current = self._blocks_of(now, len(now))
+            wanted = self._blocks_of(ahead, blocks + len(current))
+        except Exception as exc:  # a read of the same block says what is wrong
+            log.debug("no read-ahead: %s", exc)
+            return
+        read_ahead.READ_AHEAD.want(current, wanted, blocks)
+
+    def _blocks_of(self, indices: Any, limit: int) -> list[Ahead]:
+        """The remote blocks, not held, that the events ``indices`` read (at most
+        ``limit``, in order of first appearance)."""
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = index[(index >= 0) & (index < len(self))]
+        file_of = np.searchsorted(self.starts, index, side="right") - 1
+        _, first = np.unique(file_of, return_index=True)
+        out: list[Ahead] = []
+        for k in file_of[np.sort(first)].tolist():
+            reader = self.readers[k]
+            if len(out) >= limit or not isinstance(reader, BlockReader):
+                continue
+            local = index[file_of == k] - self.starts[k]
+            out.extend(reader.ahead(local, self.cache, limit - len(out)))
+        return out
 
     def _columns(self, indices: Sequence[int]) -> EventColumns:
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)

@@ -30,12 +30,14 @@ from typing import Any
 import h5py
 import numpy as np
 
+from autoloader.datasets import read_ahead
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (
+    Ahead,
     BlockCache,
     BlockReader,
     Field,
@@ -403,6 +405,19 @@ class H5Table(BlockReader):
             fill(out, col, as_rows(np.asarray(values), last - first))
             col += width
         return out
+
+    def _reads_whole(self, key: Any, cache: BlockCache) -> bool:
+        # a block the cache does not admit has its events read alone (_read_events)
+        return cache.would_admit(key)
+
+    def _ahead_block(self, block: int) -> Ahead | None:
+        first, last = self._block_items()
+        a, z = int(first[block]), int(last[block])
+        if z <= a:
+            return None
+        columns = self._open_columns()
+        source = self._handle().autoloader_source
+        return read_ahead.block(source, [s for d in columns for s in _chunk_spans(d, a, z)])
 
     def _open_columns(self) -> list[h5py.Dataset]:
         """The columns' datasets, kept open in this process (their chunk caches with them)."""

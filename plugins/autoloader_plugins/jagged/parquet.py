@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from autoloader.datasets import location
+from autoloader.datasets import location, read_ahead
 from autoloader.datasets.location import Location
 from autoloader.datasets.reads import describe
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
-from autoloader_plugins.jagged.reader import BlockReader, Field, fill
+from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,12 @@ class ParquetTable(BlockReader):
         meta = self._file().metadata
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+    def _ahead_block(self, block: int) -> Ahead | None:
+        f = self._file()
+        if self._hremote is None:
+            return None
+        return read_ahead.block(self._hremote, [_span(f.metadata.row_group(block))])
 
     def _read_block(self, start: int, stop: int) -> np.ndarray:
         import pyarrow as pa

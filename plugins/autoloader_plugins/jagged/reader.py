@@ -10,6 +10,7 @@ groups) begin, so a read order can follow them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -24,9 +25,10 @@ from autoloader.cache import CachedBlock, NodeCache
 from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.datasets.remote_file import KNOWN, file_key
-from autoloader.errors import DatasetError
+from autoloader.errors import AutoloaderError, DatasetError
 
 T = TypeVar("T")
+Ahead = tuple[Any, Any, str]  # a block as read-ahead fetches it (read_ahead.block)
 
 # decoded storage blocks one reading process keeps, over all of a dataset's files: HDF5
 # chunks' events, ROOT clusters, Parquet row groups
@@ -153,6 +155,38 @@ class BlockReader(Reader):
     def _read_block(self, start: int, stop: int) -> np.ndarray:
         """Rows of events ``start:stop`` as ``[items, width]`` float32."""
 
+    def ahead(self, events: np.ndarray, cache: BlockCache, limit: int) -> list[Ahead]:
+        """The blocks of ``events`` (in order of first appearance) that neither this
+        process nor the node cache holds decoded, at most ``limit``, as
+        ``read_ahead.ReadAhead.want`` takes them; none for a local file (the page cache
+        reads ahead of it)."""
+        if not isinstance(self.path, Location) or limit <= 0 or not len(events):
+            return []
+        bounds = self.blocks()
+        of = np.searchsorted(bounds, events, side="right") - 1
+        _, first = np.unique(of, return_index=True)
+        out: list[Ahead] = []
+        for b in of[np.sort(first)].tolist():
+            key = (self.path, self.name, int(bounds[b]))
+            if cache.holds(key) or not self._reads_whole(key, cache):
+                continue  # decoded here or on the node, or its events are read alone
+            found = self._ahead_block(b)
+            if found is not None:
+                out.append(found)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _ahead_block(self, block: int) -> Ahead | None:
+        """Block ``block``'s bytes as its read fetches them (``read_ahead.block``); None
+        where the layout reads it another way."""
+        return None
+
+    def _reads_whole(self, key: Any, cache: BlockCache) -> bool:
+        """Whether a read of block ``key``'s events reads the whole block (what is
+        fetched ahead): always, unless the layout reads events alone."""
+        return True
+
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         bounds, offsets, width = self.blocks(), self.offsets, self.width
         firsts, lasts = offsets[events], offsets[events + 1]
@@ -199,6 +233,28 @@ class BlockCache:
         self._again = 1.0
         self._bytes = 0
         self._pid = os.getpid()
+
+    def holds(self, key: Any) -> bool:
+        """Whether block ``key`` is decoded here or on the node; or is the node cache's to
+        fetch where other processes read it too (workers, the node's other ranks): the
+        first of them to read it decodes it there, so one fetched ahead here could be
+        fetched twice."""
+        if self._pid != os.getpid():
+            self.clear()
+        node = self.node
+        if node is not None and node.keeps(key):
+            if node.has(key) or (node.accepting and _node_shared()):
+                return True
+        return key in self._blocks
+
+    def would_admit(self, key: Any) -> bool:
+        """What ``admits`` would answer now for block ``key``, without counting an ask."""
+        if self._pid != os.getpid():
+            self.clear()
+        node = self.node
+        if node is not None and node.keeps(key) and (node.accepting or node.has(key)):
+            return True
+        return key in self._blocks or key in self._asked or self._again > 0.5
 
     def admits(self, key: Any, nbytes: int) -> bool:
         """Whether block ``key`` (``nbytes`` decoded) is worth decoding whole and keeping:
@@ -272,6 +328,19 @@ class BlockCache:
         self.budget = state["budget"]
         self.node = state.get("node")
         self.clear()
+
+
+def _node_shared() -> bool:
+    """Whether other processes of the node read this dataset too: this is a loader's
+    worker, or the node runs several ranks."""
+    from torch.utils.data import get_worker_info
+
+    from autoloader.launch import local_world_size
+
+    with contextlib.suppress(AutoloaderError):
+        if local_world_size() > 1:
+            return True
+    return get_worker_info() is not None
 
 
 def copy_runs(

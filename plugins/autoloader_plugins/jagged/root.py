@@ -28,7 +28,7 @@ from autoloader.datasets.location import Location
 from autoloader.datasets.remote_file import file_key
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
-from autoloader_plugins.jagged.reader import BlockReader, Field, as_columns, fill
+from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.root_said import listed_groups, no_collection
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
@@ -446,6 +446,24 @@ class RootTree(BlockReader):
         except Exception:
             bounds = np.array([0, len(self)])
         return bounds.astype(np.int64)
+
+    def _ahead_block(self, block: int) -> Ahead | None:
+        """The byte ranges of the block's baskets, as ``_read_block``'s one vector read
+        asks uproot's source for them (``KnownSource.chunks`` takes them)."""
+        if not isinstance(self.path, Location):
+            return None
+        bounds = self.blocks()
+        start, stop = int(bounds[block]), int(bounds[block + 1])
+        tree = self._tree()
+        ranges = []
+        for name in dict.fromkeys(f.name for f in self.fields):
+            for _, where in tree[name].entries_to_ranges_or_baskets(start, stop):
+                if isinstance(where, tuple):  # else a basket the tree object holds
+                    ranges.append(where)
+        if not ranges:
+            return None
+        source = self._file().file.source
+        return source.ahead(ranges) if hasattr(source, "ahead") else None
 
     def _read_block(self, start: int, stop: int) -> np.ndarray:
         import awkward as ak

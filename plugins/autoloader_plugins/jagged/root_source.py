@@ -6,7 +6,9 @@ its file again. ``KnownSource`` keeps each single range it fetched in the proces
 of remote bytes (``autoloader.datasets.remote_file.KNOWN``, keyed by what the server said
 of the file, so a changed file is never served old bytes): an opening after the first in
 this process, and in every worker forked after it, reads them from memory. The baskets of
-a block (``chunks``, one vector read) are not kept: the block cache keeps them decoded.
+a block (``chunks``, one vector read) are not kept: the block cache keeps them decoded;
+where this process fetched them ahead (``autoloader.datasets.read_ahead``) they are taken
+from there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uproot.source.chunk
 import uproot.source.fsspec
 import uproot.source.futures
 
+from autoloader.datasets import read_ahead
 from autoloader.datasets.remote_file import KNOWN, FileKey
 
 
@@ -36,3 +39,28 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
             return got
         future = uproot.source.futures.TrivialFuture(found)
         return uproot.source.chunk.Chunk(self, start, stop, future)
+
+    def ahead(self, ranges: list[tuple[int, int]]) -> tuple[Any, Any, str] | None:
+        """The block whose baskets are ``ranges``, as ``read_ahead.ReadAhead.want`` takes it."""
+        spans = read_ahead.merged(ranges, self._key[1])
+        if not spans:
+            return None
+        return (self._key, spans), self._fs, self._file_path
+
+    def chunks(
+        self, ranges: list[tuple[int, int]], notifications: Any
+    ) -> list[uproot.source.chunk.Chunk]:
+        spans = read_ahead.merged(ranges, self._key[1])
+        found = read_ahead.READ_AHEAD.take((self._key, spans)) if spans else None
+        if found is None:
+            return super().chunks(ranges, notifications)
+        chunks = []
+        for start, stop in ranges:
+            a, data = next(
+                (a, d) for (a, z), d in zip(spans, found, strict=True) if a <= start and stop <= z
+            )
+            future = uproot.source.futures.TrivialFuture(data[start - a : stop - a])
+            chunk = uproot.source.chunk.Chunk(self, start, stop, future)
+            notifications.put(chunk)
+            chunks.append(chunk)
+        return chunks
