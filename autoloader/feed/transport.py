@@ -9,19 +9,13 @@ the loop's wait: on 2 cores, with 2 workers and free reads, batches of 32 KiB ar
 hold at most ``BY_VALUE_BYTES`` travels by value: in the worker, ``ByValue`` wraps the
 collate and turns its tensors into numpy arrays inside a ``Packed``; in the loop,
 ``unpacked`` (or the pin thread, through ``Packed.pin_memory``) turns them back into
-tensors without a copy. A PyG ``Data`` or ``Batch`` (one store: not ``HeteroData``)
-travels as a shallow copy whose store's tensors, and its batch's slice and increment
-tables, are numpy arrays: a batch of 64 events of a GraphNeT table (x ``[1700, 7]``, the
-batch vector, ``ptr`` and seven event fields: 15 tensors) is 15 segments in /dev/shm
-through torch's path (benchmarks/transport_pyg.py). Anything it cannot carry exactly (a
-tensor subclass, a dtype numpy lacks, a tensor that needs grad, sparse or named tensors,
-other objects) keeps torch's path.
+tensors without a copy. Anything it cannot carry exactly (a PyG object, a tensor subclass,
+a dtype numpy lacks, a tensor that needs grad, sparse or named tensors, other objects)
+keeps torch's path.
 """
 
 from __future__ import annotations
 
-import copy
-import sys
 from typing import Any
 
 import numpy as np
@@ -86,62 +80,6 @@ class Packed:
     def pin_memory(self, device: Any = None) -> Any:
         """What torch's pin thread calls: the batch, as tensors, in pinned memory."""
         return pin_memory(self.unpack(), device)
-
-
-class _Graph:
-    """A PyG object whose tensors are ``_Array``s (``_pack_graph``)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Graph, (self.data,))
-
-
-# a batch's slice and increment tables (on its store, or on the object in older PyG)
-_GRAPH_TABLES = ("_slice_dict", "_inc_dict")
-
-
-def _is_graph(obj: Any) -> bool:
-    """A PyG ``Data`` or ``Batch`` of one store (PyG already imported by whoever made it);
-    what it holds besides the store's values and the tables pickles as torch's path would."""
-    data = sys.modules.get("torch_geometric.data")
-    cls = getattr(data, "Data", None)
-    return (
-        cls is not None
-        and isinstance(obj, cls)
-        and type(obj.__dict__.get("_store")).__name__ == "GlobalStorage"
-    )
-
-
-def _tables(obj: Any) -> list[tuple[dict[str, Any], str]]:
-    """Where the batch's tables are: (the ``__dict__`` holding it, its name)."""
-    found = []
-    for holder in (obj.__dict__, obj._store.__dict__):
-        found += [(holder, name) for name in _GRAPH_TABLES if holder.get(name) is not None]
-    return found
-
-
-def _pack_graph(obj: Any, budget: list[int]) -> _Graph:
-    out = copy.copy(obj)  # PyG's: its own store and mapping, the same values
-    mapping = out._store._mapping
-    for key, value in list(mapping.items()):
-        mapping[key] = _pack(value, budget)
-    for holder, name in _tables(out):
-        holder[name] = _pack(holder[name], budget)
-    return _Graph(out)
-
-
-def _unpack_graph(graph: _Graph) -> Any:
-    out = graph.data  # unpickled: this process's own copy
-    mapping = out._store._mapping
-    for key, value in list(mapping.items()):
-        mapping[key] = _unpack(value)
-    for holder, name in _tables(out):
-        holder[name] = _unpack(holder[name])
-    return out
 
 
 class ByValue:
@@ -243,16 +181,12 @@ def _pack(obj: Any, budget: list[int]) -> Any:
         return type(obj)(*(_pack(v, budget) for v in obj))
     if isinstance(obj, np.ndarray | np.generic):
         return obj
-    if _is_graph(obj):
-        return _pack_graph(obj, budget)
     raise _Keep
 
 
 def _unpack(obj: Any) -> Any:
     if type(obj) is _Array:
         return torch.from_numpy(obj.array)
-    if type(obj) is _Graph:
-        return _unpack_graph(obj)
     if type(obj) is dict:
         return {k: _unpack(v) for k, v in obj.items()}
     if type(obj) is list:
