@@ -249,8 +249,9 @@ def _measure(
         worker_init_fn=StartThreads(worker_init_fn) if workers else worker_init_fn,
     )
     start = time.perf_counter()
-    batches = iter(loader)
+    batches: Iterator[Any] | None = None
     try:
+        batches = iter(loader)  # starts the workers: a host limit fails the count here
         transfer(unpacked(next(batches)), device)
         startup = time.perf_counter() - start
         memory = tree_memory_bytes()
@@ -273,7 +274,7 @@ def _measure(
         raise_if_stopped(exc, loader)  # workers killed by the job's stop are not a failure
         return Candidate.not_measured(workers, f"failed: {failure_text(exc)}")
     finally:
-        del batches
+        batches = None
         loader.end_workers()  # now, not when a failure's traceback is collected
         del loader
     total = sum(times)
