@@ -42,6 +42,7 @@ from autoloader.datasets.http_ranges import read_ranges
 READ_AHEAD_BYTES = 256 * 2**20  # block bytes one process fetches ahead and holds, at most
 DEFAULT_BLOCKS = 2  # a planned remote dataset's, where its plan measured no source
 ENVIRONMENT = "AUTOLOADER_READ_AHEAD"
+_WAIT_SLICE = 0.1  # seconds: how soon a wait for a fetch in flight sees a pending Ctrl-C
 
 Spans = tuple[tuple[int, int], ...]
 Key = tuple[Any, Spans]  # the file's key (``remote_file.FileKey``) and the block's spans
@@ -173,7 +174,10 @@ class ReadAhead:
                 block = self._held.pop(key, None) or self._flying.get(key)
         if block is None:
             return None
-        block.done.wait()
+        # in slices: a Ctrl-C the kernel handed to another thread (the fetch's own) is run
+        # by this, the main, thread only between two waits, never inside one
+        while not block.done.wait(_WAIT_SLICE):
+            pass
         with self._lock:
             self._held.pop(key, None)
             if block.data is not None:
