@@ -101,6 +101,23 @@ def test_a_blocks_ranges_are_one_request_byte_exact(
 
 
 @pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
+def test_overlapping_ranges_are_one_request_of_their_union(
+    nginx: Nginx, proxy: DelayProxy, served: Path
+) -> None:
+    """Blocks fetched ahead together may share bytes (HDF5 blocks sharing a chunk): ranges
+    adding up to more than the file made nginx answer 200 with the whole file, and the
+    server was then read a range per request for the rest of the process."""
+    blob = (served / "blob.bin").read_bytes()
+    ranges = [(0, SIZE // 2 + 10), (SIZE // 4, SIZE), (SIZE // 4, SIZE), (5, 7), (9, 9)]
+    received: list[int] = []
+    got = _read(_filesystem(received), f"{nginx.url(proxy.port)}/blob.bin", ranges)
+    assert got == [blob[a:z] for a, z in ranges]
+    assert proxy.requests == 1
+    assert sum(received) < SIZE + 4096  # the union once, not the ranges' sum
+    assert f"http://127.0.0.1:{proxy.port}" not in http_ranges.single_range_servers()
+
+
+@pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
 def test_more_ranges_than_one_request_takes_go_in_several(
     nginx: Nginx, proxy: DelayProxy, served: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
