@@ -136,8 +136,8 @@ class RemoteFile(io.RawIOBase):
         def fetch() -> list[bytes]:
             try:
                 if len(starts) == 1:
-                    return [bytes(fs.cat_file(path, start=starts[0], end=stops[0]))]
-                if self.location.protocol in ("http", "https"):
+                    got: list[Any] = [fs.cat_file(path, start=starts[0], end=stops[0])]
+                elif self.location.protocol in ("http", "https"):
                     # one multi-range request: fsspec sends a request per range
                     got = read_ranges(fs, path, starts, stops)
                 else:
@@ -151,13 +151,36 @@ class RemoteFile(io.RawIOBase):
                 with contextlib.suppress(Exception):
                     fs.invalidate_cache(path)
                 raise
-            return [bytes(b) for b in got]
+            return self._exact([bytes(b) for b in got], starts, stops)
 
         try:
             return retrying(self.location, doing, fetch)
         except SourceError as exc:
             self.failed = exc
             raise
+
+    def _exact(self, got: list[bytes], starts: list[int], stops: list[int]) -> list[bytes]:
+        """``got``, where each piece is its range's length: a server that ignores range
+        requests (``200`` with the whole file, as Python's ``http.server`` answers) would
+        otherwise hand another part of the file for the range asked.
+
+        Raises:
+            SourceError: a piece of another length, naming the server and the range.
+        """
+        for data, a, z in zip(got, starts, stops, strict=True):
+            if len(data) == z - a:
+                continue
+            why = (
+                "it ignores range requests (it sent more than asked, as a whole file): serve "
+                "the file from a server that answers range requests, or copy it to local disk"
+                if len(data) > z - a
+                else "the file changed on the server while it was read: open the dataset again"
+            )
+            raise SourceError(
+                f"DATASET '{self.location.url}': {self.location.server} answered "
+                f"{len(data)} bytes for bytes {a}..{z} ({z - a} bytes): {why}"
+            )
+        return got
 
     def hold(self, ranges: list[tuple[int, int]]) -> None:
         """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads

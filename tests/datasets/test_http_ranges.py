@@ -17,7 +17,7 @@ from remote_servers import DelayProxy, Nginx, readable_by_server
 
 import autoloader
 from autoloader.datasets import http_ranges, location
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet
 
 pytest.importorskip("fsspec")
 aiohttp = pytest.importorskip("aiohttp")
@@ -101,6 +101,23 @@ def test_a_blocks_ranges_are_one_request_byte_exact(
 
 
 @pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
+def test_overlapping_ranges_are_one_request_of_their_union(
+    nginx: Nginx, proxy: DelayProxy, served: Path
+) -> None:
+    """Blocks fetched ahead together may share bytes (HDF5 blocks sharing a chunk): ranges
+    adding up to more than the file made nginx answer 200 with the whole file, and the
+    server was then read a range per request for the rest of the process."""
+    blob = (served / "blob.bin").read_bytes()
+    ranges = [(0, SIZE // 2 + 10), (SIZE // 4, SIZE), (SIZE // 4, SIZE), (5, 7), (9, 9)]
+    received: list[int] = []
+    got = _read(_filesystem(received), f"{nginx.url(proxy.port)}/blob.bin", ranges)
+    assert got == [blob[a:z] for a, z in ranges]
+    assert proxy.requests == 1
+    assert sum(received) < SIZE + 4096  # the union once, not the ranges' sum
+    assert f"http://127.0.0.1:{proxy.port}" not in http_ranges.single_range_servers()
+
+
+@pytest.mark.parametrize("proxy", ["nginx"], indirect=True)
 def test_more_ranges_than_one_request_takes_go_in_several(
     nginx: Nginx, proxy: DelayProxy, served: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -174,3 +191,40 @@ def test_a_missing_file_is_not_found(nginx: Nginx) -> None:
     where = location.parse_url(f"{nginx.url()}/nothere.bin")
     with pytest.raises(autoloader.errors.DatasetError, match=r"no such file on 127\.0\.0\.1"):
         location.retrying(where, "reading", lambda: _read(_filesystem([]), where.path, RANGES))
+
+
+@pytest.fixture
+def range_ignoring_server(served: Path) -> Iterator[str]:
+    """Python's own ``http.server``: it ignores ``Range`` and answers 200 with the file."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_server_that_ignores_range_requests_is_one_line_naming_it(
+    range_ignoring_server: str, served: Path
+) -> None:
+    """Its whole-file answer to a range was taken as the range's bytes: HDF5 failed in
+    h5py's words ("bad object header version number"), Parquet as a corrupt file."""
+    write_parquet(served / "ev.parquet", make_events(500, seed=4), row_group_size=100)
+    host = range_ignoring_server.removeprefix("http://")
+    for name in ("ev.h5#hits", "ev.parquet"):
+        url = f"{range_ignoring_server}/{name}"
+        with pytest.raises(autoloader.errors.DatasetError) as raised:
+            autoloader.open_dataset(url)[0]
+        line = str(raised.value)
+        assert line.startswith(f"DATASET '{url.partition('#')[0]}': {host} answered ")
+        assert line.endswith(
+            "it ignores range requests (it sent more than asked, as a whole file): serve the "
+            "file from a server that answers range requests, or copy it to local disk"
+        )
+        assert "\n" not in line
