@@ -10,6 +10,7 @@ import sys
 import time
 import types
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -568,3 +569,27 @@ def test_each_worker_is_timed_on_the_batches_it_read_in_the_first_pass(
     monkeypatch.undo()
     assert got.ok and got.batches >= 10
     assert got.seconds_per_batch < 0.1  # 8 reads of 4 ms a batch, give or take the queue
+
+
+def test_a_count_whose_cpu_figures_were_not_measured_keeps_its_plan_equal_when_saved(
+    tmp_path: Path,
+) -> None:
+    """A timing too short for /proc's clock leaves ``cpu_share`` and ``free_cores`` None;
+    TOML has no null, so the trace entry leaves them out, and the plan a tune returns
+    equals the one it saved (a plan with them as None did not, under load)."""
+    from autoloader.tuning.workers.measure import Candidate
+
+    count = Candidate.from_times(0, [0.01, 0.012, 0.011], 0.005, 2**20)
+    assert count.cpu_share is None and count.free_cores is None
+    entry = count.to_dict()
+    assert "cpu_share" not in entry and "free_cores" not in entry
+    plan = Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+            "tuning": {"workers": {"trace": [entry]}},
+        }
+    )
+    plan.save(tmp_path / "plan.toml")
+    assert Plan.load(tmp_path / "plan.toml") == plan

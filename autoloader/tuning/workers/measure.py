@@ -96,7 +96,10 @@ class Candidate:
         return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan's ``[[tuning.workers.trace]]`` entry: a figure not measured (None) is
+        left out, as TOML, which has no null, would leave it (so a plan equals itself
+        saved and loaded)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
