@@ -109,6 +109,11 @@ def test_a_forked_child_starts_empty_with_its_own_lock() -> None:
 
 _STUCK = """
 import signal, sys, threading
+# Python's own Ctrl-C, whatever this process inherited: an xdist worker that ran the CLI's
+# main() in-process ignores SIGINT from then on (the command is the program), and a child
+# inherits an ignored signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
 sys.path.insert(0, {here!r})
 from test_read_ahead import CountingFs, _block
 from autoloader.datasets.read_ahead import READ_AHEAD
