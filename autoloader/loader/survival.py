@@ -34,8 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoloader.datasets.reads import SampleError
+from autoloader.errors import UsageError
+from autoloader.feed.depth import depth_of
 from autoloader.host import tree_memory_bytes, tree_resident_bytes
-from autoloader.host.budget import loader_shm_bytes
+from autoloader.host.budget import loader_shm_bytes, shm_fix, shm_space
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
 from autoloader.loader.settings import Settings, apply
@@ -96,6 +98,25 @@ class Death:
         return f"DataLoader worker {self.worker} (pid {self.pid}) {self.how}, {held}"
 
 
+def _bus_error(death: Death, loader: Any) -> str:
+    """A worker killed by SIGBUS: its write into a full /dev/shm mapping (torch before 2.9
+    maps a batch's segment without reserving it), not a sample's doing. Restarting, or
+    reading its samples one at a time, only meets the full /dev/shm again."""
+    space = shm_space()
+    free = (
+        f"/dev/shm has {format_bytes(space[0])} free of {format_bytes(space[1])}"
+        if space is not None
+        else "no /dev/shm was found"
+    )
+    size = getattr(loader.batch_sampler, "batch_size", None) or loader.batch_size
+    return (
+        f"{death.describe()}: a batch does not fit in shared memory at "
+        f"num_workers={loader.num_workers}, prefetch_factor={depth_of(loader.prefetch_factor)}, "
+        f"batch_size={size}: {free}; lower num_workers, prefetch_factor or batch_size, "
+        f"or {shm_fix()}"
+    )
+
+
 @dataclass
 class Survival:
     """What one planned loader has survived, and what it does next.
@@ -133,6 +154,8 @@ class Survival:
                 f"autoloader: {count} DataLoader workers died in epoch {epoch}; "
                 f"the last: {deaths[-1].describe()}; giving up"
             )
+        if any(d.exitcode == -signal.SIGBUS for d in deaths):
+            raise UsageError(_bus_error(deaths[0], loader))
         seen = {i for d in before for i in d.indices}
         suspects = list(dict.fromkeys(i for d in deaths for i in d.indices if i in seen))
         for death in deaths:
