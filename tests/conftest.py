@@ -216,3 +216,25 @@ def torchrun(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> 
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def started(kind: Any, root: Path, **options: Any) -> Iterator[Any]:
+    """A server of ``kind`` (``remote_servers.Nginx`` or ``XRootD``) serving ``root``,
+    stopped after; the test skips where it cannot run here."""
+    why = kind.available()
+    if why is not None:
+        pytest.skip(why)
+    if kind.__name__ == "XRootD":
+        pytest.importorskip("fsspec_xrootd")
+    server = kind(root, **options).start()
+    yield server
+    server.stop()
+
+
+def quick_source_bounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Remote reads that give up within seconds, and a size cache of the test's own."""
+    monkeypatch.setenv("AUTOLOADER_SOURCE_CONNECT_TIMEOUT", "2")
+    monkeypatch.setenv("AUTOLOADER_SOURCE_READ_TIMEOUT", "5")
+    monkeypatch.setenv("AUTOLOADER_SOURCE_RETRIES", "2")
+    monkeypatch.setenv("AUTOLOADER_SOURCE_BACKOFF", "0.05")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

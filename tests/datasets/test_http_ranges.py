@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import started
 from remote_servers import DelayProxy, Nginx, readable_by_server
 
 import autoloader
@@ -39,24 +40,15 @@ def served() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _nginx(root: Path, max_ranges: int | None = None) -> Iterator[Nginx]:
-    why = Nginx.available()
-    if why is not None:
-        pytest.skip(why)
-    server = Nginx(root, max_ranges=max_ranges).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def nginx(served: Path) -> Iterator[Nginx]:
-    yield from _nginx(served)
+    yield from started(Nginx, served)
 
 
 @pytest.fixture
 def one_range_nginx(served: Path) -> Iterator[Nginx]:
     """nginx that sends the whole file for a request of more than one range."""
-    yield from _nginx(served, max_ranges=1)
+    yield from started(Nginx, served, max_ranges=1)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import run_cli
+from conftest import quick_source_bounds, run_cli, started
 from remote_servers import DelayProxy, Nginx, Server, XRootD, free_port, readable_by_server
 
 import autoloader
@@ -65,25 +65,14 @@ def _written(root: Path) -> Iterator[Path]:
     yield root
 
 
-def _start(kind: type[Server], root: Path) -> Iterator[Server]:
-    why = kind.available()
-    if why is not None:
-        pytest.skip(why)
-    if kind is XRootD:
-        pytest.importorskip("fsspec_xrootd")
-    server = kind(root).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def nginx(data: Path) -> Iterator[Server]:
-    yield from _start(Nginx, data)
+    yield from started(Nginx, data)
 
 
 @pytest.fixture(scope="module")
 def xrootd(data: Path) -> Iterator[Server]:
-    yield from _start(XRootD, data)
+    yield from started(XRootD, data)
 
 
 @pytest.fixture(params=["http", "root"])
@@ -100,11 +89,7 @@ def proxy(server: Server) -> Iterator[DelayProxy]:
 
 @pytest.fixture(autouse=True)
 def _quick_bounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("AUTOLOADER_SOURCE_CONNECT_TIMEOUT", "2")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_READ_TIMEOUT", "5")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_RETRIES", "2")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_BACKOFF", "0.05")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    quick_source_bounds(monkeypatch, tmp_path)
 
 
 def _url(server: Server, port: int, name: str) -> str:
@@ -214,7 +199,7 @@ def own_server(request: pytest.FixtureRequest, data: Path) -> Iterator[Server]:
     nothing for ~21 s right after the tests whose loaders' workers read through it (cause
     not found; the next test's requests were answered), which this test's bound reads as
     a server that cannot be reached."""
-    yield from _start(Nginx if request.param == "http" else XRootD, data)
+    yield from started(Nginx if request.param == "http" else XRootD, data)
 
 
 def test_a_missing_file_says_so(own_server: Server) -> None:

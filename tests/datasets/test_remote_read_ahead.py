@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from conftest import quick_source_bounds, started
 from remote_servers import DelayProxy, Nginx, Server, XRootD, readable_by_server
 
 import autoloader
@@ -49,25 +50,14 @@ def data() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _start(kind: type[Server], root: Path) -> Iterator[Server]:
-    why = kind.available()
-    if why is not None:
-        pytest.skip(why)
-    if kind is XRootD:
-        pytest.importorskip("fsspec_xrootd")
-    server = kind(root).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def nginx(data: Path) -> Iterator[Server]:
-    yield from _start(Nginx, data)
+    yield from started(Nginx, data)
 
 
 @pytest.fixture(scope="module")
 def xrootd(data: Path) -> Iterator[Server]:
-    yield from _start(XRootD, data)
+    yield from started(XRootD, data)
 
 
 @pytest.fixture(params=["http", "root"])
@@ -77,11 +67,7 @@ def server(request: pytest.FixtureRequest) -> Server:
 
 @pytest.fixture(autouse=True)
 def _quick_bounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("AUTOLOADER_SOURCE_CONNECT_TIMEOUT", "2")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_READ_TIMEOUT", "5")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_RETRIES", "2")
-    monkeypatch.setenv("AUTOLOADER_SOURCE_BACKOFF", "0.05")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    quick_source_bounds(monkeypatch, tmp_path)
     monkeypatch.delenv(read_ahead.ENVIRONMENT, raising=False)
 
 
