@@ -121,11 +121,13 @@ def shared(batch: Any, settings: str = "") -> Any:
         except RuntimeError as exc:
             if not is_shm_failure(str(exc)):
                 return batch  # not ours to judge: torch's path says what it is
-            raise UsageError(_no_room(nbytes(batch), settings)) from None
+            raise UsageError(no_room(nbytes(batch), settings)) from None
     return batch
 
 
-def _no_room(batch_bytes: int, settings: str) -> str:
+def no_room(batch_bytes: int | None, settings: str) -> str:
+    """The line for a batch (of ``batch_bytes``, where known) that /dev/shm cannot hold
+    at the loader's ``settings``: the free space and the fix."""
     space = shm_space()
     free = (
         f"/dev/shm has {format_bytes(space[0])} free of {format_bytes(space[1])}"
@@ -133,8 +135,9 @@ def _no_room(batch_bytes: int, settings: str) -> str:
         else "no /dev/shm was found"
     )
     running = f" at {settings}" if settings else ""
+    size = f" of {format_bytes(batch_bytes)}" if batch_bytes is not None else ""
     return (
-        f"a batch of {format_bytes(batch_bytes)} does not fit in shared memory{running}: "
+        f"a batch{size} does not fit in shared memory{running}: "
         f"{free}; lower num_workers, prefetch_factor or batch_size, or {shm_fix(batch_bytes)}"
     )
 

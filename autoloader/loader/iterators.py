@@ -25,11 +25,11 @@ from typing import Any
 
 from autoloader import compat
 from autoloader.compat import MultiProcessIter, SingleProcessIter
-from autoloader.feed.depth import depth_of
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import ByValue, unpacked
 from autoloader.loader.lookahead import Lookahead
 from autoloader.loader.meter import Meter
+from autoloader.loader.settings import named
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
@@ -103,15 +103,6 @@ class RecordingSingleProcessIter(_Recording, SingleProcessIter):
         return True  # the sampler handed the batch out before the dataset read it
 
 
-def _settings_named(loader: Any) -> str:
-    """The loader's settings that put batches in /dev/shm, as a worker's error names them."""
-    size = getattr(loader.batch_sampler, "batch_size", None) or loader.batch_size
-    return (
-        f"num_workers={loader.num_workers}, prefetch_factor={depth_of(loader.prefetch_factor)}"
-        + (f", batch_size={size}" if size else "")
-    )
-
-
 class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProcessIter):
     """torch's multi-process iterator, recording each batch. For a planned loader with
     persistent workers it reads the next epoch's first batches while an epoch ends
@@ -148,7 +139,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         loader = self._loader_ref()
         planned = getattr(loader, "plan", None) is not None
         if planned and fn is not None:
-            fn = ByValue(fn, settings=_settings_named(loader))
+            fn = ByValue(fn, settings=named(loader))
         self.__dict__["_worker_collate"] = fn
 
     def _started(self) -> None:

@@ -88,3 +88,13 @@ def user_fixed(given: Mapping[str, Any], device_prefetch: Any = None) -> frozens
     if device_prefetch is not None:
         fixed.add("device_prefetch")
     return frozenset(fixed)
+
+
+def named(loader: Any) -> str:
+    """The loader's settings that put batches in /dev/shm, as an error names them:
+    ``num_workers=2, prefetch_factor=2, batch_size=128``."""
+    size = getattr(loader.batch_sampler, "batch_size", None) or loader.batch_size
+    return (
+        f"num_workers={loader.num_workers}, prefetch_factor={depth_of(loader.prefetch_factor)}"
+        + (f", batch_size={size}" if size else "")
+    )

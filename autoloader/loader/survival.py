@@ -35,12 +35,12 @@ from typing import Any
 
 from autoloader.datasets.reads import SampleError
 from autoloader.errors import UsageError
-from autoloader.feed.depth import depth_of
+from autoloader.feed.transport import no_room
 from autoloader.host import tree_memory_bytes, tree_resident_bytes
-from autoloader.host.budget import loader_shm_bytes, shm_fix, shm_space
+from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
-from autoloader.loader.settings import Settings, apply
+from autoloader.loader.settings import Settings, apply, named
 from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.samplers import SizeBatchSampler
 from autoloader.units import format_bytes
@@ -102,19 +102,7 @@ def _bus_error(death: Death, loader: Any) -> str:
     """A worker killed by SIGBUS: its write into a full /dev/shm mapping (torch before 2.9
     maps a batch's segment without reserving it), not a sample's doing. Restarting, or
     reading its samples one at a time, only meets the full /dev/shm again."""
-    space = shm_space()
-    free = (
-        f"/dev/shm has {format_bytes(space[0])} free of {format_bytes(space[1])}"
-        if space is not None
-        else "no /dev/shm was found"
-    )
-    size = getattr(loader.batch_sampler, "batch_size", None) or loader.batch_size
-    return (
-        f"{death.describe()}: a batch does not fit in shared memory at "
-        f"num_workers={loader.num_workers}, prefetch_factor={depth_of(loader.prefetch_factor)}, "
-        f"batch_size={size}: {free}; lower num_workers, prefetch_factor or batch_size, "
-        f"or {shm_fix()}"
-    )
+    return f"{death.describe()}: {no_room(None, named(loader))}"
 
 
 @dataclass
