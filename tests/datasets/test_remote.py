@@ -48,6 +48,7 @@ def _written(root: Path) -> Iterator[Path]:
     ev = make_events(N, seed=3)
     write_root(root / "ev.root", ev, events_per_basket=500)
     write_parquet(root / "ev.parquet", ev, row_group_size=500)
+    write_parquet(root / "groups.parquet", ev, row_group_size=50)
     write_km3pipe_h5(root / "ev.h5", ev, chunk_items=8192)
     write_root(root / "ev_2.root", make_events(300, seed=4), events_per_basket=100)
     keys = np.repeat(np.arange(300, dtype=np.int64) * 3, np.arange(300) % 7)
@@ -148,6 +149,21 @@ def test_parquet_sizes_read_one_column_not_the_rows(
         assert proxy.bytes_sent < 0.5 * (data / "ev.parquet").stat().st_size
     finally:
         proxy.close()
+
+
+def test_a_parquet_file_of_many_row_groups_opens_in_a_few_requests(
+    server: Server, proxy: DelayProxy, data: Path
+) -> None:
+    """The list lengths of 80 row groups are fetched many groups to a request (a vector
+    read, a multi-range request), not a round trip per group; they equal the local
+    file's."""
+    dataset = autoloader.open_dataset(_url(server, proxy.port, "groups.parquet"))
+    assert len(dataset.autoloader_blocks()) - 1 == 80
+    assert proxy.requests <= 12, proxy.requests  # 25-28 with a request per 256 KiB read
+    local = autoloader.open_dataset(str(data / "groups.parquet"))
+    assert np.array_equal(dataset.autoloader_sizes(), local.autoloader_sizes())
+    for i in (0, 1999, len(local) - 1):
+        assert torch.equal(dataset[i].x, local[i].x)
 
 
 def test_the_stamp_follows_the_file_on_the_server(nginx: Server, data: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, fill
 from autoloader_plugins.jagged.spec import select, select_event_fields
+
+# bytes of a remote file's column chunks one request fetches while its extents are read
+EXTENTS_HOLD_BYTES = 64 * 2**20
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +101,7 @@ class ParquetTable(BlockReader):
         self._one_collection(names)
         try:
             narrow = min(names, key=lambda n: self._bytes.get(n, 8))  # offsets come with any
-            counts = [np.diff(self._offsets(g, narrow)) for g in range(self._groups())]
+            counts = self._counts(narrow)
             values = (
                 self._file().read(columns=list(self.event_fields)) if self.event_fields else None
             )
@@ -197,6 +201,31 @@ class ParquetTable(BlockReader):
         element = self._file().schema_arrow.field(top).type.value_field.name
         return f"{top}.list.{element}.{child}"
 
+    def _counts(self, name: str) -> list[np.ndarray]:
+        """Items per event of every row group, from field ``name``'s offsets. A remote
+        file's column chunks of ``name`` are fetched many row groups to a request (one
+        vector read, one multi-range request), up to ``EXTENTS_HOLD_BYTES`` at a time, not
+        a round trip per row group."""
+        groups = range(self._groups())
+        remote = self._hremote if isinstance(self.path, Location) else None
+        if remote is None:
+            return [np.diff(self._offsets(g, name)) for g in groups]
+        meta, path = self._file().metadata, self._path(name)
+        counts: list[np.ndarray] = []
+        batch: list[int] = []
+        spans: list[tuple[int, int]] = []
+        held = 0
+        for g in groups:
+            batch.append(g)
+            spans.append(_chunk_span(meta.row_group(g), path))
+            held += spans[-1][1] - spans[-1][0]
+            if held >= EXTENTS_HOLD_BYTES or g == len(groups) - 1:
+                remote.hold(spans)
+                counts.extend(np.diff(self._offsets(b, name)) for b in batch)
+                batch, spans, held = [], [], 0
+        remote.hold([])  # the bytes are not kept past the opening
+        return counts
+
     def _offsets(self, group: int, name: str) -> np.ndarray:
         table = self._file().read_row_group(group, columns=[self._path(name)])
         array = self._column(table, name)
@@ -286,11 +315,19 @@ class ParquetTable(BlockReader):
         return f"ParquetTable('{self.path}', events={len(self)})"
 
 
-def _span(group: Any) -> tuple[int, int]:
+def _chunk_span(group: Any, path: str) -> tuple[int, int]:
+    """The bytes of a row group's column chunks under column ``path`` (one leaf, or a
+    nested column's leaves)."""
+    return _span(group, lambda p: p == path or p.startswith(path + "."))
+
+
+def _span(group: Any, wanted: Callable[[str], bool] = lambda _: True) -> tuple[int, int]:
     """The bytes of a row group's column chunks in the file, from its metadata."""
     starts, stops = [], []
     for i in range(group.num_columns):
         c = group.column(i)
+        if not wanted(c.path_in_schema):
+            continue
         first = c.data_page_offset
         if c.has_dictionary_page and c.dictionary_page_offset is not None:
             first = min(first, c.dictionary_page_offset)
