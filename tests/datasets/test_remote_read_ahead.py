@@ -137,6 +137,31 @@ def test_an_epoch_takes_blocks_fetched_ahead_and_holds_the_same_batches(
     assert requests_on <= requests_off + 2, (requests_on, requests_off)
 
 
+def test_a_blocks_ranges_are_worked_out_once_per_process(
+    xrootd: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hint names the same next blocks batch after batch until they are decoded; their
+    byte ranges (for ROOT, a search of uproot's per branch) are worked out once each, or
+    the hints cost more than the round trips they save."""
+    from autoloader_plugins.jagged.root import RootTree
+
+    calls: list[int] = []
+    found = RootTree._ahead_block
+
+    def counted(self: RootTree, block: int) -> object:
+        calls.append(block)
+        return found(self, block)
+
+    monkeypatch.setattr(RootTree, "_ahead_block", counted)
+    url = f"{xrootd.url(xrootd.port)}/{FILES['root']}"
+    before = read_ahead.READ_AHEAD.counts.taken
+    batches = _epoch(url, 0)
+    blocks = len(autoloader.open_dataset(url).autoloader_blocks()) - 1
+    assert read_ahead.READ_AHEAD.counts.taken > before
+    assert len(batches) > 2 * blocks  # each block is named by the hints of several batches
+    assert len(calls) == len(set(calls)) <= blocks, (len(calls), blocks)
+
+
 @pytest.mark.parametrize("layout", ["root", "h5"])
 def test_with_two_workers_an_epoch_holds_the_same_batches(
     nginx: Server, layout: str, monkeypatch: pytest.MonkeyPatch

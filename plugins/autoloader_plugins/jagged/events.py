@@ -118,6 +118,11 @@ class JaggedEvents(Dataset):
         ``limit``, in order of first appearance)."""
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         index = index[(index >= 0) & (index < len(self))]
+        if len(self.readers) == 1:  # one file: its own indices
+            reader = self.readers[0]
+            if not isinstance(reader, BlockReader):
+                return []
+            return reader.ahead(index, self.cache, limit)
         file_of = np.searchsorted(self.starts, index, side="right") - 1
         _, first = np.unique(file_of, return_index=True)
         out: list[Ahead] = []

@@ -170,12 +170,23 @@ class BlockReader(Reader):
             key = (self.path, self.name, int(bounds[b]))
             if cache.holds(key) or not self._reads_whole(key, cache):
                 continue  # decoded here or on the node, or its events are read alone
-            found = self._ahead_block(b)
+            found = self._ahead_of(b)
             if found is not None:
                 out.append(found)
                 if len(out) >= limit:
                     break
         return out
+
+    def _ahead_of(self, block: int) -> Ahead | None:
+        """``_ahead_block(block)``, worked out once per process: a hint names the same
+        next blocks batch after batch until they are decoded (a ROOT block's basket
+        ranges cost uproot a search per branch)."""
+        known = self.__dict__.get("_hahead")  # "_h": a process's own, not pickled
+        if known is None or known[0] != os.getpid():
+            known = self._hahead = (os.getpid(), {})
+        if block not in known[1]:
+            known[1][block] = self._ahead_block(block)
+        return known[1][block]
 
     def _ahead_block(self, block: int) -> Ahead | None:
         """Block ``block``'s bytes as its read fetches them (``read_ahead.block``); None
