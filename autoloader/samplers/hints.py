@@ -4,8 +4,9 @@ The batch sampler knows the epoch's batches; torch hands batch ``j`` to worker
 ``j % num_workers`` round-robin (in order, every worker alive), and at 0 workers the main
 process reads them all. So the reader of batch ``j`` reads ``j + stride``, ``j + 2 * stride``
 ... next (``stride``: the loader's workers, at least 1). ``Hinted`` is the batch as a list
-(what torch's fetcher passes unchanged to the dataset's ``__getitems__``) carrying those
-indices (``ahead``) and how many storage blocks the reader may fetch ahead of need
+(what torch's fetcher passes unchanged to the dataset's ``__getitems__``) carrying indices
+of those batches (``ahead``: ``HINT_PER_BATCH`` of each, evenly spaced, enough to name the
+storage blocks they read) and how many storage blocks the reader may fetch ahead of need
 (``blocks``: ``autoloader.datasets.read_ahead``). A hint is only a hint: where it is wrong
 (a restarted worker, a changed worker count, survival re-reading a batch) it costs bytes
 fetched for nothing, never what a batch holds.
@@ -27,8 +28,8 @@ HINT_PER_BATCH = 16
 
 
 class Hinted(list):  # type: ignore[type-arg]
-    """A batch's indices (a ``list``), with ``ahead`` (the indices its reader reads next,
-    in order) and ``blocks`` (the storage blocks it may fetch ahead)."""
+    """A batch's indices (a ``list``), with ``ahead`` (indices of the batches its reader
+    reads next, in order) and ``blocks`` (the storage blocks it may fetch ahead)."""
 
     __slots__ = ("ahead", "blocks")
 
@@ -59,15 +60,19 @@ def hinted(
     batches: Sequence[np.ndarray], stride: int, count: int, blocks: int
 ) -> Iterable[list[int]]:
     """``batches`` as lists, each with indices of its reader's next ``count`` batches
-    (every ``stride``-th after it; ``HINT_PER_BATCH`` of each, evenly spaced); plain lists
-    where ``count`` is 0."""
+    (every ``stride``-th after it; ``spaced`` ones of each); plain lists where ``count``
+    is 0."""
     for j, batch in enumerate(batches):
         if count <= 0:
             yield batch.tolist()
             continue
-        later = [
-            b[:: max(1, len(b) // HINT_PER_BATCH)]
-            for b in batches[j + stride : j + stride * count + 1 : stride]
-        ]
+        later = [spaced(b) for b in batches[j + stride : j + stride * count + 1 : stride]]
         ahead = np.concatenate(later) if len(later) else np.empty(0, dtype=np.int64)
         yield Hinted(batch.tolist(), ahead, blocks)
+
+
+def spaced(batch: np.ndarray) -> np.ndarray:
+    """``HINT_PER_BATCH`` of ``batch``'s indices, evenly spaced (all of a smaller one)."""
+    if len(batch) <= HINT_PER_BATCH:
+        return batch
+    return batch[np.linspace(0, len(batch) - 1, HINT_PER_BATCH).astype(np.int64)]

@@ -394,6 +394,13 @@ def test_an_empty_table_is_refused_naming_the_file_and_its_group_or_tree(
         f.mktree("Events", {"a": ak.Array([[1.0]]).type})
     with pytest.raises(DatasetError, match=r"e.root#Events': empty: tree 'Events' has no events"):
         autoloader.open_dataset(str(tmp_path / "e.root"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # a writer closed before its first row group: a file of no row group at all
+    pq.ParquetWriter(tmp_path / "e.parquet", pa.schema([("hits", pa.list_(pa.float32()))])).close()
+    with pytest.raises(DatasetError, match=r"e.parquet': empty: the file's table has no events"):
+        autoloader.open_dataset(str(tmp_path / "e.parquet"))
 
 
 def test_a_root_file_of_an_rntuple_or_not_root_at_all_says_what_it_found(

@@ -109,7 +109,8 @@ class ParquetTable(BlockReader):
             raise
         except Exception as exc:
             raise DatasetError(f"{self.where}: cannot read: {describe(exc)}") from None
-        self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+        lengths = np.concatenate([np.zeros(0, np.int64), *counts])  # no row group: no events
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.blocks()  # known to every worker: one whose blocks are all cached opens nothing
         self._values = (
             {n: values.column(n).to_numpy() for n in self.event_fields}
@@ -203,9 +204,10 @@ class ParquetTable(BlockReader):
 
     def _counts(self, name: str) -> list[np.ndarray]:
         """Items per event of every row group, from field ``name``'s offsets. A remote
-        file's column chunks of ``name`` are fetched many row groups to a request (one
-        vector read, one multi-range request), up to ``EXTENTS_HOLD_BYTES`` at a time, not
-        a round trip per row group."""
+        file's column chunks of ``name`` are fetched together, up to
+        ``EXTENTS_HOLD_BYTES`` at a time (over XRootD vector reads, over HTTP multi-range
+        requests of at most ``http_ranges.MAX_RANGES`` ranges), not a round trip per row
+        group."""
         groups = range(self._groups())
         remote = self._hremote if isinstance(self.path, Location) else None
         if remote is None:
@@ -220,10 +222,12 @@ class ParquetTable(BlockReader):
             spans.append(_chunk_span(meta.row_group(g), path))
             held += spans[-1][1] - spans[-1][0]
             if held >= EXTENTS_HOLD_BYTES or g == len(groups) - 1:
-                remote.hold(spans)
-                counts.extend(np.diff(self._offsets(b, name)) for b in batch)
+                try:
+                    remote.hold(spans)
+                    counts.extend(np.diff(self._offsets(b, name)) for b in batch)
+                finally:
+                    remote.hold([])  # the bytes are not kept past the opening
                 batch, spans, held = [], [], 0
-        remote.hold([])  # the bytes are not kept past the opening
         return counts
 
     def _offsets(self, group: int, name: str) -> np.ndarray:
@@ -329,8 +333,9 @@ def _span(group: Any, wanted: Callable[[str], bool] = lambda _: True) -> tuple[i
         if not wanted(c.path_in_schema):
             continue
         first = c.data_page_offset
-        if c.has_dictionary_page and c.dictionary_page_offset is not None:
-            first = min(first, c.dictionary_page_offset)
+        dictionary = c.dictionary_page_offset if c.has_dictionary_page else None
+        if dictionary is not None and 0 < dictionary < first:  # as pyarrow reads it: some
+            first = dictionary  # writers put 0 there for no dictionary page
         starts.append(first)
         stops.append(first + c.total_compressed_size)
     return min(starts), max(stops)

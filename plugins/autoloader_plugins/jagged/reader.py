@@ -181,9 +181,10 @@ class BlockReader(Reader):
         """``_ahead_block(block)``, worked out once per process: a hint names the same
         next blocks batch after batch until they are decoded (a ROOT block's basket
         ranges cost uproot a search per branch)."""
-        known = self.__dict__.get("_hahead")  # "_h": a process's own, not pickled
-        if known is None or known[0] != os.getpid():
-            known = self._hahead = (os.getpid(), {})
+        known: tuple[int, dict[int, Ahead | None]] | None = self.__dict__.get("_hahead")
+        if known is None or known[0] != os.getpid():  # "_h": a process's own, not pickled
+            known = (os.getpid(), {})
+            self._hahead = known
         if block not in known[1]:
             known[1][block] = self._ahead_block(block)
         return known[1][block]
