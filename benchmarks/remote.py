@@ -2,11 +2,18 @@
 
 ROOT, Parquet and HDF5 files of ``EVENTS`` events with a heavy tail of hit counts
 (median 40, the largest ~25x the mean) are served by a real XRootD server (Debian's
-``xrootd-server``) or nginx, behind the tests' delaying proxy (``tests/remote_servers.py``)
-at each round trip asked for. For each file and round trip, each epoch from a fresh copy
-of the dataset (cold caches, as a job starts):
+``xrootd-server``) or nginx, behind the tests' delaying proxy (``tests/remote_servers.py``,
+run in a process of its own, as a network costs the client no interpreter time) at each
+round trip asked for. For each file and round trip, each epoch from a fresh copy of the
+dataset (cold caches, as a job starts):
 
-- **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``);
+- **defaults**: torch's defaults (0 workers, a global shuffle, batches of ``BATCH``) over
+  the same dataset. Where the file's decoded events fit what a reading process keeps
+  decoded (its block cache, printed per file), a global shuffle decodes each block
+  once and the defaults pay a round trip per block, as the plan does; where they do not
+  (real files: ``--events 400000`` makes 576 MiB), each batch decodes blocks again for a
+  few events each. An epoch still running after ``--bound`` seconds is scaled from its
+  later half (marked ``~``);
 - **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
   file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
 - **read-ahead on / off**: the plan's epoch without its node cache (so that neither
@@ -28,7 +35,8 @@ of its opening, then of the epoch itself; and the epochs' requests with read-ahe
 off), against the file's bytes and storage blocks. Every figure is a ratio measured in this
 run, on this machine.
 Run: ``python benchmarks/remote.py [--events N] [--rtt 5,20,50] [--server xrootd|nginx]
-[--skip per-event,defaults,limit,iterate] [--workers N]`` (skipped columns print ``nan``).
+[--skip per-event,defaults,limit,iterate] [--workers N] [--bound S]`` (skipped columns
+print ``nan``).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from remote_servers import DelayProxy, Nginx, XRootD
+from remote_servers import Nginx, ProxyProcess, XRootD
 
 import autoloader
 from autoloader.datasets import http_ranges
@@ -60,6 +68,7 @@ EVENTS = 20_000
 BATCH = 64
 TUNE_RTT = 0.020
 PER_EVENT = 100
+DEFAULTS_SECONDS = 120.0
 NAMES = {"root": "ev.root#Events", "parquet": "ev.parquet", "hdf5": "ev.h5#hits"}
 
 
@@ -72,23 +81,44 @@ def write(root: Path, n: int) -> None:
         p.chmod(0o644)
 
 
+def decoded(dataset: Any) -> int:
+    """The dataset's bytes decoded, as its reading process's block cache counts them:
+    against what that keeps (``autoloader_cache_bytes``), whether a global shuffle reads
+    each block once."""
+    return int(dataset.autoloader_sizes().sum())
+
+
 def epoch(loader: Any) -> int:
     return sum(int(b.num_graphs) for b in loader)
 
 
-def timed(proxy: DelayProxy, run: Any) -> tuple[float, int, int]:
+def timed(proxy: ProxyProcess, run: Any) -> tuple[float, int, int]:
     proxy.reset()
     start = time.perf_counter()
     run()
     return time.perf_counter() - start, proxy.bytes_sent, proxy.requests
 
 
-def defaults(url: str) -> None:
+def defaults(url: str, bound: float) -> tuple[float, bool]:
+    """Seconds an epoch of torch's defaults takes from a fresh dataset, and whether they
+    were scaled: an epoch still running after ``bound`` seconds is scaled from its later
+    half's batches (a global shuffle's cost per batch is steady once its reader's block
+    cache is warm, which the first few batches make it)."""
+    start = time.perf_counter()
     dataset = autoloader.open_dataset(url)
-    epoch(autoloader.DataLoader(dataset, batch_size=BATCH, shuffle=True))
+    loader = autoloader.DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    total, marks = len(loader), []
+    for batch in loader:
+        int(batch.num_graphs)
+        marks.append(time.perf_counter() - start)
+        if marks[-1] > bound and len(marks) >= 4 and len(marks) < total:
+            half = len(marks) // 2
+            per_batch = (marks[-1] - marks[half - 1]) / (len(marks) - half)
+            return marks[-1] + per_batch * (total - len(marks)), True
+    return time.perf_counter() - start, False
 
 
-def planned(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
+def planned(url: str, plan: Any, proxy: ProxyProcess, opening: list[int]) -> None:
     """The plan's epoch from a fresh dataset; ``opening`` gets the requests its opening
     made (the rest are the epoch's: its workers' own openings and the blocks)."""
     dataset = autoloader.open_dataset(url)
@@ -96,7 +126,7 @@ def planned(url: str, plan: Any, proxy: DelayProxy, opening: list[int]) -> None:
     epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
 
 
-def read_ahead(url: str, plan: Any, proxy: DelayProxy, opening: list[int], on: bool) -> None:
+def read_ahead(url: str, plan: Any, proxy: ProxyProcess, opening: list[int], on: bool) -> None:
     """``planned`` without the plan's node cache, read-ahead on or off (its workers
     inherit the setting)."""
     os.environ["AUTOLOADER_READ_AHEAD"] = "1" if on else "0"
@@ -121,7 +151,7 @@ def per_event(url: str, events: int) -> float:
     return (time.perf_counter() - start) * events / PER_EVENT
 
 
-def ranges(url: str, plan: Any, proxy: DelayProxy, cache: Path, per_request: int) -> None:
+def ranges(url: str, plan: Any, proxy: ProxyProcess, cache: Path, per_request: int) -> None:
     """The plan's epoch from a fresh dataset with a node cache in the empty directory
     ``cache`` (so no block is mapped from an earlier epoch's), ``per_request`` ranges at
     most in one request."""
@@ -170,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", default="root,parquet,hdf5")
     parser.add_argument("--skip", default="", help="of per-event,defaults,limit,iterate")
     parser.add_argument("--workers", type=int, help="instead of the plan's worker count")
+    parser.add_argument(
+        "--bound",
+        type=float,
+        default=DEFAULTS_SECONDS,
+        help="seconds after which an epoch of torch's defaults is scaled (~) from its later half",
+    )
     args = parser.parse_args(argv)
     rtts = [float(x) / 1e3 for x in args.rtt.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -188,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{'requests':>8} {'opening':>7} {'epoch':>5} {'RA on':>5} {'RA off':>6} {'blocks':>6} "
         f"{'multi s':>7} {'1-range s':>9} {'1r/multi':>8} {'multi req':>9} {'1r req':>6}"
     )
+    proxy: ProxyProcess | None = None
     try:
         for layout in args.layouts.split(","):
             name = NAMES[layout]
             size = (root / name.partition("#")[0]).stat().st_size
-            proxy = DelayProxy(server.port, TUNE_RTT)
+            proxy = ProxyProcess(server.port, TUNE_RTT)
             url = f"{server.url(proxy.port)}/{name}"
             dataset = autoloader.open_dataset(url)
             blocks = len(dataset.autoloader_blocks()) - 1
@@ -200,18 +237,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.workers is not None:
                 loader = dataclasses.replace(plan.loader, num_workers=args.workers)
                 plan = dataclasses.replace(plan, loader=loader)
+            source = plan.tuning.get("source", {})
             print(
                 f"\n{layout}: plan {plan.batching.strategy}, {plan.loader.num_workers} workers, "
                 f"read order {'windows' if plan.batching.read_order else 'shuffle'}; "
                 f"node cache {'planned' if plan.cache else 'none'}; "
-                f"source {plan.tuning.get('source', {}).get('round_trip_seconds', 0) * 1e3:.1f}"
-                " ms round trip"
+                f"source {source.get('round_trip_seconds', 0) * 1e3:.1f} ms round trip, "
+                f"{source.get('read_ahead_blocks', 0)} blocks read ahead; "
+                f"{decoded(dataset) / 2**20:.0f} MiB decoded, a reading process keeps "
+                f"{dataset.autoloader_cache_bytes() / 2**20:.0f} MiB"
             )
             print(header)
             for rtt in rtts:
                 proxy.rtt = rtt
                 one = nan if "per-event" in skip else per_event(url, args.events)
-                d = nan if "defaults" in skip else timed(proxy, lambda url=url: defaults(url))[0]
+                d, scaled = (nan, False) if "defaults" in skip else defaults(url, args.bound)
                 ra: dict[bool, tuple[float, int]] = {}
                 for on in (False, True):
                     opened: list[int] = []
@@ -257,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                     if layout == "root" and "iterate" not in skip
                     else f"{'-':>9}"
                 )
+                mark = "~" if scaled else " "
                 print(
-                    f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {d:10.2f} {p:7.2f} "
+                    f"{layout:8} {rtt * 1e3:4.0f}ms {one:11.1f} {mark}{d:9.2f} {p:7.2f} "
                     f"{one / p:7.1f}x {d / p:7.2f}x {ra[True][0]:7.2f} {ra[False][0]:8.2f} "
                     f"{ra[False][0] / ra[True][0]:6.2f}x "
                     f"{lim:7.2f} {p / lim:7.2f}x {it} {nbytes / 1e6:8.1f} {size / 1e6:7.1f} "
@@ -267,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             proxy.close()
+            proxy = None
     finally:
+        if proxy is not None:
+            proxy.close()
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)

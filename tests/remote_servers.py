@@ -16,6 +16,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -265,9 +266,94 @@ class DelayProxy:
         self._thread.join(5)
 
 
+class ProxyProcess:
+    """A ``DelayProxy`` run in a process of its own, for benchmarks: its forwarding then
+    costs the client's process no interpreter time, as a real network's does not (in the
+    client's process, the proxy's thread would take the interpreter from the decoding that
+    read-ahead overlaps with the fetch). Its counters and ``rtt`` are asked for a line at
+    a time over the child's standard input and output."""
+
+    def __init__(self, target: int, rtt: float = 0.0) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, str(target), str(rtt)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.port = int(self._ask("port"))
+
+    def _ask(self, *what: object) -> str:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(" ".join(map(str, what)) + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline().strip()
+        if not answer or answer.startswith("error "):
+            why = answer or f"ended (exit {self._process.poll()})"
+            raise RuntimeError(f"the proxy process, asked {what}: {why}")
+        return answer
+
+    @property
+    def rtt(self) -> float:
+        return float(self._ask("rtt"))
+
+    @rtt.setter
+    def rtt(self, value: float) -> None:
+        self._ask("rtt", value)
+
+    @property
+    def requests(self) -> int:
+        return int(self._ask("requests"))
+
+    @property
+    def bytes_sent(self) -> int:
+        return int(self._ask("bytes_sent"))
+
+    def reset(self) -> None:
+        self._ask("reset")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self._ask("close")
+        try:
+            self._process.wait(5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def _proxy_process(target: int, rtt: float) -> None:
+    """``ProxyProcess``'s child: a ``DelayProxy`` answering a line per line read, until
+    ``close`` or the end of its input."""
+    proxy = DelayProxy(target, rtt)
+    try:
+        for line in sys.stdin:
+            what = line.split()
+            if what == ["close"]:
+                break
+            try:
+                if what == ["reset"]:
+                    proxy.reset()
+                    answer: object = "reset"
+                else:
+                    if len(what) == 2:
+                        setattr(proxy, what[0], float(what[1]))
+                    answer = getattr(proxy, what[0])
+            except Exception as exc:  # said to the parent, which raises it
+                answer = f"error {type(exc).__name__}: {exc}"
+            print(answer, flush=True)
+    finally:
+        proxy.close()
+        with contextlib.suppress(OSError):  # the parent may be gone
+            print("closed", flush=True)
+
+
 def _which(name: str) -> str | None:
     for d in (*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin", "/usr/bin"):
         candidate = Path(d) / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
+
+
+if __name__ == "__main__":  # ProxyProcess's child: TARGET_PORT RTT
+    _proxy_process(int(sys.argv[1]), float(sys.argv[2]))
