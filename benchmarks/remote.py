@@ -11,11 +11,12 @@ dataset (cold caches, as a job starts):
   the same dataset. Where the file's decoded events fit what a reading process keeps
   decoded (its block cache, printed per file), a global shuffle decodes each block
   once and the defaults pay a round trip per block, as the plan does; where they do not
-  (real files: ``--events 400000`` makes 576 MiB), each batch decodes blocks again for a
+  (real files: ``--events 400000`` makes 552 MiB), each batch decodes blocks again for a
   few events each. An epoch still running after ``--bound`` seconds is scaled from its
   later half (marked ``~``);
 - **plan**: ``autoloader.DataLoader`` with the plan ``autoloader.tune`` wrote for that
-  file (tuned once per file at ``TUNE_RTT``, reused at the other round trips);
+  file (tuned once per file at ``TUNE_RTT``, reused at the other round trips), its node
+  cache in a new empty directory each epoch: a job's first epoch, the one that fetches;
 - **read-ahead on / off**: the plan's epoch without its node cache (so that neither
   run maps what the other fetched), with read-ahead as planned and off
   (``AUTOLOADER_READ_AHEAD=0``: each reading process fetches a block when it decodes it);
@@ -24,8 +25,8 @@ dataset (cold caches, as a job starts):
 - **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
   order (no shuffle: a bound, not a peer);
 - **limit**: the file copied whole (one stream), then the plan's epoch on the local copy;
-- **multi-range / range per request** (nginx): the plan's epoch again, each into a node
-  cache of its own (an empty directory): a block's ranges in one multi-range request,
+- **multi-range / range per request** (nginx): the plan's epoch again, each from an empty
+  node cache as every plan's epoch here: a block's ranges in one multi-range request,
   then each range in a request of its own, concurrently (``http_ranges.MAX_RANGES = 1``:
   what fsspec's HTTP filesystem sends).
 
@@ -119,11 +120,25 @@ def defaults(url: str, bound: float) -> tuple[float, bool]:
 
 
 def planned(url: str, plan: Any, proxy: ProxyProcess, opening: list[int]) -> None:
-    """The plan's epoch from a fresh dataset; ``opening`` gets the requests its opening
-    made (the rest are the epoch's: its workers' own openings and the blocks)."""
-    dataset = autoloader.open_dataset(url)
-    opening.append(proxy.requests)
-    epoch(autoloader.DataLoader(dataset, plan=plan, adapt=False))
+    """The plan's epoch from a fresh dataset, its node cache (if planned) in a new empty
+    directory on the same medium: the first epoch of a job, mapping nothing an earlier
+    epoch fetched. ``opening`` gets the requests its opening made (the rest are the
+    epoch's: its workers' own openings and the blocks)."""
+    data = plan.to_dict()
+    fresh = None
+    if data.get("cache"):
+        where = data["cache"]["where"]
+        base = Path("/dev/shm") if where == "shm" else Path(where).parent
+        fresh = Path(tempfile.mkdtemp(prefix="autoloader-bench-", dir=base))
+        data["cache"]["where"] = str(fresh)
+    try:
+        dataset = autoloader.open_dataset(url)
+        opening.append(proxy.requests)
+        loader = autoloader.DataLoader(dataset, plan=autoloader.Plan.from_dict(data), adapt=False)
+        epoch(loader)
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
 
 
 def read_ahead(url: str, plan: Any, proxy: ProxyProcess, opening: list[int], on: bool) -> None:
@@ -151,20 +166,13 @@ def per_event(url: str, events: int) -> float:
     return (time.perf_counter() - start) * events / PER_EVENT
 
 
-def ranges(url: str, plan: Any, proxy: ProxyProcess, cache: Path, per_request: int) -> None:
-    """The plan's epoch from a fresh dataset with a node cache in the empty directory
-    ``cache`` (so no block is mapped from an earlier epoch's), ``per_request`` ranges at
-    most in one request."""
-    from autoloader.datasets import http_ranges
-
-    data = plan.to_dict()
-    if data.get("cache"):
-        cache.mkdir()
-        data["cache"]["where"] = str(cache)
+def ranges(url: str, plan: Any, proxy: ProxyProcess, per_request: int) -> None:
+    """The plan's epoch as ``planned`` reads it, ``per_request`` ranges at most in one
+    request."""
     keep = http_ranges.MAX_RANGES
     http_ranges.MAX_RANGES = per_request
     try:
-        planned(url, autoloader.Plan.from_dict(data), proxy, [])
+        planned(url, plan, proxy, [])
     finally:
         http_ranges.MAX_RANGES = keep
 
@@ -280,14 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                 apart = f"{'-':>7} {'-':>9} {'-':>8} {'-':>9} {'-':>6}"
                 if args.server == "nginx":
                     found = []
-                    for n, each in enumerate([http_ranges.MAX_RANGES, 1]):
-                        cache = scratch / f"cache-{layout}-{rtt}-{n}"
+                    for each in [http_ranges.MAX_RANGES, 1]:
                         found.append(
                             timed(
                                 proxy,
-                                lambda url=url, plan=plan, x=proxy, c=cache, k=each: ranges(
-                                    url, plan, x, c, k
-                                ),
+                                lambda url=url, plan=plan, x=proxy, k=each: ranges(url, plan, x, k),
                             )
                         )
                     (m, _, m_req), (r, _, r_req) = found
