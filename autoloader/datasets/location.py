@@ -17,6 +17,7 @@ import contextlib
 import fnmatch
 import os
 import re
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -195,16 +196,55 @@ def _xrootd_environment(options: SourceOptions) -> None:
     if not _QUIET_EXIT:
         # XRootD's exit hook (registered as it was imported) tests the type of every live
         # object, torch's deprecated reduce_op among them, which then warns on stderr as
-        # the command ends; exit hooks run last-registered first, so this one runs before
+        # the command ends; exit hooks run last-registered first, so these run before
         atexit.register(
             warnings.filterwarnings, "ignore", category=FutureWarning, module=r"XRootD\."
         )
+        atexit.register(_close_files_at_exit)
         _QUIET_EXIT.append(True)
     client.EnvPutInt("ConnectionWindow", max(1, round(options.connect_timeout)))
     client.EnvPutInt("ConnectionRetry", 1)
     client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("StreamTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("TimeoutResolution", 1)  # its default checks every 15 s
+
+
+CLOSE_AT_EXIT_SECONDS = 1.0  # the most an exit waits for servers to answer its closes
+
+
+def _close_files_at_exit() -> None:
+    """Send every open XRootD file's close, and wait for the answers
+    ``CLOSE_AT_EXIT_SECONDS`` at most in all. XRootD's own exit hook, which runs after
+    this one, closes each file still open and waits for its answer up to the request
+    timeout: a stalled server would hold the process's exit (a Ctrl-C's too) that long
+    for each file the process had open. A close sent is not open any more to it; nor
+    to fsspec-xrootd's handle cache, whose own exit hook would close it again and print
+    the error of a close in progress."""
+    import gc
+    import threading
+
+    from XRootD.client import File
+
+    caches: tuple[type, ...] = ()  # fsspec-xrootd's handle caches close their files again
+    with contextlib.suppress(ImportError):
+        from fsspec_xrootd.xrootd import ReadonlyFileHandleCache
+
+        caches = (ReadonlyFileHandleCache,)
+    answered = threading.Semaphore(0)
+    sent = 0
+    with warnings.catch_warnings():  # isinstance on torch's deprecated reduce_op warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            with contextlib.suppress(Exception):
+                if isinstance(obj, caches):
+                    getattr(obj, "_cache", {}).clear()  # its handles are Files: closed here
+                elif isinstance(obj, File) and obj.is_open():
+                    obj.close(callback=lambda *_: answered.release())
+                    sent += 1
+    deadline = time.monotonic() + CLOSE_AT_EXIT_SECONDS
+    for _ in range(sent):
+        if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            break
 
 
 def fsspec_options(location: Location) -> dict[str, Any]:

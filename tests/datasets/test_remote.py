@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -360,6 +361,47 @@ def test_an_error_on_a_root_url_is_one_line_and_nothing_at_exit(xrootd: Server) 
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "an SQLite database cannot be read from" in line
+
+
+def test_an_exit_while_xrootd_stalls_is_not_held_by_the_files_closes(
+    xrootd: Server, tmp_path: Path
+) -> None:
+    """XRootD's own exit hook closes every file the process has open and waits for each
+    answer up to the request timeout: a stalled server held the exit (and a Ctrl-C's)
+    for the read timeout, 30 s by default. The closes are now sent first, with a second
+    for their answers."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import sys\n"
+        "import autoloader\n"
+        "dataset = autoloader.open_dataset(sys.argv[1])\n"
+        "dataset[0]\n"
+        "print('read', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    proxy = DelayProxy(xrootd.port)
+    child = subprocess.Popen(
+        [sys.executable, str(script), _url(xrootd, proxy.port, FILES["root"])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AUTOLOADER_SOURCE_READ_TIMEOUT": "30"},
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "read", child.stderr and child.stderr.read()
+        proxy.rtt = 1000.0  # stalled: nothing sent from now on is answered
+        began = time.monotonic()
+        child.stdin.close()  # the script ends
+        child.wait(120)
+        took = time.monotonic() - began
+        err = child.stderr.read() if child.stderr else ""
+    finally:
+        child.kill()
+        proxy.close()
+    assert child.returncode == 0 and not err, err  # nothing said at exit
+    assert took < 12, took  # 30 s and more when XRootD's hook waited for each close
 
 
 def test_a_nugraph_file_reads_from_a_server(xrootd: Server, data: Path) -> None:
