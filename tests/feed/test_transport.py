@@ -116,3 +116,65 @@ def test_a_planned_loader_with_a_pin_thread_unpacks_before_pinning() -> None:
         return
     pinned = packed.pin_memory()
     assert pinned[0].is_pinned() and pinned[1][0].is_pinned()
+
+
+_KILLED_MID_WRITE = """
+import glob, os, signal, sys, time
+import torch
+import autoloader
+
+class Big(torch.utils.data.Dataset):
+    def __len__(self):
+        return 400
+    def __getitem__(self, i):
+        return torch.full((8 * 1024,), float(i))  # 32 KiB: a batch of 4 is twice a pipe
+
+def writing(pid):
+    # a thread of the worker blocked in a write to the full pipe the batches share
+    for wchan in glob.glob(f"/proc/{pid}/task/*/wchan"):
+        try:
+            if "pipe" in open(wchan).read():
+                return True
+        except OSError:
+            pass
+    return False
+
+if __name__ == "__main__":
+    plan = autoloader.Plan.from_dict({
+        "schema": 1,
+        "loader": {"num_workers": 2, "prefetch_factor": 4},
+        "batching": {"strategy": "random", "local_batch_size": 4, "seed": 1},
+    })
+    # the loader itself is not held, as in `for batch in DataLoader(...)`
+    it = iter(autoloader.DataLoader(Big(), plan=plan, adapt=False))
+    n = len([next(it)])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(writing(w.pid) for w in it._workers):
+        time.sleep(0.05)
+    for w in it._workers:  # whichever holds the pipe's lock dies mid-message, if any does
+        os.kill(w.pid, signal.SIGKILL)
+    n += sum(1 for _ in it)
+    print("batches", n, flush=True)
+"""
+
+
+def test_workers_killed_while_writing_batches_are_restarted_not_waited_for(tmp_path: Any) -> None:
+    """Every worker writes its batches into one pipe, under one lock. A worker killed (the
+    OOM killer) while it writes a message larger than the pipe takes at once left half a
+    message there, and the loop waited for the rest for ever: batches of 128 KiB went by
+    value. Only messages the pipe takes whole do now; the workers are restarted and the
+    epoch ends, though nothing but the iterator holds the loader (a restart found it
+    gone: AttributeError)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_MID_WRITE)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the loop waited for the rest of a dead worker's message")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["batches", "100"], (done.stdout, done.stderr)
