@@ -16,9 +16,9 @@ pickling it; giving up the rest cost an epoch of only loading 1.76x its time wit
 batches of 32 KiB, 1.16x with 256 KiB): in the worker, ``ByValue`` wraps the collate and
 turns its tensors into numpy arrays inside a ``Packed``; in the loop, ``unpacked`` (or
 the pin thread, through ``Packed.pin_memory``) turns them back into tensors without a
-copy. Anything it cannot carry exactly (a PyG object, a tensor subclass, a dtype numpy
-lacks, a tensor that needs grad, sparse or named tensors, other objects) keeps torch's
-path.
+copy. Anything it cannot
+carry exactly (a PyG object, a tensor subclass, a dtype numpy lacks, a tensor that needs
+grad, sparse or named tensors, other objects) keeps torch's path.
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ class ByValue:
     """A worker's collate whose small batches travel by value (picklable, as the collate
     it wraps must be for spawned workers). A batch that keeps torch's path is moved to
     shared memory here, in the worker (``shared``): ``settings`` names the loader's
-    settings in the error where /dev/shm cannot hold it. ``limit``: the most tensor bytes
-    of a batch sent by value; ``message``: the most bytes of its pickled message."""
+    settings in the error where /dev/shm cannot hold it."""
 
     def __init__(
         self,
