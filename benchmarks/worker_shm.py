@@ -1,9 +1,9 @@
 """Where a worker's batch enters /dev/shm: in its collate (now) against torch's queue feeder.
 
-A planned loader's worker moves a batch that keeps torch's path (one too large to go by
-value) to shared memory in its collate (``autoloader.feed.transport.shared``), so that a
-batch /dev/shm cannot hold is an error the loop receives, not a trace printed by the
-queue's feeder thread and a batch lost. torch then finds the storage shared and sends its descriptor
+A planned loader's worker moves a batch that keeps torch's path (over 256 KiB) to shared
+memory in its collate (``autoloader.feed.transport.shared``), so that a batch /dev/shm
+cannot hold is an error the loop receives, not a trace printed by the queue's feeder
+thread and a batch lost. torch then finds the storage shared and sends its descriptor
 without a second copy. This measures what the move costs: epochs of a planned loader
 (2 workers x prefetch 2, batches of 128 jagged events, about 2.8 MiB each, no cache) with
 the move in the collate and with it left to the feeder, alternated in one run on the

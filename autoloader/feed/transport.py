@@ -5,26 +5,17 @@ torch sends every tensor of a batch through shared memory: per batch a new segme
 resource-sharer thread for its descriptor. For a small batch that fixed cost is most of
 the loop's wait: on 2 cores, with 2 workers and free reads, batches of 32 KiB arrived
 2.0x faster pickled by value through the worker's pipe, 256 KiB 1.35x, while 1 MiB came
-2.6x slower (the copy through the pipe grows with the bytes). But every worker writes
-its batches into one pipe, under one lock: a worker killed (by the OOM killer) while it
-writes a message larger than the pipe takes at once leaves half a message there, and the
-loop then waits for the rest for ever (the lock is never released, so nothing else comes
-either). POSIX writes at most ``PIPE_BUF`` bytes (4 KiB on Linux) to a pipe at once or
-not at all; torch's own messages (shared-memory handles) stay within that. So a batch
-travels by value only where its whole message does (``MESSAGE_BYTES``, checked by
-pickling it; giving up the rest cost an epoch of only loading 1.76x its time with
-batches of 32 KiB, 1.16x with 256 KiB): in the worker, ``ByValue`` wraps the collate and
-turns its tensors into numpy arrays inside a ``Packed``; in the loop, ``unpacked`` (or
-the pin thread, through ``Packed.pin_memory``) turns them back into tensors without a
-copy. Anything it cannot
-carry exactly (a PyG object, a tensor subclass, a dtype numpy lacks, a tensor that needs
-grad, sparse or named tensors, other objects) keeps torch's path.
+2.6x slower (the copy through the pipe grows with the bytes). So a batch whose tensors
+hold at most ``BY_VALUE_BYTES`` travels by value: in the worker, ``ByValue`` wraps the
+collate and turns its tensors into numpy arrays inside a ``Packed``; in the loop,
+``unpacked`` (or the pin thread, through ``Packed.pin_memory``) turns them back into
+tensors without a copy. Anything it cannot carry exactly (a PyG object, a tensor subclass,
+a dtype numpy lacks, a tensor that needs grad, sparse or named tensors, other objects)
+keeps torch's path.
 """
 
 from __future__ import annotations
 
-import pickle
-import select
 from typing import Any
 
 import numpy as np
@@ -36,10 +27,7 @@ from autoloader.errors import UsageError
 from autoloader.host.budget import is_shm_failure, shm_fix, shm_space
 from autoloader.units import format_bytes
 
-# the most bytes of a pickled batch sent by value: one write to the pipe, taken whole
-# or not at all, with room for the queue's framing and torch's (index, batch) tuple
-MESSAGE_BYTES = select.PIPE_BUF - 256
-BY_VALUE_BYTES = MESSAGE_BYTES  # tensor bytes: a batch holding more is not even pickled
+BY_VALUE_BYTES = 256 * 1024
 
 # dtypes numpy holds exactly (bfloat16, the float8 types and complex32 it has not)
 _NUMPY_DTYPES = frozenset(
@@ -100,25 +88,16 @@ class ByValue:
     shared memory here, in the worker (``shared``): ``settings`` names the loader's
     settings in the error where /dev/shm cannot hold it."""
 
-    def __init__(
-        self,
-        collate: Any,
-        limit: int = BY_VALUE_BYTES,
-        settings: str = "",
-        message: int = MESSAGE_BYTES,
-    ) -> None:
-        self.collate, self.limit, self.settings, self.message = collate, limit, settings, message
+    def __init__(self, collate: Any, limit: int = BY_VALUE_BYTES, settings: str = "") -> None:
+        self.collate, self.limit, self.settings = collate, limit, settings
 
     def __call__(self, samples: Any) -> Any:
         batch = self.collate(samples)
         budget = [self.limit]
         try:
-            packed = Packed(_pack(batch, budget))
+            return Packed(_pack(batch, budget))
         except _Keep:
             return shared(batch, self.settings)
-        if len(pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)) > self.message:
-            return shared(batch, self.settings)  # its message could be left half-written
-        return packed
 
 
 def shared(batch: Any, settings: str = "") -> Any:

@@ -119,11 +119,6 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         # without a plan, torch's error where workers cannot start (nothing left of them)
         self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
-        # held too where the loader does not hold this iterator (torch keeps a persistent
-        # one only): in `for batch in DataLoader(...)` nothing else holds the loader, and a
-        # restart needs it; a persistent one would make a cycle that outlives the loader
-        persistent = loader.persistent_workers and loader.num_workers > 0
-        self._loader_held = None if persistent else loader
         self._start = 0  # the epoch's batch this run of workers began at (their task 0)
         self._wait_began, self._waiting = time.monotonic(), False
         self._stall_warned = False
