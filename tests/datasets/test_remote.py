@@ -400,7 +400,9 @@ def test_an_exit_while_xrootd_stalls_is_not_held_by_the_files_closes(
     finally:
         child.kill()
         proxy.close()
-    assert child.returncode == 0 and not err, err  # nothing said at exit
+    # nothing said at exit: no close's error, no warning of the scan for open files (other
+    # warnings may come as modules are imported: torch 2.15's of torch.jit.script)
+    assert child.returncode == 0 and "Traceback" not in err and "reduce_op" not in err, err
     assert took < 12, took  # 30 s and more when XRootD's hook waited for each close
 
 
