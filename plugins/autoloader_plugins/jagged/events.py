@@ -118,21 +118,22 @@ class JaggedEvents(Dataset):
         ``limit``, in order of first appearance)."""
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         index = index[(index >= 0) & (index < len(self))]
-        if len(self.readers) == 1:  # one file: its own indices
-            reader = self.readers[0]
-            if not isinstance(reader, BlockReader):
-                return []
-            return reader.ahead(index, self.cache, limit)
-        file_of = np.searchsorted(self.starts, index, side="right") - 1
-        _, first = np.unique(file_of, return_index=True)
         out: list[Ahead] = []
-        for k in file_of[np.sort(first)].tolist():
+        for k, local in self._per_file(index):
             reader = self.readers[k]
             if len(out) >= limit or not isinstance(reader, BlockReader):
                 continue
-            local = index[file_of == k] - self.starts[k]
             out.extend(reader.ahead(local, self.cache, limit - len(out)))
         return out
+
+    def _per_file(self, index: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``index`` (global, in range) split by file: (file number, its local indices),
+        files in order of first appearance; one file's are its own, with no search."""
+        if len(self.readers) == 1:
+            return [(0, index)]
+        file_of = np.searchsorted(self.starts, index, side="right") - 1
+        _, first = np.unique(file_of, return_index=True)
+        return [(k, index[file_of == k] - self.starts[k]) for k in file_of[np.sort(first)].tolist()]
 
     def _columns(self, indices: Sequence[int]) -> EventColumns:
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -149,12 +150,7 @@ class JaggedEvents(Dataset):
 
     def _read(self, unique: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Per file touched: (file number, the rows of its events in ``unique``)."""
-        file_of = np.searchsorted(self.starts, unique, side="right") - 1
-        out = []
-        for k in np.unique(file_of):
-            local = unique[file_of == k] - self.starts[k]
-            out.append((int(k), self.readers[k].read(local, self.cache)))
-        return out
+        return [(k, self.readers[k].read(local, self.cache)) for k, local in self._per_file(unique)]
 
     def _checked(self, unique: np.ndarray, k: int, rows: np.ndarray) -> np.ndarray:
         """``rows`` of file ``k``, as many as its events in ``unique`` have."""
