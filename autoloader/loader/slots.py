@@ -1,0 +1,63 @@
+"""The ring of batch slots a planned loader's iterator gets (``feed.ring``), sized from
+the plan: one slot for each batch that can be in flight or held at once, each of the
+plan's worst batch, all of it inside this rank's /dev/shm budget."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from autoloader.feed.depth import depth_of
+from autoloader.feed.ring import Ring
+from autoloader.feed.transport import make_ring
+from autoloader.host.budget import HELD_BY_LOOP
+from autoloader.loader.planned import batch_bytes, running_batch_size
+from autoloader.units import format_bytes
+
+log = logging.getLogger("autoloader")
+
+# A collated batch holds more than its samples' bytes (PyG's batch vector and offsets, a
+# padded tensor): slots start this much larger, and grow past it where a batch needs.
+SLOT_MARGIN = 1.25
+MIN_SLOT_BYTES = 64 * 1024
+UNKNOWN_SLOT_BYTES = 1 << 20  # no plan figure and no sizes: a first guess that grows
+
+
+def ring_shape(loader: Any) -> tuple[int, int, int | None]:
+    """Slots, bytes per slot and the ring's budget for ``loader``'s settings now: the
+    workers' batches in flight, those the loop holds and those the device feed holds."""
+    plan = loader.plan
+    slots = (
+        loader.num_workers * depth_of(loader.prefetch_factor)
+        + HELD_BY_LOOP
+        + int(getattr(loader, "device_prefetch", 0) or 0)
+    )
+    given = {"batch_sampler": loader.batch_sampler, "batch_size": loader.batch_size}
+    worst = batch_bytes(plan, running_batch_size(plan, given), getattr(loader, "_sizes", None))
+    slot = max(MIN_SLOT_BYTES, int(worst * SLOT_MARGIN)) if worst else UNKNOWN_SLOT_BYTES
+    host = getattr(loader, "_host", None)
+    budget = getattr(host, "shm_budget_bytes", None)
+    return slots, slot, budget
+
+
+def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
+    """The ring for the workers ``loader`` starts now: ``ring`` again, its slots freed
+    of the workers gone, where it has enough of them; else a new one (None: /dev/shm
+    cannot hold it, said once)."""
+    slots, slot_bytes, budget = ring_shape(loader)
+    if ring is not None and not ring.closed and ring.slots >= slots:
+        ring.reclaim()
+        return ring
+    made = make_ring(slots, slot_bytes, budget)
+    if made is None:
+        if not getattr(loader, "_ring_refused", False):
+            loader._ring_refused = True
+            log.warning(
+                "autoloader: /dev/shm cannot hold a ring of %d batch slots of %s: batches "
+                "take torch's shared-memory path (counted in "
+                "autoloader_transport_fallbacks_total)",
+                slots,
+                format_bytes(slot_bytes),
+            )
+        return None
+    return made
