@@ -60,4 +60,25 @@ def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
                 format_bytes(slot_bytes),
             )
         return None
+    _register(loader, made)
     return made
+
+
+def _register(loader: Any, ring: Ring) -> None:
+    """On CUDA with the loader's device feed, the ring registered as pinned memory, so
+    the feed copies each batch from its slot (it holds the slot until the copy is done).
+    Without the feed a loop's own ``.to(non_blocking=True)`` could outlive the slot: the
+    pin thread copies as before. Where registering fails, said once."""
+    device = getattr(loader, "_feed_device", None)
+    if device is None or device.type != "cuda" or not loader.pin_memory:
+        return
+    from autoloader.feed.device import register_ring
+
+    why = register_ring(ring, device)
+    if why is not None and not getattr(loader, "_ring_unpinned", False):
+        loader._ring_unpinned = True
+        log.warning(
+            "autoloader: the batch slots could not be registered with CUDA (%s): batches "
+            "are copied to pinned memory first, as torch's pin thread does",
+            why,
+        )
