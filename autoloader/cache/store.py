@@ -39,6 +39,7 @@ import numpy as np
 
 from autoloader.cache.entry import TRAILER, CachedBlock, EntryError, open_entry, write_entry
 from autoloader.cache.older import OLDER_FORMATS
+from autoloader.cache.owned import own, remove_tree
 from autoloader.cache.tally import Tally
 
 log = logging.getLogger("autoloader")
@@ -367,9 +368,10 @@ class NodeCache:
             return False
         try:
             self._make_directories()
-            for old in self.home.iterdir():
-                if old != self.directory and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)  # the data changed: never served
+            with own(self.home) as home:  # the data changed: older stamps never served
+                for name in os.listdir(home):
+                    if name != self.directory.name:
+                        remove_tree(name, home)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in a hand-made path
             log.warning("autoloader: node cache off: cannot use %s: %s", self.directory, exc)
             self._broken = True
