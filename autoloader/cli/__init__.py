@@ -25,6 +25,7 @@ from autoloader.cli import address_space, interrupts
 from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import drop_stdout, printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
+from autoloader.redact import Redacting
 
 # Warnings other packages raise, which a user of the command line can do nothing about:
 # torch 2.14 deprecates torch.jit.script, which PyG's nn package calls at import, so every
@@ -158,6 +159,9 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # every logger's records, plugins' too
+        if not any(isinstance(f, Redacting) for f in handler.filters):
+            handler.addFilter(Redacting())
     verbose = False
     try:
         try:
