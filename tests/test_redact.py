@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import run_cli
 
 from autoloader.errors import DatasetError
 from autoloader.redact import redact
@@ -32,3 +33,17 @@ def test_user_info_is_replaced_and_nothing_else(text: str, shown: str) -> None:
 def test_an_error_never_carries_the_password() -> None:
     exc = DatasetError("DATASET 'http://alice:s3cret@host/ev.parquet': no such file")
     assert str(exc) == "DATASET 'http://alice:****@host/ev.parquet': no such file"
+
+
+def leaky_factory() -> None:
+    """A dataset factory that fails naming its URL with the password (for the CLI)."""
+    raise RuntimeError("cannot fetch http://alice:s3cret@host/ev.parquet: 401")
+
+
+def test_a_users_exception_naming_a_url_is_said_without_the_password() -> None:
+    done = run_cli("-v", "tune", "test_redact:leaky_factory", "-o", "-")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "autoloader: error: DATASET 'test_redact:leaky_factory': the factory failed: "
+        "RuntimeError: cannot fetch http://alice:****@host/ev.parquet: 401\n"
+    )
