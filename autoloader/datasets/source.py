@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoloader.redact import redact
+
 
 @dataclass(frozen=True)
 class DataSource:
@@ -33,9 +35,10 @@ class DataSource:
     @classmethod
     def for_url(cls, url: str, stamps: list[str]) -> DataSource:
         """Remote data: ``stamps`` are what its server says of each file (size and
-        modification time, or an ETag or checksum), so a change on the server is seen."""
+        modification time, or an ETag or checksum), so a change on the server is seen.
+        The URL is kept without its password (it names the size cache, which is written)."""
         digest = hashlib.sha256("\n".join(stamps).encode()).hexdigest()
-        return cls(Path(user_cache_dir()), f"remote n={len(stamps)} {digest}", url=url)
+        return cls(Path(user_cache_dir()), f"remote n={len(stamps)} {digest}", url=redact(url))
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str]) -> DataSource:

@@ -63,7 +63,7 @@ def probe(source: location.Location) -> dict[str, Any]:
         ahead,
     )
     return {
-        "url": source.url,
+        "url": str(source),
         "server": source.server,
         "round_trip_seconds": round_trip,
         "bytes_per_second": throughput,

@@ -637,3 +637,65 @@ def test_an_events_table_beside_a_file_on_a_server_reads_as_the_local_one(
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_password(url: str, userinfo: str = "alice:s3cret") -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{userinfo}@{rest}"
+
+
+def test_a_password_in_the_url_is_never_written_or_printed(nginx: Server, tmp_path: Path) -> None:
+    """User-info is kept for the connection alone: the plan, its size cache, the summary,
+    the log and ``show`` name the URL as pip does (``alice:****@``), and a loader given
+    the plan and the dataset still works."""
+    url = _with_password(_url(nginx, nginx.port, FILES["parquet"]))
+    shown = _with_password(_url(nginx, nginx.port, FILES["parquet"]), "alice:****")
+    out = tmp_path / "plan.toml"
+    done = run_cli(
+        "-v", "tune", url, "--global-batch-size", "64", "--max-workers", "1",
+        "--iterations", "3", "--baseline", "none", "-o", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
+    assert shown in done.stdout
+    written = {p: p.read_bytes() for p in [*tmp_path.rglob("*")] if p.is_file()}
+    assert written and not [p for p, b in written.items() if b"s3cret" in b]
+    plan = autoloader.Plan.load(out)
+    assert plan.dataset["spec"] == shown
+    assert "s3cret" not in plan.meta["command"] and shown in plan.meta["command"]
+    show = run_cli("show", str(out))
+    assert show.returncode == 0 and shown in show.stdout and "s3cret" not in show.stdout
+    loader = autoloader.DataLoader(autoloader.open_dataset(url), plan=plan, adapt=False)
+    assert sum(b.num_graphs for b in loader) == N
+
+
+def test_a_password_in_the_url_is_not_in_the_error_line(nginx: Server) -> None:
+    url = _with_password(_url(nginx, nginx.port, "nothere.parquet"))
+    server = f"127.0.0.1:{nginx.port}"
+    shown = f"http://alice:****@{server}/nothere.parquet"
+    done = run_cli("tune", url, "-o", "-")
+    assert done.returncode == 2
+    assert done.stderr == f"autoloader: error: DATASET '{shown}': no such file on {server}\n"
+    with pytest.raises(DatasetError) as caught:
+        autoloader.open_dataset(url + "?fields=hits.*")
+    assert str(caught.value) == f"DATASET '{shown}': no such file on {server}"
+    token = _with_password(_url(nginx, nginx.port, "nothere.parquet"), "ghp_token")
+    with pytest.raises(DatasetError, match=r"^DATASET 'http://\*\*\*\*@127\.0\.0\.1:\d+/no"):
+        autoloader.open_dataset(token)
+
+
+def test_a_plan_written_with_a_password_is_shown_without_it(tmp_path: Path) -> None:
+    plan = tmp_path / "old.toml"
+    plan.write_text(
+        'schema = 1\n[dataset]\nspec = "https://alice:s3cret@example.org/ev.parquet"\n'
+        '[loader]\nnum_workers = 0\n[batching]\nstrategy = "random"\nlocal_batch_size = 8\n'
+    )
+    done = run_cli("show", str(plan))
+    assert done.returncode == 0, done.stderr
+    assert "https://alice:****@example.org/ev.parquet" in done.stdout
+    assert "s3cret" not in done.stdout
+    as_json = run_cli("show", "--json", str(plan))
+    assert "https://alice:****@example.org/ev.parquet" in as_json.stdout
+    page = tmp_path / "report.html"
+    assert run_cli("show", "--html", str(page), str(plan)).returncode == 0
+    assert "s3cret" not in as_json.stdout + page.read_text()

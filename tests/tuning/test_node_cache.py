@@ -259,3 +259,30 @@ def test_a_running_tunes_probe_is_never_cleared(tmp_path: Path) -> None:
         os.close(held)
     node_cache._clear_dead_probes(str(tmp_path))  # its tune ended without removing it
     assert not live.home.exists()
+
+
+def _plant_victim(tmp_path: Path, where: Path) -> Path:
+    """Another user's link in the cache's place: ``where/autoloader-UID`` leading to a
+    directory whose ``sub`` looks like a dead probe's (an unlocked ``probe.lock``)."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / node_cache.PROBE_LOCK).write_text("")
+    (victim / "sub" / "thesis.tex").write_text("years of work")
+    (where / f"autoloader-{os.getuid()}").symlink_to(victim)
+    return victim
+
+
+def test_the_tune_never_removes_through_a_link_in_the_cache_place(
+    spec: str, tmp_path: Path
+) -> None:
+    where = tmp_path / "place"
+    where.mkdir()
+    victim = _plant_victim(tmp_path, where)
+    done = _tune(spec, tmp_path / "p.toml", "--cache-dir", str(where))
+    assert done.returncode == 0, done.stderr
+    link = where / f"autoloader-{os.getuid()}"
+    assert f"node cache off: cannot use {link}/" in done.stderr
+    assert f"{link} is not this user's own directory" in done.stderr
+    assert (victim / "sub" / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in (victim / "sub").iterdir()) == ["probe.lock", "thesis.tex"]
+    assert link.is_symlink()  # not ours to remove either
