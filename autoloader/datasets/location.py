@@ -207,6 +207,9 @@ def _xrootd_environment(options: SourceOptions) -> None:
     client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("StreamTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("TimeoutResolution", 1)  # its default checks every 15 s
+    # its default (1800 s) fails every request to a server whose connection dropped with
+    # that error, without connecting again: a retry could never see the server come back
+    client.EnvPutInt("StreamErrorWindow", 0)
 
 
 CLOSE_AT_EXIT_SECONDS = 1.0  # the most an exit waits for servers to answer its closes
