@@ -23,6 +23,7 @@ from typing import Any
 
 from autoloader.datasets import ranges
 from autoloader.datasets.failures import SourceError, retrying
+from autoloader.datasets.http_ranges import RangesIgnored
 from autoloader.datasets.read_ahead import READ_AHEAD, merged
 
 KNOWN_BYTES = 64 * 2**20  # metadata bytes one process keeps, over all its remote files
@@ -133,7 +134,10 @@ class RemoteFile(io.RawIOBase):
         raised."""
 
         def fetch() -> list[bytes]:
-            got = ranges.fetch(self.fs, self.location.path, starts, stops)
+            try:
+                got = ranges.fetch(self.fs, self.location.path, starts, stops)
+            except RangesIgnored as exc:
+                raise self._wrong(exc.sent, exc.start, exc.stop) from None
             return self._exact(got, starts, stops)
 
         try:
