@@ -7,6 +7,10 @@ A dataset class may define, all optional:
 ``autoloader_source(self) -> DataSource``
     where the data lives and a stamp that changes when it changes, so that measured sizes
     can be cached beside the data and invalidated.
+``autoloader_check_unchanged(self) -> None``
+    raise a ``DatasetError`` naming the file where a file of the dataset is no longer the
+    one it was opened on; ``autoloader.DataLoader`` calls it as each epoch begins, so an
+    epoch never serves a changed file's events from what the old one left in memory.
 """
 
 from __future__ import annotations

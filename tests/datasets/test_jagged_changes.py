@@ -3,6 +3,7 @@ opened; a truncated file's message is whole."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 from conftest import prepend_pythonpath
 
 import autoloader
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_root
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_root
 from autoloader.errors import DatasetError
 
 EVENTS = 300
@@ -56,9 +57,11 @@ LOOP = textwrap.dedent(
 )
 
 
-def test_a_file_of_a_glob_truncated_after_epoch_0_is_named_by_the_workers(
+def test_a_file_of_a_glob_truncated_after_epoch_0_is_named_before_the_next(
     tmp_path: Path,
 ) -> None:
+    """The workers named it as they opened it; the loader's check at the epoch's start
+    now names it first, in the training process."""
     for i in range(3):
         write_km3pipe_h5(tmp_path / f"run_{i}.h5", make_events(EVENTS, seed=i), chunk_items=512)
     victim = tmp_path / "run_1.h5"
@@ -74,7 +77,7 @@ def test_a_file_of_a_glob_truncated_after_epoch_0_is_named_by_the_workers(
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "epoch 0: done"
     expected = (
-        f"DatasetError: autoloader.errors.DatasetError: DATASET '{victim}#hits': the file "
+        f"DatasetError: DATASET '{victim}#hits': the file "
         f"changed after the dataset was opened ({size:,} bytes then, {size // 2:,} bytes now; "
         f"{EVENTS} events were sized and planned from it): open the dataset again and tune "
         "again for the new file"
@@ -117,3 +120,55 @@ def test_a_truncated_root_file_says_its_whole_message(tmp_path: Path) -> None:
     # bytes from ...", "for file path ...": cut at the first it ended with a comma
     assert not text.endswith(",")
     assert f"for file path {path}" in text
+
+
+_WRITERS = {
+    "h5": (lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=512), "run.h5", "#hits"),
+    "root": (lambda p, ev: write_root(p, ev, events_per_basket=50), "run.root", "#Events"),
+    "parquet": (lambda p, ev: write_parquet(p, ev, row_group_size=50), "run.parquet", ""),
+}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "node-cache"])
+@pytest.mark.parametrize("layout", list(_WRITERS))
+def test_a_file_replaced_between_two_epochs_is_refused_naming_it(
+    tmp_path: Path, layout: str, cached: bool
+) -> None:
+    """``os.replace`` of a file between two epochs of one loader: its old handle, its
+    decoded blocks and the node cache served every old event in the next epoch (the
+    cache even said its old entries were removed). The epoch is now refused before it
+    reads, naming the file; a copy of the same size is refused too."""
+    write, name, part = _WRITERS[layout]
+    path = write(tmp_path / name, make_events(EVENTS, seed=1))
+    plan = {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 50},
+    }
+    if cached:
+        (tmp_path / "cache").mkdir()
+        plan["cache"] = {"where": str(tmp_path / "cache")}
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(f"{path}{part}"),
+        plan=autoloader.Plan.from_dict(plan),
+        adapt=False,
+        check_fingerprint=False,
+    )
+    assert (loader.node_cache is not None) == cached
+    assert sum(b.num_graphs for b in loader) == EVENTS
+    other = r"\d[\d,]* bytes then, \d[\d,]* bytes now"
+    # uproot writes the time into a file: the same events are other bytes
+    same = f"{other}|the same" if layout == "root" else "the same"
+    for seed, said in ((2, other), (1, same)):
+        # another file, then one of the same events as the first (another inode)
+        write(tmp_path / f"new{seed}", make_events(EVENTS, seed=seed))
+        os.replace(tmp_path / f"new{seed}", path)
+        loader.set_epoch(seed)
+        with pytest.raises(
+            DatasetError,
+            match=rf"^DATASET '{path}{part}': the file changed after the dataset was opened "
+            rf"\((?:{said}).*; {EVENTS} events were sized and planned from it\): open the dataset "
+            "again and tune again for the new file$",
+        ):
+            for _ in loader:
+                pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -621,6 +622,58 @@ def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
     assert again.autoloader_source().stamp != stamp
     for a, b in zip(again.__getitems__([0, 299]), local.__getitems__([0, 299]), strict=True):
         assert torch.equal(a.x, b.x)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "node-cache"])
+@pytest.mark.parametrize("layout", list(FILES))
+def test_a_file_replaced_on_the_server_between_two_epochs_is_refused(
+    server: Server, data: Path, tmp_path: Path, layout: str, cached: bool
+) -> None:
+    """``os.replace`` on the server between two epochs of one loader: the epoch served the
+    old events from its decoded blocks (and, over HTTP, read the old Parquet footer it
+    kept against the new bytes: "Couldn't deserialize thrift"). It is refused as it
+    begins, naming the file. (The servers say a time in seconds: the new file's is set a
+    minute on, as a later copy's would be.)"""
+    kind = "http" if isinstance(server, Nginx) else "root"
+    file, _, part = FILES[layout].partition("#")
+    name = f"replaced-{kind}-{cached:d}{Path(file).suffix}"
+    writers = {
+        "root": lambda p, ev: write_root(p, ev, events_per_basket=500),
+        "parquet": lambda p, ev: write_parquet(p, ev, row_group_size=500),
+        "h5": lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=8192),
+    }
+    writers[layout](data / name, make_events(N, seed=7))
+    readable_by_server(data / name)
+    url = _url(server, server.port, name + (f"#{part}" if part else ""))
+    plan = {
+        "schema": 1,
+        "loader": {"num_workers": 0},
+        "batching": {"strategy": "random", "local_batch_size": 500, "seed": 4},
+    }
+    if cached:
+        plan["cache"] = {"where": str(tmp_path)}
+    loader = autoloader.DataLoader(
+        autoloader.open_dataset(url),
+        plan=autoloader.Plan.from_dict(plan),
+        adapt=False,
+        check_fingerprint=False,
+    )
+    assert (loader.node_cache is not None) == cached
+    assert sum(b.num_graphs for b in loader) == N
+    writers[layout](data / f"new-{name}", make_events(N, seed=8))
+    later = time.time() + 60
+    os.utime(data / f"new-{name}", (later, later))
+    readable_by_server(data / f"new-{name}")
+    os.replace(data / f"new-{name}", data / name)
+    loader.set_epoch(1)
+    with pytest.raises(
+        DatasetError,
+        match=rf"^DATASET '{re.escape(url)}': the file changed on the server after the "
+        rf"dataset was opened \(size=\d+ .* then, size=\d+ .* now; {N:,} events were sized "
+        r"and planned from it\): open the dataset again and tune again for the new file$",
+    ):
+        for _ in loader:
+            pass
 
 
 def test_loaders_started_right_after_xrootd_reads_start_their_workers(xrootd: Server) -> None:

@@ -183,6 +183,19 @@ class JaggedEvents(Dataset):
         """Read the blocks ``node`` keeps through it (None: from the files alone)."""
         self.cache.node = node
 
+    def autoloader_check_unchanged(self) -> None:
+        """Refuse, in one line naming the file, where a file is no longer the one the
+        dataset was opened on (``handles.check_unchanged``): its events were sized and
+        planned from the old one, and this process's decoded blocks, kept metadata and
+        open handles hold the old one's. A stat per local file, a metadata request per
+        remote one.
+
+        Raises:
+            DatasetError: naming the first file that changed.
+        """
+        for reader in self.readers:
+            handles.check_unchanged(reader, ask_server=True)
+
     def autoloader_read_block(self, block: int) -> np.ndarray:
         """Block ``block`` (of ``autoloader_blocks``) decoded from its file, past every
         cache: what one miss of the node cache costs."""
