@@ -278,6 +278,14 @@ def info(location: Location, doing: str = "asking for its size") -> dict[str, An
     return retrying(location, doing, lambda: fs.info(location.path))
 
 
+def forget(location: Location) -> None:
+    """Drop what this process's filesystem keeps of the file: fsspec-xrootd's open handle
+    (which reads the file the server opened, replaced or not) and listings. For a file
+    that changed on the server: the next read opens it anew."""
+    with contextlib.suppress(Exception):
+        filesystem(location).invalidate_cache(location.path)
+
+
 def stamp(location: Location) -> str:
     """A stamp that changes when the remote file does: its size with its modification
     time, its ETag or a checksum, whichever the server gives."""

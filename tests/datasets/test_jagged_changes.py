@@ -8,12 +8,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import prepend_pythonpath
 
 import autoloader
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_root
+from autoloader.demo.jagged_files import (
+    Events,
+    make_events,
+    write_km3pipe_h5,
+    write_parquet,
+    write_root,
+)
 from autoloader.errors import DatasetError
 
 EVENTS = 300
@@ -129,46 +136,67 @@ _WRITERS = {
 }
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "node-cache"])
-@pytest.mark.parametrize("layout", list(_WRITERS))
-def test_a_file_replaced_between_two_epochs_is_refused_naming_it(
-    tmp_path: Path, layout: str, cached: bool
-) -> None:
-    """``os.replace`` of a file between two epochs of one loader: its old handle, its
-    decoded blocks and the node cache served every old event in the next epoch (the
-    cache even said its old entries were removed). The epoch is now refused before it
-    reads, naming the file; a copy of the same size is refused too."""
-    write, name, part = _WRITERS[layout]
-    path = write(tmp_path / name, make_events(EVENTS, seed=1))
-    plan = {
+def doubled(ev: Events) -> Events:
+    """The same events (as many items each) with other values."""
+    columns = {name: column * 2 for name, column in ev.columns.items()}
+    return Events(ev.counts, columns, ev.run_id, ev.energy * 2)
+
+
+def _loader(spec: str, workers: int, cache: Path | None) -> autoloader.DataLoader:
+    plan: dict[str, Any] = {
         "schema": 1,
-        "loader": {"num_workers": 0},
+        "loader": {"num_workers": workers, "persistent_workers": workers > 0},
         "batching": {"strategy": "random", "local_batch_size": 50},
     }
-    if cached:
-        (tmp_path / "cache").mkdir()
-        plan["cache"] = {"where": str(tmp_path / "cache")}
-    loader = autoloader.DataLoader(
-        autoloader.open_dataset(f"{path}{part}"),
+    if cache is not None:
+        plan["cache"] = {"where": str(cache)}
+    return autoloader.DataLoader(
+        autoloader.open_dataset(spec),
         plan=autoloader.Plan.from_dict(plan),
         adapt=False,
         check_fingerprint=False,
+        cache=cache is not None,
     )
+
+
+def _epoch(loader: autoloader.DataLoader, epoch: int) -> list[bytes]:
+    loader.set_epoch(epoch)
+    return [b.x.numpy().tobytes() for b in loader]
+
+
+@pytest.mark.parametrize(
+    ("layout", "cached", "workers"),
+    [(layout, cached, 0) for layout in _WRITERS for cached in (False, True)] + [("h5", True, 2)],
+)
+def test_a_file_replaced_between_two_epochs_is_read_anew_or_refused_naming_it(
+    tmp_path: Path, layout: str, cached: bool, workers: int
+) -> None:
+    """``os.replace`` of a file between two epochs of one loader: its old handle, its
+    decoded blocks and the node cache served every old event in the next epoch (the
+    cache even said its old entries were removed). A file of as many events, each as
+    large, is now read anew; one of other events is refused before the epoch reads,
+    naming the file."""
+    write, name, part = _WRITERS[layout]
+    path = write(tmp_path / name, make_events(EVENTS, seed=1))
+    cache = tmp_path / "cache" if cached else None
+    if cache is not None:
+        cache.mkdir()
+    loader = _loader(f"{path}{part}", workers, cache)
     assert (loader.node_cache is not None) == cached
-    assert sum(b.num_graphs for b in loader) == EVENTS
-    other = r"\d[\d,]* bytes then, \d[\d,]* bytes now"
-    # uproot writes the time into a file: the same events are other bytes
-    same = f"{other}|the same" if layout == "root" else "the same"
-    for seed, said in ((2, other), (1, same)):
-        # another file, then one of the same events as the first (another inode)
-        write(tmp_path / f"new{seed}", make_events(EVENTS, seed=seed))
-        os.replace(tmp_path / f"new{seed}", path)
-        loader.set_epoch(seed)
-        with pytest.raises(
-            DatasetError,
-            match=rf"^DATASET '{path}{part}': the file changed after the dataset was opened "
-            rf"\((?:{said}).*; {EVENTS} events were sized and planned from it\): open the dataset "
-            "again and tune again for the new file$",
-        ):
-            for _ in loader:
-                pass
+    old = _epoch(loader, 0)
+    write(tmp_path / "new", doubled(make_events(EVENTS, seed=1)))
+    os.replace(tmp_path / "new", path)
+    got = _epoch(loader, 1)
+    assert got == _epoch(_loader(f"{path}{part}", 0, None), 1)  # the new file's events
+    assert _epoch(loader, 0) != old  # the same order, other values
+    write(tmp_path / "new", make_events(EVENTS, seed=2))  # other events: other sizes
+    os.replace(tmp_path / "new", path)
+    loader.set_epoch(2)
+    with pytest.raises(
+        DatasetError,
+        match=rf"^DATASET '{path}{part}': the file changed after the dataset was opened "
+        rf"\(\d[\d,]* bytes then, \d[\d,]* bytes now; {EVENTS} events were sized and planned "
+        "from it\\): open the dataset again and tune again for the new file$",
+    ):
+        for _ in loader:
+            pass

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -624,55 +625,76 @@ def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
         assert torch.equal(a.x, b.x)
 
 
+def _replace_on_server(data: Path, name: str, write: Any, events: Any, later: float) -> None:
+    """``os.replace`` of ``data/name`` by a file of ``events``, whose time is ``later``
+    (the servers say a time in seconds: a later copy's is later)."""
+    write(data / f"new-{name}", events)
+    os.utime(data / f"new-{name}", (later, later))
+    readable_by_server(data / f"new-{name}")
+    os.replace(data / f"new-{name}", data / name)
+
+
 @pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "node-cache"])
 @pytest.mark.parametrize("layout", list(FILES))
-def test_a_file_replaced_on_the_server_between_two_epochs_is_refused(
+def test_a_file_replaced_on_the_server_between_two_epochs_is_read_anew_or_refused(
     server: Server, data: Path, tmp_path: Path, layout: str, cached: bool
 ) -> None:
     """``os.replace`` on the server between two epochs of one loader: the epoch served the
     old events from its decoded blocks (and, over HTTP, read the old Parquet footer it
-    kept against the new bytes: "Couldn't deserialize thrift"). It is refused as it
-    begins, naming the file. (The servers say a time in seconds: the new file's is set a
-    minute on, as a later copy's would be.)"""
+    kept against the new bytes: "Couldn't deserialize thrift"). A file of as many events,
+    each as large, is now read anew; one of other events is refused, naming it."""
+    from test_jagged_changes import doubled
+
     kind = "http" if isinstance(server, Nginx) else "root"
     file, _, part = FILES[layout].partition("#")
     name = f"replaced-{kind}-{cached:d}{Path(file).suffix}"
-    writers = {
+    write = {
         "root": lambda p, ev: write_root(p, ev, events_per_basket=500),
         "parquet": lambda p, ev: write_parquet(p, ev, row_group_size=500),
         "h5": lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=8192),
-    }
-    writers[layout](data / name, make_events(N, seed=7))
+    }[layout]
+    write(data / name, make_events(N, seed=7))
     readable_by_server(data / name)
-    url = _url(server, server.port, name + (f"#{part}" if part else ""))
-    plan = {
-        "schema": 1,
-        "loader": {"num_workers": 0},
-        "batching": {"strategy": "random", "local_batch_size": 500, "seed": 4},
-    }
-    if cached:
-        plan["cache"] = {"where": str(tmp_path)}
-    loader = autoloader.DataLoader(
-        autoloader.open_dataset(url),
-        plan=autoloader.Plan.from_dict(plan),
-        adapt=False,
-        check_fingerprint=False,
-    )
-    assert (loader.node_cache is not None) == cached
-    assert sum(b.num_graphs for b in loader) == N
-    writers[layout](data / f"new-{name}", make_events(N, seed=8))
-    later = time.time() + 60
-    os.utime(data / f"new-{name}", (later, later))
-    readable_by_server(data / f"new-{name}")
-    os.replace(data / f"new-{name}", data / name)
-    loader.set_epoch(1)
+    suffix = f"#{part}" if part else ""
+    url = _url(server, server.port, name + suffix)
+
+    def loader(cache: bool) -> autoloader.DataLoader:
+        plan = {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 500, "seed": 4},
+            "cache": {"where": str(tmp_path)},
+        }
+        made = autoloader.Plan.from_dict(plan)
+        return autoloader.DataLoader(
+            autoloader.open_dataset(url),
+            plan=made,
+            adapt=False,
+            check_fingerprint=False,
+            cache=cache,
+        )
+
+    def epoch(it: autoloader.DataLoader, number: int) -> list[bytes]:
+        it.set_epoch(number)
+        return [b.x.numpy().tobytes() for b in it]
+
+    one = loader(cached)
+    assert (one.node_cache is not None) == cached
+    old = epoch(one, 0)
+    _replace_on_server(data, name, write, doubled(make_events(N, seed=7)), time.time() + 60)
+    local = autoloader.open_dataset(str(data / name) + suffix)
+    got = epoch(one, 1)
+    assert got == epoch(loader(False), 1) != old
+    assert len(local) == N
+    _replace_on_server(data, name, write, make_events(N, seed=8), time.time() + 120)
+    one.set_epoch(2)
     with pytest.raises(
         DatasetError,
         match=rf"^DATASET '{re.escape(url)}': the file changed on the server after the "
         rf"dataset was opened \(size=\d+ .* then, size=\d+ .* now; {N:,} events were sized "
         r"and planned from it\): open the dataset again and tune again for the new file$",
     ):
-        for _ in loader:
+        for _ in one:
             pass
 
 

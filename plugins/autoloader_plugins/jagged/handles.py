@@ -13,10 +13,10 @@ on: a file truncated or replaced after the sizes and the plan were made (a secon
 after a copy failed) is one error naming it, its size then and now and its events,
 whichever process opens it. A local file is the same file while its size, modification
 time and inode are: one rewritten in place or replaced (``os.replace``) with as many
-bytes is refused as well, saying so. ``autoloader.DataLoader`` asks again at each epoch
-(``check_unchanged``, through the dataset's ``autoloader_check_unchanged``), so a file
-changed between two epochs is refused before the epoch reads anything, even where its
-handle, its decoded blocks or the node cache would still serve the old file's events.
+bytes is refused as well, saying so. ``autoloader.DataLoader`` asks again as each epoch
+begins (``changed``, through the dataset's ``autoloader_refresh``): a changed file whose
+events are as many and as large is read anew, one whose events differ is refused before
+the epoch reads anything.
 """
 
 from __future__ import annotations
@@ -99,17 +99,13 @@ def forget(reader: Any) -> None:
     _open.pop(id(reader), None)
 
 
-def check_unchanged(reader: Any, ask_server: bool = False) -> None:
-    """Refuse ``reader``'s file where it is not the one the dataset was opened on: a local
-    file's size, modification time or inode; with ``ask_server``, a remote file's size,
-    modification time or ETag as its server says now (one metadata request).
+def check_unchanged(reader: Any) -> None:
+    """Refuse ``reader``'s local file where it is not the one the dataset was opened on
+    (its size, modification time or inode).
 
     Raises:
         DatasetError: naming the file, what it was then and is now, and the events it held.
     """
-    if ask_server and isinstance(reader.path, Location):
-        _check_server(reader)
-        return
     then = getattr(reader, "_opened_size", None)
     if then is None:
         return
@@ -118,21 +114,23 @@ def check_unchanged(reader: Any, ask_server: bool = False) -> None:
         raise DatasetError(f"{reader.where}: {changed}")
 
 
-def _check_server(reader: Any) -> None:
-    """``check_unchanged`` of a remote file: what its server said when the dataset opened
-    it (``Reader._said``) against what it says now."""
+def changed(reader: Any) -> str:
+    """``what_changed``, and for a remote file what its server says now against what it
+    said when the dataset opened it (``Reader._said``; one metadata request): empty where
+    the file is the one the dataset was opened on."""
+    if not isinstance(reader.path, Location):
+        return what_changed(reader)
     said = reader.__dict__.get("_server_said")
     if said is None:
-        return  # never opened here: its opening asks the server
+        return ""  # never opened here: its opening asks the server
     url = str(reader.path)
     then, now = file_key(url, said), file_key(url, location.info(reader.path, "checking it"))
     if then == now:
-        return
-    raise DatasetError(
-        f"{reader.where}: the file changed on the server after the dataset was opened "
-        f"(size={then[1]} {then[2]} then, size={now[1]} {now[2]} now; {len(reader):,} events "
-        "were sized and planned from it): open the dataset again and tune again for the "
-        "new file"
+        return ""
+    return (
+        f"the file changed on the server after the dataset was opened (size={then[1]} "
+        f"{then[2]} then, size={now[1]} {now[2]} now; {len(reader):,} events were sized and "
+        "planned from it): open the dataset again and tune again for the new file"
     )
 
 
