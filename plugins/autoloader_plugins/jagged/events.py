@@ -194,16 +194,15 @@ class JaggedEvents(Dataset):
             DatasetError: naming the first changed file whose events differ (or that
                 cannot be opened now).
         """
+        from autoloader.datasets.registry import open_dataset
+
         changed = [(k, why) for k, r in enumerate(self.readers) if (why := handles.changed(r))]
         if not changed:
             return False
         first, why = changed[0]
         refused = DatasetError(f"{self.readers[first].where}: {why}")
-        from autoloader.datasets.registry import open_dataset
-
         for k, _ in changed:
             self.readers[k].forget_server()
-
         try:
             now = open_dataset(self.spec)
         except DatasetError:

@@ -11,12 +11,12 @@ limit, raised where it is read (in a worker: sent to the loop, never a hang).
 A reader's file is also compared, at each opening, with the file the dataset was opened
 on: a file truncated or replaced after the sizes and the plan were made (a second epoch
 after a copy failed) is one error naming it, its size then and now and its events,
-whichever process opens it. A local file is the same file while its size, modification
-time and inode are: one rewritten in place or replaced (``os.replace``) with as many
-bytes is refused as well, saying so. ``autoloader.DataLoader`` asks again as each epoch
-begins (``changed``, through the dataset's ``autoloader_refresh``): a changed file whose
-events are as many and as large is read anew, one whose events differ is refused before
-the epoch reads anything.
+whichever process opens it. ``autoloader.DataLoader`` asks again as each epoch begins
+(``changed``, through the dataset's ``autoloader_refresh``), where a local file is the
+same file while its size, modification time and inode are (one rewritten in place or
+``os.replace``d with as many bytes has changed too), and a remote one while its server
+says the same size and time or ETag: a changed file whose events are as many and as
+large is read anew, one whose events differ is refused before the epoch reads anything.
 """
 
 from __future__ import annotations
@@ -100,11 +100,11 @@ def forget(reader: Any) -> None:
 
 
 def check_unchanged(reader: Any) -> None:
-    """Refuse ``reader``'s local file where it is not the one the dataset was opened on
-    (its size, modification time or inode).
+    """Refuse ``reader``'s local file where its size is not the one the dataset was
+    opened on.
 
     Raises:
-        DatasetError: naming the file, what it was then and is now, and the events it held.
+        DatasetError: naming the file, its size then and now, and the events it held.
     """
     then = getattr(reader, "_opened_size", None)
     if then is None:
@@ -119,7 +119,7 @@ def changed(reader: Any) -> str:
     said when the dataset opened it (``Reader._said``; one metadata request): empty where
     the file is the one the dataset was opened on."""
     if not isinstance(reader.path, Location):
-        return what_changed(reader)
+        return what_changed(reader, rewritten=True)
     said = reader.__dict__.get("_server_said")
     if said is None:
         return ""  # never opened here: its opening asks the server
@@ -134,12 +134,13 @@ def changed(reader: Any) -> str:
     )
 
 
-def what_changed(reader: Any) -> str:
+def what_changed(reader: Any, rewritten: bool = False) -> str:
     """How ``reader``'s file differs from the one the dataset was opened on, in words;
-    empty where its size is the same."""
+    empty where its size is the same (with ``rewritten``: and its modification time and
+    inode; an opening reads a file rewritten with as many bytes, as it always has)."""
     then = getattr(reader, "_opened_size", None)
     now = _size(reader.path)
-    if then is None:
+    if then is None or (now == then and not rewritten):
         return ""
     if now == then:
         was = getattr(reader, "_opened_as", None)
