@@ -57,7 +57,9 @@ class Server:
         """Why this server cannot run here, or None."""
         return None if _which(cls.binary) else f"{cls.binary} is not installed"
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """End the server's process, keeping its directory: ``start(port)`` brings it back
+        on the same port, as a server restarted."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -65,6 +67,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -78,8 +83,8 @@ class Nginx(Server):
         super().__init__(root)
         self.max_ranges = max_ranges
 
-    def start(self) -> Nginx:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> Nginx:
+        self.port = port or free_port()
         log = self.work / "error.log"
         conf = self.work / "nginx.conf"
         conf.write_text(
@@ -122,8 +127,8 @@ http {{
 class XRootD(Server):
     binary = "xrootd"
 
-    def start(self) -> XRootD:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> XRootD:
+        self.port = port or free_port()
         log = self.work / "xrootd.log"
         conf = self.work / "xrootd.cfg"
         conf.write_text(

@@ -220,6 +220,9 @@ def _xrootd_environment(options: SourceOptions) -> None:
     client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("StreamTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("TimeoutResolution", 1)  # its default checks every 15 s
+    # its default (1800 s) fails every request to a server whose connection dropped with
+    # that error, without connecting again: a retry could never see the server come back
+    client.EnvPutInt("StreamErrorWindow", 0)
 
 
 CLOSE_AT_EXIT_SECONDS = 1.0  # the most an exit waits for servers to answer its closes
@@ -286,6 +289,14 @@ def info(location: Location, doing: str = "asking for its size") -> dict[str, An
     with contextlib.suppress(Exception):
         fs.dircache.clear()
     return retrying(location, doing, lambda: fs.info(location.path))
+
+
+def forget(location: Location) -> None:
+    """Drop what this process's filesystem keeps of the file: fsspec-xrootd's open handle
+    (which reads the file the server opened, replaced or not) and listings. For a file
+    that changed on the server: the next read opens it anew."""
+    with contextlib.suppress(Exception):
+        filesystem(location).invalidate_cache(location.path)
 
 
 def stamp(location: Location) -> str:

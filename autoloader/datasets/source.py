@@ -7,6 +7,12 @@ A dataset class may define, all optional:
 ``autoloader_source(self) -> DataSource``
     where the data lives and a stamp that changes when it changes, so that measured sizes
     can be cached beside the data and invalidated.
+``autoloader_refresh(self) -> bool``
+    the dataset as its files are now: whether one changed since it was opened and is read
+    anew (its events as many and as large as before); a ``DatasetError`` naming the file
+    where its events differ. ``autoloader.DataLoader`` calls it as each epoch begins, so an
+    epoch never serves a changed file's events from what the old one left in memory, and
+    ends workers it keeps between epochs where it returns True.
 """
 
 from __future__ import annotations

@@ -419,6 +419,9 @@ class DataLoader(tud.DataLoader):
             if node is not self.node_cache and self._recorder is not None:
                 self._recorder.watch_cache(node.counts if node is not None else None)
             self.node_cache = node
+        refresh = getattr(self.dataset, "autoloader_refresh", None)
+        if callable(refresh) and refresh():  # a file changed: read anew, or refused
+            compat.end_persistent_iterator(self)  # kept workers hold the old file
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler

@@ -101,6 +101,13 @@ class Reader(ABC):
             said = self._server_said = dict(location.info(self.path, "opening"))
         return said
 
+    def forget_server(self) -> None:
+        """Drop what this process's filesystems keep of a remote file that changed on its
+        server (fsspec-xrootd keeps the file open, and would read the old one): its next
+        opening reads the new one."""
+        if isinstance(self.path, Location):
+            location.forget(self.path)
+
     def _io(self, doing: str, call: Callable[[], T]) -> T:
         """``call()``, retried as a remote read is where the file is remote."""
         if isinstance(self.path, Location):

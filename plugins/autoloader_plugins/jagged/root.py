@@ -13,6 +13,7 @@ are kept in the process's block cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -227,6 +228,15 @@ class RootTree(BlockReader):
             raise DatasetError(
                 f"DATASET '{self.path}': cannot open as ROOT: {handles.whole(exc)}"
             ) from None
+
+    def forget_server(self) -> None:
+        """Also uproot's own filesystem's (fsspec's instance for its options, which the
+        next opening of the file shares)."""
+        super().forget_server()
+        if self._h is not None and self._hpid == os.getpid():
+            source = getattr(self._h.file, "source", None)
+            with contextlib.suppress(Exception):
+                source._fs.invalidate_cache(source._file_path)  # type: ignore[union-attr]
 
     def _release(self) -> None:
         """Close this process's handle (another file needs its descriptor)."""
