@@ -45,7 +45,7 @@ def write_entry(f: BinaryIO, block: np.ndarray) -> None:
     block of no items too: its bytes as a flat view, which a memoryview of a shape with
     a zero cannot be cast to)."""
     np.lib.format.write_array(f, block, allow_pickle=False)
-    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.reshape(-1).view(np.uint8))))
+    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.reshape(-1).view(np.uint8).data)))
 
 
 def open_entry(path: Path, shape: tuple[int, int] | None) -> CachedBlock | None:
