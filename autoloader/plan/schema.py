@@ -322,7 +322,10 @@ _SHARE: Kinds = (Key("number", minimum=0, maximum=1),)
 _BYTES: Kinds = (_BYTES_KEY,)
 _COUNT: Kinds = (Key("int", minimum=0, maximum=MAX_COUNT),)  # batches, blocks, epochs
 _WORKERS: Kinds = (Key("int", minimum=0, maximum=MAX_WORKERS),)
-_THREADS: Kinds = (Key("int", minimum=1, maximum=MAX_WORKERS),)
+# counts a tune tried or measured: its worker search goes up to the rank's CPUs, and
+# torch's threads default to them
+_TRIED: Kinds = (Key("int", minimum=0, maximum=MAX_CPUS),)
+_THREADS: Kinds = (Key("int", minimum=1, maximum=MAX_CPUS),)
 _BATCH: Kinds = (Key("int", minimum=1, maximum=MAX_COUNT),)  # a local batch, accum steps
 _RANK: Kinds = (Key("int", minimum=0, maximum=MAX_RANKS - 1),)
 _GPU: Kinds = (Key("int", minimum=0, maximum=MAX_RANKS),)
@@ -332,7 +335,7 @@ EVIDENCE: tuple[tuple[str, str, dict[str, Kinds]], ...] = (
         "tuning.workers.trace",
         "array",
         {
-            "workers": _WORKERS,
+            "workers": _TRIED,
             "seconds_per_batch": _NUM,
             "startup_seconds": _NUM,
             "total_seconds": _NUM,
@@ -349,7 +352,7 @@ EVIDENCE: tuple[tuple[str, str, dict[str, Kinds]], ...] = (
         "tuning.workers.loops",
         "array",
         {
-            "workers": _WORKERS,
+            "workers": _TRIED,
             "seconds_per_batch": _AMOUNT,
             "num_threads": _THREADS,
         },
@@ -452,7 +455,7 @@ SCALARS: tuple[tuple[str, dict[str, Kinds]], ...] = (
     (
         "tuning.workers",
         {
-            "max_workers": _WORKERS,
+            "max_workers": _TRIED,
             "iterations": _COUNT,
             "timed_batches": _COUNT,
             "step_seconds": _AMOUNT,

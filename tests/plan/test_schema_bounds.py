@@ -95,7 +95,7 @@ def _written(tmp_path: Path, extra: str) -> Path:
         ),
         (
             "[tuning.workers]\nmax_workers = -1\n",
-            "key 'tuning.workers.max_workers': expected an integer in [0, 1024], "
+            "key 'tuning.workers.max_workers': expected an integer in [0, 1048576], "
             "found -1 (integer)",
         ),
         (  # read by the loader as the step's time; it was not checked at all
@@ -104,7 +104,7 @@ def _written(tmp_path: Path, extra: str) -> Path:
         ),
         (
             "[[tuning.workers.trace]]\nworkers = -1\n",
-            "key 'tuning.workers.trace[0].workers': expected an integer in [0, 1024], "
+            "key 'tuning.workers.trace[0].workers': expected an integer in [0, 1048576], "
             "found -1 (integer)",
         ),
         (
@@ -114,7 +114,7 @@ def _written(tmp_path: Path, extra: str) -> Path:
         ),
         (
             "[[tuning.workers.loops]]\nworkers = 1\nseconds_per_batch = 0.1\nnum_threads = 0\n",
-            "key 'tuning.workers.loops[0].num_threads': expected an integer in [1, 1024], "
+            "key 'tuning.workers.loops[0].num_threads': expected an integer in [1, 1048576], "
             "found 0 (integer)",
         ),
         (
