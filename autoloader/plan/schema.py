@@ -170,6 +170,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "safety": Key("number", minimum=0, below=1),  # as --safety
             "model": Key("table"),
             "reserve_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
+            # device memory the batches copied ahead hold, at worst
+            "device_prefetch_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
             "reserve": Key("table"),
         },
     ),
@@ -480,6 +482,28 @@ SCALARS: tuple[tuple[str, dict[str, Kinds]], ...] = (
             "noise": _NUM,
         },
     ),
+    (
+        "tuning.threads",
+        {
+            "default": _THREADS,
+            "candidate": _THREADS,
+            "chosen": _THREADS,
+            "why": _STR,
+            "default_samples_per_second": _NUM,
+            "candidate_samples_per_second": _NUM,
+        },
+    ),
+    (
+        "tuning.device_prefetch",
+        {
+            "depth": (TABLES["loader"][2]["device_prefetch"],),
+            "why": _STR,
+            "bytes": _BYTES,
+            "copy_seconds": _NUM,
+            "step_seconds": _NUM,
+        },
+    ),
+    ("tuning.placement", {"device": _STR, "cpus": ("array",)}),
     (
         "tuning.runtime",
         {

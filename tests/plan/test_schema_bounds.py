@@ -173,6 +173,20 @@ def _written(tmp_path: Path, extra: str) -> Path:
             "key 'hardware.gpus[0].index': expected an integer in [0, 1048576], found -1 (integer)",
         ),
         (
+            "[tuning.threads]\nchosen = 0\n",
+            "key 'tuning.threads.chosen': expected an integer in [1, 1048576], found 0 (integer)",
+        ),
+        (
+            "[tuning.device_prefetch]\ndepth = 17\n",
+            "key 'tuning.device_prefetch.depth': expected an integer in [0, 16], "
+            "found 17 (integer)",
+        ),
+        (
+            "[memory]\ndevice_prefetch_bytes = -1\n",
+            "key 'memory.device_prefetch_bytes': expected an integer in [0, 2**63 - 1], "
+            "found -1 (integer)",
+        ),
+        (
             "[tuning.baseline.measured.baseline]\nbatches = -1\n",
             "key 'tuning.baseline.measured.baseline.batches': expected an integer in "
             "[0, 2147483647], found -1 (integer)",
