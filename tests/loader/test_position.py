@@ -609,7 +609,6 @@ def test_a_peek_that_resets_persistent_workers_moves_the_position_with_the_loop(
     assert (state["epoch"], state["batches"]) == (0, 25)
     again = make()
     again.load_state_dict(state)
-    assert [b.tolist() for b in again] == []
     again.set_epoch(1)
     loader.set_epoch(1)
     assert [b.tolist() for b in again] == [b.tolist() for b in loader]
