@@ -43,9 +43,11 @@ class EntryError(Exception):
 
 
 def write_entry(f: BinaryIO, block: np.ndarray) -> None:
-    """Write C-contiguous float32 ``block`` as an entry: ``.npy`` and the trailer."""
+    """Write C-contiguous float32 ``block`` as an entry: ``.npy`` and the trailer (a
+    block of no items too: its bytes as a flat view, which a memoryview of a shape with
+    a zero cannot be cast to)."""
     np.lib.format.write_array(f, block, allow_pickle=False)
-    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.data.cast("B"))))
+    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.reshape(-1).view(np.uint8).data)))
 
 
 def open_entry(path: Path, shape: tuple[int, int] | None) -> CachedBlock | None:

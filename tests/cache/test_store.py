@@ -476,3 +476,14 @@ def test_an_event_of_no_items_reads_as_no_rows(tmp_path: Path) -> None:
     out = np.full((0, 6), -1.0, dtype=np.float32)
     block.read_into(out, 40, 40)
     assert block[40:40].shape == (0, 6) and load.calls == 1
+
+
+def test_a_block_of_no_items_is_written_and_served(tmp_path: Path) -> None:
+    """A block whose events all have 0 items was an internal error as it was written."""
+    cache, load = _cache(tmp_path), Loads(np.zeros((0, 6), dtype=np.float32))
+    first = cache.get(("f", "hits", 0), load, shape=(0, 6))
+    again = cache.get(("f", "hits", 0), load, shape=(0, 6))
+    assert load.calls == 1 and isinstance(again, CachedBlock)
+    assert again[0:0].shape == (0, 6) and first.tobytes() == again.tobytes() == b""
+    out = np.zeros((0, 6), dtype=np.float32)
+    again.read_into(out, 0, 0)
