@@ -5,6 +5,7 @@ plan's worst batch, all of it inside this rank's /dev/shm budget."""
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from autoloader.feed.depth import depth_of
@@ -21,6 +22,10 @@ log = logging.getLogger("autoloader")
 SLOT_MARGIN = 1.25
 MIN_SLOT_BYTES = 64 * 1024
 UNKNOWN_SLOT_BYTES = 1 << 20  # no plan figure and no sizes: a first guess that grows
+
+# the loaders told that /dev/shm cannot hold their ring, and those whose ring CUDA refused
+_NO_RING: weakref.WeakSet[Any] = weakref.WeakSet()
+_UNPINNED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def ring_shape(loader: Any) -> tuple[int, int, int | None]:
@@ -50,8 +55,8 @@ def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
         return ring
     made = make_ring(slots, slot_bytes, budget)
     if made is None:
-        if not getattr(loader, "_ring_refused", False):
-            loader._ring_refused = True
+        if loader not in _NO_RING:
+            _NO_RING.add(loader)
             log.warning(
                 "autoloader: /dev/shm cannot hold a ring of %d batch slots of %s: batches "
                 "take torch's shared-memory path (counted in "
@@ -75,8 +80,8 @@ def _register(loader: Any, ring: Ring) -> None:
     from autoloader.feed.device import register_ring
 
     why = register_ring(ring, device)
-    if why is not None and not getattr(loader, "_ring_unpinned", False):
-        loader._ring_unpinned = True
+    if why is not None and loader not in _UNPINNED:
+        _UNPINNED.add(loader)
         log.warning(
             "autoloader: the batch slots could not be registered with CUDA (%s): batches "
             "are copied to pinned memory first, as torch's pin thread does",

@@ -214,6 +214,22 @@ def test_a_loop_that_keeps_every_batch_gets_them_all_and_the_rest_are_counted() 
     assert _fallbacks(registry) == before  # slots freed once the batches were dropped
 
 
+def test_a_ring_dev_shm_cannot_hold_is_said_once_and_batches_take_torchs_path(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autoloader.loader import slots
+
+    monkeypatch.setattr(slots, "make_ring", lambda *args: None)  # as where ENOSPC refused it
+    registry = CollectorRegistry()
+    loader = DataLoader(Mixed(n=16), plan=_plan(2), adapt=False, registry=registry)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sorted(int(v) for b in loader for v in b["x"][:, 0]) == list(range(16))
+    said = [r.getMessage() for r in caplog.records if "cannot hold a ring" in r.getMessage()]
+    assert len(said) == 1 and "autoloader_transport_fallbacks_total" in said[0]
+    assert _fallbacks(registry) == 8  # every batch, counted
+
+
 def test_a_slot_is_free_again_when_the_last_view_on_it_is_gone() -> None:
     ring = Ring(2, 1 << 16)
     peer = ring.peer()
