@@ -136,10 +136,10 @@ class DeviceFeed:
 
 
 def register_ring(ring: Any, device: torch.device) -> str | None:
-    """Register every slot of a ring of batch slots (``feed.ring``) with CUDA as pinned
-    memory, once, so that a batch's copy to ``device`` reads the slot its worker wrote:
-    no pin thread's second host copy. Slots mapped anew later (grown) are registered as
-    they are mapped. Returns why it could not be (None: registered)."""
+    """Register a ring of batch slots (``feed.ring``) with CUDA as pinned memory, once,
+    so that a batch's copy to ``device`` reads the slot its worker wrote: no pin thread's
+    second host copy. The ring mapped anew later (grown) is registered as it is mapped.
+    Returns why it could not be (None: registered)."""
     import ctypes
 
     try:
@@ -156,13 +156,12 @@ def register_ring(ring: Any, device: torch.device) -> str | None:
         code = int(getattr(err, "value", err))
         return None if code == 0 else f"cudaHostRegister returned error {code}"
 
-    for mapped in ring.maps:
-        why = register(mapped)
-        if why is not None:
-            return why
+    why = register(ring.mapped.map)
+    if why is not None:
+        return why
 
     def later(mapped: Any) -> None:
-        register(mapped)  # a failure here leaves that slot pageable: the copy still works
+        register(mapped)  # a failure here leaves that mapping pageable: the copy still works
 
     ring.on_map = later
     return None

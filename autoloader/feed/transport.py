@@ -78,7 +78,9 @@ class _Writer:
         if at + n > len(self.bytes):
             if not grow or not self.peer.grow(self.slot, at + n):
                 return None
-            self._view(self.peer.view(self.slot))
+            written = self.tensor[: self.top]
+            self._view(self.peer.view(self.slot))  # the slot's new, larger place
+            self.tensor[: self.top].copy_(written)  # what the collate and copies put in
         self.top = at + n
         return at
 
