@@ -15,6 +15,7 @@ carries its file's first ``CARRIED_BYTES`` of them (``carried``, ``adopt``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import threading
 from collections import OrderedDict
@@ -202,7 +203,8 @@ class RemoteFile(io.RawIOBase):
                 view[:want] = held[where - first : where - first + want]
                 self._at = where + want
                 return want
-        data = self._blocks(where, where + want)
+        with collector_paused():  # h5py holds its lock while it reads (see there)
+            data = self._blocks(where, where + want)
         view[:want] = data
         self._at = where + want
         return want
@@ -237,3 +239,31 @@ class RemoteFile(io.RawIOBase):
         with contextlib.suppress(Exception):
             self._windows = []
         super().close()
+
+
+_PAUSED = [0]  # reads in this process waiting with the collector paused
+_PAUSED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Any:
+    """The garbage collector paused while a read waits for fsspec's event-loop thread.
+
+    h5py holds its global lock while it calls a file object's ``readinto``. A collection
+    that runs meanwhile on the event-loop thread (any allocation there may start one) and
+    frees an h5py object waits for that lock in the object's ``__dealloc__``, while the
+    read waits for the loop: the process hangs for ever (seen in a read of an HDF5 file
+    over HTTP right after a dataset was opened anew). Reference counting still frees what
+    it frees; only cycles wait for the read to end."""
+    with _PAUSED_LOCK:
+        _PAUSED[0] += 1
+        if _PAUSED[0] == 1:
+            _PAUSED.append(gc.isenabled())
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _PAUSED_LOCK:
+            _PAUSED[0] -= 1
+            if _PAUSED[0] == 0 and _PAUSED.pop():
+                gc.enable()
