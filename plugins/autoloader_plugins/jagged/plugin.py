@@ -86,9 +86,9 @@ def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
 
 def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
     if suffixes is ROOT:
-        from autoloader_plugins.jagged.root import RootTree
+        from autoloader_plugins.jagged.root_file import open_root
 
-        return RootTree(path, spec.name, spec.fields, spec.event_fields)
+        return open_root(path, spec.name, spec.fields, spec.event_fields)
     if suffixes is PARQUET:
         if spec.name:
             raise DatasetError(

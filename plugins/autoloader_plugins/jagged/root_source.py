@@ -13,6 +13,7 @@ from there.
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 import uproot
@@ -29,16 +30,40 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
 
     def __init__(self, file_path: str, autoloader_key: FileKey, **options: Any) -> None:
         self._key = autoloader_key
+        self._held: dict[tuple[int, int], Any] = {}
         super().__init__(file_path, **options)
 
     def chunk(self, start: int, stop: int) -> uproot.source.chunk.Chunk:
-        found = KNOWN.get(self._key, start, stop)
+        found = self._held.get((start, stop))
+        if found is None:
+            found = KNOWN.get(self._key, start, stop)
         if found is None:
             got = super().chunk(start, stop)
             KNOWN.put(self._key, start, stop, bytes(got.raw_data))
             return got
         future = uproot.source.futures.TrivialFuture(found)
         return uproot.source.chunk.Chunk(self, start, stop, future)
+
+    def hold(self, ranges: list[tuple[int, int]], keep: bool = False) -> list[tuple[int, int]]:
+        """Fetch ``ranges`` now in one request (a vector read, a multi-range request), or
+        take them from what the read-ahead fetched: until ``release``, ``chunk`` serves
+        each from memory. An RNTuple's pages are read one ``chunk`` at a time; this makes
+        a block's pages one request, as a TTree block's baskets are. ``keep``: metadata
+        (page lists) every later opening reads too, kept in ``KNOWN``."""
+        wanted = [r for r in dict.fromkeys(ranges) if r not in self._held]
+        if not wanted:
+            return []
+        for got in self.chunks(wanted, queue.Queue()):
+            data = got.raw_data
+            self._held[(got.start, got.stop)] = data
+            if keep:
+                KNOWN.put(self._key, got.start, got.stop, bytes(data))
+        return wanted
+
+    def release(self, held: list[tuple[int, int]]) -> None:
+        """Forget ranges ``hold`` fetched (their reads are done)."""
+        for key in held:
+            self._held.pop(key, None)
 
     def ahead(self, ranges: list[tuple[int, int]]) -> tuple[Any, Any, str] | None:
         """The block whose baskets are ``ranges``, as ``read_ahead.ReadAhead.want`` takes it."""
