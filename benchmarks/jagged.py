@@ -39,7 +39,7 @@ from autoloader.demo.jagged_files import (
     make_events,
     write_km3pipe_h5,
     write_parquet,
-    write_root,
+    write_ttree,
 )
 
 EVENTS = 300_000
@@ -60,7 +60,7 @@ def files(cache: Path, n: int) -> dict[str, str]:
     cache.mkdir(parents=True, exist_ok=True)
     writers = {
         "hdf5": (cache / f"km3-{n}.h5", write_km3pipe_h5),
-        "root": (cache / f"events-{n}.root", write_root),
+        "root": (cache / f"events-{n}.root", write_ttree),
         "parquet": (cache / f"events-{n}.parquet", write_parquet),
     }
     ev = None

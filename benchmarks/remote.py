@@ -62,7 +62,7 @@ from autoloader.demo.jagged_files import (
     make_events,
     write_km3pipe_h5,
     write_parquet,
-    write_root,
+    write_ttree,
 )
 
 EVENTS = 20_000
@@ -75,7 +75,7 @@ NAMES = {"root": "ev.root#Events", "parquet": "ev.parquet", "hdf5": "ev.h5#hits"
 
 def write(root: Path, n: int) -> None:
     ev = make_events(n, seed=11)
-    write_root(root / "ev.root", ev, events_per_basket=2_000)
+    write_ttree(root / "ev.root", ev, events_per_basket=2_000)
     write_parquet(root / "ev.parquet", ev, row_group_size=2_000)
     write_km3pipe_h5(root / "ev.h5", ev)
     for p in root.iterdir():

@@ -12,7 +12,7 @@ import pytest
 from conftest import prepend_pythonpath
 
 import autoloader
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_root
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_ttree
 from autoloader.errors import DatasetError
 
 EVENTS = 300
@@ -105,7 +105,7 @@ def test_a_file_changed_before_its_first_read_is_named_in_the_training_process(
 
 
 def test_a_truncated_root_file_says_its_whole_message(tmp_path: Path) -> None:
-    path = write_root(tmp_path / "run.root", make_events(EVENTS, seed=2), events_per_basket=50)
+    path = write_ttree(tmp_path / "run.root", make_events(EVENTS, seed=2), events_per_basket=50)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size // 2)
     with pytest.raises(DatasetError) as raised:

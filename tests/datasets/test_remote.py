@@ -25,7 +25,7 @@ from remote_servers import DelayProxy, Nginx, Server, XRootD, free_port, readabl
 
 import autoloader
 from autoloader.datasets import location
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_root
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_ttree
 from autoloader.errors import DatasetError
 
 pytest.importorskip("fsspec")
@@ -47,11 +47,11 @@ def data() -> Iterator[Path]:
 
 def _written(root: Path) -> Iterator[Path]:
     ev = make_events(N, seed=3)
-    write_root(root / "ev.root", ev, events_per_basket=500)
+    write_ttree(root / "ev.root", ev, events_per_basket=500)
     write_parquet(root / "ev.parquet", ev, row_group_size=500)
     write_parquet(root / "groups.parquet", ev, row_group_size=50)
     write_km3pipe_h5(root / "ev.h5", ev, chunk_items=8192)
-    write_root(root / "ev_2.root", make_events(300, seed=4), events_per_basket=100)
+    write_ttree(root / "ev_2.root", make_events(300, seed=4), events_per_basket=100)
     keys = np.repeat(np.arange(300, dtype=np.int64) * 3, np.arange(300) % 7)
     pulses = {"event_no": keys, "charge": np.arange(len(keys), dtype=np.float64)}
     import pyarrow as pa
@@ -569,7 +569,7 @@ def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
     server said of the file: the same name with other contents is another file."""
     suffix = ".root" if layout == "root" else ".parquet"
     name = f"changing{suffix}"
-    write = write_root if layout == "root" else write_parquet
+    write = write_ttree if layout == "root" else write_parquet
     write(data / name, make_events(N, seed=5))
     readable_by_server(data / name)
     url = _url(server, server.port, name + ("#Events" if layout == "root" else ""))

@@ -22,7 +22,7 @@ from remote_servers import DelayProxy, Nginx, Server, XRootD, readable_by_server
 
 import autoloader
 from autoloader.datasets import location, read_ahead
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_root
+from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_ttree
 from autoloader.errors import DatasetError
 from autoloader.samplers.hints import Hinted
 
@@ -39,7 +39,7 @@ def data() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="autoloader-ahead-"))
     root.chmod(0o755)
     ev = make_events(N, seed=5)
-    write_root(root / "ev.root", ev, events_per_basket=500)
+    write_ttree(root / "ev.root", ev, events_per_basket=500)
     write_parquet(root / "ev.parquet", ev, row_group_size=500)
     write_parquet(root / "many.parquet", ev, row_group_size=200)  # blocks left after a batch
     # HDF5 blocks are whole chunks of at least 2048 events: enough of them to read ahead

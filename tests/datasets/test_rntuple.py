@@ -3,6 +3,7 @@ tables: files written by uproot, events compared with what uproot itself reads."
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,7 @@ def _expected(path: Path, fields: list[str], name: str = "Events") -> list[np.nd
     flat = [ak.to_numpy(ak.flatten(a, axis=1)) for a in arrays]
     rows = np.concatenate([f.reshape(len(f), -1).astype(np.float32) for f in flat], axis=1)
     offsets = np.concatenate([[0], np.cumsum(ak.num(arrays[0], axis=1))])
-    out = [rows[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
-    return out
+    return [rows[a:b] for a, b in itertools.pairwise(offsets)]
 
 
 def test_an_rntuple_as_uproots_docs_write_it_opens_as_a_tree_does(tmp_path: Path) -> None:
