@@ -37,8 +37,8 @@ and writes a TOML plan atomically (a failed or interrupted run never leaves a pa
 plan nor touches an existing one).
 
 DATASET is one of: a jagged event table (per-item columns plus per-event extents):
-FILE.h5[#GROUP] (km3pipe _indices, offsets or counts), FILE.root[#TREE] (uproot),
-FILE.parquet, or a directory or glob of such files, each with ?fields=a,b*  (per-item
+FILE.h5[#GROUP] (km3pipe _indices, offsets or counts), FILE.root[#NAME] (an RNTuple
+or a TTree, uproot), FILE.parquet, or a directory or glob of such files, each with ?fields=a,b*  (per-item
 fields, in x's column order) and &event_fields=... (per-event scalars); a NuGraph/pynuml
 .h5 file (its train split; FILE.h5#SPLIT for another); an .h5/.hdf5 file of graph events
 (one group per event); a keyed long table, an event's items the rows sharing its key

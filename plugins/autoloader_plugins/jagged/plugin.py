@@ -1,4 +1,4 @@
-"""``FILE.root#TREE?fields=...``, ``FILE.parquet``, and several files of one layout (a
+"""``FILE.root#NAME?fields=...``, ``FILE.parquet``, and several files of one layout (a
 directory or a glob) as one dataset: the ``jagged`` dataset plugin.
 
 A single HDF5 file is the ``hdf5`` plugin's (it tells the layouts apart by content and
@@ -113,7 +113,7 @@ class _Plugin:
     name = "jagged"
     priority = 5
     description = (
-        "a jagged event table: FILE.root[#TREE], FILE.parquet, or a directory or glob of "
+        "a jagged event table: FILE.root[#NAME], FILE.parquet, or a directory or glob of "
         ".root/.parquet/.h5 files, with [?fields=a,b*&event_fields=...]"
     )
 
