@@ -22,6 +22,7 @@ import uproot.source.fsspec
 import uproot.source.futures
 
 from autoloader.datasets import read_ahead
+from autoloader.datasets.http_ranges import read_ranges
 from autoloader.datasets.remote_file import KNOWN, FileKey
 
 
@@ -45,19 +46,30 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
         return uproot.source.chunk.Chunk(self, start, stop, future)
 
     def hold(self, ranges: list[tuple[int, int]], keep: bool = False) -> list[tuple[int, int]]:
-        """Fetch ``ranges`` now in one request (a vector read, a multi-range request), or
-        take them from what the read-ahead fetched: until ``release``, ``chunk`` serves
-        each from memory. An RNTuple's pages are read one ``chunk`` at a time; this makes
-        a block's pages one request, as a TTree block's baskets are. ``keep``: metadata
-        (page lists) every later opening reads too, kept in ``KNOWN``."""
+        """Fetch ``ranges`` now in one request (a vector read over XRootD, a multi-range
+        request over HTTP), or take them from what the read-ahead fetched: until
+        ``release``, ``chunk`` serves each from memory. An RNTuple's pages are read one
+        ``chunk`` at a time, so a block's pages spread over the file would cost a round
+        trip each; this makes them one request, as a TTree block's baskets are.
+        ``keep``: metadata (page lists) every later opening reads too, kept in ``KNOWN``."""
         wanted = [r for r in dict.fromkeys(ranges) if r not in self._held]
-        if not wanted:
+        spans = read_ahead.merged(wanted, self._key[1])
+        if not spans:
             return []
-        for got in self.chunks(wanted, queue.Queue()):
-            data = got.raw_data
-            self._held[(got.start, got.stop)] = data
+        found = read_ahead.READ_AHEAD.take((self._key, spans))
+        if found is None and _over_http(self._fs) and len(spans) > 1:
+            found = read_ranges(self._fs, self._file_path, *zip(*spans, strict=True))
+        elif found is None:
+            got = super().chunks(list(spans), queue.Queue())
+            found = [bytes(c.raw_data) for c in got]
+        for start, stop in wanted:
+            a, data = next(
+                (a, d) for (a, z), d in zip(spans, found, strict=True) if a <= start and stop <= z
+            )
+            piece = data[start - a : stop - a]
+            self._held[(start, stop)] = piece
             if keep:
-                KNOWN.put(self._key, got.start, got.stop, bytes(data))
+                KNOWN.put(self._key, start, stop, bytes(piece))
         return wanted
 
     def release(self, held: list[tuple[int, int]]) -> None:
@@ -89,3 +101,9 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
             notifications.put(chunk)
             chunks.append(chunk)
         return chunks
+
+
+def _over_http(fs: Any) -> bool:
+    protocol = getattr(fs, "protocol", ())
+    names = {protocol} if isinstance(protocol, str) else set(protocol)
+    return bool(names & {"http", "https"})
