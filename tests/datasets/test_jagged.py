@@ -197,7 +197,7 @@ def test_tune_on_a_km3pipe_file_opens_its_table(files: dict[str, Path], tmp_path
     assert loaded.to_dict()["dataset"]["num_samples"] == N
 
 
-@pytest.mark.parametrize("layout", ["root", "parquet"])
+@pytest.mark.parametrize("layout", ["root", "rntuple", "parquet"])
 def test_tune_and_a_planned_loader_on_root_and_parquet(
     files: dict[str, Path], ev: Events, tmp_path: Path, layout: str
 ) -> None:
