@@ -308,3 +308,43 @@ def test_a_file_of_trees_and_rntuples_lists_both_by_kind(tmp_path: Path) -> None
         for name in ("Ntuple", "Events;2", "Events;1")
     }
     assert len(set(sizes.values())) == 3  # each its own sizes in the cache
+
+
+def test_other_shapes_are_refused_by_name_and_an_empty_rntuple_is_said(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "shapes.root",
+        [
+            {
+                "hits": ak.Array([[1.0], [2.0], []]),
+                "maybe": ak.Array([1.0, None, 2.0]),
+                "rec": ak.Array([[{"a": 1.0, "b": 2}], [], []]),
+                "nested": ak.Array([[[1.0], [2.0, 3.0]], [], [[4.0]]]),
+            }
+        ],
+    )
+    where = f"DATASET '{path}#Events'"
+    refused = {
+        "maybe": "std::optional<double>: a std::optional",
+        "rec": "a field of 2 subfields: name its members (such as 'rec.a')",
+        "nested": "std::vector<std::vector<double>>: a collection inside a collection "
+        "(items of items)",
+    }
+    for field, why in refused.items():
+        with pytest.raises(DatasetError) as info:
+            autoloader.open_dataset(f"{path}?fields={field}")
+        assert str(info.value).startswith(f"{where}: field {field!r} cannot be read: {why}; ")
+    with pytest.raises(DatasetError) as info:
+        autoloader.open_dataset(str(path))  # the others skipped, two collections remain
+    assert str(info.value) == (
+        f"{where}: the RNTuple has 2 collections: hits [collection 'hits' (2 items)]; "
+        "rec.a, rec.b [collection 'rec' (1 items)]; choose one with '?fields=PATTERNS'"
+    )
+    with pytest.raises(DatasetError, match="event field 'hits' cannot be read: a per-item"):
+        autoloader.open_dataset(f"{path}?fields=hits&event_fields=hits")
+    with uproot.recreate(tmp_path / "empty.root") as f:
+        f.mkrntuple("Events", {"hits": "var * float32", "run": "int64"})
+    with pytest.raises(DatasetError) as info:
+        autoloader.open_dataset(str(tmp_path / "empty.root"))
+    assert str(info.value) == (
+        f"DATASET '{tmp_path / 'empty.root'}#Events': empty: RNTuple 'Events' has no events"
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,8 @@ from autoloader_plugins.jagged.rntuple_fields import READS, Described, describe
 from autoloader_plugins.jagged.root_file import RootFile, Table
 from autoloader_plugins.jagged.root_said import listed_groups
 from autoloader_plugins.jagged.spec import select, select_event_fields
+
+log = logging.getLogger(__name__)
 
 
 class RootNTuple(RootFile, BlockReader):
@@ -61,6 +64,9 @@ class RootNTuple(RootFile, BlockReader):
             ) from None
         if not found.items and fields is None:
             raise DatasetError(f"{self.where}: {no_collection(found)}")
+        if fields is None:
+            for name, why in found.skipped.items():
+                log.info("%s: field %r skipped (%s)", self.where, name, why)
         chosen = self._collection(ntuple, found, fields)
         self.fields = tuple(Field(n, found.items[n].width) for n in chosen)
         self._columns = {n: found.items[n] for n in chosen}
