@@ -86,9 +86,7 @@ def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
 
 def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
     if suffixes is ROOT:
-        from autoloader_plugins.jagged.root_file import open_root
-
-        return open_root(path, spec.name, spec.fields, spec.event_fields)
+        return _open_root(path, spec)
     if suffixes is PARQUET:
         if spec.name:
             raise DatasetError(
@@ -101,6 +99,29 @@ def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...])
     from autoloader_plugins.jagged.h5 import open_table
 
     return open_table(path, spec)
+
+
+def _open_root(path: Path | Location, spec: JaggedSpec) -> Reader:
+    """The TTree or RNTuple ``#NAME`` names in ``path`` (none: the file's only one),
+    opened by its kind's reader, which keeps the file the listing opened."""
+    from autoloader_plugins.jagged.root_file import Listing, choose
+
+    listing = Listing(path)
+    tables = listing.tables()
+    if not tables:
+        try:
+            message = f"DATASET '{path}': holds no TTree or RNTuple{listing.others()}"
+        finally:
+            listing.close()
+        raise DatasetError(message)
+    table = choose(path, tables, spec.name)
+    if table.kind == "TTree":
+        from autoloader_plugins.jagged.root import RootTree
+
+        return RootTree(path, table, spec.fields, spec.event_fields, opened=listing)
+    from autoloader_plugins.jagged.rntuple import RootNTuple
+
+    return RootNTuple(path, table, spec.fields, spec.event_fields, opened=listing)
 
 
 def open_h5(spec: str) -> JaggedEvents:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class RootNTuple(RootFile, BlockReader):
-    """One ROOT file's jagged collection in RNTuple ``table`` (``root_file.open_root``
+    """One ROOT file's jagged collection in RNTuple ``table`` (``plugin._open_root``
     chooses it; ``opened``: the file as it listed its tables, whose handle this keeps)."""
 
     holds = "RNTuple"

@@ -121,7 +121,7 @@ def _owner(tree: Any, branch: Any) -> str:
 
 
 class RootTree(RootFile, BlockReader):
-    """One ROOT file's jagged collection in TTree ``table`` (``root_file.open_root``
+    """One ROOT file's jagged collection in TTree ``table`` (``plugin._open_root``
     chooses it; ``opened``: the file as it listed its tables, whose handle this keeps)."""
 
     holds = "tree"

@@ -2,7 +2,7 @@
 
 A ROOT file keeps its event tables as TTrees (what ROOT wrote for decades, and uproot's
 ``mktree``) or as RNTuples (what uproot 5.7 writes for ``f["Events"] = {...}``, and ROOT 7's
-format). ``open_root`` lists both kinds (``FILE.root#NAME`` may name either, with its
+format). ``Listing`` lists both kinds (``FILE.root#NAME`` may name either, with its
 cycle, ``#Events;2``, where one name is both) and opens the one chosen with its kind's
 reader; both readers share ``RootFile``'s handle: opened lazily in each process, counted in
 the process's open-file budget, and compared with the file the dataset was opened on.
@@ -143,7 +143,7 @@ class Table:
         return f"{self.kind} '{self.name}'"
 
 
-class _Listing(RootFile):
+class Listing(RootFile):
     """A file opened only to list its tables; the chosen table's reader takes its handle."""
 
     def __init__(self, path: Path | Location) -> None:
@@ -177,6 +177,11 @@ class _Listing(RootFile):
             at = (name, kind)
             latest[at] = max(latest.get(at, 0), int(cycle or 1))
         return [Table(name, cycle, kind) for (name, kind), cycle in latest.items()]
+
+    def close(self) -> None:
+        """Close the file (no table of it is read)."""
+        self._release()
+        handles.forget(self)
 
     def others(self) -> str:
         """What the file holds instead of a table, for the message."""
@@ -249,30 +254,3 @@ def _by_kind(tables: list[Table]) -> str:
             shown = ", ".join(repr(t.key if names.count(t.name) > 1 else t.name) for t in mine)
             parts.append(f"{kind}{'s' if len(mine) > 1 else ''} {shown}")
     return "; ".join(parts)
-
-
-def open_root(
-    path: Path | Location,
-    name: str | None,
-    fields: tuple[str, ...] | None,
-    event_fields: tuple[str, ...],
-) -> Reader:
-    """The TTree or RNTuple ``name`` names in ``path`` (None: the file's only one),
-    opened by its kind's reader."""
-    listing = _Listing(path)
-    tables = listing.tables()
-    if not tables:
-        try:
-            message = f"DATASET '{path}': holds no TTree or RNTuple{listing.others()}"
-        finally:
-            listing._release()
-            handles.forget(listing)
-        raise DatasetError(message)
-    table = choose(path, tables, name)
-    if table.kind == "TTree":
-        from autoloader_plugins.jagged.root import RootTree
-
-        return RootTree(path, table, fields, event_fields, opened=listing)
-    from autoloader_plugins.jagged.rntuple import RootNTuple
-
-    return RootNTuple(path, table, fields, event_fields, opened=listing)
