@@ -80,6 +80,8 @@ class RootNTuple(RootFile, BlockReader):
         )
         try:
             self._values = self._read_scalars(ntuple, self.event_fields)
+        except DatasetError:
+            raise
         except Exception as exc:
             raise DatasetError(f"{self.where}: cannot read: {handles.whole(exc)}") from None
         self._check_offsets("offsets")
@@ -141,11 +143,14 @@ class RootNTuple(RootFile, BlockReader):
         for n in names:
             owners.setdefault(found.items[n].collection, []).append(n)
         groups: dict[bytes, tuple[list[int], list[str], np.ndarray]] = {}
-        for owner, members in owners.items():
-            offsets = self._offsets(ntuple, found.items[members[0]].offsets)
-            same = groups.setdefault(offsets.tobytes(), ([], [], offsets))
-            same[0].append(owner)
-            same[1].extend(members)
+        columns = [found.items[members[0]].offsets for members in owners.values()]
+        clusters = len(ntuple.cluster_summaries)
+        with self._holding(self._page_ranges(ntuple, 0, clusters, columns)):  # one request
+            for owner, members in owners.items():
+                offsets = self._offsets(ntuple, found.items[members[0]].offsets)
+                same = groups.setdefault(offsets.tobytes(), ([], [], offsets))
+                same[0].append(owner)
+                same[1].extend(members)
         if len(groups) > 1:
             listed = listed_groups(
                 {_label(found, owner_ids, o): m for owner_ids, m, o in groups.values()}
