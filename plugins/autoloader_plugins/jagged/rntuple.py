@@ -153,7 +153,8 @@ class RootNTuple(RootFile, BlockReader):
                 same[1].extend(members)
         if len(groups) > 1:
             listed = listed_groups(
-                {_label(found, owner_ids, o): m for owner_ids, m, o in groups.values()}
+                {_label(found, owner_ids, o): m for owner_ids, m, o in groups.values()},
+                "fields",
             )
             if patterns is not None:
                 raise DatasetError(

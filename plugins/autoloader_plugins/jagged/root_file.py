@@ -3,9 +3,10 @@
 A ROOT file keeps its event tables as TTrees (what ROOT wrote for decades, and uproot's
 ``mktree``) or as RNTuples (what uproot 5.7 writes for ``f["Events"] = {...}``, and ROOT 7's
 format). ``Listing`` lists both kinds and ``choose`` takes the one ``FILE.root#NAME``
-names (with its cycle, ``#Events;2``, where one name is both), which the plugin opens with
-its kind's reader; both readers share ``RootFile``'s handle: opened lazily in each process, counted in
-the process's open-file budget, and compared with the file the dataset was opened on.
+names (with its cycle, ``#Events;2``, where one name is both), which the plugin opens
+with its kind's reader; both readers share ``RootFile``'s handle: opened lazily in each
+process, counted in the process's open-file budget, and compared with the file the dataset
+was opened on.
 """
 
 from __future__ import annotations

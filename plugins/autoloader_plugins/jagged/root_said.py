@@ -31,14 +31,15 @@ def no_collection(tree: Any, scalars: list[str], skipped: dict[str, str]) -> str
 _SHOWN_GROUPS, _SHOWN_MEMBERS = 8, 4  # an xAOD tree has hundreds of collections
 
 
-def listed_groups(groups: dict[str, list[str]]) -> str:
-    """Collections for a one-line message: the first few, each by its first few members
-    and its label, with how many more there are."""
+def listed_groups(groups: dict[str, list[str]], members: str = "branches") -> str:
+    """Collections for a one-line message: the first few, each by its first few
+    ``members`` (a tree's branches, an RNTuple's fields) and its label, with how many more
+    there are."""
     parts = []
-    for key, members in list(groups.items())[:_SHOWN_GROUPS]:
-        shown = ", ".join(members[:_SHOWN_MEMBERS])
-        if len(members) > _SHOWN_MEMBERS:
-            shown += f", ... ({len(members)} branches)"
+    for key, group in list(groups.items())[:_SHOWN_GROUPS]:
+        shown = ", ".join(group[:_SHOWN_MEMBERS])
+        if len(group) > _SHOWN_MEMBERS:
+            shown += f", ... ({len(group)} {members})"
         parts.append(f"{shown} [{key}]")
     if len(groups) > _SHOWN_GROUPS:
         parts.append(f"... and {len(groups) - _SHOWN_GROUPS} more")
