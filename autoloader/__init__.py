@@ -11,6 +11,7 @@ The public names import torch only when first used, so the command line answers
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from autoloader._version import __version__
@@ -22,6 +23,10 @@ from autoloader.errors import (
     PluginError,
     UsageError,
 )
+from autoloader.redact import Redacting
+
+# what the package logs never holds a URL's password, whoever handles it
+logging.getLogger("autoloader").addFilter(Redacting())
 
 if TYPE_CHECKING:
     from autoloader import samplers, sizes

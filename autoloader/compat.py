@@ -79,6 +79,8 @@ def check_torch_internals() -> None:
             if init is not None and n not in init.co_names
         ]
         missing += _missing_worker_state(dataloader)
+    if not hasattr(getattr(torch, "UntypedStorage", None), "_new_shared"):
+        missing.append("torch.UntypedStorage._new_shared")
     if not hasattr(torch.autograd, "_profiler_enabled"):
         missing.append("torch.autograd._profiler_enabled")
     if missing:
@@ -240,6 +242,28 @@ def next_batch(it: Any, torch_next: Any) -> Any:
     data = it._next_data()
     it._num_yielded += 1
     return data
+
+
+_SERVED: list[Any] = []  # what serves shared-memory allocations in this process
+
+
+def serve_new_shared(serve: Any) -> None:
+    """torch's allocation of a collate's output in shared memory, which its
+    ``default_collate`` and PyG's ``Batch`` make inside a worker through
+    ``UntypedStorage._new_shared``, served by ``serve(size, device)`` first (where it
+    returns None: torch's own). Installed once per process, in a worker."""
+    if _SERVED and _SERVED[0] is serve:
+        return
+    import torch
+
+    own = torch.storage._StorageBase._new_shared.__func__  # type: ignore[attr-defined]
+
+    def _new_shared(cls: Any, size: int, *, device: Any = "cpu") -> Any:
+        got = serve(size, device)
+        return got if got is not None else own(cls, size, device=device)
+
+    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment, method-assign]
+    _SERVED[:] = [serve]
 
 
 def interpreter_exiting() -> bool:

@@ -6,9 +6,17 @@ status 2; anything else is an internal failure (exit status 1).
 
 from __future__ import annotations
 
+from autoloader.redact import redact
+
 
 class AutoloaderError(Exception):
-    """Base class of every error caused by bad input rather than by a bug."""
+    """Base class of every error caused by bad input rather than by a bug.
+
+    Its text never holds a URL's password: user-info is masked as the error is made
+    (``autoloader.redact``), whoever prints it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class UsageError(AutoloaderError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import os
 import pwd
 import shutil
@@ -57,7 +58,9 @@ class Server:
         """Why this server cannot run here, or None."""
         return None if _which(cls.binary) else f"{cls.binary} is not installed"
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """End the server's process, keeping its directory: ``start(port)`` brings it back
+        on the same port, as a server restarted."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -65,6 +68,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -78,8 +84,8 @@ class Nginx(Server):
         super().__init__(root)
         self.max_ranges = max_ranges
 
-    def start(self) -> Nginx:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> Nginx:
+        self.port = port or free_port()
         log = self.work / "error.log"
         conf = self.work / "nginx.conf"
         conf.write_text(
@@ -103,6 +109,7 @@ http {{
         {"" if self.max_ranges is None else f"max_ranges {self.max_ranges};"}
         location /secret/ {{ deny all; }}
         location /token/ {{ if ($http_x_token != "t0ken") {{ return 403; }} }}
+        location /loop/ {{ absolute_redirect off; return 302 $uri; }}
     }}
 }}
 """
@@ -122,8 +129,8 @@ http {{
 class XRootD(Server):
     binary = "xrootd"
 
-    def start(self) -> XRootD:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> XRootD:
+        self.port = port or free_port()
         log = self.work / "xrootd.log"
         conf = self.work / "xrootd.cfg"
         conf.write_text(
@@ -160,6 +167,38 @@ def readable_by_server(path: Path) -> None:
         with contextlib.suppress(OSError):
             mode = p.stat().st_mode
             os.chmod(p, mode | (0o005 if p.is_dir() else 0o004))
+
+
+class RedirectLoop:
+    """An HTTP server on 127.0.0.1:``port`` that answers every request with a redirect
+    to the path asked for (a misconfigured server's loop), as nginx's ``/loop/`` does,
+    where nginx is not installed."""
+
+    def __init__(self) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _redirect(self) -> None:
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = _redirect
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, port: int | None = None) -> str:
+        return f"http://127.0.0.1:{port or self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
 
 
 class DelayProxy:

@@ -143,3 +143,40 @@ def test_small_batches_by_value_arrive_pinned() -> None:
         assert torch.equal(x[:, 0].long(), i)
         seen += i.tolist()
     assert sorted(seen) == list(range(64))
+
+
+def test_the_device_feed_copies_from_a_registered_ring_slot() -> None:
+    """On CUDA with the device feed, the ring is registered as pinned memory: batches
+    arrive on the device equal to the host's, the slots hold them until their copies are
+    done, and nothing takes torch's path."""
+    from prometheus_client import CollectorRegistry
+
+    import autoloader
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((256 * 1024,), float(i))  # 1 MiB
+
+    plan = autoloader.Plan.from_dict(
+        {
+            "schema": 1,
+            "loader": {"num_workers": 2, "pin_memory": True, "device_prefetch": 2},
+            "batching": {"strategy": "random", "local_batch_size": 4},
+        }
+    )
+    registry = CollectorRegistry()
+    loader = autoloader.DataLoader(Rows(), plan=plan, adapt=False, device="cuda", registry=registry)
+    seen = []
+    for batch in loader:
+        assert batch.device.type == "cuda"
+        first = batch[:, 0].tolist()
+        assert all(batch[k].eq(v).all() for k, v in enumerate(first))
+        seen += first
+    assert sorted(seen) == [float(i) for i in range(64)]
+    fell = registry.get_sample_value(
+        "autoloader_transport_fallbacks_total", {"rank": "0", "loader": "0"}
+    )
+    assert not fell

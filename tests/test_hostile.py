@@ -522,7 +522,7 @@ def test_show_and_the_loader_refuse_the_same_plans(
         ),
         (
             GOOD_PLAN + "[tuning.workers]\ntrace = [{workers = 'two'}]\n",
-            "key 'tuning.workers.trace[0].workers': expected an integer, found 'two' (string)",
+            "key 'tuning.workers.trace[0].workers': expected an integer in [0, 1048576], found 'two' (string)",
         ),
         (
             GOOD_PLAN + "[memory]\nreserve = 3\n",

@@ -4,7 +4,9 @@ An entry is a ``.npy`` file of a float32 ``[items, width]`` block followed by a 
 ``ALC1`` and the CRC-32 of the block's bytes. A process that opens an entry checks its
 header and its size; the first time it sees that file (its device, inode, size and
 times) it also reads it whole and checks the CRC, so bytes corrupted in place are never
-served: the entry is removed and the block decoded again.
+served: the entry is removed and the block decoded again. A process that keeps an entry
+open asks its file for those again (one ``stat``) before each use (``unchanged``): a file
+written since, in place or replaced, is opened and checked anew.
 
 Every read is a ``pread`` into the caller's array. An entry truncated while a process
 copies from it is then a short read, and the block is decoded again from the source: a
@@ -41,9 +43,11 @@ class EntryError(Exception):
 
 
 def write_entry(f: BinaryIO, block: np.ndarray) -> None:
-    """Write C-contiguous float32 ``block`` as an entry: ``.npy`` and the trailer."""
+    """Write C-contiguous float32 ``block`` as an entry: ``.npy`` and the trailer (a
+    block of no items too: its bytes as a flat view, which a memoryview of a shape with
+    a zero cannot be cast to)."""
     np.lib.format.write_array(f, block, allow_pickle=False)
-    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.data.cast("B"))))
+    f.write(TRAILER.pack(_MAGIC, zlib.crc32(block.reshape(-1).view(np.uint8).data)))
 
 
 def open_entry(path: Path, shape: tuple[int, int] | None) -> CachedBlock | None:
@@ -89,11 +93,17 @@ def _checked(fd: int, path: Path, shape: tuple[int, int] | None) -> CachedBlock:
             f"{st.st_size} bytes, expected {offset + nbytes + TRAILER.size} (truncated, "
             "or not written by this version)"
         )
-    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    identity = _identity(st)
     if _CHECKED.get(str(path)) != identity:
         _check_sum(fd, offset, nbytes)
         _CHECKED[str(path)] = identity
-    return CachedBlock(fd, offset, (int(found[0]), int(found[1])), path, st.st_ino)
+    return CachedBlock(fd, offset, (int(found[0]), int(found[1])), path, identity)
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells a file's bytes changed without reading them: a write in place moves
+    its modification and change times, a new file has another inode."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _check_sum(fd: int, offset: int, nbytes: int) -> None:
@@ -121,11 +131,23 @@ class CachedBlock:
     up (``on_bad``) and the block is decoded again (``reload``), then served from memory.
     """
 
-    __slots__ = ("_decoded", "_fd", "_offset", "_row", "ino", "on_bad", "path", "reload", "shape")
+    __slots__ = (
+        "_decoded",
+        "_fd",
+        "_offset",
+        "_row",
+        "identity",
+        "on_bad",
+        "path",
+        "reload",
+        "shape",
+    )
 
-    def __init__(self, fd: int, offset: int, shape: tuple[int, int], path: Path, ino: int) -> None:
+    def __init__(
+        self, fd: int, offset: int, shape: tuple[int, int], path: Path, identity: tuple[int, ...]
+    ) -> None:
         self._fd: int | None = fd
-        self._offset, self.shape, self.path, self.ino = offset, shape, path, ino
+        self._offset, self.shape, self.path, self.identity = offset, shape, path, identity
         self._row = shape[1] * 4
         self._decoded: np.ndarray | None = None
         self.reload: Callable[[], np.ndarray] | None = None
@@ -133,6 +155,19 @@ class CachedBlock:
 
     dtype = _FLOAT32
     ndim = 2
+
+    @property
+    def ino(self) -> int:
+        return self.identity[1]
+
+    def unchanged(self) -> bool:
+        """Whether the entry's file is still the one checked (one ``stat``): False where
+        it was written since (in place or replaced) or removed."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        return _identity(st) == self.identity
 
     @property
     def nbytes(self) -> int:

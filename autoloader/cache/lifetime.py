@@ -24,10 +24,10 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import threading
 
 from autoloader.cache.older import remove_older
+from autoloader.cache.owned import remove_home
 from autoloader.cache.store import NodeCache
 
 log = logging.getLogger("autoloader")
@@ -45,6 +45,8 @@ def hold(cache: NodeCache) -> bool:
             if not cache.keep:  # one user that does not keep it: removed
                 _HELD[key] = (_HELD[key][0], False, _HELD[key][2])
             return True
+        if not cache._ready():  # the place is not the user's own: nothing looked at
+            return False
         remove_older(cache.home.parent, cache.older_homes())  # never served: their room back
         for _ in range(8):
             cache._ready_pid = None
@@ -92,7 +94,7 @@ def release(home: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # another process still uses it
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(home)
         remove_base(home)
         log.info("autoloader: node cache %s removed: its last user ended", home)
         return True

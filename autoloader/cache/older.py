@@ -20,45 +20,59 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from autoloader.cache.entry import _MAGIC, TRAILER
+from autoloader.cache.owned import own, remove_tree
 
 log = logging.getLogger("autoloader")
 
 OLDER_FORMATS = ("1",)  # layouts before store.FORMAT
 _PROBE_LOCK = "probe.lock"  # a running (or killed) tune's probe: its own to clear
 _ENTRIES_LOOKED_AT = 4  # entries read per directory to tell its format
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_older(base: Path, same_data: list[Path]) -> list[Path]:
     """Remove the caches of older formats under ``base`` (the user's ``autoloader-UID``
     directory): ``same_data``, the names this data's cache had in older formats, and
     any directory whose entries are of format 1. The directories removed; one in use is
-    left and named in a WARNING with the command that removes it."""
-    try:
-        homes = [h for h in base.iterdir() if h.is_dir() and not h.is_symlink()]
-    except OSError:
-        return []
-    named = {str(h) for h in same_data}
+    left and named in a WARNING with the command that removes it. Nothing is looked at
+    where ``base`` is not the user's own directory (``autoloader.cache.owned``)."""
+    named = {h.name for h in same_data if h.parent == base}
     removed: list[Path] = []
-    for home in homes:
-        if (home / _PROBE_LOCK).exists():
-            continue
-        if str(home) not in named and _format_of(home) != "1":
-            continue
-        if _remove_unused(home):
-            removed.append(home)
+    try:
+        with own(base) as fd:
+            for name in os.listdir(fd):
+                if _is_older(name, fd, named) and _remove_unused(base, name, fd):
+                    removed.append(base / name)
+    except OSError:
+        return removed
     return removed
 
 
-def _remove_unused(home: Path) -> bool:
-    """Remove ``home`` unless a process holds its ``users.lock``; True where removed."""
+def _is_older(name: str, base: int, named: set[str]) -> bool:
+    """Whether ``name`` under ``base`` is a cache of an older format (not a tune's
+    probe): one of ``named``, or one whose entries are of format 1."""
     try:
-        fd = os.open(home / "users.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with own(name, base) as home:
+            if _exists(_PROBE_LOCK, home):
+                return False
+            return name in named or _format_of(home) == "1"
+    except OSError:
+        return False  # a link, or not ours
+
+
+def _remove_unused(base: Path, name: str, base_fd: int) -> bool:
+    """Remove ``name`` under ``base`` unless a process holds its ``users.lock``; True
+    where removed."""
+    home = base / name
+    try:
+        with own(name, base_fd) as home_fd:
+            fd: int | None = os.open("users.lock", _FILE, dir_fd=home_fd)
     except FileNotFoundError:
         fd = None  # no user ever held it, or a cache made before its lock
     except OSError as exc:
@@ -77,36 +91,46 @@ def _remove_unused(home: Path) -> bool:
                     home,
                 )
                 return False
-        shutil.rmtree(home, ignore_errors=True)
+        remove_tree(name, base_fd)
         log.info("autoloader: node cache %s of an older format removed (never served)", home)
-        return not home.exists()
+        return not _exists(name, base_fd)
     finally:
         if fd is not None:
             os.close(fd)
 
 
-def _format_of(home: Path) -> str | None:
-    """ "1" where ``home``'s entries lack the checksum trailer, "2" where they carry it,
-    None where it has no entry to tell by (or none that reads as either)."""
+def _format_of(home: int) -> str | None:
+    """ "1" where the entries under ``home`` lack the checksum trailer, "2" where they
+    carry it, None where it has no entry to tell by (or none that reads as either)."""
     looked = 0
     with contextlib.suppress(OSError):
-        for stamp in home.iterdir():
-            if not stamp.is_dir() or stamp.is_symlink():
-                continue
-            for entry in stamp.glob("*.npy"):
-                found = _entry_format(entry)
-                if found is not None:
-                    return found
-                looked += 1
-                if looked >= _ENTRIES_LOOKED_AT:
-                    return None
+        for stamp in os.listdir(home):
+            with contextlib.suppress(OSError), own(stamp, home) as fd:
+                for entry in (n for n in os.listdir(fd) if n.endswith(".npy")):
+                    found = _entry_format(entry, fd)
+                    if found is not None:
+                        return found
+                    looked += 1
+                    if looked >= _ENTRIES_LOOKED_AT:
+                        return None
     return None
 
 
-def _entry_format(path: Path) -> str | None:
-    """The format of one entry by its size against its ``.npy`` header (None: neither)."""
+def _exists(name: str, dir_fd: int) -> bool:
     try:
-        with open(path, "rb") as f:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def _entry_format(name: str, dir_fd: int) -> str | None:
+    """The format of one entry by its size against its ``.npy`` header (None: neither);
+    a link or anything but a regular file is neither."""
+    try:
+        with os.fdopen(os.open(name, _FILE | os.O_NONBLOCK, dir_fd=dir_fd), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, _, dtype = np.lib.format.read_array_header_1_0(f)

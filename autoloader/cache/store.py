@@ -39,6 +39,7 @@ import numpy as np
 
 from autoloader.cache.entry import TRAILER, CachedBlock, EntryError, open_entry, write_entry
 from autoloader.cache.older import OLDER_FORMATS
+from autoloader.cache.owned import own, remove_tree
 from autoloader.cache.tally import Tally
 
 log = logging.getLogger("autoloader")
@@ -200,14 +201,12 @@ class NodeCache:
 
     def _held(self, key: Any, shape: tuple[int, int] | None = None) -> CachedBlock | None:
         """Block ``key`` as this process opened it before, or None (also where a reader
-        expects another ``shape``: the entry is then checked again)."""
-        if self._maps_pid != os.getpid():  # forked: the parent's entries are not ours
-            self._maps, self._maps_pid = OrderedDict(), os.getpid()
-            return None
-        found = self._maps.get(key)
+        expects another ``shape``, or where its file changed since it was checked: the
+        entry is then opened and checked again)."""
+        found = self._own_maps().get(key)
         if found is None:
             return None
-        if shape is not None and found.shape != shape:
+        if (shape is not None and found.shape != shape) or not found.unchanged():
             del self._maps[key]
             return None
         self._maps.move_to_end(key)
@@ -224,11 +223,16 @@ class NodeCache:
             return None
         if found is not None:
             found.on_bad = lambda block, key=key: self._give_up(key, block)
-            self._held(key)  # (this process's table)
-            self._maps[key] = found
+            self._own_maps()[key] = found
             while len(self._maps) > MAPS_HELD:  # closed with its last reference
                 self._maps.popitem(last=False)
         return found
+
+    def _own_maps(self) -> OrderedDict[Any, CachedBlock]:
+        """This process's open entries (forked: the parent's are not ours)."""
+        if self._maps_pid != os.getpid():
+            self._maps, self._maps_pid = OrderedDict(), os.getpid()
+        return self._maps
 
     def _give_up(self, key: Any, block: CachedBlock) -> None:
         """``block``'s file ended while being read: it is removed (where it is still the
@@ -367,9 +371,10 @@ class NodeCache:
             return False
         try:
             self._make_directories()
-            for old in self.home.iterdir():
-                if old != self.directory and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)  # the data changed: never served
+            with own(self.home) as home:  # the data changed: older stamps never served
+                for name in os.listdir(home):
+                    if name != self.directory.name:
+                        remove_tree(name, home)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in a hand-made path
             log.warning("autoloader: node cache off: cannot use %s: %s", self.directory, exc)
             self._broken = True

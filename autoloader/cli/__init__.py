@@ -25,6 +25,7 @@ from autoloader.cli import address_space, interrupts
 from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import drop_stdout, printable
 from autoloader.errors import AutoloaderError, UsageError, one_line
+from autoloader.redact import Redacting, redact
 
 # Warnings other packages raise, which a user of the command line can do nothing about:
 # torch 2.14 deprecates torch.jit.script, which PyG's nn package calls at import, so every
@@ -158,6 +159,9 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # every logger's records, plugins' too
+        if not any(isinstance(f, Redacting) for f in handler.filters):
+            handler.addFilter(Redacting())
     verbose = False
     try:
         try:
@@ -176,7 +180,7 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
             return _error(limit)
         root = _root_cause(exc)
         if verbose and root is not exc:  # the user's own traceback, where it came from code
-            traceback.print_exception(type(root), root, root.__traceback__)
+            _print_traceback(root)
         # one line: an error torch re-raised from a worker carries the worker's traceback
         text = str(exc)
         if text.startswith("Caught "):
@@ -194,11 +198,17 @@ def _run(argv: Sequence[str] | None, signals: interrupts.Interrupts) -> int:
             return _interrupted(program, signals)
         if (limit := address_space.explain(exc)) is not None:
             return _error(limit)
-        traceback.print_exc()
+        _print_traceback(exc)
         print(
             "autoloader: internal error (a bug): please report the traceback above", file=sys.stderr
         )
         return 1
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback on stderr, a URL's password masked (``autoloader.redact``)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(redact(text))
 
 
 def _error(message: str) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from autoloader.cli.text import printable
 from autoloader.errors import UsageError
+from autoloader.redact import redact
 
 
 def register(sub: Any) -> None:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.html:
         from autoloader.cli.report import report_html
 
-        page = report_html(plan, path=printable(args.plan))
+        page = redact(report_html(plan, path=printable(args.plan)))  # an older plan's URLs
         _write(args.html, page.encode("utf-8", "backslashreplace"), "--html")
     if args.json:
         from autoloader.plan.jsonout import strict_json

@@ -8,14 +8,15 @@ transient error is tried again ``retries`` times (3) with backoff doubling from
 = ``(retries + 1) * (connect_timeout + read_timeout) + backoff * (2 ** retries - 1)``
 seconds, 161.75 s with the defaults (a server that refuses connections: at once after
 the retries, about 2 s).
-A missing file and a refusal are never tried again; a timeout, a dropped connection, a
-server busy or refusing connections, a file handle the network closed is, and each retry
-is counted (``RETRIES``, which the loader's metrics export as
+A missing file, a refusal and a redirect loop are never tried again; a timeout, a
+dropped connection, a server busy or refusing connections, a file handle the network
+closed is, and each retry is counted (``RETRIES``, which the loader's metrics export as
 ``autoloader_source_retries_total``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -47,6 +48,17 @@ _TRANSIENT = re.compile(
 )
 
 
+DAY = 86400.0
+# each option's type and range: a timeout is positive (aiohttp takes 0 as none) and at
+# most a day; the retries and their first backoff keep the bound a finite number
+_RANGES: dict[str, tuple[type, float, float]] = {
+    "connect_timeout": (float, 0.001, DAY),
+    "read_timeout": (float, 0.001, DAY),
+    "retries": (int, 0, 100),
+    "backoff": (float, 0.0, 3600.0),
+}
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The bounds of remote reads, in seconds and tries (see the module's docstring)."""
@@ -59,14 +71,10 @@ class SourceOptions:
     @classmethod
     def from_environment(cls) -> SourceOptions:
         """``AUTOLOADER_SOURCE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``, ``..._RETRIES``,
-        ``..._BACKOFF``; a value that is not a number is an error naming the variable."""
+        ``..._BACKOFF``; a value that is not a number within its range (``_RANGES``) is an
+        error naming the variable."""
         values: dict[str, Any] = {}
-        for key, kind in (
-            ("connect_timeout", float),
-            ("read_timeout", float),
-            ("retries", int),
-            ("backoff", float),
-        ):
+        for key, (kind, low, high) in _RANGES.items():
             name = f"AUTOLOADER_SOURCE_{key.upper()}"
             text = os.environ.get(name)
             if text is None:
@@ -74,11 +82,14 @@ class SourceOptions:
             try:
                 value = kind(text)
             except ValueError:
-                value = -1
-            if value < 0:
+                value = None
+            # inf and nan would pass a comparison and fail later as the file's fault (a
+            # timeout handed to a client that takes an integer); 0 is no timeout to aiohttp
+            if value is None or not math.isfinite(value) or not low <= value <= high:
+                what = "an integer" if kind is int else "a number of seconds"
                 raise DatasetError(
-                    f"environment variable {name}: expected a non-negative "
-                    f"{'integer' if kind is int else 'number'}, found {text!r}"
+                    f"environment variable {name}: expected {what} in {low:g}..{high:g}, "
+                    f"found {text!r}"
                 )
             values[key] = value
         return cls(**values)
@@ -125,7 +136,8 @@ class Source(Protocol):
 def _kind(exc: BaseException) -> tuple[str, str]:
     """What an error means, from it and its causes (fsspec's HTTP filesystem reports any
     failure to stat as ``FileNotFoundError`` raised from the real one): ``missing``,
-    ``refused``, ``unreachable``, ``transient`` or ``other``, and the line to quote."""
+    ``refused``, ``redirects``, ``unreachable``, ``transient`` or ``other``, and the line
+    to quote."""
     chain: list[BaseException] = []
     seen: BaseException | None = exc
     while seen is not None and seen not in chain and len(chain) < 8:
@@ -135,6 +147,9 @@ def _kind(exc: BaseException) -> tuple[str, str]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         text = f"{type(e).__name__}: {first}".strip(": ")
         status = getattr(e, "status", None)
+        if type(e).__name__ == "TooManyRedirects":  # aiohttp's (and requests') limit
+            hops = len(getattr(e, "history", ()) or ())
+            return "redirects", f"{hops} redirects" if hops else text
         if status == 404 or _NOT_FOUND.search(first):
             return "missing", text
         if status in (401, 403) or isinstance(e, PermissionError) or _REFUSED.search(first):
@@ -160,6 +175,11 @@ def failure(location: Source, exc: BaseException, doing: str) -> DatasetError:
         return SourceError(f"{where}: no such file on {location.server}")
     if kind == "refused":
         return SourceError(f"{where}: {location.server} refused access ({text})")
+    if kind == "redirects":
+        return SourceError(
+            f"{where}: {location.server} answered with redirects that never reach the "
+            f"file (a redirect loop; gave up after {text})"
+        )
     if kind in ("unreachable", "transient"):
         options = SourceOptions.from_environment()
         tries = options.retries + 1

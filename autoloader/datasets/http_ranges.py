@@ -13,7 +13,10 @@ A server that answers a multi-range request with the whole file (``200``: nginx 
 ``max_ranges``, a server without multi-range support) or with fewer ranges than asked
 is read as before, one concurrent single-range request per range, from then on in this
 process; its ``200`` answer is abandoned unread (the connection is closed, so a large
-file is never downloaded by surprise), and the log says so once per server.
+file is never downloaded by surprise), and the log says so once per server. A
+single-range request is answered the same way: a ``200`` with more than the range (a
+server that ignores ``Range``, as Python's ``http.server`` does) is closed unread and
+raised as ``RangesIgnored`` (fsspec's own request read the whole file for each range).
 """
 
 from __future__ import annotations
@@ -36,6 +39,18 @@ _SINGLE: set[str] = set()  # servers (scheme://host:port) read one range per req
 _LOCK = threading.Lock()
 
 
+class RangesIgnored(OSError):
+    """A server answered a range with the whole file (``200``), left unread: ``sent`` is
+    the length it announced (None where it did not say)."""
+
+    def __init__(self, url: str, start: int, stop: int, sent: int | None) -> None:
+        super().__init__(
+            f"{url}: answered HTTP 200 ({sent if sent is not None else 'unsaid'} bytes) for "
+            f"bytes {start}..{stop}: the server ignores range requests"
+        )
+        self.start, self.stop, self.sent = start, stop, sent
+
+
 def read_ranges(fs: Any, url: str, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
     """Bytes ``starts[i]:stops[i]`` of ``url`` through ``fs`` (fsspec's HTTP filesystem),
     in one multi-range request per ``MAX_RANGES`` ranges where the server answers them,
@@ -43,6 +58,7 @@ def read_ranges(fs: Any, url: str, starts: Sequence[int], stops: Sequence[int]) 
 
     Raises:
         FileNotFoundError: the server answered 404.
+        RangesIgnored: the server answered a range with the whole file.
         aiohttp.ClientResponseError: another error status (read by ``failures``).
     """
     from fsspec.asyn import sync
@@ -102,17 +118,34 @@ async def _read_spans(fs: Any, url: str, starts: list[int], stops: list[int]) ->
                 server,
             )
     if missing:
-        got = await fs._cat_ranges(
-            [url] * len(missing),
-            [starts[i] for i in missing],
-            [stops[i] for i in missing],
-            on_error="raise",
+        # every answer settled before any error is raised: none is left streaming
+        got = await asyncio.gather(
+            *(_one(fs, url, starts[i], stops[i]) for i in missing), return_exceptions=True
         )
-        for i, data in zip(missing, got, strict=True):
+        for data in got:
             if isinstance(data, BaseException):
                 raise data
-            found[i] = bytes(data)
+        for i, data in zip(missing, got, strict=True):
+            found[i] = bytes(data)  # type: ignore[arg-type]
     return [b for b in found if b is not None]
+
+
+async def _one(fs: Any, url: str, start: int, stop: int) -> bytes:
+    """One range from a request of its own; a ``200`` with more than the range is closed
+    unread (``RangesIgnored``)."""
+    if stop <= start:
+        return b""
+    kw = dict(fs.kwargs)
+    headers = dict(kw.pop("headers", None) or {})
+    headers["Range"] = f"bytes={start}-{stop - 1}"
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        fs._raise_not_found_for_status(r, url)
+        whole = r.status == 200 and not (start == 0 and r.content_length == stop)
+        if r.status != 206 and whole:
+            r.close()  # the whole file follows: leave it unread
+            raise RangesIgnored(url, start, stop, r.content_length)
+        return bytes(await r.read())
 
 
 async def _multi(fs: Any, url: str, starts: list[int], stops: list[int]) -> list[bytes | None]:

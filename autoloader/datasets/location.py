@@ -20,7 +20,7 @@ import re
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +35,7 @@ from autoloader.datasets.failures import (  # noqa: F401 - also named here
 )
 from autoloader.datasets.remote_file import KNOWN, RemoteFile  # noqa: F401 - also named here
 from autoloader.errors import DatasetError
+from autoloader.redact import redact
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _GLOB = re.compile(r"[*?\[]")
@@ -49,16 +50,27 @@ _DEFAULT_PORTS = {"root": 1094, "http": 80, "https": 443}
 
 @dataclass(frozen=True)
 class Location:
-    """A file or directory behind a URL: ``url`` as given (without ``#``/``?`` parts)."""
+    """A file or directory behind a URL: ``url`` as given (without ``#``/``?`` parts), for
+    the connection; its text (``str``, ``repr``, ``shown``) never holds the user-info's
+    password (``autoloader.redact``): a message or a key made of it can be written."""
 
     url: str
     protocol: str
-    host: str
+    host: str  # without the user-info
     port: int | None
     path: str  # what the protocol's filesystem calls it
+    userinfo: str = field(default="", repr=False, compare=False)
 
     def __str__(self) -> str:
-        return self.url
+        return self.shown
+
+    def __repr__(self) -> str:
+        return f"Location({self.shown!r})"
+
+    @property
+    def shown(self) -> str:
+        """The URL as it is written and printed: ``user:****@`` for its user-info."""
+        return redact(self.url)
 
     @property
     def name(self) -> str:
@@ -101,6 +113,7 @@ def parse_url(text: str) -> Location:
         path = "/" + path.lstrip("/") if path else ""
     else:
         host_port, path = parts.netloc, parts.path
+    userinfo, _, host_port = host_port.rpartition("@")
     host, _, port_text = host_port.rpartition(":") if ":" in host_port else (host_port, "", "")
     try:
         port = int(port_text) if port_text else None
@@ -111,7 +124,7 @@ def parse_url(text: str) -> Location:
     _require_protocol(protocol, text)
     if protocol in ("http", "https"):
         path = text  # fsspec's HTTP filesystem names files by their whole URL
-    return Location(text, protocol, host, port, path)
+    return Location(text, protocol, host, port, path, userinfo)
 
 
 def require_local(spec: str, what: str, why: str) -> None:
@@ -149,14 +162,14 @@ def _require_protocol(protocol: str, text: str) -> None:
         )
 
 
-_FILESYSTEMS: dict[tuple[int, str, str, int | None, SourceOptions], Any] = {}
+_FILESYSTEMS: dict[tuple[int, str, str, str, int | None, SourceOptions], Any] = {}
 
 
 def filesystem(location: Location, options: SourceOptions | None = None) -> Any:
     """The fsspec filesystem of ``location``'s server, with the timeouts of ``options``;
     one per process and server (a forked worker makes its own)."""
     options = options or SourceOptions.from_environment()
-    key = (os.getpid(), location.protocol, location.host, location.port, options)
+    key = (os.getpid(), location.protocol, location.userinfo, location.host, location.port, options)
     found = _FILESYSTEMS.get(key)
     if found is not None:
         return found
@@ -207,6 +220,9 @@ def _xrootd_environment(options: SourceOptions) -> None:
     client.EnvPutInt("RequestTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("StreamTimeout", max(1, round(options.read_timeout)))
     client.EnvPutInt("TimeoutResolution", 1)  # its default checks every 15 s
+    # its default (1800 s) fails every request to a server whose connection dropped with
+    # that error, without connecting again: a retry could never see the server come back
+    client.EnvPutInt("StreamErrorWindow", 0)
 
 
 CLOSE_AT_EXIT_SECONDS = 1.0  # the most an exit waits for servers to answer its closes
@@ -275,12 +291,20 @@ def info(location: Location, doing: str = "asking for its size") -> dict[str, An
     return retrying(location, doing, lambda: fs.info(location.path))
 
 
+def forget(location: Location) -> None:
+    """Drop what this process's filesystem keeps of the file: fsspec-xrootd's open handle
+    (which reads the file the server opened, replaced or not) and listings. For a file
+    that changed on the server: the next read opens it anew."""
+    with contextlib.suppress(Exception):
+        filesystem(location).invalidate_cache(location.path)
+
+
 def stamp(location: Location) -> str:
     """A stamp that changes when the remote file does: its size with its modification
     time, its ETag or a checksum, whichever the server gives."""
     found = info(location)
     size = found.get("size")
-    parts = [f"url {location.url}", f"size={size}"]
+    parts = [f"url {location.shown}", f"size={size}"]
     for key in ("mtime", "modified", "LastModified", "last_modified", "ETag", "etag", "checksum"):
         value = found.get(key)
         if value is not None:

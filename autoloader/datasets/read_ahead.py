@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoloader.datasets.http_ranges import read_ranges
+from autoloader.datasets import ranges
 
 READ_AHEAD_BYTES = 256 * 2**20  # block bytes one process fetches ahead and holds, at most
 DEFAULT_BLOCKS = 2  # a planned remote dataset's, where its plan measured no source
@@ -235,19 +235,13 @@ class ReadAhead:
         stops = [z for b in group for _, z in b.key[1]]
         fs, path = group[0].fs, group[0].path
         try:
-            if len(starts) == 1:
-                got: list[Any] = [fs.cat_file(path, start=starts[0], end=stops[0])]
-            elif _over_http(fs):  # one multi-range request, as the block's own read sends
-                got = read_ranges(fs, path, starts, stops)
-            else:
-                got = fs.cat_ranges([path] * len(starts), starts, stops, on_error="return")
-            pieces = [bytes(g) if not isinstance(g, BaseException) else None for g in got]
+            got: list[bytes | None] = list(ranges.fetch(fs, path, starts, stops))
         except Exception:  # the reading thread's own read of the block reports it
-            pieces = [None] * len(starts)
+            got = [None] * len(starts)
         at = 0
         with self._lock:
             for b in group:
-                mine = pieces[at : at + len(b.key[1])]
+                mine = got[at : at + len(b.key[1])]
                 at += len(b.key[1])
                 good = all(
                     p is not None and len(p) == z - a
@@ -257,12 +251,6 @@ class ReadAhead:
                 self.counts.fetched += int(good)
                 self.counts.failed += int(not good)
                 self.counts.bytes += b.nbytes if good else 0
-
-
-def _over_http(fs: Any) -> bool:
-    protocol = getattr(fs, "protocol", ())
-    names = {protocol} if isinstance(protocol, str) else set(protocol)
-    return bool(names & {"http", "https"})
 
 
 READ_AHEAD = ReadAhead()

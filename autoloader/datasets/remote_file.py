@@ -21,8 +21,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from autoloader.datasets import ranges
 from autoloader.datasets.failures import SourceError, retrying
-from autoloader.datasets.http_ranges import read_ranges
+from autoloader.datasets.http_ranges import RangesIgnored
 from autoloader.datasets.read_ahead import READ_AHEAD, merged
 
 KNOWN_BYTES = 64 * 2**20  # metadata bytes one process keeps, over all its remote files
@@ -131,27 +132,13 @@ class RemoteFile(io.RawIOBase):
         """The byte ranges, in one call (one vector read over XRootD, one multi-range
         request over HTTP: ``http_ranges``), retried; a failure is kept in ``failed`` and
         raised."""
-        fs, path = self.fs, self.location.path
 
         def fetch() -> list[bytes]:
             try:
-                if len(starts) == 1:
-                    got: list[Any] = [fs.cat_file(path, start=starts[0], end=stops[0])]
-                elif self.location.protocol in ("http", "https"):
-                    # one multi-range request: fsspec sends a request per range
-                    got = read_ranges(fs, path, starts, stops)
-                else:
-                    got = fs.cat_ranges([path] * len(starts), starts, stops, on_error="raise")
-                for b in got:
-                    if isinstance(b, BaseException):
-                        raise b
-            except Exception:
-                # a handle the filesystem keeps (XRootD's) may be broken by the error: the
-                # next try opens the file anew
-                with contextlib.suppress(Exception):
-                    fs.invalidate_cache(path)
-                raise
-            return self._exact([bytes(b) for b in got], starts, stops)
+                got = ranges.fetch(self.fs, self.location.path, starts, stops)
+            except RangesIgnored as exc:
+                raise self._wrong(exc.sent, exc.start, exc.stop) from None
+            return self._exact(got, starts, stops)
 
         try:
             return retrying(self.location, doing, fetch)
@@ -168,19 +155,24 @@ class RemoteFile(io.RawIOBase):
             SourceError: a piece of another length, naming the server and the range.
         """
         for data, a, z in zip(got, starts, stops, strict=True):
-            if len(data) == z - a:
-                continue
-            why = (
-                "it ignores range requests (it sent more than asked, as a whole file): serve "
-                "the file from a server that answers range requests, or copy it to local disk"
-                if len(data) > z - a
-                else "the file changed on the server while it was read: open the dataset again"
-            )
-            raise SourceError(
-                f"DATASET '{self.location.url}': {self.location.server} answered "
-                f"{len(data)} bytes for bytes {a}..{z} ({z - a} bytes): {why}"
-            )
+            if len(data) != z - a:
+                raise self._wrong(len(data), a, z)
         return got
+
+    def _wrong(self, sent: int | None, a: int, z: int) -> SourceError:
+        """The error for an answer of ``sent`` bytes (None: a whole file of unsaid length)
+        to a request for bytes ``a..z``."""
+        why = (
+            "it ignores range requests (it sent more than asked, as a whole file): serve "
+            "the file from a server that answers range requests, or copy it to local disk"
+            if sent is None or sent > z - a
+            else "the file changed on the server while it was read: open the dataset again"
+        )
+        said = "the whole file" if sent is None else f"{sent} bytes"
+        return SourceError(
+            f"DATASET '{self.location.url}': {self.location.server} answered "
+            f"{said} for bytes {a}..{z} ({z - a} bytes): {why}"
+        )
 
     def hold(self, ranges: list[tuple[int, int]]) -> None:
         """Fetch the byte ``ranges`` (``(start, stop)`` pairs) in one call and serve reads

@@ -7,6 +7,12 @@ A dataset class may define, all optional:
 ``autoloader_source(self) -> DataSource``
     where the data lives and a stamp that changes when it changes, so that measured sizes
     can be cached beside the data and invalidated.
+``autoloader_refresh(self) -> bool``
+    the dataset as its files are now: whether one changed since it was opened and is read
+    anew (its events as many and as large as before); a ``DatasetError`` naming the file
+    where its events differ. ``autoloader.DataLoader`` calls it as each epoch begins, so an
+    epoch never serves a changed file's events from what the old one left in memory, and
+    ends workers it keeps between epochs where it returns True.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from autoloader.redact import redact
 
 
 @dataclass(frozen=True)
@@ -33,9 +41,10 @@ class DataSource:
     @classmethod
     def for_url(cls, url: str, stamps: list[str]) -> DataSource:
         """Remote data: ``stamps`` are what its server says of each file (size and
-        modification time, or an ETag or checksum), so a change on the server is seen."""
+        modification time, or an ETag or checksum), so a change on the server is seen.
+        The URL is kept without its password (it names the size cache, which is written)."""
         digest = hashlib.sha256("\n".join(stamps).encode()).hexdigest()
-        return cls(Path(user_cache_dir()), f"remote n={len(stamps)} {digest}", url=url)
+        return cls(Path(user_cache_dir()), f"remote n={len(stamps)} {digest}", url=redact(url))
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str]) -> DataSource:

@@ -83,8 +83,10 @@ class DeviceFeed:
         self.recorder = recorder
         self.mover = mover
         self.side = torch.cuda.Stream(device) if depth > 0 else None
-        self.ahead: deque[tuple[Any, Any, Any]] = deque()  # (batch, start, done) events
-        self.timing: deque[tuple[Any, Any]] = deque()  # copies whose time is not read yet
+        # (device batch, start, done, host batch): the host batch is held until its copy is
+        # done, for a ring slot registered with CUDA is read by the copy in place
+        self.ahead: deque[tuple[Any, Any, Any, Any]] = deque()
+        self.timing: deque[tuple[Any, Any, Any]] = deque()  # copies whose time is not read yet
         self.exhausted = False
 
     def __iter__(self) -> DeviceFeed:
@@ -96,7 +98,7 @@ class DeviceFeed:
         if not self.ahead:
             self._read_timings(block=True)
             raise StopIteration
-        batch, begun, done = self.ahead.popleft()
+        batch, begun, done, host = self.ahead.popleft()
         consumer = torch.cuda.current_stream(self.device)
         if self.side is not None:
             consumer.wait_event(done)  # the GPU waits for the copy; the host does not
@@ -105,7 +107,8 @@ class DeviceFeed:
                     t.record_stream(consumer)
         if not self.exhausted and self.depth > 0:
             self._issue()  # the next copy overlaps the step about to run on this batch
-        self.timing.append((begun, done))
+        self.timing.append((begun, done, host))
+        del host
         self._read_timings(block=False)
         return batch
 
@@ -122,11 +125,43 @@ class DeviceFeed:
             begun.record(stream)
             moved = self.mover(host, self.device)
             done.record(stream)
-        self.ahead.append((moved, begun, done))
+        self.ahead.append((moved, begun, done, host))
 
     def _read_timings(self, *, block: bool) -> None:
         while self.timing and (block or self.timing[0][1].query()):
-            begun, done = self.timing.popleft()
+            begun, done, _host = self.timing.popleft()  # its slot, if any, free from here
             done.synchronize()
             if self.recorder is not None:
                 self.recorder.h2d(begun.elapsed_time(done) / 1000.0)
+
+
+def register_ring(ring: Any, device: torch.device) -> str | None:
+    """Register a ring of batch slots (``feed.ring``) with CUDA as pinned memory, once,
+    so that a batch's copy to ``device`` reads the slot its worker wrote: no pin thread's
+    second host copy. The ring mapped anew later (grown) is registered as it is mapped.
+    Returns why it could not be (None: registered)."""
+    import ctypes
+
+    try:
+        cudart = torch.cuda.cudart()
+    except Exception as exc:  # no runtime bindings in this build
+        return f"no CUDA runtime bindings ({type(exc).__name__})"
+
+    def register(mapped: Any) -> str | None:
+        buffer = (ctypes.c_char * len(mapped)).from_buffer(mapped)
+        address = ctypes.addressof(buffer)
+        del buffer  # the address is the mapping's, which the ring keeps
+        with torch.cuda.device(device):
+            err = cudart.cudaHostRegister(address, len(mapped), 0)
+        code = int(getattr(err, "value", err))
+        return None if code == 0 else f"cudaHostRegister returned error {code}"
+
+    why = register(ring.mapped.map)
+    if why is not None:
+        return why
+
+    def later(mapped: Any) -> None:
+        register(mapped)  # a failure here leaves that mapping pageable: the copy still works
+
+    ring.on_map = later
+    return None

@@ -29,7 +29,10 @@ from autoloader.compat import (
     shut_down_workers,
 )
 from autoloader.errors import one_line
+from autoloader.feed.depth import depth_of
 from autoloader.feed.start_method import choose_start_method
+from autoloader.feed.transport import Sender, make_ring, unpacked
+from autoloader.host.budget import HELD_BY_LOOP, HostBudget
 
 
 class WorkersNotStarted(RuntimeError):
@@ -96,17 +99,57 @@ class StartSafeIter(StartSafe, MultiProcessIter):
     and leaves nothing running."""
 
 
+# A first guess at a tuner loader's slot: it grows to the batches it meets, within budget.
+TUNER_SLOT_BYTES = 1 << 20
+
+
+class RingIter(StartSafeIter):
+    """``StartSafeIter`` whose batches cross through a ring of slots, as a planned
+    loader's do (``feed.transport``): each batch it yields is rebuilt from its slot."""
+
+    @property
+    def _collate_fn(self) -> Any:
+        return self.__dict__["_worker_collate"]
+
+    @_collate_fn.setter
+    def _collate_fn(self, fn: Any) -> None:
+        loader = self.__dict__.get("_starting")
+        if fn is not None and loader is not None and loader.num_workers > 0:
+            slots = loader.num_workers * depth_of(loader.prefetch_factor) + HELD_BY_LOOP
+            ring = self.__dict__.get("_ring")
+            if ring is None or ring.slots < slots:
+                budget = HostBudget.probe().shm_budget_bytes
+                ring = make_ring(slots, TUNER_SLOT_BYTES, budget)
+            else:
+                ring.reclaim()
+            self.__dict__["_ring"] = ring
+            fn = Sender(fn, ring.peer() if ring is not None else None)
+        self.__dict__["_worker_collate"] = fn
+
+    def _start_workers(self, loader: Any) -> None:
+        self.__dict__["_starting"] = loader
+        super()._start_workers(loader)
+
+    def __next__(self) -> Any:
+        return unpacked(super().__next__())
+
+
 class StartSafeLoader(DataLoader):
     """torch's DataLoader, its workers started by ``StartSafeIter`` (the tuner's loaders),
-    and ended by ``end_workers`` when its user is done with it."""
+    and ended by ``end_workers`` when its user is done with it. With ``ring=True`` its
+    batches cross through a ring of slots, as a planned loader's do."""
 
     _latest: weakref.ref[StartSafeIter] | None = None
+
+    def __init__(self, *args: Any, ring: bool = False, **kwargs: Any) -> None:
+        self._ring = ring
+        super().__init__(*args, **kwargs)
 
     def _get_iterator(self) -> BaseIter:
         if self.num_workers == 0:
             return super()._get_iterator()
         self.check_worker_number_rationality()
-        it = StartSafeIter(self)
+        it = RingIter(self) if self._ring else StartSafeIter(self)
         self._latest = weakref.ref(it)
         return it
 

@@ -172,6 +172,7 @@ class DataLoader(tud.DataLoader):
         self._metering: Meter | None = None
         self._meter_inside = False
         self._live: Any = None  # a weak reference to torch's iterator of the epoch
+        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
         self._data = Data(0)  # what a planned loader serves: a position's data
         self._repeats = RepeatWatch()
         # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
@@ -419,6 +420,9 @@ class DataLoader(tud.DataLoader):
             if node is not self.node_cache and self._recorder is not None:
                 self._recorder.watch_cache(node.counts if node is not None else None)
             self.node_cache = node
+        refresh = getattr(self.dataset, "autoloader_refresh", None)
+        if callable(refresh) and refresh():  # a file changed: read anew, or refused
+            compat.end_persistent_iterator(self)  # kept workers hold the old file
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler
@@ -473,8 +477,15 @@ class DataLoader(tud.DataLoader):
         # Counted and timed where the loop receives them: inside torch's iterator when
         # nothing wraps it (so iter() stays torch's own), else around the whole chain.
         self._meter_inside = self._recorder is not None and not wrapped
+        previous = self._live() if self._live is not None else None
         batches: Iterator[Any] = super().__iter__()
+        if batches is previous and self._live_meter is not None:
+            # torch reset its iterator of persistent workers for this iter(): a chain
+            # made over it earlier (the loop's, where a peek made this one) now serves
+            # this pass, so its batches count here and the position follows the reset
+            self._live_meter.superseded_by(meter)
         self._live = weakref.ref(batches)  # not held: an abandoned epoch's workers end
+        self._live_meter = meter
         if self._feed_device is not None:
             batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
         if accelerate:  # planned: Accelerate keeps it
@@ -486,7 +497,7 @@ class DataLoader(tud.DataLoader):
     def __getstate__(self) -> dict[str, Any]:
         """Pickled and deep-copied as torch's loader is: without a live iterator."""
         state = self.__dict__.copy()
-        state["_live"] = None
+        state["_live"] = state["_live_meter"] = None
         return state
 
     def restart_workers(self) -> Iterator[Any]:

@@ -26,10 +26,11 @@ from typing import Any
 from autoloader import compat
 from autoloader.compat import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
-from autoloader.feed.transport import ByValue, unpacked
+from autoloader.feed.transport import Sender, unpacked
 from autoloader.loader.lookahead import Lookahead
 from autoloader.loader.meter import Meter
 from autoloader.loader.settings import named
+from autoloader.loader.slots import ring_for
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
@@ -80,9 +81,13 @@ class _Recording:
     def _recorded(self) -> Any:
         """torch's next batch, recorded (its bytes and samples) and counted as taken."""
         try:
-            batch = unpacked(compat.next_batch(self, super().__next__))  # type: ignore[misc]
+            batch = unpacked(
+                compat.next_batch(self, super().__next__),  # type: ignore[misc]
+                getattr(self._recorder, "fell_back", None),
+            )
         except StopIteration:
             self._recorder.flush()
+            self.__dict__.pop("_loader_held", None)  # the epoch is over (see __init__)
             raise
         except Exception as exc:
             if self._consumed(exc):  # served, as a batch that raised: not to be read again
@@ -119,6 +124,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         # without a plan, torch's error where workers cannot start (nothing left of them)
         self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
+        # held while an epoch runs: in `for batch in DataLoader(...)` nothing else holds
+        # the loader, and a restart needs it. A persistent iterator, which the loader holds,
+        # lets go at the epoch's end, so that no cycle outlives the loop (_recorded).
+        self._loader_held: Any = loader
+        self._ring: Any = None  # the batch slots of this iterator's workers (feed.ring)
         self._start = 0  # the epoch's batch this run of workers began at (their task 0)
         self._wait_began, self._waiting = time.monotonic(), False
         self._stall_warned = False
@@ -134,12 +144,15 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     @_collate_fn.setter
     def _collate_fn(self, fn: Any) -> None:
-        # torch's base iterator sets the collate its workers run: a planned loader's small
-        # batches travel to the loop by value (feed.transport), and _Recording unpacks them
+        # torch's base iterator sets the collate its workers run, each time it starts them:
+        # a planned loader's batches cross through a ring of slots (feed.transport), whose
+        # slots the workers gone held are free again; _Recording rebuilds each batch
         loader = self._loader_ref()
         planned = getattr(loader, "plan", None) is not None
         if planned and fn is not None:
-            fn = ByValue(fn, settings=named(loader))
+            self._ring = ring_for(loader, self.__dict__.get("_ring"))
+            peer = self._ring.peer() if self._ring is not None else None
+            fn = Sender(fn, peer, settings=named(loader))
         self.__dict__["_worker_collate"] = fn
 
     def _started(self) -> None:
@@ -152,6 +165,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         compat.forget_worker_pids(self)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._loader_held = loader  # a persistent iterator's next epoch
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
         self._wait_began = time.monotonic()
         super()._reset(loader, first_iter)

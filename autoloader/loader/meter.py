@@ -130,8 +130,25 @@ class Meter:
         self._batches = 0
         self._wait = self._corrected = 0.0
         self._raised = False  # the call running handed out a batch that raised
+        # the meter of a later iter() that reset the iterator this one counted (torch
+        # resets its one iterator of persistent workers): what this one served goes on there
+        self.successor: Meter | None = None
         if cursor is not None:
             cursor.follow(self)
+
+    def superseded_by(self, meter: Meter) -> None:
+        """A later ``iter()`` reset the iterator this meter counted: the batches its holders
+        receive from now on are that pass's, counted by ``meter``."""
+        if meter is not self:
+            self.successor = meter
+
+    def current(self) -> Meter:
+        """The meter that counts what this one's holders receive now: this one, or the
+        last of the iterator's resets since."""
+        meter = self
+        while meter.successor is not None:
+            meter = meter.successor
+        return meter
 
     @property
     def position(self) -> Position:
@@ -233,7 +250,9 @@ class NoDelay:
 
 class Metered:
     """An iterator of batches through a meter: the outermost layer of a chain that wraps
-    torch's iterator. ``source`` may be replaced (workers restarted at the position)."""
+    torch's iterator. ``source`` may be replaced (workers restarted at the position), and
+    ``meter`` too: by the meter of a later ``iter()`` that reset torch's iterator, whose
+    pass this chain then serves (``Meter.current``)."""
 
     def __init__(self, source: Any, meter: Meter) -> None:
         self.source = source
@@ -246,6 +265,7 @@ class Metered:
         return len(self.source)
 
     def __next__(self) -> Any:
+        self.meter = self.meter.current()
         return self.meter.next(self._take)
 
     def _take(self) -> Any:

@@ -317,11 +317,8 @@ def read_ahead_blocks(plan: Plan | None, dataset: Any) -> int:
     ``read_ahead.DEFAULT_BLOCKS``."""
     if not read_ahead.enabled() or not _reads_remote(dataset):
         return 0
-    source = (plan.tuning.get("source") or {}) if plan is not None else {}
-    planned = source.get("read_ahead_blocks")
-    if isinstance(planned, int) and not isinstance(planned, bool) and planned >= 0:
-        return planned
-    return read_ahead.DEFAULT_BLOCKS
+    planned = plan.evidence.read_ahead_blocks if plan is not None else None
+    return planned if planned is not None else read_ahead.DEFAULT_BLOCKS
 
 
 def _reads_remote(dataset: Any) -> bool:

@@ -367,6 +367,7 @@ class EpochIter:
         self._restarted: tuple[Reading, int] | None = None
         self._refills: list[tuple[float, int, int]] = []
         self._done = False
+        self._superseded = False  # by a later iter()'s reset (``_abandon``)
         sampler = loader.batch_sampler
         # Windows inside the epoch, where it is long and the position can be kept.
         positioned = isinstance(sampler, SizeBatchSampler) and runtime.adapter is not None
@@ -388,6 +389,8 @@ class EpochIter:
         return len(self._batches)
 
     def __next__(self) -> Any:
+        if self._superseded:
+            return next(self._batches)
         runtime, meter = self._runtime, self._meter
         if not meter.began and runtime.watch is not None:
             runtime.watch.start_epoch()
@@ -399,6 +402,9 @@ class EpochIter:
         except StopIteration:
             self._finish()
             raise
+        if self._batches.meter is not meter:
+            self._abandon()
+            return batch
         count = meter.batches
         if count == 1:
             self._first_wait = meter.read().corrected  # iter()'s seconds with it
@@ -536,6 +542,15 @@ class EpochIter:
         """The workers' memory, where a read at this count has finished."""
         found = self._runtime.memory.fresh(self._window_workers, self._runtime.epoch)
         self._worker_memory = found if found is not None else self._worker_memory
+
+    def _abandon(self) -> None:
+        """A later ``iter()`` reset torch's iterator under this epoch (persistent workers):
+        the batches from here on are that pass's, counted by its meter; this epoch was
+        abandoned before its end, and is not judged."""
+        self._superseded = self._done = True
+        self._window = None
+        if self._cores is not None:
+            self._cores.close()
 
     def _finish(self) -> None:
         if self._done or not self._meter.began:

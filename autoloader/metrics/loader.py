@@ -17,6 +17,7 @@ predictions are in); each batch's samples are measured too, in the same unit
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from autoloader.sizes import nbytes_of
 
 # Batches of graph events span four orders of magnitude: 1 KiB .. 64 GiB in powers of 2.
 BYTES_BUCKETS = tuple(float(2**e) for e in range(10, 37))
+log = logging.getLogger("autoloader")
 LABELS = ["rank", "loader"]  # every loader series'; see the module's docstring
 WAIT_BUCKETS = (
     0.0001,
@@ -206,6 +208,13 @@ class LoaderMetrics:
             "Shared memory (/dev/shm) the loader's processes hold mapped: batches in flight.",
             **gauge,
         )
+        self.transport_fallbacks = Counter(
+            "autoloader_transport_fallbacks",
+            "Batches the ring of batch slots could not carry, sent through torch's "
+            "shared-memory path instead (no free slot, a slot that cannot grow, or a batch "
+            "it cannot rebuild exactly).",
+            **kw,
+        )
 
     def _cache_metrics(self, registry: CollectorRegistry) -> None:
         """The node cache: blocks mapped and decoded by this rank's processes, and the
@@ -268,6 +277,7 @@ class LoaderStats:
     epochs: int = 0  # complete epochs
     worker_restarts: int = 0  # workers restarted at the position (died, or past their memory)
     worker_stalls: int = 0  # waits for one batch past what the plan's batches take
+    transport_fallbacks: int = 0  # batches that took torch's path, not the ring's
     plan_stale: str | None = None  # why the plan should be re-tuned, once something says so
 
 
@@ -310,6 +320,7 @@ class BatchRecorder:
         self._ceiling: tuple[int, Callable[[int, Any], None]] | None = None
         self._cache: Callable[[], tuple[int, int, int]] | None = None
         self._cache_counted = (0, 0)
+        self._fallback_reasons: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         """What survives a pickle (``copy.deepcopy``, a worker, another process): the rank,
@@ -449,6 +460,20 @@ class BatchRecorder:
             m.cache_misses.labels(**ids).inc(misses - was_misses)
         self._cache_counted = (max(hits, was_hits), max(misses, was_misses))
         m.cache_bytes.labels(**ids).set(nbytes)
+
+    def fell_back(self, why: str) -> None:
+        """A batch took torch's shared-memory path, not the ring's (``why``): counted,
+        and said once per reason."""
+        self.stats.transport_fallbacks += 1
+        self.metrics.transport_fallbacks.labels(**self.ids).inc()
+        if why not in self._fallback_reasons:
+            self._fallback_reasons.add(why)
+            log.info(
+                "autoloader: rank %s loader %s: a batch took torch's shared-memory path (%s)",
+                self.rank,
+                self.name,
+                why,
+            )
 
     def shm_used(self, nbytes: int) -> None:
         self.metrics.shm_used.labels(**self.ids).set(nbytes)

@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from autoloader.redact import redact
+
 
 def finite(value: Any) -> Any:
     """``value`` with every non-finite float replaced by ``None``."""
@@ -21,5 +23,6 @@ def finite(value: Any) -> Any:
 
 
 def strict_json(value: Any) -> str:
-    """Indented JSON that any parser accepts (no NaN or Infinity)."""
-    return json.dumps(finite(value), indent=2, allow_nan=False, default=str)
+    """Indented JSON that any parser accepts (no NaN or Infinity); a URL's password is
+    never in it (``autoloader.redact``)."""
+    return redact(json.dumps(finite(value), indent=2, allow_nan=False, default=str))

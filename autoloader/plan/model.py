@@ -18,6 +18,7 @@ from autoloader.errors import PlanError, UsageError
 from autoloader.files import foreign_name, read_at_most, write_output
 from autoloader.plan.readings import PlanEvidence
 from autoloader.plan.schema import SCHEMA_VERSION, validate, validate_loader
+from autoloader.redact import redact
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -224,8 +225,9 @@ class Plan:
         return drop_none(out)
 
     def to_toml(self) -> str:
-        """The plan as the TOML text ``save`` writes."""
-        return tomli_w.dumps(self.to_dict())
+        """The plan as the TOML text ``save`` writes; a URL's password is never in it
+        (``autoloader.redact``: a plan is a file people share)."""
+        return redact(tomli_w.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:

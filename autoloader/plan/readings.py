@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.host.budget import HostBudget
+from autoloader.plan.schema import MAX_READ_AHEAD
 from autoloader.plan.view import View
 
 
@@ -142,6 +143,9 @@ class PlanEvidence:
         baseline_worst_batch_bytes: the worst batch of the user's loader where the tune
             measured it (0: not measured).
         memory_model: ``[memory.model]``, its values checked (None: not recorded).
+        read_ahead_blocks: ``[tuning.source] read_ahead_blocks``, the storage blocks a
+            process reading a remote file fetches ahead, as the tune measured them
+            (None: not recorded, or not in [0, MAX_READ_AHEAD]).
     """
 
     workers: WorkerSearch | None = None
@@ -153,6 +157,7 @@ class PlanEvidence:
     replays: Mapping[str, Replay] = field(default_factory=dict)
     baseline_worst_batch_bytes: int = 0
     memory_model: Mapping[str, Any] | None = None
+    read_ahead_blocks: int | None = None
 
     @property
     def worst_batch_bytes(self) -> int:
@@ -180,7 +185,14 @@ class PlanEvidence:
             replays,
             baseline.size("worst_batch_bytes"),
             _model_table(memory_.sub("model")),
+            _read_ahead(tuned.sub("source")),
         )
+
+
+def _read_ahead(table: View) -> int | None:
+    """``[tuning.source] read_ahead_blocks`` where it is within the schema's bounds."""
+    blocks = table.tally("read_ahead_blocks")
+    return blocks if blocks is not None and blocks <= MAX_READ_AHEAD else None
 
 
 def _host_budget(table: View) -> HostBudget | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from autoloader.errors import PlanError
 from autoloader.plan.strategies import STRATEGY_NAMES, STRATEGY_OPTIONS
@@ -20,6 +20,9 @@ MAX_PREFETCH = 1024
 MAX_DEVICE_PREFETCH = 16
 MAX_COUNT = 2**31 - 1
 MAX_RANKS = 2**20
+MAX_BYTES = 2**63 - 1  # what a TOML integer holds
+MAX_CPUS = 2**20
+MAX_READ_AHEAD = 64  # storage blocks a reading process fetches ahead (tuning.source)
 HEADROOM_SOURCES = ("nvml", "torch", "psutil", "override")
 WORKER_AFFINITY = ("none", "gpu-local")
 
@@ -99,29 +102,29 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         {
             "spec": Key("str"),
             "spec_hex": Key("str"),  # the spec's bytes, where they are not UTF-8 text
-            "num_samples": Key("int", minimum=1),
-            "total_bytes": Key("int", minimum=0),
+            "num_samples": Key("int", minimum=1, maximum=MAX_BYTES),
+            "total_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
             "fingerprint": Key("str"),
-            "min_bytes": Key("int", minimum=0),
-            "median_bytes": Key("number", minimum=0),
-            "mean_bytes": Key("number", minimum=0),
-            "max_bytes": Key("int", minimum=0),
+            "min_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
+            "median_bytes": Key("number", minimum=0, maximum=MAX_BYTES),
+            "mean_bytes": Key("number", minimum=0, maximum=MAX_BYTES),
+            "max_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
         },
     ),
     "hardware": (
         False,
         False,
         {
-            "cpu_count": Key("int", minimum=1),
+            "cpu_count": Key("int", minimum=1, maximum=MAX_CPUS),
             "device": Key("str"),
             "device_name": Key("str"),
-            "memory_total_bytes": Key("int", minimum=0),
-            "memory_free_bytes": Key("int", minimum=0),
+            "memory_total_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
+            "memory_free_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
             "headroom_source": Key("str", choices=HEADROOM_SOURCES),
             "gpus": Key("array"),
-            "limiting_index": Key("int", minimum=0),
+            "limiting_index": Key("int", minimum=0, maximum=MAX_RANKS),
             "ranks": Key("array"),
-            "limiting_rank": Key("int", minimum=0),
+            "limiting_rank": Key("int", minimum=0, maximum=MAX_RANKS - 1),
             "limiting_host": Key("str"),
         },
     ),
@@ -161,11 +164,14 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         False,
         True,
         {
-            "budget_bytes": Key("int", minimum=1),  # a tune with none left refuses to plan
-            "predicted_peak_bytes": Key("int", minimum=0),
+            # a tune with none left refuses to plan
+            "budget_bytes": Key("int", minimum=1, maximum=MAX_BYTES),
+            "predicted_peak_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
             "safety": Key("number", minimum=0, below=1),  # as --safety
             "model": Key("table"),
-            "reserve_bytes": Key("int", minimum=0),
+            "reserve_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
+            # device memory the batches copied ahead hold, at worst
+            "device_prefetch_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
             "reserve": Key("table"),
         },
     ),
@@ -175,10 +181,10 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
         False,
         {
             "where": Key("str", required=True),  # "shm" or an absolute directory
-            "bytes": Key("int", minimum=1),
+            "bytes": Key("int", minimum=1, maximum=MAX_BYTES),
             "share": Key("number", minimum=0, maximum=1),
             "keep": Key("bool"),
-            "min_free_bytes": Key("int", minimum=0),
+            "min_free_bytes": Key("int", minimum=0, maximum=MAX_BYTES),
         },
     ),
     "tuning": (False, True, {}),
@@ -303,38 +309,62 @@ def _validate_options(batching: Mapping[str, Any], source: str) -> None:
 
 
 # The evidence that ``show`` reads from the open tables: (path, container, entry keys).
-# Entry keys name the numbers (or strings) each table of the container must hold, if
-# present; anything else there is free.
-_NUM, _STR, _FIN = ("measured",), ("str",), ("finite",)
-EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
+# Entry keys name the kinds each value must be one of, if present: a ``Key`` (a type
+# and its bounds) or a word below (``measured``: a time, size or rate >= 0 that may be
+# inf; ``pairs``, ``finites``: arrays of them); anything else there is free. Every
+# number has bounds: a count or a size is an integer in its range, a share is in [0, 1].
+Kinds: TypeAlias = tuple[str | Key, ...]
+_NUM: Kinds = ("measured",)
+_STR: Kinds = ("str",)
+_FIN: Kinds = ("finite",)  # a fitted coefficient: any sign
+_AMOUNT_KEY = Key("number", minimum=0)
+_BYTES_KEY = Key("int", minimum=0, maximum=MAX_BYTES)
+_AMOUNT: Kinds = (_AMOUNT_KEY,)  # a time, a size or a rate, measured
+_SHARE: Kinds = (Key("number", minimum=0, maximum=1),)
+_BYTES: Kinds = (_BYTES_KEY,)
+_COUNT: Kinds = (Key("int", minimum=0, maximum=MAX_COUNT),)  # batches, blocks, epochs
+_WORKERS: Kinds = (Key("int", minimum=0, maximum=MAX_WORKERS),)
+# counts a tune tried or measured: its worker search goes up to the rank's CPUs, and
+# torch's threads default to them
+_TRIED: Kinds = (Key("int", minimum=0, maximum=MAX_CPUS),)
+_THREADS: Kinds = (Key("int", minimum=1, maximum=MAX_CPUS),)
+_BATCH: Kinds = (Key("int", minimum=1, maximum=MAX_COUNT),)  # a local batch, accum steps
+_RANK: Kinds = (Key("int", minimum=0, maximum=MAX_RANKS - 1),)
+_GPU: Kinds = (Key("int", minimum=0, maximum=MAX_RANKS),)
+_SETTING: Kinds = (Key("int", minimum=0, maximum=max(MAX_WORKERS, MAX_PREFETCH)),)
+EVIDENCE: tuple[tuple[str, str, dict[str, Kinds]], ...] = (
     (
         "tuning.workers.trace",
         "array",
         {
-            "workers": ("int",),
+            "workers": _TRIED,
             "seconds_per_batch": _NUM,
             "startup_seconds": _NUM,
+            "total_seconds": _NUM,
+            "stderr_seconds": _NUM,
+            "max_batch_seconds": _NUM,
             "memory_bytes": _NUM,
-            "batches": ("int",),
+            "batches": _COUNT,
             "status": _STR,
             "cpu_share": _NUM,
+            "free_cores": _NUM,
         },
     ),
     (
         "tuning.workers.loops",
         "array",
         {
-            "workers": ("int",),
-            "seconds_per_batch": _FIN,
-            "num_threads": ("int",),
+            "workers": _TRIED,
+            "seconds_per_batch": _AMOUNT,
+            "num_threads": _THREADS,
         },
     ),
     (
         "tuning.batching.candidates",
         "array",
         {
-            "local_batch_size": ("int",),
-            "grad_accum_steps": ("int",),
+            "local_batch_size": _BATCH,
+            "grad_accum_steps": _BATCH,
             "strategy": _STR,
             "worst_batch_bytes": _NUM,
             "predicted_peak_bytes": _NUM,
@@ -345,13 +375,14 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "tuning.strategies",
         "table",
         {
-            "local_batch_size": ("int",),
-            "worst_batch_bytes": _FIN,
-            "mean_batch_bytes": _FIN,
-            "std_batch_bytes": _FIN,
-            "predicted_peak_bytes": _FIN,
-            "epochs": ("int",),
-            "quantiles": ("finites",),
+            "local_batch_size": _BATCH,
+            "worst_batch_bytes": _AMOUNT,
+            "mean_batch_bytes": _AMOUNT,
+            "std_batch_bytes": _AMOUNT,
+            "predicted_peak_bytes": _AMOUNT,
+            "epochs": _COUNT,
+            "batches": _COUNT,
+            "quantiles": ("amounts",),
         },
     ),
     ("tuning.nodes", "table", {}),
@@ -360,10 +391,10 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
         "tuning.runtime.adaptations",
         "array",
         {
-            "epoch": ("int",),
+            "epoch": _COUNT,
             "setting": _STR,
-            "from": ("int",),
-            "to": ("int",),
+            "from": _SETTING,
+            "to": _SETTING,
             "direction": _STR,
             "wait_fraction": _NUM,
             "samples_per_second": _NUM,
@@ -382,14 +413,15 @@ EVIDENCE: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
             "step_p90_seconds": _NUM,
             "worst_batch_bytes": _NUM,
             "predicted_peak_bytes": _NUM,
-            "batches": ("int",),
+            "batches": _COUNT,
+            "num_threads": _THREADS,
             "status": _STR,
             "settings": ("table",),
         },
     ),
     ("memory.reserve", "table", {"bytes": _NUM, "source": _STR}),
-    ("hardware.gpus", "array", {"index": ("int",), "free_bytes": _NUM, "total_bytes": _NUM}),
-    ("hardware.ranks", "array", {"rank": ("int",), "budget_bytes": _NUM}),
+    ("hardware.gpus", "array", {"index": _GPU, "free_bytes": _NUM, "total_bytes": _NUM}),
+    ("hardware.ranks", "array", {"rank": _RANK, "budget_bytes": _NUM}),
 )
 _KINDS = {
     "int": Key("int"),
@@ -401,8 +433,8 @@ _KINDS = {
 _EXPECTED = {
     "measured": "a number >= 0 (inf where it could not be measured)",
     "finite": "a finite number",
-    "finites": "an array of finite numbers",
-    "pairs": "an array of [x, y] pairs of finite numbers",
+    "amounts": "an array of finite numbers >= 0",
+    "pairs": "an array of [x, y] pairs of integers >= 0",
 }
 # Keys each entry of an evidence container must hold.
 REQUIRED = {
@@ -410,13 +442,13 @@ REQUIRED = {
     "tuning.workers.loops": ("workers", "seconds_per_batch"),
 }
 # Evidence tables of plain values that ``show`` and the loader read: (path, key kinds).
-SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+SCALARS: tuple[tuple[str, dict[str, Kinds]], ...] = (
     (
         "memory.model",
         {
             "slope": _FIN,
             "intercept": _FIN,
-            "pcc": _FIN,
+            "pcc": (Key("number", minimum=-1, maximum=1),),
             "points": ("pairs",),
             "description": _STR,
             "source": _STR,
@@ -425,7 +457,10 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     (
         "tuning.workers",
         {
-            "max_workers": ("int",),
+            "max_workers": _TRIED,
+            "iterations": _COUNT,
+            "timed_batches": _COUNT,
+            "step_seconds": _AMOUNT,
             "reach": _STR,
             "rule": _STR,
             "method": _STR,
@@ -438,8 +473,37 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ),
     (
         "tuning.baseline",
-        {"verdict": _STR, "diagnosis": _STR, "measured": ("table",), "adopted": _STR},
+        {
+            "verdict": _STR,
+            "diagnosis": _STR,
+            "measured": ("table",),
+            "adopted": _STR,
+            "budget_bytes": _BYTES,
+            "noise": _NUM,
+        },
     ),
+    (
+        "tuning.threads",
+        {
+            "default": _THREADS,
+            "candidate": _THREADS,
+            "chosen": _THREADS,
+            "why": _STR,
+            "default_samples_per_second": _NUM,
+            "candidate_samples_per_second": _NUM,
+        },
+    ),
+    (
+        "tuning.device_prefetch",
+        {
+            "depth": (TABLES["loader"][2]["device_prefetch"],),
+            "why": _STR,
+            "bytes": _BYTES,
+            "copy_seconds": _NUM,
+            "step_seconds": _NUM,
+        },
+    ),
+    ("tuning.placement", {"device": _STR, "cpus": ("array",)}),
     (
         "tuning.runtime",
         {
@@ -454,30 +518,30 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     (
         "tuning.runtime.tuned",
         {
-            "num_workers": ("int",),
-            "prefetch_factor": ("int",),
+            "num_workers": (TABLES["loader"][2]["num_workers"],),
+            "prefetch_factor": (TABLES["loader"][2]["prefetch_factor"],),
             "persistent_workers": ("bool",),
-            "device_prefetch": ("int",),
+            "device_prefetch": (TABLES["loader"][2]["device_prefetch"],),
         },
     ),
-    ("tuning.runtime.last_epoch", {"wait_fraction": _FIN, "samples_per_second": _FIN}),
+    ("tuning.runtime.last_epoch", {"wait_fraction": _AMOUNT, "samples_per_second": _AMOUNT}),
     (
         "tuning.read_order",
         {
             "chosen": _STR,
             "reason": _STR,
-            "storage_blocks": ("int",),
-            "block": ("int",),
-            "window": ("int",),
-            "window_share": _FIN,
-            "random_seconds_per_sample": _FIN,
-            "windowed_seconds_per_sample": _FIN,
-            "speedup": _FIN,
-            "blocks_per_batch": _FIN,
-            "shuffle_blocks_per_batch": _FIN,
-            "worst_batch_bytes": ("int",),
-            "shuffle_worst_batch_bytes": ("int",),
-            "cache_share": _FIN,
+            "storage_blocks": _BYTES,
+            "block": _BYTES,
+            "window": _BYTES,
+            "window_share": _SHARE,
+            "random_seconds_per_sample": _AMOUNT,
+            "windowed_seconds_per_sample": _AMOUNT,
+            "speedup": _AMOUNT,
+            "blocks_per_batch": _AMOUNT,
+            "shuffle_blocks_per_batch": _AMOUNT,
+            "worst_batch_bytes": _BYTES,
+            "shuffle_worst_batch_bytes": _BYTES,
+            "cache_share": _SHARE,
         },
     ),
     (
@@ -485,11 +549,11 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
         {
             "url": _STR,
             "server": _STR,
-            "round_trip_seconds": _FIN,
-            "bytes_per_second": _FIN,
-            "probe_bytes": ("int",),
-            "block_bytes": ("int",),
-            "read_ahead_blocks": ("int",),
+            "round_trip_seconds": _AMOUNT,
+            "bytes_per_second": _AMOUNT,
+            "probe_bytes": _BYTES,
+            "block_bytes": (Key("int", minimum=1, maximum=MAX_BYTES),),
+            "read_ahead_blocks": (Key("int", minimum=0, maximum=MAX_READ_AHEAD),),
         },
     ),
     (
@@ -498,36 +562,36 @@ SCALARS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
             "chosen": _STR,
             "reason": _STR,
             "where": _STR,
-            "blocks": ("int",),
-            "blocks_timed": ("int",),
-            "decoded_bytes": ("int",),
-            "source_seconds_per_block": _FIN,
-            "cache_seconds_per_block": _FIN,
-            "speedup": _FIN,
-            "step_seconds_per_batch": _FIN,
-            "read_seconds_per_batch": _FIN,
-            "space_free_bytes": ("int",),
-            "shm_need_bytes": ("int",),
-            "memory_available_bytes": ("int",),
-            "budget_bytes": ("int",),
-            "share": _FIN,
+            "blocks": _BYTES,
+            "blocks_timed": _BYTES,
+            "decoded_bytes": _BYTES,
+            "source_seconds_per_block": _AMOUNT,
+            "cache_seconds_per_block": _AMOUNT,
+            "speedup": _AMOUNT,
+            "step_seconds_per_batch": _AMOUNT,
+            "read_seconds_per_batch": _AMOUNT,
+            "space_free_bytes": _BYTES,
+            "shm_need_bytes": _BYTES,
+            "memory_available_bytes": _BYTES,
+            "budget_bytes": _BYTES,
+            "share": _SHARE,
         },
     ),
     (
         "tuning.host",
         {
-            "shm_free_bytes": ("int",),
-            "shm_total_bytes": ("int",),
-            "shm_budget_bytes": ("int",),
-            "memory_available_bytes": ("int",),
-            "memory_budget_bytes": ("int",),
+            "shm_free_bytes": _BYTES,
+            "shm_total_bytes": _BYTES,
+            "shm_budget_bytes": _BYTES,
+            "memory_available_bytes": _BYTES,
+            "memory_budget_bytes": _BYTES,
             "sharing_strategy": _STR,
-            "batch_bytes": ("int",),
-            "worker_bytes": ("int",),
-            "shm_need_bytes": ("int",),
-            "max_workers": ("int",),
-            "open_files_limit": ("int",),
-            "files_kept_open": ("int",),
+            "batch_bytes": _BYTES,
+            "worker_bytes": _BYTES,
+            "shm_need_bytes": _BYTES,
+            "max_workers": _WORKERS,
+            "open_files_limit": _BYTES,
+            "files_kept_open": _BYTES,
             "limit": _STR,
         },
     ),
@@ -568,7 +632,7 @@ def _validate_scalars(data: Mapping[str, Any], source: str) -> None:
             _check_fields(value, path, fields, source)
 
 
-def _check_fields(table: Any, where: str, fields: dict[str, tuple[str, ...]], source: str) -> None:
+def _check_fields(table: Any, where: str, fields: dict[str, Kinds], source: str) -> None:
     """``table`` is a table whose listed keys, where present, are of their kinds."""
     if not isinstance(table, Mapping):
         raise PlanError(f"{source}: key '{where}': expected a table, found {_show(table)}")
@@ -580,17 +644,19 @@ def _check_fields(table: Any, where: str, fields: dict[str, tuple[str, ...]], so
             )
 
 
-def _accepts(kind: str, value: Any) -> bool:
+def _accepts(kind: str | Key, value: Any) -> bool:
+    if isinstance(kind, Key):
+        return kind.accepts(value)
     if kind == "measured":  # a time, a size, a rate: evidence may hold inf (a failed count)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         return number and value >= 0  # nan is not >= 0
     if kind == "finite":
         return _KINDS["number"].accepts(value)
-    if kind == "finites":
-        return isinstance(value, list) and all(_KINDS["number"].accepts(v) for v in value)
+    if kind == "amounts":
+        return isinstance(value, list) and all(_AMOUNT_KEY.accepts(v) for v in value)
     if kind == "pairs":
         return isinstance(value, list) and all(
-            isinstance(p, list) and len(p) == 2 and all(_KINDS["number"].accepts(v) for v in p)
+            isinstance(p, list) and len(p) == 2 and all(_BYTES_KEY.accepts(v) for v in p)
             for p in value
         )
     if kind == "array":
@@ -598,7 +664,9 @@ def _accepts(kind: str, value: Any) -> bool:
     return _KINDS[kind].accepts(value)
 
 
-def _expected(kind: str) -> str:
+def _expected(kind: str | Key) -> str:
+    if isinstance(kind, Key):
+        return kind.expected()
     if kind in _EXPECTED:
         return _EXPECTED[kind]
     return "an array" if kind == "array" else _KINDS[kind].expected()
@@ -626,6 +694,8 @@ def _validate_table(
 
 
 def _num(x: float) -> str:
+    if x == MAX_BYTES:
+        return "2**63 - 1"
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 

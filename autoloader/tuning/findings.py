@@ -13,6 +13,7 @@ from autoloader._version import __version__
 from autoloader.feed.depth import depth_of
 from autoloader.plan import BatchingPlan, LoaderPlan, Plan
 from autoloader.plan.evidence import gpus_table, memory_table, ranks_table, tuning_table
+from autoloader.redact import redact
 from autoloader.samplers import make_sampler
 from autoloader.sizes import fingerprint, size_stats
 from autoloader.tuning.batching import BatchingChoice
@@ -56,10 +57,10 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "autoloader_version": __version__,
             "host": socket.gethostname(),
-            "command": opts.command or "autoloader.tune()",
+            "command": redact(opts.command) if opts.command else "autoloader.tune()",
         },
         dataset={
-            "spec": opts.spec or type(dataset).__name__,
+            "spec": redact(opts.spec) if opts.spec else type(dataset).__name__,
             "fingerprint": fingerprint(found.sizes),
             **size_stats(found.sizes),
         },

@@ -26,7 +26,6 @@ import fcntl
 import logging
 import os
 import pickle
-import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 
 from autoloader.cache import NodeCache
 from autoloader.cache.lifetime import remove_base
+from autoloader.cache.owned import own, remove_home, remove_tree
 from autoloader.cache.store import cache_base
 from autoloader.host.budget import SHM_MARGIN, HostBudget
 from autoloader.launch import local_world_size
@@ -224,7 +224,7 @@ def _time_blocks(
             if time.perf_counter() - began > MEASURE_SECONDS and len(source) >= 2:
                 break
     finally:
-        shutil.rmtree(probe.home, ignore_errors=True)
+        remove_home(probe.home)
         remove_base(probe.home)
         if held is not None:
             os.close(held)
@@ -252,24 +252,33 @@ def _claim(probe: NodeCache) -> int | None:
 
 def _clear_dead_probes(where: str) -> None:
     """Remove what tunes killed mid-measurement left in ``where``: probe directories
-    whose lock no process holds."""
+    whose lock no process holds. Nothing is listed, opened or removed unless the user's
+    directory there is the user's own (``autoloader.cache.owned``: never through a link
+    another user planted in /dev/shm)."""
     try:
-        homes = list(cache_base(where).iterdir())
+        with own(cache_base(where)) as base:
+            for name in os.listdir(base):
+                _clear_if_dead(name, base)
     except OSError:
         return
-    for home in homes:
-        try:
-            fd = os.open(home / PROBE_LOCK, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue  # not a probe's
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a running tune's
-        else:
-            shutil.rmtree(home, ignore_errors=True)
-        finally:
-            os.close(fd)
+
+
+def _clear_if_dead(name: str, base: int) -> None:
+    """Remove the directory ``name`` under ``base`` where it is a probe's whose lock no
+    process holds."""
+    try:
+        with own(name, base) as home:
+            fd = os.open(PROBE_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=home)
+    except OSError:
+        return  # not a probe's, or not ours
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # a running tune's
+    else:
+        remove_tree(name, base)
+    finally:
+        os.close(fd)
 
 
 def _never() -> np.ndarray:

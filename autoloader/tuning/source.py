@@ -21,13 +21,13 @@ from typing import Any
 
 from autoloader.datasets import location
 from autoloader.datasets.failures import retrying
+from autoloader.plan.schema import MAX_READ_AHEAD
 
 log = logging.getLogger(__name__)
 
 _PINGS = 5  # one-byte reads timed: the median is the round trip
 _PROBE_BYTES = 8 * 2**20  # one read timed for the throughput (the file's size at most)
 _TRANSFER_SHARE = 0.8  # a block's request should spend this share transferring
-_MAX_READ_AHEAD = 64
 
 
 def remote_files(dataset: Any) -> list[location.Location]:
@@ -63,7 +63,7 @@ def probe(source: location.Location) -> dict[str, Any]:
         ahead,
     )
     return {
-        "url": source.url,
+        "url": str(source),
         "server": source.server,
         "round_trip_seconds": round_trip,
         "bytes_per_second": throughput,
@@ -83,4 +83,4 @@ def block_bytes(round_trip: float, throughput: float) -> int:
 def read_ahead(round_trip: float, throughput: float, block: int) -> int:
     """Blocks in flight that keep the link busy through a round trip: one being
     transferred, plus the bandwidth-delay product in blocks."""
-    return int(min(_MAX_READ_AHEAD, 1 + math.ceil(round_trip * throughput / max(1, block))))
+    return int(min(MAX_READ_AHEAD, 1 + math.ceil(round_trip * throughput / max(1, block))))

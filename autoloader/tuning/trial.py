@@ -100,6 +100,7 @@ def run_trial(
             persistent_workers=s.persistent_workers,
             timeout=worker_timeout(work.timeout) if s.num_workers else 0,
             worker_init_fn=init,
+            ring=True,  # batches cross as a planned loader's do (feed.transport)
         )
         return _loop(work, loader, trial.device_prefetch, step, sizes, threads, timing, warm)
 

@@ -91,3 +91,19 @@ def test_a_format_1_cache_still_in_use_is_left_with_the_command_that_removes_it(
     assert hold(again)
     release(str(again.home))
     assert not old.exists()
+
+
+def test_nothing_is_removed_through_a_link_where_the_users_directory_should_be(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    where, victim = tmp_path / "place", tmp_path / "victim"
+    where.mkdir()
+    old = _format_1_cache(victim, DATA)  # what reads as a format-1 cache behind the link
+    link = where / f"autoloader-{os.getuid()}"
+    link.symlink_to(old.parent)
+    cache = NodeCache(str(where), DATA, "v1")
+    assert not hold(cache)
+    assert f"{link} is not this user's own directory" in caplog.text
+    assert len(list(old.rglob("*.npy"))) == 3 and (old / "users.lock").exists()
+    assert link.is_symlink()
+    assert cache.lookup(0) is None and not cache.has(0)

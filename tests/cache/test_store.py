@@ -87,6 +87,29 @@ def test_a_process_maps_an_entry_once_and_still_checks_its_shape(
     assert load.calls == 2  # another shape expected: the kept map is not trusted for it
 
 
+def test_an_entry_kept_open_is_checked_again_once_its_file_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process asks an entry it holds open for its file's identity (a stat), never for
+    its checksum again while the file is unchanged; changed in place, it is checked."""
+    cache, load = _cache(tmp_path), Loads()
+    cache.get(("f", "hits", 0), load, shape=(100, 6))  # decoded and written
+    held = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert isinstance(held, CachedBlock)
+    for _ in range(20):
+        assert cache.get(("f", "hits", 0), load, shape=(100, 6)) is held
+    (entry,) = cache.directory.glob("*.npy")
+    size = entry.stat().st_size
+    with open(entry, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff" * 64)
+    got = cache.get(("f", "hits", 0), load, shape=(100, 6))
+    assert got is not held and load.calls == 2
+    assert np.asarray(got).tobytes() == BLOCK.tobytes()
+    assert "differs from the one written" in caplog.text
+    assert cache.lookup(("f", "hits", 0), (100, 6)).tobytes() == BLOCK.tobytes()  # rewritten
+
+
 def test_files_and_directories_are_the_users_alone(tmp_path: Path) -> None:
     old = os.umask(0o000)  # even a permissive umask gives group and others nothing
     try:
@@ -453,3 +476,14 @@ def test_an_event_of_no_items_reads_as_no_rows(tmp_path: Path) -> None:
     out = np.full((0, 6), -1.0, dtype=np.float32)
     block.read_into(out, 40, 40)
     assert block[40:40].shape == (0, 6) and load.calls == 1
+
+
+def test_a_block_of_no_items_is_written_and_served(tmp_path: Path) -> None:
+    """A block whose events all have 0 items was an internal error as it was written."""
+    cache, load = _cache(tmp_path), Loads(np.zeros((0, 6), dtype=np.float32))
+    first = cache.get(("f", "hits", 0), load, shape=(0, 6))
+    again = cache.get(("f", "hits", 0), load, shape=(0, 6))
+    assert load.calls == 1 and isinstance(again, CachedBlock)
+    assert again[0:0].shape == (0, 6) and first.tobytes() == again.tobytes() == b""
+    out = np.zeros((0, 6), dtype=np.float32)
+    again.read_into(out, 0, 0)

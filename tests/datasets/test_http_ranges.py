@@ -5,6 +5,7 @@ a range per request, byte-exact, without reading the file it sent."""
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -220,3 +221,109 @@ def test_a_server_that_ignores_range_requests_is_one_line_naming_it(
             "file from a server that answers range requests, or copy it to local disk"
         )
         assert "\n" not in line
+
+
+class _WholeFileServer:
+    """A server that answers every request with the whole of a ``size``-byte file (``200``),
+    as one that ignores ``Range`` does, counting the bytes each answer got onto the
+    connection before the client closed it."""
+
+    def __init__(self, size: int) -> None:
+        import http.server
+        import threading
+
+        self.size = size
+        self.sent: list[int] = []
+        self.live = 0
+        self._lock = threading.Lock()
+        outer = self
+        piece = b"\0" * 65536
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(outer.size))
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                with outer._lock:
+                    outer.live += 1
+                written = 0
+                try:
+                    self.do_HEAD()
+                    while written < outer.size:
+                        self.wfile.write(piece)
+                        written += len(piece)
+                except OSError:
+                    self.close_connection = True
+                finally:
+                    with outer._lock:
+                        outer.live -= 1
+                        outer.sent.append(written)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def settled(self, timeout: float) -> bool:
+        """Whether every answer ended (sent whole, or cut by the client) within ``timeout``."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.live == 0:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_whole_file_answer_to_a_range_is_closed_unread() -> None:
+    """A server that answers every range with the whole file: the multi-range request's
+    answer was closed unread, but then each single-range request (fsspec's own) read the
+    whole file, for each range of each block. Every such answer is now closed at once and
+    the error names the server."""
+    size = 64 * 2**20
+    server = _WholeFileServer(size)
+    url = f"{server.url}/big.bin"
+
+    def block() -> object:
+        return _read(_filesystem([]), url, [(0, 10), (1000, 1010), (5000, 6000)])
+
+    def metadata() -> object:
+        handle = location.open_input(location.parse_url(url))
+        handle.seek(100)
+        return handle.read(10)
+
+    raised: list[BaseException | None] = []
+    try:
+        for read in (block, metadata):
+            try:
+                read()
+                raised.append(None)
+            except Exception as exc:
+                raised.append(exc)
+        assert server.settled(20), "an answer is still streaming"
+    finally:
+        server.close()
+    assert len(server.sent) == 5, server.sent  # a multi-range request, three ranges, one block
+    # what the sockets took before each close, never the file: 256 MiB were read before
+    assert sum(server.sent) < size, server.sent
+    assert isinstance(raised[0], http_ranges.RangesIgnored), raised
+    assert str(raised[0]).endswith("for bytes 0..10: the server ignores range requests")
+    assert isinstance(raised[1], autoloader.errors.DatasetError), raised
+    assert re.match(
+        rf"DATASET '{url}': 127\.0\.0\.1:\d+ answered {size} bytes for bytes 0\.\.4194304 "
+        r"\(4194304 bytes\): it ignores range requests",
+        str(raised[1]),
+    ), raised

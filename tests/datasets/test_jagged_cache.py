@@ -501,3 +501,44 @@ def test_overrides_on_a_small_dev_shm_serve_or_say_which_setting_in_one_line(
         refused.stdout,
     ), refused.stdout
     assert "Traceback" not in refused.stderr  # nothing printed from a worker's queue
+
+
+def _flip_in_place(entry: Path, count: int = 64) -> None:
+    """``count`` bytes in the middle of ``entry`` inverted, the file's size kept."""
+    size = entry.stat().st_size
+    with open(entry, "r+b") as f:
+        f.seek(size // 2)
+        bad = bytes(b ^ 0xFF for b in f.read(count))
+        f.seek(size // 2)
+        f.write(bad)
+    assert entry.stat().st_size == size
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_entries_corrupted_in_place_between_epochs_are_never_served(
+    specs: dict[str, str], tmp_path: Path, workers: int
+) -> None:
+    """The same loader (its workers persistent) opened every entry in epoch 1: in epoch 2
+    it notices the files changed, checks them again, and decodes the blocks anew."""
+    spec = specs["parquet"]
+    plan = _plan(tmp_path, workers)
+    extra = {"persistent_workers": True} if workers else {}
+    want = _epochs(
+        autoloader.DataLoader(
+            autoloader.open_dataset(spec), plan=plan, adapt=False, cache=False, **extra
+        ),
+        2,
+    )
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, adapt=False, **extra)
+    node = loader.node_cache
+    assert node is not None
+    got = _epochs(loader, 1)
+    entries = sorted(node.directory.glob("*.npy"))
+    assert len(entries) == len(loader.dataset.autoloader_blocks()) - 1
+    for entry in entries:
+        _flip_in_place(entry)
+    loader.set_epoch(1)
+    got.extend(b.x.clone() for b in loader)
+    wrong = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if not torch.equal(a, b)]
+    assert wrong == []
+    release(str(node.home))

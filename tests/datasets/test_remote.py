@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -340,6 +343,41 @@ def test_a_dropped_connection_is_retried_and_counted(nginx: Server) -> None:
         proxy.close()
 
 
+@pytest.mark.parametrize("layout", list(FILES))
+def test_a_read_while_the_server_restarts_reopens_the_file(
+    own_server: Server, data: Path, layout: str
+) -> None:
+    """A server killed, read while it is down, and back on its port before the retries
+    are spent: the read succeeds. Every retry used to fail at once over XRootD (its
+    client kept the dropped connection's error, and uproot's source kept the file handle
+    the drop closed: "I/O operation on closed file"), and uproot's reads of a ROOT file
+    over HTTP failed on the first error (a ``TypeError``, not retried)."""
+    server = own_server
+    url = _url(server, server.port, FILES[layout])
+    remote = autoloader.open_dataset(url)
+    local = autoloader.open_dataset(str(data / FILES[layout]))
+    assert torch.equal(remote[0].x, local[0].x)  # the file open, its first block read
+    restarts: list[threading.Thread] = []
+
+    def restart_on_first_retry() -> None:
+        # the retry waits for the server to listen again: no sleep decides the order
+        if not restarts:
+            restarts.append(threading.Thread(target=server.start, args=(server.port,)))
+            restarts[0].start()
+            restarts[0].join(30)
+
+    server.halt()
+    location.RETRIES.hooks[restart_on_first_retry] = restart_on_first_retry
+    try:
+        batch = [N - 1, N - 2, N // 2]  # blocks not read yet
+        got = remote.__getitems__(batch)
+    finally:
+        del location.RETRIES.hooks[restart_on_first_retry]
+    assert restarts and not restarts[0].is_alive()
+    for a, b in zip(got, local.__getitems__(batch), strict=True):
+        assert torch.equal(a.x, b.x)
+
+
 def test_sqlite_over_a_network_is_refused(nginx: Server) -> None:
     with pytest.raises(
         DatasetError,
@@ -626,6 +664,79 @@ def test_a_file_changed_on_the_server_is_read_anew_not_from_kept_bytes(
         assert torch.equal(a.x, b.x)
 
 
+def _replace_on_server(data: Path, name: str, write: Any, events: Any, later: float) -> None:
+    """``os.replace`` of ``data/name`` by a file of ``events``, whose time is ``later``
+    (the servers say a time in seconds: a later copy's is later)."""
+    write(data / f"new-{name}", events)
+    os.utime(data / f"new-{name}", (later, later))
+    readable_by_server(data / f"new-{name}")
+    os.replace(data / f"new-{name}", data / name)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "node-cache"])
+@pytest.mark.parametrize("layout", list(FILES))
+def test_a_file_replaced_on_the_server_between_two_epochs_is_read_anew_or_refused(
+    server: Server, data: Path, tmp_path: Path, layout: str, cached: bool
+) -> None:
+    """``os.replace`` on the server between two epochs of one loader: the epoch served the
+    old events from its decoded blocks (and, over HTTP, read the old Parquet footer it
+    kept against the new bytes: "Couldn't deserialize thrift"). A file of as many events,
+    each as large, is now read anew; one of other events is refused, naming it."""
+    from test_jagged_changes import doubled
+
+    kind = "http" if isinstance(server, Nginx) else "root"
+    file, _, part = FILES[layout].partition("#")
+    name = f"replaced-{kind}-{cached:d}{Path(file).suffix}"
+    write = {
+        "root": lambda p, ev: write_root(p, ev, events_per_basket=500),
+        "parquet": lambda p, ev: write_parquet(p, ev, row_group_size=500),
+        "h5": lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=8192),
+    }[layout]
+    write(data / name, make_events(N, seed=7))
+    readable_by_server(data / name)
+    suffix = f"#{part}" if part else ""
+    url = _url(server, server.port, name + suffix)
+
+    def loader(cache: bool) -> autoloader.DataLoader:
+        plan = {
+            "schema": 1,
+            "loader": {"num_workers": 0},
+            "batching": {"strategy": "random", "local_batch_size": 500, "seed": 4},
+            "cache": {"where": str(tmp_path)},
+        }
+        made = autoloader.Plan.from_dict(plan)
+        return autoloader.DataLoader(
+            autoloader.open_dataset(url),
+            plan=made,
+            adapt=False,
+            check_fingerprint=False,
+            cache=cache,
+        )
+
+    def epoch(it: autoloader.DataLoader, number: int) -> list[bytes]:
+        it.set_epoch(number)
+        return [b.x.numpy().tobytes() for b in it]
+
+    one = loader(cached)
+    assert (one.node_cache is not None) == cached
+    old = epoch(one, 0)
+    _replace_on_server(data, name, write, doubled(make_events(N, seed=7)), time.time() + 60)
+    local = autoloader.open_dataset(str(data / name) + suffix)
+    got = epoch(one, 1)
+    assert got == epoch(loader(False), 1) != old
+    assert len(local) == N
+    _replace_on_server(data, name, write, make_events(N, seed=8), time.time() + 120)
+    one.set_epoch(2)
+    with pytest.raises(
+        DatasetError,
+        match=rf"^DATASET '{re.escape(url)}': the file changed on the server after the "
+        rf"dataset was opened \(size=\d+ .* then, size=\d+ .* now; {N:,} events were sized "
+        r"and planned from it\): open the dataset again and tune again for the new file$",
+    ):
+        for _ in one:
+            pass
+
+
 def test_loaders_started_right_after_xrootd_reads_start_their_workers(xrootd: Server) -> None:
     """A fork of a process that used XRootD was seen to hang in its fork handler: the
     loader's workers start from a forkserver instead, loader after loader, each started
@@ -676,3 +787,65 @@ def test_an_events_table_beside_a_file_on_a_server_reads_as_the_local_one(
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_password(url: str, userinfo: str = "alice:s3cret") -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{userinfo}@{rest}"
+
+
+def test_a_password_in_the_url_is_never_written_or_printed(nginx: Server, tmp_path: Path) -> None:
+    """User-info is kept for the connection alone: the plan, its size cache, the summary,
+    the log and ``show`` name the URL as pip does (``alice:****@``), and a loader given
+    the plan and the dataset still works."""
+    url = _with_password(_url(nginx, nginx.port, FILES["parquet"]))
+    shown = _with_password(_url(nginx, nginx.port, FILES["parquet"]), "alice:****")
+    out = tmp_path / "plan.toml"
+    done = run_cli(
+        "-v", "tune", url, "--global-batch-size", "64", "--max-workers", "1",
+        "--iterations", "3", "--baseline", "none", "-o", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
+    assert shown in done.stdout
+    written = {p: p.read_bytes() for p in [*tmp_path.rglob("*")] if p.is_file()}
+    assert written and not [p for p, b in written.items() if b"s3cret" in b]
+    plan = autoloader.Plan.load(out)
+    assert plan.dataset["spec"] == shown
+    assert "s3cret" not in plan.meta["command"] and shown in plan.meta["command"]
+    show = run_cli("show", str(out))
+    assert show.returncode == 0 and shown in show.stdout and "s3cret" not in show.stdout
+    loader = autoloader.DataLoader(autoloader.open_dataset(url), plan=plan, adapt=False)
+    assert sum(b.num_graphs for b in loader) == N
+
+
+def test_a_password_in_the_url_is_not_in_the_error_line(nginx: Server) -> None:
+    url = _with_password(_url(nginx, nginx.port, "nothere.parquet"))
+    server = f"127.0.0.1:{nginx.port}"
+    shown = f"http://alice:****@{server}/nothere.parquet"
+    done = run_cli("tune", url, "-o", "-")
+    assert done.returncode == 2
+    assert done.stderr == f"autoloader: error: DATASET '{shown}': no such file on {server}\n"
+    with pytest.raises(DatasetError) as caught:
+        autoloader.open_dataset(url + "?fields=hits.*")
+    assert str(caught.value) == f"DATASET '{shown}': no such file on {server}"
+    token = _with_password(_url(nginx, nginx.port, "nothere.parquet"), "ghp_token")
+    with pytest.raises(DatasetError, match=r"^DATASET 'http://\*\*\*\*@127\.0\.0\.1:\d+/no"):
+        autoloader.open_dataset(token)
+
+
+def test_a_plan_written_with_a_password_is_shown_without_it(tmp_path: Path) -> None:
+    plan = tmp_path / "old.toml"
+    plan.write_text(
+        'schema = 1\n[dataset]\nspec = "https://alice:s3cret@example.org/ev.parquet"\n'
+        '[loader]\nnum_workers = 0\n[batching]\nstrategy = "random"\nlocal_batch_size = 8\n'
+    )
+    done = run_cli("show", str(plan))
+    assert done.returncode == 0, done.stderr
+    assert "https://alice:****@example.org/ev.parquet" in done.stdout
+    assert "s3cret" not in done.stdout
+    as_json = run_cli("show", "--json", str(plan))
+    assert "https://alice:****@example.org/ev.parquet" in as_json.stdout
+    page = tmp_path / "report.html"
+    assert run_cli("show", "--html", str(page), str(plan)).returncode == 0
+    assert "s3cret" not in as_json.stdout + page.read_text()

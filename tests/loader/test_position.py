@@ -16,6 +16,7 @@ from conftest import Indices as Plain
 from conftest import prepend_pythonpath, run_reaped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from autoloader import DataLoader, Plan
 from autoloader.errors import PlanError
@@ -565,3 +566,49 @@ def test_an_iterator_taken_mid_epoch_keeps_the_loops_position(workers: int, adap
     again = make()
     again.load_state_dict(state)
     assert [b.tolist() for b in again] == whole[12:]
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+@pytest.mark.parametrize("metrics", [True, False])
+def test_a_peek_that_resets_persistent_workers_moves_the_position_with_the_loop(
+    adapt: bool, metrics: bool
+) -> None:
+    """With persistent workers torch resets its one iterator for a second ``iter()``: the
+    loop goes on in the reset pass (a peek's batch was its first). The position follows
+    the reset, so the state after the epoch counts the pass's 25 batches, not the 30 the
+    loop received in all, and a checkpoint taken from it resumes."""
+
+    def make() -> DataLoader:
+        return loader_of(
+            planned(4),
+            100,
+            num_workers=2,
+            persistent_workers=True,
+            adapt=adapt,
+            metrics=metrics,
+            registry=CollectorRegistry(),
+        )
+
+    whole = [b.tolist() for b in make()]
+    assert len(whole) == 25
+    loader = make()
+    got, peeked = [], None
+    for i, batch in enumerate(loader):
+        got.append(batch.tolist())
+        if i == 5:
+            peeked = next(iter(loader)).tolist()
+        if i == 15:  # 6 before the peek, the peek, and 10 of the reset pass after it
+            state = loader.state_dict()
+            assert (state["epoch"], state["batches"]) == (0, 11)
+            again = make()
+            again.load_state_dict(state)
+            assert [b.tolist() for b in again] == whole[11:]
+    # what torch's DataLoader serves: the pass the peek reset, after the first 6
+    assert peeked == whole[0] and got == whole[:6] + whole[1:]
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (0, 25)
+    again = make()
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    loader.set_epoch(1)
+    assert [b.tolist() for b in again] == [b.tolist() for b in loader]

@@ -10,6 +10,8 @@ import signal
 from pathlib import Path
 from typing import ClassVar
 
+import h5py
+import numpy as np
 import pytest
 from conftest import run_cli
 
@@ -259,3 +261,61 @@ def test_a_running_tunes_probe_is_never_cleared(tmp_path: Path) -> None:
         os.close(held)
     node_cache._clear_dead_probes(str(tmp_path))  # its tune ended without removing it
     assert not live.home.exists()
+
+
+def _plant_victim(tmp_path: Path, where: Path) -> Path:
+    """Another user's link in the cache's place: ``where/autoloader-UID`` leading to a
+    directory whose ``sub`` looks like a dead probe's (an unlocked ``probe.lock``)."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / node_cache.PROBE_LOCK).write_text("")
+    (victim / "sub" / "thesis.tex").write_text("years of work")
+    (where / f"autoloader-{os.getuid()}").symlink_to(victim)
+    return victim
+
+
+def test_the_tune_never_removes_through_a_link_in_the_cache_place(
+    spec: str, tmp_path: Path
+) -> None:
+    where = tmp_path / "place"
+    where.mkdir()
+    victim = _plant_victim(tmp_path, where)
+    done = _tune(spec, tmp_path / "p.toml", "--cache-dir", str(where))
+    assert done.returncode == 0, done.stderr
+    link = where / f"autoloader-{os.getuid()}"
+    assert f"node cache off: cannot use {link}/" in done.stderr
+    assert f"{link} is not this user's own directory" in done.stderr
+    assert (victim / "sub" / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in (victim / "sub").iterdir()) == ["probe.lock", "thesis.tex"]
+    assert link.is_symlink()  # not ours to remove either
+
+
+def _no_items(path: Path, events: int) -> str:
+    """A km3pipe table of ``events`` events that all have 0 items (a run without hits)."""
+    with h5py.File(path, "w") as f:
+        hits = f.create_group("hits")
+        for name, dtype in (("time", np.float64), ("tot", np.float32)):
+            hits.create_dataset(name, data=np.zeros(0, dtype), maxshape=(None,), chunks=(1024,))
+        hits["_indices"] = np.zeros(events, dtype=[("index", "<i8"), ("n_items", "<i8")])
+    return f"{path}#hits"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_table_whose_events_all_have_no_items_tunes_and_loads(
+    tmp_path: Path, workers: int
+) -> None:
+    """The node cache's timing wrote a block of no items, and the tune ended with an
+    internal error (a memoryview of a shape with a zero cannot be cast)."""
+    spec = _no_items(tmp_path / "none.h5", 200)
+    offered = tmp_path / "nvme"
+    offered.mkdir()
+    done = _tune(spec, tmp_path / "plan.toml", "--cache-dir", str(offered))
+    assert done.returncode == 0, done.stderr
+    plan = Plan.load(tmp_path / "plan.toml")
+    assert plan.tuning["cache"]["where"] == str(offered)
+    loader = autoloader.DataLoader(autoloader.open_dataset(spec), plan=plan, num_workers=workers)
+    for epoch in range(2):  # the second from the cache where the plan has one
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert sum(b.num_graphs for b in batches) == 200
+        assert {tuple(b.x.shape) for b in batches} == {(0, 2)}

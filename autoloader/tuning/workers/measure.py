@@ -36,7 +36,6 @@ from autoloader import compat
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.feed.collate import collate
 from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text
-from autoloader.feed.transport import ByValue, unpacked
 from autoloader.host import affinity_cpus, busy_cpu_seconds, cpu_seconds, tree_memory_bytes
 from autoloader.samplers import RandomBatchSampler
 from autoloader.samplers.order import Windows
@@ -242,9 +241,10 @@ def _measure(
         cast(Any, Guarded(dataset, timing.timeout)),  # a failing sample named, a hang bounded
         batch_sampler=sampler,
         num_workers=workers,
-        # a batch that cannot be made names its samples; small ones travel by value, as a
-        # planned loader's do (feed.transport)
-        collate_fn=ByValue(NamedCollate(collate_fn)),
+        # a batch that cannot be made names its samples; batches cross through a ring of
+        # slots, as a planned loader's do (feed.transport)
+        collate_fn=NamedCollate(collate_fn),
+        ring=True,
         pin_memory=device.type != "cpu",
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=workers > 0,
@@ -255,11 +255,11 @@ def _measure(
     batches: Iterator[Any] | None = None
     try:
         batches = iter(loader)  # starts the workers: a host limit fails the count here
-        transfer(unpacked(next(batches)), device)
+        transfer(next(batches), device)
         startup = time.perf_counter() - start
         memory = tree_memory_bytes()
         for _ in range(len(sampler) - 1):  # the rest of the first pass, untimed
-            transfer(unpacked(next(batches)), device)
+            transfer(next(batches), device)
         busy = _Busy(_loading_pids(loader))
         busy.mark()
         times = steady_state(
@@ -348,7 +348,7 @@ def _timed(batches: Iterator[Any], device: torch.device) -> Iterator[float]:
     loop does between two batches counts, as it does in training."""
     last = time.perf_counter()
     while True:
-        transfer(unpacked(next(batches)), device)
+        transfer(next(batches), device)
         now = time.perf_counter()
         yield now - last
         last = now

@@ -183,6 +183,50 @@ class JaggedEvents(Dataset):
         """Read the blocks ``node`` keeps through it (None: from the files alone)."""
         self.cache.node = node
 
+    def autoloader_refresh(self) -> bool:
+        """The dataset as its files are now: whether a file changed since the dataset was
+        opened (``handles.changed``: a stat per local file, a metadata request per remote
+        one). A changed file whose events are as many and of the same sizes as those its
+        sizes and plan were made from is read anew: opened again, its decoded blocks and
+        the metadata kept of it dropped (the spec is opened again to read its extents).
+
+        Raises:
+            DatasetError: naming the first changed file whose events differ (or that
+                cannot be opened now).
+        """
+        from autoloader.datasets.registry import open_dataset
+
+        changed = [(k, why) for k, r in enumerate(self.readers) if (why := handles.changed(r))]
+        if not changed:
+            return False
+        first, why = changed[0]
+        refused = DatasetError(f"{self.readers[first].where}: {why}")
+        for k, _ in changed:
+            self.readers[k].forget_server()
+        try:
+            now = open_dataset(self.spec)
+        except DatasetError:
+            raise refused from None
+        if (
+            not isinstance(now, JaggedEvents)
+            or [str(r.path) for r in now.readers] != [str(r.path) for r in self.readers]
+            or now.fields != self.fields
+            or not np.array_equal(now.counts, self.counts)
+        ):
+            raise refused
+        for k, _ in changed:
+            log.warning(
+                "autoloader: %s changed since the dataset was opened; its events are as "
+                "many and as large: it is read anew",
+                self.readers[k].where.removeprefix("DATASET "),
+            )
+            handles.forget(self.readers[k])
+            self.readers[k] = now.readers[k]
+            self.readers[k].files = len(self.readers)
+        self.event_values = now.event_values
+        self.cache = BlockCache(self.cache.budget, self.cache.node)  # none of the old blocks
+        return True
+
     def autoloader_read_block(self, block: int) -> np.ndarray:
         """Block ``block`` (of ``autoloader_blocks``) decoded from its file, past every
         cache: what one miss of the node cache costs."""

@@ -11,7 +11,12 @@ limit, raised where it is read (in a worker: sent to the loop, never a hang).
 A reader's file is also compared, at each opening, with the file the dataset was opened
 on: a file truncated or replaced after the sizes and the plan were made (a second epoch
 after a copy failed) is one error naming it, its size then and now and its events,
-whichever process opens it.
+whichever process opens it. ``autoloader.DataLoader`` asks again as each epoch begins
+(``changed``, through the dataset's ``autoloader_refresh``), where a local file is the
+same file while its size, modification time and inode are (one rewritten in place or
+``os.replace``d with as many bytes has changed too), and a remote one while its server
+says the same size and time or ETag: a changed file whose events are as many and as
+large is read anew, one whose events differ is refused before the epoch reads anything.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from autoloader.datasets import location
+from autoloader.datasets.location import Location
+from autoloader.datasets.remote_file import file_key
 from autoloader.errors import DatasetError
 from autoloader.host.limits import files_kept_open, open_files_now
 
@@ -34,10 +42,11 @@ _budget: int | None = None
 
 
 def remember(reader: Any) -> None:
-    """Record the size of ``reader``'s file as the dataset opened it (what later
-    openings are compared with)."""
+    """Record the size of ``reader``'s file as the dataset opened it, and which file it
+    was (its modification time and inode): what later openings are compared with."""
     if getattr(reader, "_opened_size", None) is None:
         reader._opened_size = _size(reader.path)
+        reader._opened_as = _identity(reader.path)
 
 
 def kept_open() -> int:
@@ -91,7 +100,8 @@ def forget(reader: Any) -> None:
 
 
 def check_unchanged(reader: Any) -> None:
-    """Refuse ``reader``'s file where its size is not the one the dataset was opened on.
+    """Refuse ``reader``'s local file where its size is not the one the dataset was
+    opened on.
 
     Raises:
         DatasetError: naming the file, its size then and now, and the events it held.
@@ -104,16 +114,43 @@ def check_unchanged(reader: Any) -> None:
         raise DatasetError(f"{reader.where}: {changed}")
 
 
-def what_changed(reader: Any) -> str:
+def changed(reader: Any) -> str:
+    """``what_changed``, and for a remote file what its server says now against what it
+    said when the dataset opened it (``Reader._said``; one metadata request): empty where
+    the file is the one the dataset was opened on."""
+    if not isinstance(reader.path, Location):
+        return what_changed(reader, rewritten=True)
+    said = reader.__dict__.get("_server_said")
+    if said is None:
+        return ""  # never opened here: its opening asks the server
+    url = str(reader.path)
+    then, now = file_key(url, said), file_key(url, location.info(reader.path, "checking it"))
+    if then == now:
+        return ""
+    return (
+        f"the file changed on the server after the dataset was opened (size={then[1]} "
+        f"{then[2]} then, size={now[1]} {now[2]} now; {len(reader):,} events were sized and "
+        "planned from it): open the dataset again and tune again for the new file"
+    )
+
+
+def what_changed(reader: Any, rewritten: bool = False) -> str:
     """How ``reader``'s file differs from the one the dataset was opened on, in words;
-    empty where its size is the same."""
+    empty where its size is the same (with ``rewritten``: and its modification time and
+    inode; an opening reads a file rewritten with as many bytes, as it always has)."""
     then = getattr(reader, "_opened_size", None)
     now = _size(reader.path)
-    if then is None or now == then:
+    if then is None or (now == then and not rewritten):
         return ""
-    size = "it is gone" if now is None else f"{now:,} bytes now"
+    if now == then:
+        was = getattr(reader, "_opened_as", None)
+        if was is None or _identity(reader.path) in (was, None):
+            return ""
+        said = f"the same {then:,} bytes, rewritten or replaced since"
+    else:
+        said = f"{then:,} bytes then, " + ("it is gone" if now is None else f"{now:,} bytes now")
     return (
-        f"the file changed after the dataset was opened ({then:,} bytes then, {size}; "
+        f"the file changed after the dataset was opened ({said}; "
         f"{len(reader):,} events were sized and planned from it): open the dataset again "
         "and tune again for the new file"
     )
@@ -162,6 +199,17 @@ def _size(path: Any) -> int | None:
         return os.stat(path).st_size
     except OSError:
         return None
+
+
+def _identity(path: Any) -> tuple[int, int] | None:
+    """The local file's modification time (ns) and inode; None as for ``_size``."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino
 
 
 def _this_process() -> None:

@@ -101,6 +101,13 @@ class Reader(ABC):
             said = self._server_said = dict(location.info(self.path, "opening"))
         return said
 
+    def forget_server(self) -> None:
+        """Drop what this process's filesystems keep of a remote file that changed on its
+        server (fsspec-xrootd keeps the file open, and would read the old one): its next
+        opening reads the new one."""
+        if isinstance(self.path, Location):
+            location.forget(self.path)
+
     def _io(self, doing: str, call: Callable[[], T]) -> T:
         """``call()``, retried as a remote read is where the file is remote."""
         if isinstance(self.path, Location):
@@ -126,14 +133,14 @@ class Reader(ABC):
             state[key] = None  # library handles: each process opens its own
         said = state.get("_server_said")
         if said is not None:  # for a worker started anew: the metadata its opening reads
-            state["_carried"] = KNOWN.carried(file_key(str(self.path), said))
+            state["_carried"] = KNOWN.carried(file_key(_url(self.path), said))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         carried = state.pop("_carried", None)
         self.__dict__.update(state)
         if carried:
-            KNOWN.adopt(file_key(str(self.path), state["_server_said"]), carried)
+            KNOWN.adopt(file_key(_url(self.path), state["_server_said"]), carried)
 
 
 class BlockReader(Reader):
@@ -344,6 +351,11 @@ class BlockCache:
         self.budget = state["budget"]
         self.node = state.get("node")
         self.clear()
+
+
+def _url(path: Any) -> str:
+    """The URL a remote file's bytes are known by (its text masks the password)."""
+    return path.url if isinstance(path, Location) else str(path)
 
 
 def _node_shared() -> bool:

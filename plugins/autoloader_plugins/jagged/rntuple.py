@@ -29,7 +29,7 @@ from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.rntuple_fields import READS, Described, describe
 from autoloader_plugins.jagged.root_file import RootFile, Table
-from autoloader_plugins.jagged.root_said import listed_groups
+from autoloader_plugins.jagged.root_said import Collection, example, listed_groups
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
@@ -152,10 +152,11 @@ class RootNTuple(RootFile, BlockReader):
                 same[0].append(owner)
                 same[1].extend(members)
         if len(groups) > 1:
-            listed = listed_groups(
-                {_label(found, owner_ids, o): m for owner_ids, m, o in groups.values()},
-                "fields",
-            )
+            collections = [
+                Collection(m, _label(found, owner_ids, o), unit="fields")
+                for owner_ids, m, o in groups.values()
+            ]
+            listed = listed_groups(collections)
             if patterns is not None:
                 raise DatasetError(
                     f"{self.where}: the fields belong to different collections (their "
@@ -163,7 +164,7 @@ class RootNTuple(RootFile, BlockReader):
                 )
             raise DatasetError(
                 f"{self.where}: the RNTuple has {len(groups)} collections: {listed}; "
-                f"choose one with '?fields=PATTERNS'"
+                f"choose one with '?fields=PATTERNS'{example(collections)}"
             )
         (_, members, self.offsets) = next(iter(groups.values()))
         return [n for n in names if n in members]

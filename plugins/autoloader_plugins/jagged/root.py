@@ -27,7 +27,12 @@ from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, as_columns, fill
 from autoloader_plugins.jagged.root_file import RootFile, Table, uproot_module
-from autoloader_plugins.jagged.root_said import listed_groups, no_collection
+from autoloader_plugins.jagged.root_said import (
+    Collection,
+    example,
+    listed_groups,
+    no_collection,
+)
 from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
@@ -233,7 +238,7 @@ class RootTree(RootFile, BlockReader):
                 )
             raise DatasetError(
                 f"{self.where}: the tree has {len(groups)} jagged collections: {listed}; "
-                f"choose one with '?fields=PATTERNS'"
+                f"choose one with '?fields=PATTERNS'{example(groups)}"
             )
         return names
 
@@ -271,7 +276,7 @@ class RootTree(RootFile, BlockReader):
 
         return match
 
-    def _groups(self, tree: Any, names: list[str], by_object: bool) -> dict[str, list[str]]:
+    def _groups(self, tree: Any, names: list[str], by_object: bool) -> list[Collection]:
         """Fields by collection: equal counts over the first cluster (every read checks
         the rest), each labelled by its counter branch where the file has one. Fields
         that all share one flat counter branch are one collection without reading any
@@ -281,7 +286,7 @@ class RootTree(RootFile, BlockReader):
         and ``mc_trks``): a tree is not opened whole as one mixed collection."""
         counters = {_counter(tree[n]) for n in names}
         if len(counters) == 1 and None not in counters:
-            return {f"counted by {counters.pop()}": list(names)}
+            return [Collection(list(names), f"counted by {counters.pop()}")]
         try:
             first = int(_common_entry_offsets(tree, names)[:2][-1])
         except Exception:
@@ -297,12 +302,15 @@ class RootTree(RootFile, BlockReader):
                 ) from None
             owner = _owner(tree, tree[n]) if by_object else ""
             groups.setdefault((counts.tobytes(), owner), []).append(n)
-        labelled = {}
-        for (key, _), members in groups.items():
-            label = _counted_by(tree, tree[members[0]])
-            items = int(np.frombuffer(key, dtype=np.int64).sum())
-            labelled[f"{label} ({items} items in the first {first} events)"] = members
-        return labelled
+        return [
+            Collection(
+                members,
+                _counted_by(tree, tree[members[0]]),
+                int(np.frombuffer(key, dtype=np.int64).sum()),
+                first,
+            )
+            for (key, _), members in groups.items()
+        ]
 
     @staticmethod
     def _counts_of(tree: Any, name: str, start: int, stop: int) -> np.ndarray:

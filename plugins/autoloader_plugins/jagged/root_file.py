@@ -11,6 +11,7 @@ was opened on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -104,6 +105,15 @@ class RootFile:
     if TYPE_CHECKING:
 
         def _said(self) -> dict[str, Any] | None: ...  # the reader's
+
+    def forget_server(self) -> None:
+        """Also uproot's own filesystem's (fsspec's instance for its options, which the
+        next opening of the file shares)."""
+        super().forget_server()  # type: ignore[misc]  # the reader's
+        if self._h is not None and self._hpid == os.getpid():
+            source = getattr(self._h.file, "source", None)
+            with contextlib.suppress(Exception):
+                source._fs.invalidate_cache(source._file_path)  # type: ignore[union-attr]
 
     def _release(self) -> None:
         """Close this process's handle (another file needs its descriptor)."""
