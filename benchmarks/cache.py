@@ -72,7 +72,7 @@ def files(cache: Path, n: int, median: float, only: set[str]) -> dict[str, str]:
         make_events,
         write_km3pipe_h5,
         write_parquet,
-        write_root,
+        write_ttree,
     )
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def files(cache: Path, n: int, median: float, only: set[str]) -> dict[str, str]:
         "hdf5 (gzip)": (cache / f"km3-{tag}.h5", lambda p, e: write_km3pipe_h5(p, e)),
         "root": (
             cache / f"events-{tag}.root",
-            lambda p, e: write_root(p, e, events_per_basket=500),
+            lambda p, e: write_ttree(p, e, events_per_basket=500),
         ),
         "parquet": (
             cache / f"events-{tag}.parquet",

@@ -18,8 +18,13 @@ tail of hit counts (median 40, the largest ~25x the mean), six per-item fields.
    - against the chosen columns read whole, in storage order (the limit);
    - the full loop (2 workers, collation) in the plan's order against a global shuffle
      with the same workers, ``LOOP_BATCHES`` batches each after the first.
+5. An RNTuple (what uproot writes for ``f["Events"] = {...}``, a cluster per 5,000 events)
+   beside the same events as a TTree: a whole epoch in the plan's order, batched (0
+   workers, a fresh copy), against the same fields read whole by uproot's own ``arrays``
+   (goal: at most 1.25x), and the RNTuple's epoch against the TTree's.
 Every figure is a ratio measured in this run, on this machine.
-Run: ``python benchmarks/jagged.py [--cache DIR] [--events N] [--no-tune]``.
+Run: ``python benchmarks/jagged.py [--cache DIR] [--events N] [--no-tune]
+[--layouts root,rntuple] [--rntuple]`` (``--rntuple``: section 5 alone).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from autoloader.demo.jagged_files import (
     write_km3pipe_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 
 EVENTS = 300_000
@@ -52,20 +58,22 @@ LOOP_WORKERS = 2
 SPECS = {
     "hdf5": "{d}/km3-{n}.h5#hits?fields=time,tot,channel_id,pos",
     "root": "{d}/events-{n}.root#Events?fields=hits_time,hits_tot,hits_channel_id,hits_pos*",
+    "rntuple": "{d}/rntuple-{n}.root#Events?fields=hits.time,hits.tot,hits.channel_id,hits.pos",
     "parquet": "{d}/events-{n}.parquet?fields=hits.time,hits.tot,hits.channel_id,hits.pos",
 }
 
 
-def files(cache: Path, n: int) -> dict[str, str]:
+def files(cache: Path, n: int, layouts: list[str]) -> dict[str, str]:
     cache.mkdir(parents=True, exist_ok=True)
     writers = {
         "hdf5": (cache / f"km3-{n}.h5", write_km3pipe_h5),
-        "root": (cache / f"events-{n}.root", write_root),
+        "root": (cache / f"events-{n}.root", write_ttree),
+        "rntuple": (cache / f"rntuple-{n}.root", write_root),
         "parquet": (cache / f"events-{n}.parquet", write_parquet),
     }
     ev = None
     for layout, (path, write) in writers.items():
-        if not path.exists():
+        if layout in layouts and not path.exists():
             ev = ev if ev is not None else make_events(n, seed=11)
             start = time.perf_counter()
             tmp = path.with_name(path.name + ".tmp" + path.suffix)
@@ -238,6 +246,67 @@ def read_orders(specs: dict[str, str]) -> None:
         )
 
 
+def epoch_seconds(ds) -> float:
+    """Seconds of one epoch in the plan's read order, batched, from a fresh copy."""
+    ds = fresh(ds)
+    batches = order_batches(ds, windows_of(ds), len(ds))
+    start = time.perf_counter()
+    for batch in batches:
+        ds.__getitems__(batch)
+    return time.perf_counter() - start
+
+
+def uproot_whole(spec: str) -> float:
+    """Seconds for uproot to read the spec's fields whole (``arrays``), opened afresh."""
+    import autoloader
+
+    ds = autoloader.open_dataset(spec)
+    reader = ds.readers[0]
+    start = time.perf_counter()
+    import uproot
+
+    with uproot.open(reader.path) as f:
+        f[reader.key].arrays(filter_name=list(ds.fields))
+    return time.perf_counter() - start
+
+
+def rntuple_epochs(specs: dict[str, str], repeats: int = 3) -> None:
+    """Section 5: each time the best of ``repeats`` runs, the two readers alternating (a
+    shared machine's load moves between runs)."""
+    import autoloader
+
+    if not {"root", "rntuple"} <= set(specs):
+        return
+    layouts = ("rntuple", "root")
+    for layout in layouts:  # imports and plugins loaded before anything is timed
+        autoloader.open_dataset(specs[layout])
+    print(
+        f"\nRNTuple beside the same events as a TTree: one epoch, plan's order, 0 workers; "
+        f"best of {repeats}"
+    )
+    print(
+        f"{'layout':8s} {'clusters':>8s} {'sizes':>7s} {'epoch':>8s} {'uproot whole':>13s} "
+        f"{'ratio':>6s}"
+    )
+    best: dict[str, list[float]] = {k: [np.inf] * 3 for k in layouts}
+    clusters = {}
+    for _ in range(repeats):
+        for layout in layouts:
+            start = time.perf_counter()  # open and sizes, from the file
+            ds = autoloader.open_dataset(specs[layout])
+            ds.autoloader_sizes()
+            took = [time.perf_counter() - start, epoch_seconds(ds), uproot_whole(specs[layout])]
+            best[layout] = [min(a, b) for a, b in zip(best[layout], took, strict=True)]
+            clusters[layout] = len(ds.autoloader_blocks()) - 1
+    for layout in layouts:
+        sizes, epoch, limit = best[layout]
+        print(
+            f"{layout:8s} {clusters[layout]:8d} {sizes:6.2f}s {epoch:7.2f}s {limit:12.2f}s "
+            f"{epoch / limit:5.2f}x" + ("  (goal <= 1.25x)" if layout == "rntuple" else "")
+        )
+    print(f"RNTuple / TTree epoch: {best['rntuple'][1] / best['root'][1]:.2f}x")
+
+
 def tuned_order(plan: Path) -> str:
     from autoloader import Plan
 
@@ -250,10 +319,16 @@ def main() -> int:
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "autoloader-bench"))
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--layouts", default=",".join(SPECS), help="of " + ",".join(SPECS))
+    parser.add_argument("--rntuple", action="store_true", help="only the RNTuple figures (5)")
     args = parser.parse_args()
     import autoloader
 
-    specs = files(Path(args.cache), args.events)
+    chosen = ["root", "rntuple"] if args.rntuple else args.layouts.split(",")
+    specs = {k: v for k, v in files(Path(args.cache), args.events, chosen).items() if k in chosen}
+    if args.rntuple:
+        rntuple_epochs(specs)
+        return 0
     print(f"\n{args.events} events, batch {BATCH}; ratios measured in this run\n")
     print(
         f"{'layout':8s} {'sizes cold':>10s} {'by loading':>11s} {'ratio':>8s}   "
@@ -269,6 +344,7 @@ def main() -> int:
             f"{many * 1e3:7.1f}ms {single * 1e3:7.1f}ms {single / many:5.2f}x"
         )
     read_orders(specs)
+    rntuple_epochs(specs)
     if not args.no_tune:
         print()
         for layout, spec in specs.items():

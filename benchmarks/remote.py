@@ -1,6 +1,7 @@
 """Event files read from a server over a round trip: the plan against torch's defaults.
 
-ROOT, Parquet and HDF5 files of ``EVENTS`` events with a heavy tail of hit counts
+ROOT (a TTree, and with ``--layouts rntuple`` an RNTuple, as uproot writes one by
+default), Parquet and HDF5 files of ``EVENTS`` events with a heavy tail of hit counts
 (median 40, the largest ~25x the mean) are served by a real XRootD server (Debian's
 ``xrootd-server``) or nginx, behind the tests' delaying proxy (``tests/remote_servers.py``,
 run in a process of its own, as a network costs the client no interpreter time) at each
@@ -22,7 +23,7 @@ dataset (cold caches, as a job starts):
   (``AUTOLOADER_READ_AHEAD=0``: each reading process fetches a block when it decodes it);
 - **per event**: one event at a time in random order, no decoded block kept (a round
   trip per event, as a loader without block reads pays): ``PER_EVENT`` timed, scaled;
-- **iterate** (ROOT): uproot's own ``iterate`` over the chosen branches, in storage
+- **iterate** (a ROOT TTree): uproot's own ``iterate`` over the chosen branches, in storage
   order (no shuffle: a bound, not a peer);
 - **limit**: the file copied whole (one stream), then the plan's epoch on the local copy;
 - **multi-range / range per request** (nginx): the plan's epoch again, each from an empty
@@ -63,6 +64,7 @@ from autoloader.demo.jagged_files import (
     write_km3pipe_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 
 EVENTS = 20_000
@@ -70,12 +72,18 @@ BATCH = 64
 TUNE_RTT = 0.020
 PER_EVENT = 100
 DEFAULTS_SECONDS = 120.0
-NAMES = {"root": "ev.root#Events", "parquet": "ev.parquet", "hdf5": "ev.h5#hits"}
+NAMES = {
+    "root": "ev.root#Events",
+    "rntuple": "nt.root#Events",
+    "parquet": "ev.parquet",
+    "hdf5": "ev.h5#hits",
+}
 
 
 def write(root: Path, n: int) -> None:
     ev = make_events(n, seed=11)
-    write_root(root / "ev.root", ev, events_per_basket=2_000)
+    write_ttree(root / "ev.root", ev, events_per_basket=2_000)
+    write_root(root / "nt.root", ev, events_per_cluster=2_000)
     write_parquet(root / "ev.parquet", ev, row_group_size=2_000)
     write_km3pipe_h5(root / "ev.h5", ev)
     for p in root.iterdir():
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--rtt", default="5,20,50", help="round trips in ms")
     parser.add_argument("--server", choices=["xrootd", "nginx"], default="xrootd")
-    parser.add_argument("--layouts", default="root,parquet,hdf5")
+    parser.add_argument("--layouts", default="root,parquet,hdf5", help="and rntuple")
     parser.add_argument("--skip", default="", help="of per-event,defaults,limit,iterate")
     parser.add_argument("--workers", type=int, help="instead of the plan's worker count")
     parser.add_argument(

@@ -37,18 +37,19 @@ and writes a TOML plan atomically (a failed or interrupted run never leaves a pa
 plan nor touches an existing one).
 
 DATASET is one of: a jagged event table (per-item columns plus per-event extents):
-FILE.h5[#GROUP] (km3pipe _indices, offsets or counts), FILE.root[#TREE] (uproot),
-FILE.parquet, or a directory or glob of such files, each with ?fields=a,b*  (per-item
-fields, in x's column order) and &event_fields=... (per-event scalars); a NuGraph/pynuml
-.h5 file (its train split; FILE.h5#SPLIT for another); an .h5/.hdf5 file of graph events
-(one group per event); a keyed long table, an event's items the rows sharing its key
-(GraphNeT): DB.db[#TABLE] (SQLite), DIR#TABLE (merged Parquet, DIR/TABLE/TABLE_0.parquet
-...), FILE.parquet#COLUMN (a struct column of lists), each with ?key=COLUMN (default
-event_no), ?fields=... and ?events=TABLE2&event_fields=... (a table of one row per
-event); a directory of .pt files; pyg:CLASS[?key=value&...]; or MODULE:ATTR naming a
-Dataset or a factory. Event files may be on a server: root://HOST//PATH (XRootD),
-http://HOST/PATH or https://HOST/PATH. --transform MODULE:FN applies FN to each sample
-in the workers (e.g. to build a kNN graph).
+FILE.h5[#GROUP] (km3pipe _indices, offsets or counts), FILE.root[#NAME] (an RNTuple or a
+TTree, uproot), FILE.parquet, or a directory or glob of such files, each with
+?fields=a,b*  (per-item fields, in x's column order) and &event_fields=... (per-event
+scalars); a NuGraph/pynuml .h5 file (its train split; FILE.h5#SPLIT for another); an
+.h5/.hdf5 file of graph events (one group per event); a keyed long table, an event's
+items the rows sharing its key (GraphNeT): DB.db[#TABLE] (SQLite), DIR#TABLE (merged
+Parquet, DIR/TABLE/TABLE_0.parquet ...), FILE.parquet#COLUMN (a struct column of lists),
+each with ?key=COLUMN (default event_no), ?fields=... and
+?events=TABLE2&event_fields=... (a table of one row per event); a directory of .pt
+files; pyg:CLASS[?key=value&...]; or MODULE:ATTR naming a Dataset or a factory. Event
+files may be on a server: root://HOST//PATH (XRootD), http://HOST/PATH or
+https://HOST/PATH. --transform MODULE:FN applies FN to each sample in the workers (e.g.
+to build a kNN graph).
 
 Run it the way training runs, one rank per GPU (torchrun, or srun), and it tunes once
 for the job: every rank probes its own GPU, the tightest sets the batching all ranks

@@ -2,9 +2,10 @@
 
 The shapes experiments keep: per-hit columns (time, charge, channel, a 3-vector position)
 plus per-event extents, with a heavy tail of hit counts (``node_counts``). One event set,
-four writers: km3pipe/PyTables HDF5 (``hits/<column>`` and ``hits/_indices``, gzip
-chunks), HDF5 with an ``offsets`` dataset, a ROOT TTree with a ``nhits`` counter (uproot)
-and Parquet with a list of records (awkward). For the demo, the tests and
+five writers: km3pipe/PyTables HDF5 (``hits/<column>`` and ``hits/_indices``, gzip
+chunks), HDF5 with an ``offsets`` dataset, a ROOT RNTuple with a collection of records (what
+uproot writes for ``f["Events"] = {...}``), a ROOT TTree with a ``nhits`` counter (uproot's
+``mktree``) and Parquet with a list of records (awkward). For the demo, the tests and
 ``benchmarks/jagged.py``.
 """
 
@@ -96,7 +97,37 @@ def write_offsets_h5(path: Path, ev: Events, *, counts: bool = False) -> Path:
     return path
 
 
-def write_root(path: Path, ev: Events, *, events_per_basket: int = 5_000) -> Path:
+def write_root(path: Path, ev: Events, *, events_per_cluster: int = 5_000) -> Path:
+    """An RNTuple ``Events`` as uproot writes one by default (``f["Events"] = {...}``,
+    then ``extend``: a cluster each): ``hits``, a collection of records ``{time, tot,
+    channel_id, pos: std::array<float,3>}``, read as ``hits.time``..., and ``run_id`` and
+    ``energy`` per event."""
+    import awkward as ak
+    import uproot
+
+    offsets = ev.offsets
+    with uproot.recreate(path) as f:
+        for start in range(0, len(ev.counts), events_per_cluster):
+            stop = min(start + events_per_cluster, len(ev.counts))
+            a, b = offsets[start], offsets[stop]
+            counts = ev.counts[start:stop]
+            record = {
+                c: ak.unflatten(ev.columns[c][a:b], counts) for c in ("time", "tot", "channel_id")
+            }
+            record["pos"] = ak.unflatten(ak.to_regular(ev.columns["pos"][a:b], axis=1), counts)
+            chunk = {
+                "hits": ak.zip(record, depth_limit=2),
+                "run_id": ev.run_id[start:stop],
+                "energy": ev.energy[start:stop],
+            }
+            if start == 0:
+                f["Events"] = chunk
+            else:
+                f["Events"].extend(chunk)
+    return path
+
+
+def write_ttree(path: Path, ev: Events, *, events_per_basket: int = 5_000) -> Path:
     """A TTree ``Events``: ``nhits`` and ``hits_<column>`` jagged branches (uproot writes a
     record of lists as a counter and one branch per field), ``run_id`` and ``energy``."""
     import awkward as ak

@@ -24,6 +24,7 @@ from autoloader.demo.jagged_files import (
     write_offsets_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 from autoloader.errors import DatasetError
 
@@ -45,7 +46,8 @@ def files(tmp_path_factory: pytest.TempPathFactory, ev: Events) -> dict[str, Pat
         "km3": write_km3pipe_h5(d / "km3.h5", ev, chunk_items=2048),
         "offsets": write_offsets_h5(d / "offsets.h5", ev),
         "counts": write_offsets_h5(d / "counts.h5", ev, counts=True),
-        "root": write_root(d / "events.root", ev, events_per_basket=300),
+        "root": write_ttree(d / "events.root", ev, events_per_basket=300),
+        "rntuple": write_root(d / "rntuple.root", ev, events_per_cluster=300),
         "parquet": write_parquet(d / "events.parquet", ev, row_group_size=300),
     }
 
@@ -56,11 +58,12 @@ def _specs(files: dict[str, Path]) -> dict[str, str]:
         "offsets": f"{files['offsets']}{H5_FIELDS}",
         "counts": f"{files['counts']}{H5_FIELDS}",
         "root": f"{files['root']}#Events{ROOT_FIELDS}",
+        "rntuple": f"{files['rntuple']}#Events{PQ_FIELDS}",
         "parquet": f"{files['parquet']}{PQ_FIELDS}",
     }
 
 
-@pytest.mark.parametrize("layout", ["km3", "offsets", "counts", "root", "parquet"])
+@pytest.mark.parametrize("layout", ["km3", "offsets", "counts", "root", "rntuple", "parquet"])
 def test_each_layout_reads_the_stored_events_and_sizes_them_from_the_extents(
     files: dict[str, Path], ev: Events, layout: str
 ) -> None:
@@ -140,7 +143,7 @@ def test_a_directory_or_a_glob_is_one_dataset_with_one_index(tmp_path: Path, ev:
     first, second = make_events(50, seed=1), make_events(70, seed=2)
     (tmp_path / "pq").mkdir()
     for k, part in enumerate((first, second)):
-        write_root(tmp_path / f"run_{k}.root", part)
+        write_ttree(tmp_path / f"run_{k}.root", part)
         write_parquet(tmp_path / "pq" / f"part_{k}.parquet", part)
     for spec in (f"{tmp_path}/run_*.root#Events{ROOT_FIELDS}", f"{tmp_path / 'pq'}{PQ_FIELDS}"):
         ds = autoloader.open_dataset(spec)
@@ -194,7 +197,7 @@ def test_tune_on_a_km3pipe_file_opens_its_table(files: dict[str, Path], tmp_path
     assert loaded.to_dict()["dataset"]["num_samples"] == N
 
 
-@pytest.mark.parametrize("layout", ["root", "parquet"])
+@pytest.mark.parametrize("layout", ["root", "rntuple", "parquet"])
 def test_tune_and_a_planned_loader_on_root_and_parquet(
     files: dict[str, Path], ev: Events, tmp_path: Path, layout: str
 ) -> None:
@@ -346,7 +349,7 @@ def test_several_tables_or_trees_without_a_choice_are_listed(tmp_path: Path, ev:
     with pytest.raises(DatasetError, match=r"no group 'nope'; its jagged tables: 'hits'"):
         autoloader.open_dataset(spec + "#nope")
     with pytest.raises(DatasetError, match=r"no tree 'Nope'; its trees: 'Events'"):
-        autoloader.open_dataset(str(write_root(tmp_path / "e.root", ev)) + "#Nope")
+        autoloader.open_dataset(str(write_ttree(tmp_path / "e.root", ev)) + "#Nope")
 
 
 def test_fields_of_different_collections_are_refused_naming_both(tmp_path: Path) -> None:
@@ -403,20 +406,17 @@ def test_an_empty_table_is_refused_naming_the_file_and_its_group_or_tree(
         autoloader.open_dataset(str(tmp_path / "e.parquet"))
 
 
-def test_a_root_file_of_an_rntuple_or_not_root_at_all_says_what_it_found(
+def test_a_root_file_of_no_table_or_not_root_at_all_says_what_it_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import uproot
 
-    with uproot.recreate(tmp_path / "nt.root") as f:
-        f["Events"] = {"x": np.arange(3.0)}  # uproot 5.7 writes an RNTuple
-    for spec in (str(tmp_path / "nt.root"), f"{tmp_path / 'nt.root'}#Events"):
-        with pytest.raises(
-            DatasetError,
-            match=r"found an RNTuple named 'Events'; autoloader "
-            r"reads TTrees \(uproot writes one with f.mktree",
-        ):
-            autoloader.open_dataset(spec)
+    with uproot.recreate(tmp_path / "h.root") as f:
+        f["h"] = np.histogram(np.arange(3.0))
+    with pytest.raises(
+        DatasetError, match=r"h.root': holds no TTree or RNTuple \(found TH1D 'h'\)$"
+    ):
+        autoloader.open_dataset(str(tmp_path / "h.root"))
     (tmp_path / "zero.root").write_bytes(b"")
     (tmp_path / "text.root").write_text("hello, not ROOT\n")
     for name, found in (("zero", "an empty file"), ("text", "b'hell'")):
@@ -621,7 +621,7 @@ def test_a_mistyped_first_query_key_is_an_unknown_key_not_a_missing_file(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
     few = make_events(50, seed=1)
-    write_root(tmp_path / "run_0.root", few)
+    write_ttree(tmp_path / "run_0.root", few)
     for spec, key in (
         (f"{files['km3']}?field=time", "field"),
         (f"{files['root']}?Fields=hits_time", "Fields"),
@@ -630,7 +630,7 @@ def test_a_mistyped_first_query_key_is_an_unknown_key_not_a_missing_file(
     ):
         with pytest.raises(DatasetError, match=rf"unknown query key '{key}': expected fields="):
             autoloader.open_dataset(spec)
-    odd = write_root(tmp_path / "odd#name?x=1.root", few)
+    odd = write_ttree(tmp_path / "odd#name?x=1.root", few)
     assert len(autoloader.open_dataset(str(odd))) == 50  # a real name with ? and # opens
     assert autoloader.open_dataset(f"{odd}?fields=hits_time").fields == ["hits_time"]
     with pytest.raises(DatasetError, match=r"no such file or directory"):

@@ -26,6 +26,7 @@ from autoloader.demo.jagged_files import (
     write_km3pipe_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 from autoloader.feed.collate import collate
 from autoloader.feed.lazy import LazySamples
@@ -87,8 +88,10 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "h5": f"{write_km3pipe_h5(d / 'e.h5', ev, chunk_items=1024)}#hits"
         "?fields=time,tot,pos&event_fields=event_info/*",
-        "root": f"{write_root(d / 'e.root', ev, events_per_basket=64)}#Events"
+        "root": f"{write_ttree(d / 'e.root', ev, events_per_basket=64)}#Events"
         "?fields=hits_time,hits_pos*&event_fields=run_id,energy",
+        "rntuple": f"{write_root(d / 'nt.root', ev, events_per_cluster=64)}#Events"
+        "?fields=hits.time,hits.pos&event_fields=run_id,energy",
         "parquet": f"{write_parquet(d / 'e.parquet', ev, row_group_size=64)}"
         "?fields=hits.time,hits.channel_id&event_fields=run_id,energy",
         "sqlite": f"{db}#pulses?events=truth&event_fields=energy,pid",
@@ -96,7 +99,7 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-LAYOUTS = ["h5", "root", "parquet", "sqlite", "merged"]
+LAYOUTS = ["h5", "root", "rntuple", "parquet", "sqlite", "merged"]
 
 
 def assert_same_batch(got: Any, want: Any) -> None:

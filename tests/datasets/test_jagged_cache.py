@@ -24,6 +24,7 @@ from autoloader.demo.jagged_files import (
     write_km3pipe_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 
 N = 900
@@ -38,7 +39,8 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     ev = make_events(N, seed=11)
     return {
         "km3": f"{write_km3pipe_h5(d / 'km3.h5', ev, chunk_items=1024)}#hits",
-        "root": f"{write_root(d / 'e.root', ev, events_per_basket=200)}#Events?fields=hits_*",
+        "root": f"{write_ttree(d / 'e.root', ev, events_per_basket=200)}#Events?fields=hits_*",
+        "rntuple": f"{write_root(d / 'nt.root', ev, events_per_cluster=200)}?fields=hits.*",
         "parquet": str(write_parquet(d / "e.parquet", ev, row_group_size=200)),
     }
 
@@ -64,7 +66,7 @@ def _epochs(loader: autoloader.DataLoader, epochs: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("layout", ["km3", "root", "parquet"])
+@pytest.mark.parametrize("layout", ["km3", "root", "rntuple", "parquet"])
 def test_cached_batches_equal_the_files_bit_for_bit_in_the_same_order(
     specs: dict[str, str], tmp_path: Path, layout: str, workers: int
 ) -> None:

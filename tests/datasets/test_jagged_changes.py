@@ -20,6 +20,7 @@ from autoloader.demo.jagged_files import (
     write_km3pipe_h5,
     write_parquet,
     write_root,
+    write_ttree,
 )
 from autoloader.errors import DatasetError
 
@@ -115,7 +116,7 @@ def test_a_file_changed_before_its_first_read_is_named_in_the_training_process(
 
 
 def test_a_truncated_root_file_says_its_whole_message(tmp_path: Path) -> None:
-    path = write_root(tmp_path / "run.root", make_events(EVENTS, seed=2), events_per_basket=50)
+    path = write_ttree(tmp_path / "run.root", make_events(EVENTS, seed=2), events_per_basket=50)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size // 2)
     with pytest.raises(DatasetError) as raised:
@@ -131,7 +132,8 @@ def test_a_truncated_root_file_says_its_whole_message(tmp_path: Path) -> None:
 
 _WRITERS = {
     "h5": (lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=512), "run.h5", "#hits"),
-    "root": (lambda p, ev: write_root(p, ev, events_per_basket=50), "run.root", "#Events"),
+    "root": (lambda p, ev: write_ttree(p, ev, events_per_basket=50), "run.root", "#Events"),
+    "rntuple": (lambda p, ev: write_root(p, ev, events_per_cluster=50), "run.root", "#Events"),
     "parquet": (lambda p, ev: write_parquet(p, ev, row_group_size=50), "run.parquet", ""),
 }
 

@@ -22,7 +22,13 @@ from remote_servers import DelayProxy, Nginx, Server, XRootD, readable_by_server
 
 import autoloader
 from autoloader.datasets import location, read_ahead
-from autoloader.demo.jagged_files import make_events, write_km3pipe_h5, write_parquet, write_root
+from autoloader.demo.jagged_files import (
+    make_events,
+    write_km3pipe_h5,
+    write_parquet,
+    write_root,
+    write_ttree,
+)
 from autoloader.errors import DatasetError
 from autoloader.samplers.hints import Hinted
 
@@ -30,7 +36,12 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 N = 3000
-FILES = {"root": "ev.root#Events", "parquet": "ev.parquet", "h5": "ev.h5#hits"}
+FILES = {
+    "root": "ev.root#Events",
+    "rntuple": "nt.root#Events",
+    "parquet": "ev.parquet",
+    "h5": "ev.h5#hits",
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +50,8 @@ def data() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="autoloader-ahead-"))
     root.chmod(0o755)
     ev = make_events(N, seed=5)
-    write_root(root / "ev.root", ev, events_per_basket=500)
+    write_ttree(root / "ev.root", ev, events_per_basket=500)
+    write_root(root / "nt.root", ev, events_per_cluster=500)
     write_parquet(root / "ev.parquet", ev, row_group_size=500)
     write_parquet(root / "many.parquet", ev, row_group_size=200)  # blocks left after a batch
     # HDF5 blocks are whole chunks of at least 2048 events: enough of them to read ahead
@@ -162,7 +174,7 @@ def test_a_blocks_ranges_are_worked_out_once_per_process(
     assert len(calls) == len(set(calls)) <= blocks, (len(calls), blocks)
 
 
-@pytest.mark.parametrize("layout", ["root", "h5"])
+@pytest.mark.parametrize("layout", ["root", "rntuple", "h5"])
 def test_with_two_workers_an_epoch_holds_the_same_batches(
     nginx: Server, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -116,7 +116,7 @@ def test_the_projects_plugins_hold_nothing_forked_workers_would_share(
         "demo": lambda: generate(tmp_path / "demo.h5", 200),
         "km3": lambda: jf.write_km3pipe_h5(tmp_path / "km3.h5", ev),
         "offsets": lambda: jf.write_offsets_h5(tmp_path / "offsets.h5", ev),
-        "root": lambda: jf.write_root(tmp_path / "events.root", ev),
+        "root": lambda: jf.write_ttree(tmp_path / "events.root", ev),
         "parquet": lambda: jf.write_parquet(tmp_path / "events.parquet", ev),
     }[layout]()
     data = open_dataset(str(path))

@@ -245,7 +245,9 @@ class JaggedEvents(Dataset):
     def _part(self) -> str:
         """The size cache's part for these fields of the table (another choice of fields
         has other sizes)."""
-        key = "|".join([self.readers[0].name, *self.fields, "", *self.event_values])
+        first = self.readers[0]
+        name = first.name if first.holds != "RNTuple" else f"{first.name}|RNTuple"
+        key = "|".join([name, *self.fields, "", *self.event_values])
         return "jagged-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def autoloader_source(self) -> DataSource:

@@ -219,3 +219,9 @@ def _this_process() -> None:
     if _pid != os.getpid():
         _pid, _budget = os.getpid(), None
         _open.clear()
+
+
+def hand_over(before: Any, reader: Any, release: Callable[[], None]) -> None:
+    """``reader`` now holds the file ``before`` opened (``release`` closes it)."""
+    if _open.pop(id(before), None) is not None:
+        _open[id(reader)] = weakref.WeakMethod(release)

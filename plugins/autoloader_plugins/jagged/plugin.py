@@ -1,4 +1,4 @@
-"""``FILE.root#TREE?fields=...``, ``FILE.parquet``, and several files of one layout (a
+"""``FILE.root#NAME?fields=...``, ``FILE.parquet``, and several files of one layout (a
 directory or a glob) as one dataset: the ``jagged`` dataset plugin.
 
 A single HDF5 file is the ``hdf5`` plugin's (it tells the layouts apart by content and
@@ -86,9 +86,7 @@ def open_files(spec: JaggedSpec, suffixes: tuple[str, ...]) -> JaggedEvents:
 
 def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...]) -> Reader:
     if suffixes is ROOT:
-        from autoloader_plugins.jagged.root import RootTree
-
-        return RootTree(path, spec.name, spec.fields, spec.event_fields)
+        return _open_root(path, spec)
     if suffixes is PARQUET:
         if spec.name:
             raise DatasetError(
@@ -103,6 +101,29 @@ def open_one(path: Path | Location, spec: JaggedSpec, suffixes: tuple[str, ...])
     return open_table(path, spec)
 
 
+def _open_root(path: Path | Location, spec: JaggedSpec) -> Reader:
+    """The TTree or RNTuple ``#NAME`` names in ``path`` (none: the file's only one),
+    opened by its kind's reader, which keeps the file the listing opened."""
+    from autoloader_plugins.jagged.root_file import Listing, choose
+
+    listing = Listing(path)
+    tables = listing.tables()
+    if not tables:
+        try:
+            message = f"DATASET '{path}': holds no TTree or RNTuple{listing.others()}"
+        finally:
+            listing.close()
+        raise DatasetError(message)
+    table = choose(path, tables, spec.name)
+    if table.kind == "TTree":
+        from autoloader_plugins.jagged.root import RootTree
+
+        return RootTree(path, table, spec.fields, spec.event_fields, opened=listing)
+    from autoloader_plugins.jagged.rntuple import RootNTuple
+
+    return RootNTuple(path, table, spec.fields, spec.event_fields, opened=listing)
+
+
 def open_h5(spec: str) -> JaggedEvents:
     """One HDF5 file's jagged table (the ``hdf5`` plugin's hand-over)."""
     parsed = parse(spec)
@@ -113,7 +134,7 @@ class _Plugin:
     name = "jagged"
     priority = 5
     description = (
-        "a jagged event table: FILE.root[#TREE], FILE.parquet, or a directory or glob of "
+        "a jagged event table: FILE.root[#NAME], FILE.parquet, or a directory or glob of "
         ".root/.parquet/.h5 files, with [?fields=a,b*&event_fields=...]"
     )
 

@@ -209,23 +209,27 @@ class BlockReader(Reader):
     def read(self, events: np.ndarray, cache: BlockCache) -> np.ndarray:
         bounds, offsets, width = self.blocks(), self.offsets, self.width
         firsts, lasts = offsets[events], offsets[events + 1]
-        out = np.empty((int((lasts - firsts).sum()), width), dtype=np.float32)
+        ends = np.cumsum(lasts - firsts)
+        out = np.empty((int(ends[-1]) if len(ends) else 0, width), dtype=np.float32)
         block_of = np.searchsorted(bounds, events, side="right") - 1
-        # events are sorted: each block's are one run of them
+        # events are sorted: each block's are one run of them. Everything per event is
+        # worked out here at once: a batch of a windowed order touches a few dozen blocks,
+        # and numpy calls per block cost more than the copies
         heads = np.flatnonzero(np.diff(block_of, prepend=-1))
-        row = 0
-        for head, tail in zip(heads.tolist(), [*heads[1:].tolist(), len(events)], strict=True):
-            b = int(block_of[head])
-            start, stop = int(bounds[b]), int(bounds[b + 1])
-            base = int(offsets[start])
-            shape = (int(offsets[stop]) - base, width)
+        tails = np.append(heads[1:], len(events))
+        starts, stops = bounds[block_of[heads]], bounds[block_of[heads] + 1]
+        bases = offsets[starts]
+        shift = np.repeat(bases, tails - heads)  # each event's block's first row
+        at = (ends - (lasts - firsts)).tolist()
+        a, z = (firsts - shift).tolist(), (lasts - shift).tolist()
+        blocks = zip(
+            heads.tolist(), tails.tolist(), starts.tolist(), stops.tolist(), bases.tolist(),
+            offsets[stops].tolist(), strict=True,
+        )  # fmt: skip
+        for head, tail, start, stop, base, end in blocks:
             key = (self.path, self.name, start)
-            found = cache.get(key, self._read_block, start, stop, shape=shape)
-            starts, stops = firsts[head:tail] - base, lasts[head:tail] - base
-            ends = row + np.cumsum(stops - starts)
-            at = ends - (stops - starts)
-            copy_runs(found, out, at.tolist(), starts.tolist(), stops.tolist())
-            row = int(ends[-1])
+            found = cache.get(key, self._read_block, start, stop, shape=(end - base, width))
+            copy_runs(found, out, at[head:tail], a[head:tail], z[head:tail])
         return out
 
 

@@ -13,10 +13,8 @@ are kept in the process's block cache.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from autoloader.datasets import location
 from autoloader.datasets.location import Location
-from autoloader.datasets.remote_file import file_key
 from autoloader.errors import DatasetError
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.reader import Ahead, BlockReader, Field, as_columns, fill
+from autoloader_plugins.jagged.root_file import RootFile, Table, uproot_module
 from autoloader_plugins.jagged.root_said import (
     Collection,
     example,
@@ -40,36 +37,8 @@ from autoloader_plugins.jagged.spec import select, select_event_fields
 
 log = logging.getLogger(__name__)
 
-_ROOT_MAGIC = b"root"  # the first bytes of every ROOT file
-_TREES = "/^(TTree|TNtuple|TNtupleD)$/"  # a TNtuple is a TTree of float scalars
 
-
-def _uproot() -> Any:
-    try:
-        import awkward  # noqa: F401
-        import uproot
-    except ImportError as exc:
-        raise DatasetError(
-            f"reading ROOT files needs uproot and awkward ({exc.name} is missing): "
-            "pip install 'torch-autoloader[root]'"
-        ) from None
-    return uproot
-
-
-def _check_magic(path: Path) -> None:
-    """Refuse a file that does not begin as a ROOT file does (``root``): uproot's own
-    message for one is about a chunk's length."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as exc:
-        raise DatasetError(f"DATASET '{path}': cannot read: {exc.strerror}") from None
-    if head != _ROOT_MAGIC:
-        found = repr(head) if head else "an empty file"
-        raise DatasetError(
-            f"DATASET '{path}': not a ROOT file (expected {_ROOT_MAGIC!r} as its first "
-            f"{len(_ROOT_MAGIC)} bytes, found {found})"
-        )
+_uproot = uproot_module
 
 
 def _numeric(dtype: np.dtype) -> bool:
@@ -156,23 +125,24 @@ def _owner(tree: Any, branch: Any) -> str:
     return str(parent.name)
 
 
-class RootTree(BlockReader):
-    """One ROOT file's jagged collection in tree ``name`` (None: the file's only tree)."""
+class RootTree(RootFile, BlockReader):
+    """One ROOT file's jagged collection in TTree ``table`` (``plugin._open_root``
+    chooses it; ``opened``: the file as it listed its tables, whose handle this keeps)."""
 
     holds = "tree"
 
     def __init__(
         self,
         path: Path | Location,
-        name: str | None,
+        table: Table,
         fields: tuple[str, ...] | None = None,
         event_fields: tuple[str, ...] = (),
+        opened: RootFile | None = None,
     ) -> None:
-        self.path, self.name = path, name or ""
-        self._h: Any = None
-        self._hpid: int | None = None
-        tree = self._open_tree()
-        self.name = tree.object_path.strip("/").split(";")[0]
+        self.path, self.name, self.key = path, table.shown, table.key
+        if opened is not None:
+            self._take_file(opened)
+        tree = self._tree()
         items, scalars, skipped = self._branches(tree, named=fields is not None)
         if not items and fields is None:
             raise DatasetError(f"{self.where}: {no_collection(tree, scalars, skipped)}")
@@ -193,111 +163,15 @@ class RootTree(BlockReader):
         self._check_offsets("counts")
 
     # -- opening -------------------------------------------------------------------------
-    def _file(self) -> Any:
-        if self._h is None or self._hpid != os.getpid():
-            uproot = _uproot()
-            if not isinstance(self.path, Location):
-                _check_magic(self.path)
-            self._h = handles.open_file(self, lambda: self._open_root(uproot), self._release)
-            self._hpid = os.getpid()
-        else:
-            handles.touch(self)
-        return self._h
-
-    def _open_root(self, uproot: Any) -> Any:
-        path = self.path
-        try:
-            if isinstance(path, Location):  # uproot reads URLs through fsspec itself
-                from autoloader_plugins.jagged.root_source import KnownSource
-
-                options = location.fsspec_options(path)
-                key = file_key(path.url, self._said() or {})
-                return location.retrying(
-                    path,
-                    "opening",
-                    lambda: uproot.open(
-                        path.url, handler=KnownSource, autoloader_key=key, **options
-                    ),
-                )
-            return uproot.open(path)
-        except DatasetError:
-            raise
-        except Exception as exc:
-            if handles.what_changed(self) or "Too many open files" in str(exc):
-                raise  # said by the handles: the file changed, or descriptors ran out
-            raise DatasetError(
-                f"DATASET '{self.path}': cannot open as ROOT: {handles.whole(exc)}"
-            ) from None
-
-    def forget_server(self) -> None:
-        """Also uproot's own filesystem's (fsspec's instance for its options, which the
-        next opening of the file shares)."""
-        super().forget_server()
-        if self._h is not None and self._hpid == os.getpid():
-            source = getattr(self._h.file, "source", None)
-            with contextlib.suppress(Exception):
-                source._fs.invalidate_cache(source._file_path)  # type: ignore[union-attr]
-
-    def _release(self) -> None:
-        """Close this process's handle (another file needs its descriptor)."""
-        h, self._h = self._h, None
-        if h is not None and self._hpid == os.getpid():
-            h.close()
-
     def _tree(self) -> Any:
         try:
-            return self._file()[self.name]
+            return self._file()[self.key]
         except DatasetError:
             raise
         except Exception as exc:
             raise DatasetError(
                 f"{self.where}: cannot read the tree: {handles.whole(exc)}"
             ) from None
-
-    def _open_tree(self) -> Any:
-        try:
-            trees = list(
-                dict.fromkeys(
-                    self._file().keys(filter_classname=_TREES, recursive=True, cycle=False)
-                )
-            )
-        except DatasetError:
-            raise
-        except Exception as exc:
-            raise DatasetError(
-                f"DATASET '{self.path}': cannot list its trees: {handles.whole(exc)}"
-            ) from None
-        if not trees:
-            raise DatasetError(f"DATASET '{self.path}': {self._no_tree()}")
-        if self.name and self.name not in trees:
-            raise DatasetError(
-                f"DATASET '{self.path}': no tree '{self.name}'; its trees: "
-                + (", ".join(f"'{t}'" for t in trees) or "none")
-            )
-        if not self.name and len(trees) != 1:
-            raise DatasetError(
-                f"DATASET '{self.path}': holds {len(trees)} trees: "
-                f"{', '.join(repr(t) for t in trees)}; choose one with '{self.path}#TREE'"
-            )
-        self.name = self.name or trees[0]
-        return self._tree()
-
-    def _no_tree(self) -> str:
-        """Why a file without a TTree has none: an RNTuple (what uproot 5.7 writes for
-        ``f['Events'] = {...}``) is named, since its writer can write a TTree instead."""
-        try:
-            found = self._file().classnames(recursive=True, cycle=False)
-        except Exception:
-            found = {}
-        ntuples = [n for n, c in found.items() if c.split("::")[-1] == "RNTuple"]
-        if not ntuples:
-            listed = [f"{c} {n!r}" for n, c in found.items()]
-            more = f", ... ({len(listed)} objects)" if len(listed) > 5 else ""
-            return "holds no TTree" + (f" (found {', '.join(listed[:5])}{more})" if found else "")
-        return (
-            f"holds no TTree: found an RNTuple named {ntuples[0]!r}; autoloader reads "
-            "TTrees (uproot writes one with f.mktree(name, types) and extend)"
-        )
 
     def _branches(self, tree: Any, named: bool) -> tuple[dict[str, int], list[str], dict[str, str]]:
         """Per-item numeric branches (name -> width), per-event numeric scalars, and the

@@ -41,6 +41,7 @@ class Collection:
     counted: str
     items: int | None = None
     first: int | None = None
+    unit: str = "branches"  # what its members are: a tree's branches, an RNTuple's fields
 
     def pattern(self) -> str | None:
         """A ``?fields=`` pattern naming the members by their own names: their common
@@ -61,7 +62,7 @@ class Collection:
         if pattern is None:
             names = [m.rsplit("/", 1)[-1] for m in self.members]
             pattern = ", ".join(names[:3]) + (", ..." if n > 3 else "")
-        what = [f"{n} branches"] if n > 1 else []
+        what = [f"{n} {self.unit}"] if n > 1 else []
         what.append(self.counted)
         if counts and self.items is not None:
             what.append(f"{self.items} items in the first {self.first} events")

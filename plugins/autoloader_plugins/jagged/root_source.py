@@ -32,10 +32,13 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
 
     def __init__(self, file_path: str, autoloader_key: FileKey, **options: Any) -> None:
         self._key = autoloader_key
+        self._held: dict[tuple[int, int], Any] = {}
         super().__init__(file_path, **options)
 
     def chunk(self, start: int, stop: int) -> uproot.source.chunk.Chunk:
-        found = KNOWN.get(self._key, start, stop)
+        found = self._held.get((start, stop))
+        if found is None:
+            found = KNOWN.get(self._key, start, stop)
         if found is None:
             if self.closed:
                 raise OSError(f"file {self._file_path!r} is closed")
@@ -43,6 +46,37 @@ class KnownSource(uproot.source.fsspec.FSSpecSource):
             KNOWN.put(self._key, start, stop, found)
         future = uproot.source.futures.TrivialFuture(found)
         return uproot.source.chunk.Chunk(self, start, stop, future)
+
+    def hold(self, wanted: list[tuple[int, int]], keep: bool = False) -> list[tuple[int, int]]:
+        """Fetch ``ranges`` now in one request (a vector read over XRootD, a multi-range
+        request over HTTP), or take them from what the read-ahead fetched: until
+        ``release``, ``chunk`` serves each from memory. An RNTuple's pages are read one
+        ``chunk`` at a time, so a block's pages spread over the file would cost a round
+        trip each; this makes them one request, as a TTree block's baskets are.
+        ``keep``: metadata (page lists) every later opening reads too, kept in ``KNOWN``."""
+        wanted = [r for r in dict.fromkeys(wanted) if r not in self._held]
+        spans = read_ahead.merged(wanted, self._key[1])
+        if not spans:
+            return []
+        found = read_ahead.READ_AHEAD.take((self._key, spans))
+        if found is None:  # one call: a vector read, a multi-range request (ranges.fetch)
+            found = ranges.fetch(
+                self._fs, self._file_path, [a for a, _ in spans], [z for _, z in spans]
+            )
+        for start, stop in wanted:
+            a, data = next(
+                (a, d) for (a, z), d in zip(spans, found, strict=True) if a <= start and stop <= z
+            )
+            piece = data[start - a : stop - a]
+            self._held[(start, stop)] = piece
+            if keep:
+                KNOWN.put(self._key, start, stop, bytes(piece))
+        return wanted
+
+    def release(self, held: list[tuple[int, int]]) -> None:
+        """Forget ranges ``hold`` fetched (their reads are done)."""
+        for key in held:
+            self._held.pop(key, None)
 
     def ahead(self, baskets: list[tuple[int, int]]) -> tuple[Any, Any, str] | None:
         """The block whose baskets are ``baskets``, as ``read_ahead.ReadAhead.want`` takes it."""
