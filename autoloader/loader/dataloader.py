@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from autoloader import compat
 from autoloader.cache import NodeCache
 from autoloader.datasets.source import dataset_files
-from autoloader.errors import UsageError
+from autoloader.errors import AutoloaderError, UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.fork_hazards import fork_refusal
@@ -415,14 +415,7 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         self._check_epoch()
         began = time.perf_counter()
-        if self.node_cache is not None:  # data changed between epochs: never served
-            node = refresh_cache(self.node_cache, self.dataset)
-            if node is not self.node_cache and self._recorder is not None:
-                self._recorder.watch_cache(node.counts if node is not None else None)
-            self.node_cache = node
-        refresh = getattr(self.dataset, "autoloader_refresh", None)
-        if callable(refresh) and refresh():  # a file changed: read anew, or refused
-            compat.end_persistent_iterator(self)  # kept workers hold the old file
+        self._refresh_data()
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler
@@ -447,6 +440,30 @@ class DataLoader(tud.DataLoader):
             assert isinstance(batches, Metered)  # nothing is torch's own where it adapts
             return self._runtime.wrap(batches, self)
         return batches
+
+    def _refresh_data(self) -> None:
+        """The data as its files are now, as an epoch begins: a file changed since the
+        dataset was opened is read anew (workers kept between epochs, which hold the old
+        one, end) or refused (the dataset's ``autoloader_refresh``), and the node cache
+        drops a changed file's entries (``refresh_cache``; only where the dataset saw a
+        change or cannot tell, so that the server is asked once per file and epoch)."""
+        refresh = getattr(self.dataset, "autoloader_refresh", None)
+        changed: bool | None = None  # None: the dataset cannot tell; the cache's stamp can
+        refused: AutoloaderError | None = None
+        try:
+            if callable(refresh):
+                changed = bool(refresh())
+        except AutoloaderError as exc:  # the changed file's entries go all the same
+            refused = exc
+        if self.node_cache is not None and changed is not False:
+            node = refresh_cache(self.node_cache, self.dataset)
+            if node is not self.node_cache and self._recorder is not None:
+                self._recorder.watch_cache(node.counts if node is not None else None)
+            self.node_cache = node
+        if refused is not None:
+            raise refused
+        if changed:
+            compat.end_persistent_iterator(self)
 
     def _check_epoch(self) -> None:
         """A planned epoch begins over the data the loader was built for (its length), and
