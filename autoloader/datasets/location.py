@@ -20,6 +20,7 @@ import os
 import re
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,13 +208,17 @@ def _pruned_quietly(fs: Any) -> None:
     ("Invalid operation"): the handle leaves its cache before the close is sent, so
     nothing is lost, but the exception ended the task, and asyncio printed it at exit."""
     cache = getattr(fs, "_readonly_filehandle_cache", None)
-    close = getattr(cache, "_close", None)
+    close = getattr(type(cache), "_close", None)
     if close is None:
         return
+    owner = weakref.ref(cache)  # no cycle through the cache: it goes as it went before
 
     async def close_or_drop(url: str, timeout: int) -> None:
+        kept = owner()
+        if kept is None:
+            return
         try:
-            await close(url, timeout)
+            await close(kept, url, timeout)
         except OSError as exc:
             log.debug("a kept XRootD handle did not close: %s", redact(str(exc)))
 
