@@ -30,15 +30,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_listening(port: int, process: subprocess.Popen[bytes], log: Path, what: str) -> None:
-    deadline = time.monotonic() + 15
+START_SECONDS = 30.0  # the most a server may take to listen, on a loaded machine
+
+
+class NotStarted(RuntimeError):
+    """A server that exited, or did not listen within ``START_SECONDS``, at its start."""
+
+
+def wait_listening(
+    port: int, process: subprocess.Popen[bytes], logs: list[Path], what: str
+) -> None:
+    """Return once ``process`` accepts connections on ``port``; raise ``NotStarted`` with
+    the end of each of its ``logs`` where it exits first or does not listen in time."""
+    deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{what} exited: {log.read_text(errors='replace')[-2000:]}")
+            raise NotStarted(
+                f"{what} exited with {process.returncode} on port {port}{_tails(logs)}"
+            )
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port} within 15 s")
+    raise NotStarted(f"{what} did not listen on {port} within {START_SECONDS:g} s{_tails(logs)}")
+
+
+def _tails(logs: list[Path]) -> str:
+    found = []
+    for log in logs:
+        with contextlib.suppress(OSError):
+            text = log.read_text(errors="replace").strip()
+            if text:
+                found.append(f"\n--- {log.name}:\n{text[-2000:]}")
+    return "".join(found) or " (it wrote no log)"
 
 
 class Server:
@@ -57,6 +80,37 @@ class Server:
     def available(cls) -> str | None:
         """Why this server cannot run here, or None."""
         return None if _which(cls.binary) else f"{cls.binary} is not installed"
+
+    def start(self, port: int | None = None) -> Server:
+        """Start the server on ``port`` (a free one where None); tried once more where it
+        does not start (a free port taken meanwhile, a start that died under load), on a
+        new port unless ``port`` was asked for.
+
+        Raises:
+            NotStarted: both tries failed, with what the server's logs say.
+        """
+        first: NotStarted | None = None
+        for _ in range(2):
+            self.port = port or free_port()
+            self.process = self._launch()
+            try:
+                wait_listening(self.port, self.process, self.logs(), self.binary)
+            except NotStarted as exc:
+                self.halt()
+                if first is not None:
+                    raise NotStarted(f"{first}\nthen, tried again: {exc}") from None
+                first = exc
+            else:
+                return self
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        """The server's process, serving on ``self.port``."""
+        raise NotImplementedError
+
+    def logs(self) -> list[Path]:
+        """Where the server writes what went wrong."""
+        return []
 
     def halt(self) -> None:
         """End the server's process, keeping its directory: ``start(port)`` brings it back
@@ -84,8 +138,10 @@ class Nginx(Server):
         super().__init__(root)
         self.max_ranges = max_ranges
 
-    def start(self, port: int | None = None) -> Nginx:
-        self.port = port or free_port()
+    def logs(self) -> list[Path]:
+        return [self.work / "error.log"]
+
+    def _launch(self) -> subprocess.Popen[bytes]:
         log = self.work / "error.log"
         conf = self.work / "nginx.conf"
         conf.write_text(
@@ -114,13 +170,12 @@ http {{
 }}
 """
         )
-        self.process = subprocess.Popen(
-            [_which(self.binary) or self.binary, "-c", str(conf), "-p", str(self.work)],
-            stdout=subprocess.DEVNULL,
-            stderr=open(log, "ab"),
-        )
-        wait_listening(self.port, self.process, log, "nginx")
-        return self
+        with open(log, "ab") as err:
+            return subprocess.Popen(
+                [_which(self.binary) or self.binary, "-c", str(conf), "-p", str(self.work)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
 
     def url(self, port: int | None = None) -> str:
         return f"http://127.0.0.1:{port or self.port}"
@@ -129,8 +184,11 @@ http {{
 class XRootD(Server):
     binary = "xrootd"
 
-    def start(self, port: int | None = None) -> XRootD:
-        self.port = port or free_port()
+    def logs(self) -> list[Path]:
+        # with ``-n NAME`` XRootD writes its log under a directory of that name
+        return [self.work / "stderr", self.work / f"t{self.port}" / "xrootd.log"]
+
+    def _launch(self) -> subprocess.Popen[bytes]:
         log = self.work / "xrootd.log"
         conf = self.work / "xrootd.cfg"
         conf.write_text(
@@ -144,13 +202,8 @@ all.pidpath {self.work}
         command += ["-l", str(log), "-n", f"t{self.port}"]
         if os.getuid() == 0:  # it refuses to run as root
             command += ["-R", "nobody"]
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.work / "stderr", "ab"),
-        )
-        wait_listening(self.port, self.process, self.work / "stderr", "xrootd")
-        return self
+        with open(self.work / "stderr", "ab") as err:
+            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
 
     def url(self, port: int | None = None) -> str:
         return f"root://127.0.0.1:{port or self.port}/"

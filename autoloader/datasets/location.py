@@ -15,10 +15,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
+import logging
 import os
 import re
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,8 @@ from autoloader.datasets.failures import (  # noqa: F401 - also named here
 from autoloader.datasets.remote_file import KNOWN, RemoteFile  # noqa: F401 - also named here
 from autoloader.errors import DatasetError
 from autoloader.redact import redact
+
+log = logging.getLogger("autoloader")
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _GLOB = re.compile(r"[*?\[]")
@@ -192,8 +196,33 @@ def filesystem(location: Location, options: SourceOptions | None = None) -> Any:
             )
         }
     fs = fsspec.filesystem(location.protocol, **kwargs)
+    if location.protocol == "root":
+        _pruned_quietly(fs)
     _FILESYSTEMS[key] = fs
     return fs
+
+
+def _pruned_quietly(fs: Any) -> None:
+    """Let fsspec-xrootd's pruner (a task on fsspec's loop that closes the file handles it
+    kept and nobody used for 30 s) survive a close the server or client refuses
+    ("Invalid operation"): the handle leaves its cache before the close is sent, so
+    nothing is lost, but the exception ended the task, and asyncio printed it at exit."""
+    cache = getattr(fs, "_readonly_filehandle_cache", None)
+    close = getattr(type(cache), "_close", None)
+    if close is None:
+        return
+    owner = weakref.ref(cache)  # no cycle through the cache: it goes as it went before
+
+    async def close_or_drop(url: str, timeout: int) -> None:
+        kept = owner()
+        if kept is None:
+            return
+        try:
+            await close(kept, url, timeout)
+        except OSError as exc:
+            log.debug("a kept XRootD handle did not close: %s", redact(str(exc)))
+
+    cache._close = close_or_drop  # type: ignore[union-attr]
 
 
 _QUIET_EXIT: list[bool] = []
@@ -254,6 +283,7 @@ def _close_files_at_exit() -> None:
             with contextlib.suppress(Exception):
                 if isinstance(obj, caches):
                     getattr(obj, "_cache", {}).clear()  # its handles are Files: closed here
+                    _stop_pruner(obj)
                 elif isinstance(obj, File) and obj.is_open():
                     obj.close(callback=lambda *_: answered.release())
                     sent += 1
@@ -261,6 +291,21 @@ def _close_files_at_exit() -> None:
     for _ in range(sent):
         if not answered.acquire(timeout=max(0.0, deadline - time.monotonic())):
             break
+
+
+def _stop_pruner(cache: Any) -> None:
+    """Cancel fsspec-xrootd's pruner task of ``cache`` on its loop (fsspec's thread, which
+    outlives this hook): it never calls XRootD's client after the client's threads stop,
+    and an exception it ended with is taken, not printed as the interpreter ends."""
+    task = getattr(cache, "_prune_task", None)
+    if task is None:
+        return
+    if task.done():
+        if not task.cancelled():
+            task.exception()
+        return
+    with contextlib.suppress(RuntimeError):  # its loop closed: nothing runs it again
+        cache.loop.call_soon_threadsafe(task.cancel)
 
 
 def fsspec_options(location: Location) -> dict[str, Any]:

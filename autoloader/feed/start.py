@@ -30,7 +30,12 @@ from autoloader.compat import (
 )
 from autoloader.errors import one_line
 from autoloader.feed.depth import depth_of
-from autoloader.feed.start_method import choose_start_method
+from autoloader.feed.start_method import (
+    choose_start_method,
+    end_forkserver,
+    not_sent,
+    script_refusal,
+)
 from autoloader.feed.transport import Sender, make_ring, unpacked
 from autoloader.host.budget import HELD_BY_LOOP, HostBudget
 
@@ -44,6 +49,11 @@ class WorkersNotStarted(RuntimeError):
         why = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
         super().__init__(f"{workers} DataLoader worker(s) could not be started: {why}")
         self.workers = workers
+
+
+class WorkersNotSent(TypeError):
+    """What a loader's workers run could not be pickled for the forkserver they start
+    from (``autoloader.feed.start_method.not_sent``: one line, its cause and its fix)."""
 
 
 def cannot_start(exc: BaseException) -> bool:
@@ -66,12 +76,20 @@ class StartSafe:
 
     def _start_workers(self, loader: Any) -> None:
         choose_start_method(loader)  # not forked from a process where a fork may hang
+        refused = script_refusal(loader)
+        if refused is not None:
+            raise WorkersNotSent(refused)
         try:
             MultiProcessIter.__init__(self, loader)  # type: ignore[arg-type]
         except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                end_forkserver(loader)  # before its queues go: no worker forked for them
             abandon_start(self)
             if self._named_failure and cannot_start(exc):
                 raise WorkersNotStarted(loader.num_workers, exc) from exc
+            refused = not_sent(loader, exc)
+            if refused is not None:
+                raise WorkersNotSent(refused) from None
             raise
         _HELD[id(self)] = index_queues(self)
 

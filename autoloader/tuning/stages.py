@@ -452,6 +452,7 @@ def node_cache(
             shm_need_bytes=int(host.get("shm_need_bytes", 0)),
             worker_bytes=float(host.get("worker_bytes", 0)),
             step_seconds=times.step,
+            persistent_workers=bool(stage.loader.persistent_workers),
         )
     )
     log.info("node cache: %s", found.evidence["reason"])

@@ -483,6 +483,67 @@ def test_an_exit_while_xrootd_stalls_is_not_held_by_the_files_closes(
     assert took < 12, took  # 30 s and more when XRootD's hook waited for each close
 
 
+PRUNER_FAILS = """
+import gc, sys, time
+import autoloader
+from autoloader.datasets import location
+from fsspec.asyn import sync
+
+url = sys.argv[1]
+fs = location.filesystem(location.parse_url(url + "ev.root"))
+for name in ("ev.root", "ev.parquet", "groups.parquet"):  # handles fsspec-xrootd keeps
+    fs.cat_file(fs._strip_protocol(url + name), 0, 8)
+cache = fs._readonly_filehandle_cache
+
+
+class Refusing:
+    \"\"\"A kept handle whose close XRootD refuses, as some were after long runs.\"\"\"
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def close(self, timeout=0, callback=None):
+        status = type("Status", (), {"ok": False, "message": "[ERROR] Invalid operation"})
+        callback(status(), None, None)
+        return type("Status", (), {"ok": True})()  # the request sent
+
+
+for item in cache._cache.values():
+    item.handle, item.accessed = Refusing(item.handle), 0.0  # unused for long
+first = cache._prune_task
+sync(fs.loop, cache._start_pruner)  # a pruner that prunes at once, as every 30 s
+deadline = time.monotonic() + 30
+while cache._cache and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert not cache._cache, "not pruned"
+fs.loop.call_soon_threadsafe(first.cancel)
+location._FILESYSTEMS.clear()  # the filesystem let go of, its pruner with it
+del fs, cache, item, first
+gc.collect()
+print("pruned", flush=True)
+"""
+
+
+def test_a_close_the_pruner_is_refused_neither_ends_it_nor_prints(
+    xrootd: Server, tmp_path: Path
+) -> None:
+    """fsspec-xrootd prunes its kept file handles in a task of its own; a close refused
+    there ended the task with an exception that asyncio printed as the task went (at exit,
+    with the filesystem): "Task exception was never retrieved ... Invalid operation",
+    after the user's run had ended well."""
+    script = tmp_path / "child.py"
+    script.write_text(PRUNER_FAILS)
+    done = subprocess.run(
+        [sys.executable, str(script), _url(xrootd, xrootd.port, "")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "pruned", done.stderr
+    assert "Task exception was never retrieved" not in done.stderr, done.stderr
+    assert "Invalid operation" not in done.stderr, done.stderr
+
+
 def test_a_nugraph_file_reads_from_a_server(xrootd: Server, data: Path) -> None:
     from autoloader.demo.nugraph import generate_nugraph
 

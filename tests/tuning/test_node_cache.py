@@ -97,6 +97,75 @@ def test_no_cache_where_the_page_cache_serves_as_fast_or_the_step_bounds_the_loo
     assert _choose(spec, tmp_path, step=0.05).plan is not None
 
 
+def _choose_for(dataset, where: Path, workers: int, persistent: bool = True):
+    return choose_cache(
+        dataset,
+        str(where),
+        workers=workers,
+        batch_bytes=BLOCK_BYTES,
+        shm_need_bytes=0,
+        worker_bytes=0,
+        step_seconds=None,
+        persistent_workers=persistent,
+    )
+
+
+def test_no_cache_where_one_process_keeps_every_block_decoded_anyway(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against what the loader does without a cache: one reading process keeps the blocks
+    decoded after their first read, so mapping them from a cache only adds a map."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    _measured(monkeypatch, 0.05, 0.005, room=10**12)  # a block maps 10x faster
+    dataset = autoloader.open_dataset(spec)
+    decoded = dataset.autoloader_decoded_bytes()
+    assert decoded < dataset.autoloader_cache_bytes()
+    for workers in (0, 1):
+        found = _choose_for(dataset, tmp_path, workers)
+        assert found.plan is None
+        ev = found.evidence
+        assert ev["reason"].startswith("one process reads the data and keeps all ")
+        assert (ev["decoded_bytes"], ev["keep_bytes"], ev["reading_processes"]) == (
+            decoded,
+            dataset.autoloader_cache_bytes(),
+            1,
+        )
+
+
+def test_a_cache_where_several_processes_decode_the_blocks_or_one_cannot_keep_them(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    _measured(monkeypatch, 0.05, 0.005, room=10**12)
+    dataset = autoloader.open_dataset(spec)
+    assert _choose_for(dataset, tmp_path, 2).plan is not None  # each worker would decode
+    # a worker started anew each epoch decodes every block again
+    assert _choose_for(dataset, tmp_path, 1, persistent=False).plan is not None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # the node's other rank decodes them too
+    assert _choose_for(dataset, tmp_path, 0).plan is not None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    dataset.cache.budget = dataset.autoloader_decoded_bytes() // 2  # outgrows its keep
+    assert _choose_for(dataset, tmp_path, 0).plan is not None
+
+
+def test_km3nets_one_block_sample_read_by_one_process_gets_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KM3NeT's sample (one gzip block, 51 MiB decoded) tuned to 0 workers: it planned a
+    /dev/shm cache that made later epochs slower than the process's own keep."""
+    km3net_testdata = pytest.importorskip("km3net_testdata")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    path = km3net_testdata.data_path("hdf5/atmospheric_muons_sample.h5")
+    dataset = autoloader.open_dataset(f"{path}#hits")
+    found = _choose_for(dataset, tmp_path, 0)
+    assert found.plan is None, found.evidence
+    assert found.evidence["reason"].startswith("one process reads the data and keeps all ")
+    assert found.evidence["decoded_bytes"] > 50 * 2**20
+
+
 def test_a_dataset_without_blocks_gets_no_cache(tmp_path: Path) -> None:
     found = choose_cache(
         [1, 2, 3],
@@ -275,8 +344,10 @@ def _plant_victim(tmp_path: Path, where: Path) -> Path:
 
 
 def test_the_tune_never_removes_through_a_link_in_the_cache_place(
-    spec: str, tmp_path: Path
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # two ranks on the node would decode the same blocks: the tune probes the place
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     where = tmp_path / "place"
     where.mkdir()
     victim = _plant_victim(tmp_path, where)
