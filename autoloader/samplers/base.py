@@ -5,11 +5,19 @@ num_replicas`` samples): it implements ``_arrange(pool, num_batches, rng)``. Thi
 picks the short last batch, orders the batches, and splits every global batch across
 ranks so that each rank's share has nearly equal bytes (largest first, each to the
 lightest rank with room: no rank carries the big samples while the others wait).
+
+An epoch served in part by one number of ranks can be finished by another (an elastic
+resume, ``resume_from``): the events of the epoch, in the order its global batches serve
+them (``epoch_order``), are a sequence that depends on the world size the epoch was begun
+with; the part served is a prefix of it, counted in local batches over all ranks
+(``Served.steps``), and the rest is cut anew into global batches of this world size.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +27,17 @@ from autoloader.plan.strategies import STRATEGY_OPTIONS
 from autoloader.samplers.checks import check_bool, check_int, check_sizes
 from autoloader.samplers.hints import hint_batches, hinted
 from autoloader.samplers.order import Windows
+
+
+@dataclass(frozen=True)
+class Served:
+    """How far an epoch is served, whatever the world size: ``world`` ranks began it (its
+    order is theirs: ``epoch_order``), and ``steps`` local batches of it were handed out
+    over all ranks, its first ``steps x batch_size`` events in that order (the last short
+    batch counted whole)."""
+
+    world: int
+    steps: int
 
 
 class SizeBatchSampler(Sampler[list[int]]):
@@ -79,6 +98,9 @@ class SizeBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.epoch_set = False  # set_epoch called: the loop chooses its epochs
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
+        # the current epoch begun by another world size (``resume_from``): its batches are
+        # the events not served, cut anew for this one; None: the epoch's own batches
+        self.carry: Served | None = None
         self._read_ahead: tuple[Any, list[np.ndarray]] | None = None  # see batches_for
         # set by the loader that reads remote storage: each batch is handed with a hint of
         # its reader's next batches (``autoloader.samplers.hints``); 0: plain lists
@@ -103,7 +125,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         epoch than the current one drops a position set by ``resume_at``."""
         epoch = check_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
-            self.resume = 0
+            self.resume, self.carry = 0, None
         self.epoch, self.epoch_set = epoch, True
 
     def resume_at(self, batches: int) -> None:
@@ -112,9 +134,64 @@ class SizeBatchSampler(Sampler[list[int]]):
         iterations start at the beginning again."""
         self.resume = check_int("batches", batches, minimum=0)
 
-    def __len__(self) -> int:
-        n, g = len(self.sizes), self.global_batch_size
+    def resume_from(self, served: Served) -> None:
+        """The current epoch goes on after ``served``, however many ranks served it: with
+        this world size and a whole number of its global batches served, from the next
+        of them (``resume_at``: exactly what an uninterrupted run yields); else its events
+        not served, each once over this world's ranks, cut into global batches of this
+        world size in the order the epoch was begun with (``carry``)."""
+        world = check_int("world", served.world, minimum=1)
+        steps = check_int("steps", served.steps, minimum=0)
+        if world == self.num_replicas and steps % world == 0:
+            self.carry = None
+            self.resume_at(steps // world)
+        else:
+            self.carry = Served(world, steps)
+            self.resume_at(0)
+
+    def served(self, batches: int, carry: Served | None = None) -> Served:
+        """How far the epoch is served once ``batches`` of this rank's batches were handed
+        out, from its start or after ``carry`` (the ``carry`` the batches were cut after):
+        the position a state saves, whatever world size resumes it."""
+        if carry is None:
+            return Served(self.num_replicas, batches * self.num_replicas)
+        steps = carry.steps + batches * self.num_replicas
+        return Served(carry.world, min(steps, self.steps_in_epoch(carry.world)))
+
+    def steps_in_epoch(self, world: int) -> int:
+        """Local batches an epoch of ``world`` ranks hands out over all of them."""
+        return self._batches_in_epoch(world) * world
+
+    def _batches_in_epoch(self, world: int) -> int:
+        n, g = len(self.sizes), self.batch_size * world
         return n // g if self.drop_last else -(-n // g)
+
+    def __len__(self) -> int:
+        if self.carry is not None:
+            rest = len(self.sizes) - self._carried_from(self.carry)
+            g = self.global_batch_size
+            return rest // g if self.drop_last else -(-rest // g)
+        return self._batches_in_epoch(self.num_replicas)
+
+    def _carried_from(self, carry: Served) -> int:
+        """The events of the epoch's order (``epoch_order``) that ``carry`` served: all of
+        them once its world's epoch was served to the end (with ``drop_last``, the short
+        last global batch it left out stays out)."""
+        if carry.steps >= self.steps_in_epoch(carry.world):
+            return len(self.sizes)
+        return min(carry.steps * self.batch_size, len(self.sizes))
+
+    def epoch_order(self, epoch: int, world: int) -> np.ndarray:
+        """The events of ``epoch`` for ``world`` ranks, in the order its global batches
+        serve them: each global batch as its ranks' shares, rank 0's first, then the
+        short last one unpadded (so any ``world x k`` local batches of it are balanced
+        global batches). A pure function of (sizes, options, seed, epoch, world)."""
+        other = copy.copy(self)
+        other.num_replicas, other.rank, other.carry, other._read_ahead = world, 0, None, None
+        other.drop_last = False
+        full, tail = other.global_batches(epoch)
+        shares = rank_order(full, self.sizes, world).reshape(-1)
+        return np.concatenate([shares, tail]).astype(np.int64, copy=False)
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.resume = self.resume, 0
@@ -135,16 +212,26 @@ class SizeBatchSampler(Sampler[list[int]]):
         asks for them (``autoloader.loader.lookahead``). The arrangement of the last epoch
         asked for ahead (``keep``) is kept until an epoch is iterated, so it is not
         computed twice."""
-        key = (epoch, self._arrangement())
+        carry = self.carry if epoch == self.epoch else None
+        key = (epoch, carry, self._arrangement())
         kept = self._read_ahead
         if kept is not None and kept[0] == key:
             return kept[1]
-        full, tail = self.global_batches(epoch)
+        if carry is not None:
+            rest = self.epoch_order(epoch, carry.world)
+            rest = rest[self._carried_from(carry) :]
+            g = self.global_batch_size
+            whole = len(rest) // g * g
+            full, tail = rest[:whole].reshape(-1, g), rest[whole:]
+            if self.drop_last:
+                tail = tail[:0]
+        else:
+            full, tail = self.global_batches(epoch)
         out = list(rank_share(full, self.sizes, self.num_replicas, self.rank))
         if len(tail):
             padded = pad_last_batch(tail, self.num_replicas)
             out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
-        assert len(out) == len(self), (len(out), len(self))
+        assert carry is not None or len(out) == self._batches_in_epoch(self.num_replicas)
         if keep:
             self._read_ahead = (key, out)
         return out
@@ -253,6 +340,14 @@ def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: 
     """
     if num_replicas == 1:
         return batches
+    per = batches.shape[1] // num_replicas
+    return rank_order(batches, sizes, num_replicas)[:, rank * per : (rank + 1) * per]
+
+
+def rank_order(batches: np.ndarray, sizes: np.ndarray, num_replicas: int) -> np.ndarray:
+    """Each row of ``batches`` as its ranks' shares (``rank_share``), rank 0's first."""
+    if num_replicas == 1 or not len(batches):
+        return batches
     rows, g = batches.shape
     per = g // num_replicas
     by_size = np.argsort(-sizes[batches], axis=1, kind="stable")
@@ -269,5 +364,5 @@ def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: 
         owner[:, col] = choice
         totals[r, choice] += weights[:, col]
         counts[r, choice] += 1
-    mine = owner == rank
-    return ordered[mine].reshape(rows, per)
+    by_rank = np.argsort(owner, axis=1, kind="stable")
+    return np.take_along_axis(ordered, by_rank, axis=1)
