@@ -239,12 +239,13 @@ def accumulation_for(plan: Plan, world: int) -> int:
     per_step = bp.local_batch_size * world
     if bp.global_batch_size % per_step:
         raise PlanError(
-            f"{plan.source}: the plan was tuned for world_size {bp.world_size} (local batch "
-            f"{bp.local_batch_size} x {bp.grad_accum_steps} accumulation = global "
-            f"{bp.global_batch_size}); this job has {world} ranks, and global "
-            f"{bp.global_batch_size} is not a multiple of local {bp.local_batch_size} x "
-            f"{world} ranks. Re-run `autoloader tune --world-size {world}` (under torchrun "
-            "or srun it is the job's)"
+            f"{plan.source}: [batching]: the plan was tuned for world_size {bp.world_size} "
+            f"(local_batch_size {bp.local_batch_size} x {bp.world_size} ranks x "
+            f"grad_accum_steps {bp.grad_accum_steps} = global_batch_size "
+            f"{bp.global_batch_size}); this job has {world} ranks, and global_batch_size "
+            f"{bp.global_batch_size} is not a multiple of local_batch_size "
+            f"{bp.local_batch_size} x {world} ranks: no grad_accum_steps keeps it. Re-run "
+            f"`autoloader tune --world-size {world}` (under torchrun or srun it is the job's)"
         )
     steps = bp.global_batch_size // per_step
     log.warning(

@@ -146,7 +146,9 @@ def loaders_at(
 def test_a_global_batch_the_new_ranks_cannot_keep_is_refused_naming_the_options(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with pytest.raises(PlanError, match=r"global 16 is not a multiple of local 4 x 3 ranks"):
+    with pytest.raises(
+        PlanError, match=r"global_batch_size 16 is not a multiple of local_batch_size 4 x 3 ranks"
+    ):
         loaders(monkeypatch, 3, plan(4, 1))
 
 
