@@ -2,9 +2,10 @@
 ``load_state_dict()`` restores it.
 
 The planned batch samplers are a pure function of (sizes, options, seed, epoch, world
-size), so a position is three numbers: the epoch, the world size that began it, and the
-global steps of it served, counted in local batches over all ranks (``steps``: the same
-count whatever the world size); resuming is arithmetic. With the same world size the
+size), so a position is three numbers: the epoch, the world size that began it (and the
+nodes that shared its blocks, where they did), and the global steps of it served,
+counted in local batches over all ranks (``steps``: the same count whatever the world
+size); resuming is arithmetic. With the same world size the
 batch sampler skips the served batches (``resume_at``); with another (an elastic resume:
 every new rank loads the state rank 0 saved) it serves the epoch's events not yet served,
 once over the new ranks, cut anew into global batches (``SizeBatchSampler.resume_from``);
@@ -125,6 +126,7 @@ def state(
         "epoch": epoch,
         "steps": served.steps,
         "world_size": served.world,
+        **({"nodes": served.nodes} if served.nodes != 1 else {}),
         **{k: v for k, v in means.items() if v is not None},
         "data": data.to_dict(),
         "plan": plan_identity(plan),
@@ -193,6 +195,12 @@ def check_state(
             f"{plan_identity(plan)}): its position means nothing here"
         )
     world = found["world_size"]
+    nodes = found.get("nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world % nodes:
+        raise PlanError(
+            f"{source}: load_state_dict: key 'nodes': expected an integer >= 1 that "
+            f"divides world_size {world}, found {nodes!r}"
+        )
     most = steps_in_epoch(world)
     if count == "batches" and found["batches"] > most // world:
         raise PlanError(
@@ -211,7 +219,7 @@ def check_state(
             "is taken as the plan's, its data checked by sample count",
             EARLIER,
         )
-    return found["epoch"], Served(world, steps)
+    return found["epoch"], Served(world, steps, nodes)
 
 
 def _as_planned(plan: Plan, means: Mapping[str, Any]) -> dict[str, Any]:
