@@ -183,3 +183,21 @@ def test_a_job_resumes_mid_epoch_on_another_number_of_ranks_under_torchrun(
     counts = Counter(served)
     assert set(counts) == set(range(150)) and sum(counts.values()) - 150 < new
     assert all(r["after"] == r["fresh"] for r in resumed)  # then epochs of the new ranks
+
+
+def test_a_state_that_counted_each_ranks_batches_still_resumes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """autoloader.position/2 held this rank's batches of an epoch of world_size ranks."""
+    the_plan = plan(2, 2)
+    first = loaders(monkeypatch, 2, the_plan)
+    whole = serve(loaders(monkeypatch, 2, the_plan), 0)
+    serve(first, 0, 4)
+    state = first[0].state_dict()
+    older = {k: v for k, v in state.items() if k != "steps"}
+    older.update(format="autoloader.position/2", batches=4)
+    same = loaders_at(monkeypatch, 2, the_plan, older)
+    assert serve(same, 0) == [x[4:] for x in whole]
+    four = loaders_at(monkeypatch, 4, the_plan, older)
+    counts = Counter(events([x[:4] for x in whole]) + events(serve(four, 0)))
+    assert set(counts) == set(range(N)) and sum(counts.values()) - N < 4
