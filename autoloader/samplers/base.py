@@ -159,7 +159,9 @@ class SizeBatchSampler(Sampler[list[int]]):
         this world size and a whole number of its global batches served, from the next
         of them (``resume_at``: exactly what an uninterrupted run yields); else its events
         not served, each once over this world's ranks, cut into global batches of this
-        world size in the order the epoch was begun with (``carry``)."""
+        world size in the order the epoch was begun with (``carry``, kept for the epoch:
+        ``resume_at`` then counts its batches, and ``set_epoch`` with another epoch drops
+        it, the next epochs being this world size's own)."""
         world = check_int("world", served.world, minimum=1)
         steps = check_int("steps", served.steps, minimum=0)
         same = world == self.num_replicas and served.nodes == self.node_parts
