@@ -158,3 +158,34 @@ def test_ranks_that_do_not_split_over_the_nodes_are_refused() -> None:
         ValueError, match="num_replicas=3 ranks do not split evenly over num_nodes=2"
     ):
         make_sampler("random", [1, 2, 3], 1, num_replicas=3, num_nodes=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 1000), min_size=1, max_size=300),
+    nodes=st.integers(1, 3),
+    per_node=st.integers(1, 3),
+    new=st.integers(1, 5),
+    cut=st.integers(0, 20),
+    block=st.integers(1, 30),
+)
+def test_a_node_shared_epoch_resumed_on_any_world_size_serves_every_event_once(
+    sizes: list[int], nodes: int, per_node: int, new: int, cut: int, block: int
+) -> None:
+    arr = np.asarray(sizes, dtype=np.int64)
+    order = Windows(block, 2 * block, node_shares=True, rotate_every=1)
+    first = job("kk", arr, 3, nodes, per_node, order, epoch=2)
+    cut = min(cut, len(first[0]))
+    world = nodes * per_node
+    saved = make_sampler(
+        "kk", arr, 3, num_replicas=world, num_nodes=nodes, read_order=order
+    ).served(cut)
+    rest = []
+    for rank in range(new):
+        s = make_sampler("kk", arr, 3, num_replicas=new, rank=rank, read_order=order)
+        s.set_epoch(2)
+        s.resume_from(saved)
+        rest.append([int(i) for b in s for i in b])
+    counts = Counter([i for r in first for b in r[:cut] for i in b] + [i for r in rest for i in r])
+    assert set(counts) == set(range(len(arr)))
+    assert sum(counts.values()) - len(arr) < max(world, new)
