@@ -56,6 +56,28 @@ def local_world_size() -> int:
     return 1
 
 
+def node_of_rank(rank: int, world: int) -> tuple[int, int]:
+    """``(node, nodes)``: this rank's node and the job's node count, from the launcher:
+    the node is torchrun's ``GROUP_RANK``, else Slurm's ``SLURM_NODEID`` (0 without
+    either), the ranks per node ``local_world_size()``; ranks numbered node by node, as
+    torchrun and srun's block distribution number them.
+
+    Raises:
+        UsageError: the ranks do not split evenly over the nodes, or the launcher's node
+            is not the one the rank's number says.
+    """
+    per_node = local_world_size()
+    name = "GROUP_RANK" if os.environ.get("GROUP_RANK") else "SLURM_NODEID"
+    node = _env_int(name, 0)
+    if world % per_node or rank // per_node != node:
+        raise UsageError(
+            f"environment: rank {rank} of {world} with LOCAL_WORLD_SIZE={per_node} and "
+            f"{name}={os.environ.get(name, '')!r}: expected the ranks numbered node by node "
+            f"({per_node} a node), so that rank {rank} is on node {rank // per_node}"
+        )
+    return node, world // per_node
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if not value:

@@ -98,6 +98,13 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"{', drop_last' if bp.drop_last else ''}"
     )
     out.append(f"read      {_order(bp.read_order, View.of(plan.dataset).count('num_samples'))}")
+    if bp.node_shares:
+        turn = (
+            f"turned by one node every {bp.rotate_every} epoch(s)"
+            if bp.rotate_every
+            else "fixed across epochs"
+        )
+        out.append(f"nodes     each node's ranks draw from its share of the blocks, {turn}")
     cached = cache_line(plan)
     if cached is not None:
         out.append(cached)

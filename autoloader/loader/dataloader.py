@@ -304,18 +304,22 @@ class DataLoader(tud.DataLoader):
         saved.save(path)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch, the batches of it handed out so far (prefetched
-        ones not counted), what those batches depend on (the batch sampler's strategy,
-        options, batch size, shuffle, seed, drop_last, world size), the data they were
-        cut from (its length and sizes' fingerprint), the plan's batching, and the
-        settings adaptation reached. Plain data, well under 1 KiB ({} for a loader without
-        a plan or with the caller's own batch sampler: it has no position to keep)."""
+        """Where this loader is: the epoch, the world size that began it and the global
+        steps of it handed out so far (local batches over all ranks, prefetched ones not
+        counted: a count any world size resumes), what those batches depend on (the batch
+        sampler's strategy, options, batch size, shuffle, seed, drop_last, read order),
+        the data they were cut from (its length and sizes' fingerprint), the plan's
+        batching, and the settings adaptation reached. Plain data, well under 1 KiB ({}
+        for a loader without a plan or with the caller's own batch sampler: it has no
+        position to keep)."""
         sampler = self.batch_sampler
         if self.plan is None or not isinstance(sampler, SizeBatchSampler):
             return {}
         adapter = self._runtime.adapter if self._runtime is not None else None
+        where = self._position
         return position_state(
-            self._position,
+            where.epoch,
+            sampler.served(where.batches, where.carry),
             self.plan,
             self._data,
             meaning(sampler),
@@ -328,12 +332,16 @@ class DataLoader(tud.DataLoader):
         uninterrupted run yields after it (the served ones skipped at the batch sampler,
         never read), then later epochs as usual; ``set_epoch`` with another epoch starts
         that epoch at its beginning. Under a process group every rank must resume the
-        same epoch. Settings adaptation reached on a larger node are lowered to this
-        host's caps (the adapter's own), with one WARNING.
+        same epoch. A state saved by another number of ranks resumes too (each rank loads
+        the state rank 0 saved): the rest of its epoch is the events it had not served,
+        each once over this job's ranks, the local batch kept (``grad_accum_steps`` keeps
+        the plan's global batch); later epochs are this world size's own. Settings
+        adaptation reached on a larger node are lowered to this host's caps (the
+        adapter's own), with one WARNING.
 
         Raises:
             PlanError: not a state, or one whose batches differ from this loader's (another
-                strategy, options, batch size, shuffle, seed, drop_last or world size: the
+                strategy, options, batch size, shuffle, seed, drop_last or read order: the
                 key and both values are named), or of other data (length or sizes'
                 fingerprint, whatever ``check_fingerprint`` said), or of another plan.
             UsageError: a state given to a loader without a plan, or with the user's own
@@ -354,11 +362,13 @@ class DataLoader(tud.DataLoader):
                     "its position is not the loader's to restore"
                 )
             return
-        where = check_state(state_dict, self.plan, self._data, meaning(sampler), len(sampler))
-        check_ranks_agree({"resumed epoch": where.epoch}, source=self.plan.source)
-        sampler.set_epoch(where.epoch)
-        sampler.resume_at(where.batches)
-        self._cursor.rest(where)
+        epoch, served = check_state(
+            state_dict, self.plan, self._data, meaning(sampler), sampler.steps_in_epoch
+        )
+        check_ranks_agree({"resumed epoch": epoch}, source=self.plan.source)
+        sampler.set_epoch(epoch)
+        sampler.resume_from(served)
+        self._cursor.rest(Position(epoch, sampler.resume, sampler.carry))
         if self._runtime is not None and self._runtime.adapter is not None:
             self._runtime.adapter.restore(saved_settings(state_dict), saved_trial(state_dict))
 
@@ -428,6 +438,7 @@ class DataLoader(tud.DataLoader):
             meter = Meter(
                 sampler.epoch,
                 sampler.resume,
+                carry=sampler.carry,
                 recorder=self._recorder,
                 cursor=self._cursor,
                 delay=delay,

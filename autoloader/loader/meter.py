@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from autoloader.host.run_delay import SampledDelay
 from autoloader.loader.position import Position
+from autoloader.samplers.base import Served
 
 
 class RunDelay(Protocol):
@@ -97,6 +98,8 @@ class Meter:
     Args:
         epoch: the epoch served.
         start: the batches of it served before this iterator (a resumed epoch).
+        carry: the part of the epoch another world size served, after which its batches
+            were cut (``SizeBatchSampler.carry``; None: the epoch's own batches).
         recorder: the metrics' ``BatchRecorder``, given each ``next()``'s raw seconds.
         cursor: the loader's position, which each batch served makes point here.
         opening: the seconds ``iter()`` took, a wait of the loop's like any other (may be
@@ -111,13 +114,14 @@ class Meter:
         epoch: int = 0,
         start: int = 0,
         *,
+        carry: Served | None = None,
         recorder: Any = None,
         cursor: Cursor | None = None,
         opening: float = 0.0,
         clock: Callable[[], float] | None = None,
         delay: Callable[[], RunDelay] | None = None,
     ) -> None:
-        self.epoch, self.start = epoch, start
+        self.epoch, self.start, self.carry = epoch, start, carry
         self.served = 0  # batches handed to the loop, those that raised included
         self.taken = start  # the epoch's batch torch's iterator hands into the chain next
         self.last = Reading()  # the last next(): its seconds, raw and corrected
@@ -153,7 +157,7 @@ class Meter:
     @property
     def position(self) -> Position:
         """The epoch and the batches of it served."""
-        return Position(self.epoch, self.start + self.served)
+        return Position(self.epoch, self.start + self.served, self.carry)
 
     @property
     def positioned(self) -> bool:

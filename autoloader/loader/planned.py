@@ -19,7 +19,7 @@ from autoloader.datasets.location import Location
 from autoloader.errors import AutoloaderError, PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host.budget import SHM_MARGIN, HostBudget
-from autoloader.launch import launched_local_rank, local_world_size
+from autoloader.launch import launched_local_rank, local_world_size, node_of_rank
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.samplers.order import Windows
@@ -210,11 +210,26 @@ def planned_sampler(
             drop_last=given.pop("drop_last", bp.drop_last),
             num_replicas=world,
             rank=rank,
-            read_order=None if bp.read_order is None else Windows(**bp.read_order),
+            read_order=read_order(plan),
+            num_nodes=node_of_rank(rank, world)[1] if bp.node_shares else 1,
             **bp.options,
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def read_order(plan: Plan) -> Windows | None:
+    """The plan's read order: None for a global shuffle, else its windows (and node
+    shares)."""
+    bp = plan.batching
+    if bp.read_order is None:
+        return None
+    return Windows(
+        bp.read_order["block"],
+        bp.read_order["window"],
+        node_shares=bool(bp.node_shares),
+        rotate_every=bp.rotate_every or 0,
+    )
 
 
 def node_loader(plan: Plan) -> LoaderPlan:
@@ -239,12 +254,13 @@ def accumulation_for(plan: Plan, world: int) -> int:
     per_step = bp.local_batch_size * world
     if bp.global_batch_size % per_step:
         raise PlanError(
-            f"{plan.source}: the plan was tuned for world_size {bp.world_size} (local batch "
-            f"{bp.local_batch_size} x {bp.grad_accum_steps} accumulation = global "
-            f"{bp.global_batch_size}); this job has {world} ranks, and global "
-            f"{bp.global_batch_size} is not a multiple of local {bp.local_batch_size} x "
-            f"{world} ranks. Re-run `autoloader tune --world-size {world}` (under torchrun "
-            "or srun it is the job's)"
+            f"{plan.source}: [batching]: the plan was tuned for world_size {bp.world_size} "
+            f"(local_batch_size {bp.local_batch_size} x {bp.world_size} ranks x "
+            f"grad_accum_steps {bp.grad_accum_steps} = global_batch_size "
+            f"{bp.global_batch_size}); this job has {world} ranks, and global_batch_size "
+            f"{bp.global_batch_size} is not a multiple of local_batch_size "
+            f"{bp.local_batch_size} x {world} ranks: no grad_accum_steps keeps it. Re-run "
+            f"`autoloader tune --world-size {world}` (under torchrun or srun it is the job's)"
         )
     steps = bp.global_batch_size // per_step
     log.warning(

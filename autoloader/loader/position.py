@@ -1,16 +1,22 @@
 """Where a planned loader is in its epochs, as ``state_dict()`` saves it and
 ``load_state_dict()`` restores it.
 
-The planned batch samplers are a pure function of (sizes, options, seed, epoch), so a
-position is two numbers, the epoch and the batches handed out in it, and resuming is
-arithmetic: the batch sampler skips the served batches (``resume_at``), and no sample of
-them is read. Batches that workers had prefetched but the loop had not received are not
-served. Two numbers mean something only for the batches they count, so the state also
-carries what fixes those batches (the batch sampler's strategy, options, batch size,
-shuffle, seed, drop_last and world size: ``MEANING``) and the data they were cut from
-(its length, and its sizes' fingerprint where known); a loader that differs in any of them
-refuses the state, naming the key and both values. It also holds the settings run-time
-adaptation reached, and the plan's batching, so that a state of another plan is refused.
+The planned batch samplers are a pure function of (sizes, options, seed, epoch, world
+size), so a position is three numbers: the epoch, the world size that began it (and the
+nodes that shared its blocks, where they did), and the global steps of it served,
+counted in local batches over all ranks (``steps``: the same count whatever the world
+size); resuming is arithmetic. With the same world size the
+batch sampler skips the served batches (``resume_at``); with another (an elastic resume:
+every new rank loads the state rank 0 saved) it serves the epoch's events not yet served,
+once over the new ranks, cut anew into global batches (``SizeBatchSampler.resume_from``);
+either way no sample served is read again. Batches that workers had prefetched but the
+loop had not received are not served. The numbers mean something only for the batches
+they count, so the state also carries what fixes those batches (the batch sampler's
+strategy, options, local batch size, shuffle, seed, drop_last and read order: ``MEANING``)
+and the data they were cut from (its length, and its sizes' fingerprint where known); a
+loader that differs in any of them refuses the state, naming the key and both values. It
+also holds the settings run-time adaptation reached, and the plan's batching, so that a
+state of another plan is refused.
 Same method names as torchdata's ``StatefulDataLoader``: Lightning checkpoints it.
 """
 
@@ -20,7 +26,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +35,22 @@ from autoloader.loader.settings import SETTINGS  # the settings adaptation moves
 from autoloader.loader.trials import RaiseOnTrial
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
+from autoloader.samplers.base import Served
 
 log = logging.getLogger("autoloader")
 
-FORMAT = "autoloader.position/2"
+FORMAT = "autoloader.position/3"
+# Counted this rank's batches ("batches") of an epoch of "world_size" ranks: steps =
+# batches x world_size.
+PREVIOUS = "autoloader.position/2"
 # Written before a state carried its meaning and its data: still resumed (a job that
 # upgrades keeps its checkpoint), checked for all it holds; what it does not hold is taken
 # as the plan's (``_as_planned``), so a loader that overrides the plan refuses it.
 EARLIER = "autoloader.position/1"
 _FAMILY = "autoloader.position/"
-# What fixes the batches a position counts, besides the sizes and the epoch.
-# A state without ``read_order`` was taken in a global shuffle.
+# What fixes the batches a position counts, besides the sizes, the epoch and the world
+# size that began it (which the position holds). A state without ``read_order`` was taken
+# in a global shuffle.
 MEANING = (
     "strategy",
     "options",
@@ -47,7 +58,6 @@ MEANING = (
     "shuffle",
     "seed",
     "drop_last",
-    "world_size",
     "read_order",
 )
 
@@ -67,7 +77,6 @@ def meaning(sampler: SizeBatchSampler) -> dict[str, Any]:
         "shuffle": sampler.shuffle,
         "seed": sampler.seed,
         "drop_last": sampler.drop_last,
-        "world_size": sampler.num_replicas,
         "read_order": None if sampler.read_order is None else sampler.read_order.options(),
     }
 
@@ -90,14 +99,18 @@ class Data:
 @dataclass(frozen=True)
 class Position:
     """The epoch an iterator serves and the batches of it handed out so far (as a meter
-    counts them: ``autoloader.loader.meter``)."""
+    counts them: ``autoloader.loader.meter``); ``carry``: the part of the epoch served
+    before by another world size, after which those batches were cut (see
+    ``SizeBatchSampler.resume_from``), None where they are the epoch's own."""
 
     epoch: int = 0
     batches: int = 0
+    carry: Served | None = None
 
 
 def state(
-    position: Position,
+    epoch: int,
+    served: Served,
     plan: Plan,
     data: Data,
     means: Mapping[str, Any],
@@ -105,12 +118,15 @@ def state(
     trial: RaiseOnTrial | None = None,
 ) -> dict[str, Any]:
     """The plain-data state: numbers and strings, under 1 KiB whatever the epoch's size.
-    ``means``: ``meaning(sampler)``. ``trial``: a raise in force but not yet judged,
-    judged after resuming as it would have been."""
+    ``served``: how far ``epoch`` is served (``SizeBatchSampler.served``). ``means``:
+    ``meaning(sampler)``. ``trial``: a raise in force but not yet judged, judged after
+    resuming as it would have been."""
     out = {
         "format": FORMAT,
-        "epoch": position.epoch,
-        "batches": position.batches,
+        "epoch": epoch,
+        "steps": served.steps,
+        "world_size": served.world,
+        **({"nodes": served.nodes} if served.nodes != 1 else {}),
         **{k: v for k, v in means.items() if v is not None},
         "data": data.to_dict(),
         "plan": plan_identity(plan),
@@ -122,10 +138,16 @@ def state(
 
 
 def check_state(
-    found: Any, plan: Plan, data: Data, means: Mapping[str, Any], batches_in_epoch: int
-) -> Position:
-    """The position in ``found``, checked against this loader (``means``: its
-    ``meaning``; ``data``: what it serves).
+    found: Any,
+    plan: Plan,
+    data: Data,
+    means: Mapping[str, Any],
+    steps_in_epoch: Callable[[int], int],
+) -> tuple[int, Served]:
+    """The epoch in ``found`` and how far it is served, checked against this loader
+    (``means``: its ``meaning``; ``data``: what it serves; ``steps_in_epoch(world)``: the
+    local batches an epoch of ``world`` ranks hands out over all of them). Any world size
+    resumes it.
 
     Raises:
         PlanError: not a loader state, or one whose batches (``MEANING``), data or plan
@@ -133,7 +155,7 @@ def check_state(
     """
     source = plan.source
     what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
-    if what not in (FORMAT, EARLIER):
+    if what not in (FORMAT, PREVIOUS, EARLIER):
         # a later autoloader's format may mean other things by the same keys: never guessed
         unknown = (
             ", a format this version of autoloader does not know"
@@ -142,21 +164,23 @@ def check_state(
         )
         raise PlanError(
             f"{source}: load_state_dict: expected a state from "
-            f"autoloader.DataLoader.state_dict() ({FORMAT} or {EARLIER}), "
+            f"autoloader.DataLoader.state_dict() ({FORMAT}, {PREVIOUS} or {EARLIER}), "
             f"found {what!r}{unknown}"
         )
-    for key in ("epoch", "batches", "world_size"):
+    count = "steps" if what == FORMAT else "batches"
+    for key, least in (("epoch", 0), (count, 0), ("world_size", 1)):
         value = found.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise PlanError(
-                f"{source}: load_state_dict: key {key!r}: expected an integer >= 0, found {value!r}"
+                f"{source}: load_state_dict: key {key!r}: expected an integer >= {least}, "
+                f"found {value!r}"
             )
     earlier = what == EARLIER
-    saved = _as_planned(found, plan, means) if earlier else found
+    saved = _as_planned(plan, means) if earlier else found
     for key in MEANING:
         if saved.get(key) != means[key]:
             note = ""
-            if earlier and key != "world_size":
+            if earlier:
                 note = " (a state of an earlier autoloader, which did not record it: the plan's)"
             raise PlanError(
                 f"{source}: load_state_dict: key {key!r}: the state was saved by a loader "
@@ -170,10 +194,24 @@ def check_state(
             f"another plan (batching {found.get('plan')}, this one "
             f"{plan_identity(plan)}): its position means nothing here"
         )
-    if found["batches"] > batches_in_epoch:
+    world = found["world_size"]
+    nodes = found.get("nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world % nodes:
+        raise PlanError(
+            f"{source}: load_state_dict: key 'nodes': expected an integer >= 1 that "
+            f"divides world_size {world}, found {nodes!r}"
+        )
+    most = steps_in_epoch(world)
+    if count == "batches" and found["batches"] > most // world:
         raise PlanError(
             f"{source}: load_state_dict: key 'batches': expected at most the "
-            f"{batches_in_epoch} batches of an epoch, found {found['batches']}"
+            f"{most // world} batches of an epoch, found {found['batches']}"
+        )
+    steps = found["steps"] if count == "steps" else found["batches"] * world
+    if steps > most:
+        raise PlanError(
+            f"{source}: load_state_dict: key 'steps': expected at most the {most} local "
+            f"batches an epoch of world_size {world} hands out, found {steps}"
         )
     if earlier:
         log.info(
@@ -181,20 +219,19 @@ def check_state(
             "is taken as the plan's, its data checked by sample count",
             EARLIER,
         )
-    return Position(found["epoch"], found["batches"])
+    return found["epoch"], Served(world, steps, nodes)
 
 
-def _as_planned(found: Mapping[str, Any], plan: Plan, means: Mapping[str, Any]) -> dict[str, Any]:
+def _as_planned(plan: Plan, means: Mapping[str, Any]) -> dict[str, Any]:
     """An earlier state's meaning: the plan's batching without keyword overrides (what
     only overrides change, batch_size, shuffle and drop_last, from the plan; the rest
-    always is the plan's), and its recorded world size."""
+    always is the plan's)."""
     bp = plan.batching
     return {
         **means,
         "batch_size": bp.local_batch_size,
         "shuffle": True,
         "drop_last": bp.drop_last,
-        "world_size": found["world_size"],
     }
 
 

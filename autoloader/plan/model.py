@@ -61,6 +61,11 @@ class BatchingPlan:
     # None: a global shuffle; {"block": B, "window": W}: shuffled windows of storage
     # blocks (``autoloader.samplers.order``), where the tune measured the reads faster
     read_order: dict[str, int] | None = None
+    # in a job of several nodes, each node's ranks draw from its share of the blocks of
+    # the windowed order (None: not written, as False), the shares turned by one node
+    # every ``rotate_every`` epochs (None or 0: fixed)
+    node_shares: bool | None = None
+    rotate_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.global_batch_size == 0:

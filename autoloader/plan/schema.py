@@ -158,6 +158,8 @@ TABLES: dict[str, tuple[bool, bool, dict[str, Key]]] = {
             "seed": Key("int", minimum=0, maximum=2**63 - 1),
             "drop_last": Key("bool"),
             "read_order": Key("table"),
+            "node_shares": Key("bool"),
+            "rotate_every": Key("int", minimum=0, maximum=MAX_COUNT),
         },
     ),
     "memory": (
@@ -282,7 +284,19 @@ READ_ORDER_KEYS = {
 def _validate_read_order(batching: Mapping[str, Any], source: str) -> None:
     """``[batching.read_order]``: absent (a global shuffle), or block and window sizes."""
     table = batching.get("read_order")
+    if batching.get("rotate_every") is not None and not batching.get("node_shares"):
+        raise PlanError(
+            f"{source}: key 'batching.rotate_every': expected only with "
+            f"batching.node_shares = true, found rotate_every = {batching['rotate_every']} "
+            f"with node_shares = {_show(batching.get('node_shares', False))}"
+        )
     if table is None:
+        if batching.get("node_shares"):
+            raise PlanError(
+                f"{source}: key 'batching.node_shares': expected only with a windowed read "
+                "order ([batching.read_order]: nodes share its storage blocks), found "
+                "node_shares = true in a global shuffle"
+            )
         return
     _validate_table("batching.read_order", table, READ_ORDER_KEYS, False, source)
     if table["window"] < table["block"]:

@@ -5,11 +5,19 @@ num_replicas`` samples): it implements ``_arrange(pool, num_batches, rng)``. Thi
 picks the short last batch, orders the batches, and splits every global batch across
 ranks so that each rank's share has nearly equal bytes (largest first, each to the
 lightest rank with room: no rank carries the big samples while the others wait).
+
+An epoch served in part by one number of ranks can be finished by another (an elastic
+resume, ``resume_from``): the events of the epoch, in the order its global batches serve
+them (``epoch_order``), are a sequence that depends on the world size the epoch was begun
+with; the part served is a prefix of it, counted in local batches over all ranks
+(``Served.steps``), and the rest is cut anew into global batches of this world size.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +27,18 @@ from autoloader.plan.strategies import STRATEGY_OPTIONS
 from autoloader.samplers.checks import check_bool, check_int, check_sizes
 from autoloader.samplers.hints import hint_batches, hinted
 from autoloader.samplers.order import Windows
+
+
+@dataclass(frozen=True)
+class Served:
+    """How far an epoch is served, whatever the world size: ``world`` ranks began it (its
+    order is theirs: ``epoch_order``), and ``steps`` local batches of it were handed out
+    over all ranks, its first ``steps x batch_size`` events in that order (the last short
+    batch counted whole)."""
+
+    world: int
+    steps: int
+    nodes: int = 1  # the nodes whose block shares laid out its global batches (1: none)
 
 
 class SizeBatchSampler(Sampler[list[int]]):
@@ -35,6 +55,11 @@ class SizeBatchSampler(Sampler[list[int]]):
         read_order: None for a global shuffle, or ``Windows(block, window)``: the epoch's
             batches come from shuffled windows of storage-contiguous blocks (see
             ``autoloader.samplers.order``); every invariant holds in either order.
+        num_nodes: the nodes the ranks run on (``num_replicas / num_nodes`` ranks each,
+            rank ``r`` on node ``r // (num_replicas / num_nodes)``, as torchrun numbers
+            them). Where ``read_order`` gives nodes shares (``Windows(node_shares=True)``),
+            each node's ranks draw their batches from its share of the blocks, each global
+            batch holding a part of every node's share (see ``_node_windowed``).
         sampler: ignored. Lightning passes its own (distributed) sampler when it
             re-creates a batch sampler; these are rank-aware already.
     """
@@ -58,6 +83,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         read_order: Windows | None = None,
         sampler: Any = None,
+        num_nodes: int = 1,
     ) -> None:
         self.sizes = check_sizes(sizes)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -76,9 +102,18 @@ class SizeBatchSampler(Sampler[list[int]]):
                 f"read_order should be None or a Windows, but got {type(read_order).__name__}"
             )
         self.read_order = read_order
+        self.num_nodes = check_int("num_nodes", num_nodes, minimum=1)
+        if num_replicas % num_nodes:
+            raise ValueError(
+                f"num_replicas={num_replicas} ranks do not split evenly over "
+                f"num_nodes={num_nodes} nodes"
+            )
         self.epoch = 0
         self.epoch_set = False  # set_epoch called: the loop chooses its epochs
         self.resume = 0  # batches of this epoch the next iteration skips (a resumed position)
+        # the current epoch begun by another world size (``resume_from``): its batches are
+        # the events not served, cut anew for this one; None: the epoch's own batches
+        self.carry: Served | None = None
         self._read_ahead: tuple[Any, list[np.ndarray]] | None = None  # see batches_for
         # set by the loader that reads remote storage: each batch is handed with a hint of
         # its reader's next batches (``autoloader.samplers.hints``); 0: plain lists
@@ -88,6 +123,13 @@ class SizeBatchSampler(Sampler[list[int]]):
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.num_replicas
+
+    @property
+    def node_parts(self) -> int:
+        """The nodes whose shares of the blocks make up each global batch (1: none)."""
+        order = self.read_order
+        shared = self.shuffle and order is not None and order.node_shares
+        return self.num_nodes if shared else 1
 
     def options(self) -> dict[str, Any]:
         """The strategy's options, as recorded in a plan's ``[batching.options]``."""
@@ -103,7 +145,7 @@ class SizeBatchSampler(Sampler[list[int]]):
         epoch than the current one drops a position set by ``resume_at``."""
         epoch = check_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
-            self.resume = 0
+            self.resume, self.carry = 0, None
         self.epoch, self.epoch_set = epoch, True
 
     def resume_at(self, batches: int) -> None:
@@ -112,9 +154,68 @@ class SizeBatchSampler(Sampler[list[int]]):
         iterations start at the beginning again."""
         self.resume = check_int("batches", batches, minimum=0)
 
-    def __len__(self) -> int:
-        n, g = len(self.sizes), self.global_batch_size
+    def resume_from(self, served: Served) -> None:
+        """The current epoch goes on after ``served``, however many ranks served it: with
+        this world size and a whole number of its global batches served, from the next
+        of them (``resume_at``: exactly what an uninterrupted run yields); else its events
+        not served, each once over this world's ranks, cut into global batches of this
+        world size in the order the epoch was begun with (``carry``, kept for the epoch:
+        ``resume_at`` then counts its batches, and ``set_epoch`` with another epoch drops
+        it, the next epochs being this world size's own)."""
+        world = check_int("world", served.world, minimum=1)
+        steps = check_int("steps", served.steps, minimum=0)
+        same = world == self.num_replicas and served.nodes == self.node_parts
+        if same and steps % world == 0:
+            self.carry = None
+            self.resume_at(steps // world)
+        else:
+            self.carry = Served(world, steps, served.nodes)
+            self.resume_at(0)
+
+    def served(self, batches: int, carry: Served | None = None) -> Served:
+        """How far the epoch is served once ``batches`` of this rank's batches were handed
+        out, from its start or after ``carry`` (the ``carry`` the batches were cut after):
+        the position a state saves, whatever world size resumes it."""
+        if carry is None:
+            return Served(self.num_replicas, batches * self.num_replicas, self.node_parts)
+        steps = carry.steps + batches * self.num_replicas
+        return Served(carry.world, min(steps, self.steps_in_epoch(carry.world)), carry.nodes)
+
+    def steps_in_epoch(self, world: int) -> int:
+        """Local batches an epoch of ``world`` ranks hands out over all of them."""
+        return self._batches_in_epoch(world) * world
+
+    def _batches_in_epoch(self, world: int) -> int:
+        n, g = len(self.sizes), self.batch_size * world
         return n // g if self.drop_last else -(-n // g)
+
+    def __len__(self) -> int:
+        if self.carry is not None:
+            rest = len(self.sizes) - self._carried_from(self.carry)
+            g = self.global_batch_size
+            return rest // g if self.drop_last else -(-rest // g)
+        return self._batches_in_epoch(self.num_replicas)
+
+    def _carried_from(self, carry: Served) -> int:
+        """The events of the epoch's order (``epoch_order``) that ``carry`` served: all of
+        them once its world's epoch was served to the end (with ``drop_last``, the short
+        last global batch it left out stays out)."""
+        if carry.steps >= self.steps_in_epoch(carry.world):
+            return len(self.sizes)
+        return min(carry.steps * self.batch_size, len(self.sizes))
+
+    def epoch_order(self, epoch: int, world: int, nodes: int = 1) -> np.ndarray:
+        """The events of ``epoch`` for ``world`` ranks, in the order its global batches
+        serve them: each global batch as its ranks' shares, rank 0's first, then the
+        short last one unpadded, even where ``drop_last`` leaves it out (so any ``world x
+        k`` local batches of it are balanced global batches). A pure function of (sizes,
+        options, seed, epoch, world, and the ``nodes`` that shared its blocks)."""
+        other = copy.copy(self)
+        other.num_replicas, other.rank, other.carry, other._read_ahead = world, 0, None, None
+        other.drop_last, other.num_nodes = False, nodes
+        full, tail = other.global_batches(epoch)
+        shares = node_rank_order(full, self.sizes, world, other.node_parts).reshape(-1)
+        return np.concatenate([shares, tail]).astype(np.int64, copy=False)
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.resume = self.resume, 0
@@ -135,16 +236,28 @@ class SizeBatchSampler(Sampler[list[int]]):
         asks for them (``autoloader.loader.lookahead``). The arrangement of the last epoch
         asked for ahead (``keep``) is kept until an epoch is iterated, so it is not
         computed twice."""
-        key = (epoch, self._arrangement())
+        carry = self.carry if epoch == self.epoch else None
+        key = (epoch, carry, self._arrangement())
         kept = self._read_ahead
         if kept is not None and kept[0] == key:
             return kept[1]
-        full, tail = self.global_batches(epoch)
-        out = list(rank_share(full, self.sizes, self.num_replicas, self.rank))
+        if carry is not None:
+            rest = self.epoch_order(epoch, carry.world, carry.nodes)
+            rest = rest[self._carried_from(carry) :]
+            g = self.global_batch_size
+            whole = len(rest) // g * g
+            full, tail = rest[:whole].reshape(-1, g), rest[whole:]
+            if self.drop_last:
+                tail = tail[:0]
+            parts = 1
+        else:
+            full, tail = self.global_batches(epoch)
+            parts = self.node_parts
+        out = list(node_rank_share(full, self.sizes, self.num_replicas, parts, self.rank))
         if len(tail):
             padded = pad_last_batch(tail, self.num_replicas)
             out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
-        assert len(out) == len(self), (len(out), len(self))
+        assert carry is not None or len(out) == self._batches_in_epoch(self.num_replicas)
         if keep:
             self._read_ahead = (key, out)
         return out
@@ -162,6 +275,8 @@ class SizeBatchSampler(Sampler[list[int]]):
             self.drop_last,
             self.seed,
             order,
+            self.node_parts,
+            tuple(sorted(self.read_order.options().items())) if self.read_order else None,
             tuple(sorted(self.options().items())),
         )
 
@@ -172,7 +287,10 @@ class SizeBatchSampler(Sampler[list[int]]):
         n, g = len(self.sizes), self.global_batch_size
         epoch = self.epoch if epoch is None else epoch
         rng = np.random.default_rng([self.seed, epoch if self.shuffle else 0])
-        if self.shuffle and self.read_order is not None:
+        if self.node_parts > 1:
+            assert self.read_order is not None
+            full, tail = self._node_windowed(self.read_order, n, rng, epoch)
+        elif self.shuffle and self.read_order is not None:
             full, tail = self._windowed(self.read_order, n, rng)
         else:
             k = n // g
@@ -190,7 +308,14 @@ class SizeBatchSampler(Sampler[list[int]]):
         rest after the last whole global batch is the tail."""
         g = self.global_batch_size
         sequence = windows.sequence(n, rng)
-        whole = n // g * g
+        return self._pooled(windows, sequence, n // g * g, rng), sequence[n // g * g :]
+
+    def _pooled(
+        self, windows: Windows, sequence: np.ndarray, whole: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """The first ``whole`` samples of ``sequence`` arranged into global batches a pool
+        at a time, pools in read order."""
+        g = self.global_batch_size
         step = windows.pool(g, self.pool_batches)
         if self.even_pools:
             sequence = even_pools(sequence, self.sizes, whole, step)
@@ -198,7 +323,32 @@ class SizeBatchSampler(Sampler[list[int]]):
         for start in range(0, whole, step):
             pool = sequence[start : min(start + step, whole)]
             parts.append(self._shuffled(self._arrange(pool, len(pool) // g, rng), rng))
-        return np.concatenate(parts), sequence[whole:]
+        return np.concatenate(parts)
+
+    def _node_windowed(
+        self, windows: Windows, n: int, rng: np.random.Generator, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Global batches laid out by node, node 0's part first: node ``k``'s part of each
+        is a batch of its ranks arranged from its share of the blocks (``Windows.shares``)
+        in a windowed order of its own. Every node serves the same number of events: a
+        share of more than that gives its last samples in read order to the shares of
+        fewer (a block's worth or a global batch's at most: the shares are balanced), and
+        what is left, less than a global batch, is the tail."""
+        nodes = self.num_nodes
+        g = self.global_batch_size
+        quota = n // g * (g // nodes)
+        shares = windows.shares(self.sizes, nodes, epoch)
+        sequences = [windows.share_sequence(b, n, rng) for b in shares]
+        spare = np.concatenate([np.empty(0, dtype=np.int64)] + [s[quota:] for s in sequences])
+        view = copy.copy(self)
+        view.num_replicas, view.num_nodes, view._read_ahead = self.num_replicas // nodes, 1, None
+        parts = []
+        for sequence in sequences:
+            own = sequence[:quota]
+            need = quota - len(own)
+            own, spare = np.concatenate([own, spare[:need]]), spare[need:]
+            parts.append(view._pooled(windows, own, quota, rng))
+        return np.concatenate(parts, axis=1), spare
 
     def _shuffled(self, batches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = len(batches)
@@ -253,6 +403,42 @@ def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: 
     """
     if num_replicas == 1:
         return batches
+    per = batches.shape[1] // num_replicas
+    return rank_order(batches, sizes, num_replicas)[:, rank * per : (rank + 1) * per]
+
+
+def node_rank_share(
+    batches: np.ndarray, sizes: np.ndarray, num_replicas: int, nodes: int, rank: int
+) -> np.ndarray:
+    """``rank_share`` of rows laid out by node (``nodes`` equal parts, node 0's first):
+    a rank's share comes from its node's part, split over that node's ranks."""
+    if nodes == 1:
+        return rank_share(batches, sizes, num_replicas, rank)
+    per_node, part = num_replicas // nodes, batches.shape[1] // nodes
+    node, local = divmod(rank, per_node)
+    return rank_share(batches[:, node * part : (node + 1) * part], sizes, per_node, local)
+
+
+def node_rank_order(
+    batches: np.ndarray, sizes: np.ndarray, num_replicas: int, nodes: int
+) -> np.ndarray:
+    """``rank_order`` of rows laid out by node: every rank's share, rank 0's first."""
+    if nodes == 1:
+        return rank_order(batches, sizes, num_replicas)
+    part = batches.shape[1] // nodes
+    return np.concatenate(
+        [
+            rank_order(batches[:, k * part : (k + 1) * part], sizes, num_replicas // nodes)
+            for k in range(nodes)
+        ],
+        axis=1,
+    )
+
+
+def rank_order(batches: np.ndarray, sizes: np.ndarray, num_replicas: int) -> np.ndarray:
+    """Each row of ``batches`` as its ranks' shares (``rank_share``), rank 0's first."""
+    if num_replicas == 1 or not len(batches):
+        return batches
     rows, g = batches.shape
     per = g // num_replicas
     by_size = np.argsort(-sizes[batches], axis=1, kind="stable")
@@ -269,5 +455,5 @@ def rank_share(batches: np.ndarray, sizes: np.ndarray, num_replicas: int, rank: 
         owner[:, col] = choice
         totals[r, choice] += weights[:, col]
         counts[r, choice] += 1
-    mine = owner == rank
-    return ordered[mine].reshape(rows, per)
+    by_rank = np.argsort(owner, axis=1, kind="stable")
+    return np.take_along_axis(ordered, by_rank, axis=1)

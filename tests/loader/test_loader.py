@@ -200,9 +200,10 @@ def test_another_world_size_keeps_the_local_batch_and_the_global_batch(
     monkeypatch.setenv("WORLD_SIZE", "8")  # 16 is not a multiple of 4 x 8: refused, with the fix
     with pytest.raises(
         PlanError,
-        match=r"tuned for world_size 4 \(local batch 4 x 1 accumulation = global 16\); this job "
-        r"has 8 ranks, and global 16 is not a multiple of local 4 x 8 ranks. Re-run "
-        r"`autoloader tune --world-size 8`",
+        match=r"\[batching\]: the plan was tuned for world_size 4 \(local_batch_size 4 x 4 "
+        r"ranks x grad_accum_steps 1 = global_batch_size 16\); this job has 8 ranks, and "
+        r"global_batch_size 16 is not a multiple of local_batch_size 4 x 8 ranks: no "
+        r"grad_accum_steps keeps it. Re-run `autoloader tune --world-size 8`",
     ):
         DataLoader(ds, plan=plan_for(ds, batch=4, world=4), registry=CollectorRegistry())
 

@@ -268,7 +268,7 @@ def test_a_loader_times_each_next_once_and_counts_it_as_its_position(
     assert inside is not adapt  # iter() stays torch's own where nothing wraps it
     for _ in range(7):
         next(it)
-    assert loader.state_dict()["batches"] == 7
+    assert loader.state_dict()["steps"] == 7
     assert len(list(it)) == 3
 
     def sample(name: str) -> float:
@@ -368,4 +368,4 @@ def test_an_adapting_loaders_windows_and_epoch_are_differences_of_its_meters_rea
         assert m.first_wait_seconds == pytest.approx(0.032)
     ratio = registry.get_sample_value("autoloader_data_wait_ratio", {"rank": "0", "loader": "0"})
     assert ratio == pytest.approx(0.032 / 0.092)
-    assert loader.adaptations == [] and loader.state_dict()["batches"] == 30
+    assert loader.adaptations == [] and loader.state_dict()["steps"] == 30

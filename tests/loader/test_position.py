@@ -93,7 +93,7 @@ def test_the_state_is_small_plain_data_that_torch_load_takes() -> None:
     for _ in range(3):
         next(it)
     state = loader.state_dict()
-    assert (state["epoch"], state["batches"]) == (0, 3)
+    assert (state["epoch"], state["steps"]) == (0, 3)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     assert buffer.tell() < 2048 and len(json.dumps(state)) < 1024
@@ -108,7 +108,7 @@ def test_set_epoch_keeps_the_saved_epoch_and_restarts_another() -> None:
     served = [next(it).tolist() for _ in range(3)]
     rest = [b.tolist() for b in it]
     state = first.state_dict()
-    state["batches"] = 3
+    state["steps"] = 3
     again = DataLoader(Plain(40), plan=planned(), check_fingerprint=False)
     again.load_state_dict(state)
     again.set_epoch(2)
@@ -126,8 +126,9 @@ def test_set_epoch_keeps_the_saved_epoch_and_restarts_another() -> None:
     [
         ({"plan": "sha256:0"}, "the state was saved by a loader of another plan"),
         ({"data": "sha256:40:x"}, "key 'data': expected a table of the data the state was"),
-        ({"world_size": 2}, "key 'world_size': .* world_size=2; this one has world_size=1"),
-        ({"batches": 11}, "expected at most the 10 batches of an epoch, found 11"),
+        ({"world_size": 0}, "key 'world_size': expected an integer >= 1, found 0"),
+        ({"steps": 11}, "expected at most the 10 local batches an epoch of world_size 1"),
+        ({"steps": 13, "world_size": 3}, "the 12 local batches an epoch of world_size 3 hands"),
         ({"epoch": -1}, "key 'epoch': expected an integer >= 0, found -1"),
         ({"format": "x"}, r"expected a state from autoloader.DataLoader.state_dict\(\)"),
     ],
@@ -169,7 +170,7 @@ def test_prefetched_batches_are_not_counted_as_served(
     )
     it = iter(loader)
     got = [next(it).tolist() for _ in range(5)]
-    assert loader.state_dict()["batches"] == 5  # the workers hold up to 8 more
+    assert loader.state_dict()["steps"] == 5  # the workers hold up to 8 more
     resumed = DataLoader(Plain(64), plan=planned(), check_fingerprint=False)
     resumed.load_state_dict(loader.state_dict())
     assert got + [b.tolist() for b in resumed] == [b.tolist() for b in loader]
@@ -216,7 +217,7 @@ def test_a_batch_that_raised_and_was_skipped_counts_as_served(workers: int, adap
     data = RaisesAt(64, skipped[0])
     loader = DataLoader(data, plan=planned(), check_fingerprint=False, adapt=adapt, **kw)
     got = skipping(loader, 10)
-    assert loader.state_dict()["batches"] == 10
+    assert loader.state_dict()["steps"] == 10
     resumed = DataLoader(data, plan=planned(), check_fingerprint=False)
     resumed.load_state_dict(loader.state_dict())
     rest = skipping(resumed)
@@ -378,7 +379,7 @@ def test_a_state_of_other_data_is_refused_whatever_check_fingerprint_says(check:
     else:
         same = DataLoader(SizedAs(200), plan=plan, check_fingerprint=False)
     same.load_state_dict(state)
-    assert same.state_dict()["batches"] == 3
+    assert same.state_dict()["steps"] == 3
 
 
 def earlier_state(loader: DataLoader, batches: int, data: str) -> dict[str, object]:
@@ -415,7 +416,7 @@ def test_a_state_of_an_earlier_autoloader_resumes_where_it_can_be_checked() -> N
         more.load_state_dict(earlier_state(more, 3, str(plan.fingerprint)))
     same = DataLoader(SizedAs(200), plan=plan)
     same.load_state_dict(earlier_state(same, 3, str(plan.fingerprint)))
-    assert same.state_dict()["batches"] == 3
+    assert same.state_dict()["steps"] == 3
 
 
 def test_a_state_round_trips_through_torch_load_with_its_meaning() -> None:
@@ -426,6 +427,7 @@ def test_a_state_round_trips_through_torch_load_with_its_meaning() -> None:
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     keys = ("strategy", "options", "batch_size", "shuffle", "seed", "drop_last", "world_size")
+    assert state["steps"] == 2
     assert {k: state[k] for k in keys} == {
         "strategy": "balance",
         "options": {"fraction": 0.1},
@@ -534,12 +536,13 @@ def test_a_resumed_epoch_is_the_rest_of_the_same_epoch_whatever_the_workers(
 
 def test_a_state_of_a_format_this_version_does_not_know_is_refused_naming_it() -> None:
     loader = DataLoader(Plain(40), plan=planned(), check_fingerprint=False)
-    state = {**loader.state_dict(), "format": "autoloader.position/3"}
+    state = {**loader.state_dict(), "format": "autoloader.position/4"}
     with pytest.raises(PlanError) as raised:
         DataLoader(Plain(40), plan=planned(), check_fingerprint=False).load_state_dict(state)
     assert str(raised.value) == (
         "<dict>: load_state_dict: expected a state from autoloader.DataLoader.state_dict() "
-        "(autoloader.position/2 or autoloader.position/1), found 'autoloader.position/3', a "
+        "(autoloader.position/3, autoloader.position/2 or autoloader.position/1), found "
+        "'autoloader.position/4', a "
         "format this version of autoloader does not know"
     )
 
@@ -562,7 +565,7 @@ def test_an_iterator_taken_mid_epoch_keeps_the_loops_position(workers: int, adap
     got += [next(loop).tolist() for _ in range(8)]
     assert got == whole[:12]
     state = loader.state_dict()
-    assert (state["epoch"], state["batches"]) == (0, 12)
+    assert (state["epoch"], state["steps"]) == (0, 12)
     again = make()
     again.load_state_dict(state)
     assert [b.tolist() for b in again] == whole[12:]
@@ -599,14 +602,14 @@ def test_a_peek_that_resets_persistent_workers_moves_the_position_with_the_loop(
             peeked = next(iter(loader)).tolist()
         if i == 15:  # 6 before the peek, the peek, and 10 of the reset pass after it
             state = loader.state_dict()
-            assert (state["epoch"], state["batches"]) == (0, 11)
+            assert (state["epoch"], state["steps"]) == (0, 11)
             again = make()
             again.load_state_dict(state)
             assert [b.tolist() for b in again] == whole[11:]
     # what torch's DataLoader serves: the pass the peek reset, after the first 6
     assert peeked == whole[0] and got == whole[:6] + whole[1:]
     state = loader.state_dict()
-    assert (state["epoch"], state["batches"]) == (0, 25)
+    assert (state["epoch"], state["steps"]) == (0, 25)
     again = make()
     again.load_state_dict(state)
     again.set_epoch(1)

@@ -334,7 +334,7 @@ def test_a_fed_loader_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         for _ in loader:
             clock[0] += 0.05
     assert loader.adaptations == [] and loader.num_workers == 0
-    assert loader.state_dict()["batches"] == 12
+    assert loader.state_dict()["steps"] == 12
 
 
 def test_a_raise_that_did_not_help_steps_back() -> None:
@@ -743,7 +743,7 @@ def test_a_fed_long_epoch_never_changes(monkeypatch: pytest.MonkeyPatch) -> None
     for _ in loader:
         clock[0] += 0.1
     assert loader.adaptations == [] and loader.num_workers == 0
-    assert loader.state_dict()["batches"] == 32
+    assert loader.state_dict()["steps"] == 32
 
 
 class Yields(Dataset):
@@ -844,7 +844,7 @@ def test_an_interrupt_while_the_workers_restart_inside_an_epoch_loses_no_batch(
         for batch in loader:
             got.append(batch.flatten().tolist())
     state = loader.state_dict()
-    assert judged and state["batches"] == len(got) == judged[0] - 1
+    assert judged and state["steps"] == len(got) == judged[0] - 1
     again = make(Slow(96, delay=0.0), plan)
     again.load_state_dict(state)
     assert got + [b.flatten().tolist() for b in again] == whole
