@@ -181,3 +181,41 @@ def test_torchs_private_api_is_reached_through_one_module() -> None:
         if used:
             found[name] = sorted(used)
     assert found == {}
+
+
+def test_dataset_hooks_are_read_in_one_module() -> None:
+    """What autoloader reads from a dataset beyond torch's protocol is declared in
+    ``autoloader.datasets.hooks``, and read there only: anywhere else, a hook named in a
+    ``getattr``/``hasattr`` or read as an attribute of another object is undocumented API.
+    A dataset may call its own hooks (``self.autoloader_blocks()``); plugins, which offer
+    the hooks, are not readers of them."""
+    from autoloader.datasets import hooks
+
+    named = set(hooks.HOOKS)
+    own = {n for n in named if n.startswith("autoloader_")}
+    found = {}
+    for name, tree in TREES.items():
+        if name == "autoloader.datasets.hooks" or not name.startswith("autoloader."):
+            continue
+        used = set()
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in named
+                and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
+            ):
+                used.add(node.args[1].value)
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr in own
+                and isinstance(node.ctx, ast.Load)
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                used.add(node.attr)
+        if used:
+            found[name] = sorted(used)
+    assert found == {}

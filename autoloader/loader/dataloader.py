@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from autoloader import compat
 from autoloader.cache import NodeCache
-from autoloader.datasets.source import dataset_files
+from autoloader.datasets import hooks
+from autoloader.datasets.hooks import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
@@ -420,8 +421,7 @@ class DataLoader(tud.DataLoader):
             if node is not self.node_cache and self._recorder is not None:
                 self._recorder.watch_cache(node.counts if node is not None else None)
             self.node_cache = node
-        refresh = getattr(self.dataset, "autoloader_refresh", None)
-        if callable(refresh) and refresh():  # a file changed: read anew, or refused
+        if hooks.refresh(self.dataset):  # a file changed: read anew, or refused
             compat.end_persistent_iterator(self)  # kept workers hold the old file
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided

@@ -37,6 +37,7 @@ from autoloader.cache import NodeCache
 from autoloader.cache.lifetime import remove_base
 from autoloader.cache.owned import own, remove_home, remove_tree
 from autoloader.cache.store import cache_base
+from autoloader.datasets import hooks
 from autoloader.host.budget import SHM_MARGIN, HostBudget
 from autoloader.launch import local_world_size
 from autoloader.plan import CachePlan
@@ -79,10 +80,7 @@ def choose_cache(
     """Measure and decide (the module's notes). ``where``: "shm" or a directory;
     ``batch_bytes``: a mean batch's; ``shm_need_bytes``: this rank's batches in flight;
     ``worker_bytes``: what one worker holds; ``step_seconds``: one step, where timed."""
-    if not all(
-        callable(getattr(dataset, name, None))
-        for name in ("autoloader_read_block", "autoloader_blocks", "autoloader_node_cache")
-    ):
+    if not hooks.reads_blocks(dataset):
         return none("the dataset reads no storage blocks a node cache could keep")
     measured = _measure(dataset, where)
     if isinstance(measured, CacheChoice):
@@ -108,7 +106,8 @@ class _Measured:
 def _measure(dataset: Any, where: str) -> _Measured | CacheChoice:
     """Blocks timed as a worker reads them, decoded and from a cache in ``where``; no
     cache (a ``CacheChoice``) where none can be written there or it is not faster."""
-    bounds = np.asarray(dataset.autoloader_blocks(), dtype=np.int64)
+    bounds = hooks.said_blocks(dataset)
+    assert bounds is not None  # the dataset reads blocks
     count = len(bounds) - 1
     fresh = pickle.loads(pickle.dumps(dataset))  # as a worker reads it: no warm caches
     source, cached, block_bytes = _time_blocks(fresh, count, where)
@@ -208,7 +207,7 @@ def _time_blocks(
     try:
         for b in picks.tolist():
             t = time.perf_counter()
-            block = np.asarray(dataset.autoloader_read_block(b))
+            block = hooks.read_block(dataset, b)
             source.append(time.perf_counter() - t)
             sizes.append(int(block.nbytes))
             probe.get(b, lambda block=block: block)  # written
@@ -286,9 +285,9 @@ def _never() -> np.ndarray:
 
 
 def _decoded_bytes(dataset: Any, block_bytes: list[int], count: int) -> int:
-    said = getattr(dataset, "autoloader_decoded_bytes", None)
-    if callable(said):
-        return int(said())
+    said = hooks.said_decoded_bytes(dataset)
+    if said is not None:
+        return said
     return int(np.mean(block_bytes) * count) if block_bytes else 0
 
 
