@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from autoloader.compat import torch_distributed as compat_torch_distributed
 from autoloader.errors import PlanError
 from autoloader.units import seconds_from_env
 
@@ -101,9 +102,7 @@ def _value(v: Any) -> str:
 
 
 def _store() -> Any:
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
+    return compat_torch_distributed.default_store()
 
 
 def _has(store: Any, key: str) -> bool:

@@ -19,8 +19,9 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
-from autoloader import compat
 from autoloader.cache import NodeCache
+from autoloader.compat import accelerate as compat_accelerate
+from autoloader.compat import torch as compat
 from autoloader.datasets import hooks
 from autoloader.datasets.hooks import dataset_files
 from autoloader.errors import UsageError
@@ -472,7 +473,7 @@ class DataLoader(tud.DataLoader):
         (``_metering``) where the loop receives them."""
         meter = self._metering
         assert meter is not None
-        accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
+        accelerate = compat_accelerate.is_prepared(self) and accelerator_active()
         wrapped = self._feed_device is not None or accelerate or self._runtime is not None
         # Counted and timed where the loop receives them: inside torch's iterator when
         # nothing wraps it (so iter() stays torch's own), else around the whole chain.

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from autoloader import compat
 from autoloader.batches import tensors
+from autoloader.compat import torch as compat
 from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
