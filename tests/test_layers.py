@@ -261,3 +261,11 @@ def test_other_libraries_privates_are_reached_through_one_door() -> None:
         if used:
             found[name] = sorted(used)
     assert found == {}
+
+
+def test_autoloaders_environment_variables_are_read_in_one_module() -> None:
+    """Every ``AUTOLOADER_*`` variable is a knob of ``autoloader.knobs``, read by its one
+    parser: no other module names one in a string."""
+    named = re.compile(r"""["']AUTOLOADER_[A-Z_]+["']""")
+    readers = sorted(name for name, path in MODULES.items() if named.search(path.read_text()))
+    assert readers == ["autoloader.knobs"]
