@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from autoloader.errors import PlanError
+from autoloader.feed.depth import DEVICE_PREFETCH_MAX, PLAN_PREFETCH_BOUND
 from autoloader.plan.strategies import STRATEGY_NAMES, STRATEGY_OPTIONS
 
 SCHEMA_VERSION = 1
 MAX_WORKERS = 1024
-MAX_PREFETCH = 1024
-MAX_DEVICE_PREFETCH = 16
+MAX_PREFETCH = PLAN_PREFETCH_BOUND
+MAX_DEVICE_PREFETCH = DEVICE_PREFETCH_MAX
 MAX_COUNT = 2**31 - 1
 MAX_RANKS = 2**20
 MAX_BYTES = 2**63 - 1  # what a TOML integer holds
