@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import logging
 import os
@@ -27,7 +26,6 @@ from autoloader.datasets.hooks import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
-from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
@@ -35,6 +33,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
+from autoloader.loader.adapting import runtime_for
 from autoloader.loader.arguments import (
     apply_threads,
     check_adapt_args,
@@ -42,7 +41,6 @@ from autoloader.loader.arguments import (
     device_prefetch,
 )
 from autoloader.loader.decisions import Adaptation
-from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
@@ -60,7 +58,6 @@ from autoloader.loader.planned import (
     refresh_cache,
     shm_in_flight,
 )
-from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
     Data,
     Position,
@@ -70,7 +67,7 @@ from autoloader.loader.position import (
     saved_trial,
 )
 from autoloader.loader.position import state as position_state
-from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.runtime import Runtime
 from autoloader.loader.settings import Settings, user_fixed
 from autoloader.loader.survival import survival_for
 from autoloader.loader.trainers import (
@@ -80,7 +77,6 @@ from autoloader.loader.trainers import (
     lightning_record,
     mark_prepared,
 )
-from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
@@ -221,7 +217,7 @@ class DataLoader(tud.DataLoader):
         self._survival = survival_for(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
-            self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
+            self._runtime = runtime_for(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
 
@@ -582,32 +578,6 @@ class DataLoader(tud.DataLoader):
             if self._runtime is None or not self._runtime.could_not_start(self, str(exc)):
                 raise
         return self._get_iterator()
-
-
-def _runtime(
-    loader: DataLoader, fixed: frozenset[str], threshold: float, max_workers: int | None
-) -> Runtime:
-    """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
-    plan = loader.plan
-    assert plan is not None
-    settings = Settings.of(loader)
-    assert loader._host is not None
-    limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
-    refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
-    limits = dataclasses.replace(limits, fork_refuses=refusal)
-    adapter = Adapter(
-        settings,
-        limits,
-        threshold=threshold,
-        fixed=fixed,
-        evidence=Evidence.from_search(plan.evidence.workers),
-        persistent=bool(loader.persistent_workers),
-    )
-    predicted, budget = plan.evidence.predicted_peak_bytes, plan.evidence.budget_bytes
-    watch = None
-    if predicted:
-        watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
-    return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
 
 
 def _auto_collation(given: dict[str, Any]) -> bool:
