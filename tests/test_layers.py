@@ -269,3 +269,11 @@ def test_autoloaders_environment_variables_are_read_in_one_module() -> None:
     named = re.compile(r"""["']AUTOLOADER_[A-Z_]+["']""")
     readers = sorted(name for name, path in MODULES.items() if named.search(path.read_text()))
     assert readers == ["autoloader.knobs"]
+
+
+def test_modules_stay_at_most_600_lines() -> None:
+    """A module past 600 lines owns more than one thing: split it by what it owns."""
+    long = {
+        name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert long == {}

@@ -143,10 +143,7 @@ class DataLoader(tud.DataLoader):
         **kwargs: Any,
     ) -> None:
         check_adapt_args(adapt, adapt_max_workers)
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise TypeError(f"name should be a non-empty string, but got name={name!r}")
+        _check_cache_and_name(cache, name)
         self.node_cache: NodeCache | None = None
         check_threads(num_threads)
         self._feed_device = check_device(device)
@@ -163,20 +160,7 @@ class DataLoader(tud.DataLoader):
         fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
         sizes: np.ndarray | None = None
         rank, world = 0, 1
-        self.grad_accum_steps = 1
-        self._cursor = Cursor()  # where the loader is: its iterators' meters
-        # the meter of the iterator iter() is making, and whether it times inside torch's
-        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
-        self._metering: Meter | None = None
-        self._meter_inside = False
-        self._live: Any = None  # a weak reference to torch's iterator of the epoch
-        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
-        self._data = Data(0)  # what a planned loader serves: a position's data
-        self._repeats = RepeatWatch()
-        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
-        self._host = HostBudget.probe() if plan is not None else None
-        # and this process's limits (open files, processes, address space), for adaptation
-        self._limits = ProcessLimits.probe() if plan is not None else None
+        self._begin_state(planned=plan is not None)
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
@@ -220,6 +204,24 @@ class DataLoader(tud.DataLoader):
             self._runtime = runtime_for(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
+
+    def _begin_state(self, *, planned: bool) -> None:
+        """What the loader keeps before torch's constructor runs: where it is, what it
+        serves, and, for a plan, this node's budgets read once."""
+        self.grad_accum_steps = 1
+        self._cursor = Cursor()  # where the loader is: its iterators' meters
+        # the meter of the iterator iter() is making, and whether it times inside torch's
+        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
+        self._metering: Meter | None = None
+        self._meter_inside = False
+        self._live: Any = None  # a weak reference to torch's iterator of the epoch
+        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
+        self._data = Data(0)  # what a planned loader serves: a position's data
+        self._repeats = RepeatWatch()
+        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
+        self._host = HostBudget.probe() if planned else None
+        # and this process's limits (open files, processes, address space), for adaptation
+        self._limits = ProcessLimits.probe() if planned else None
 
     @property
     def _position(self) -> Position:
@@ -578,6 +580,13 @@ class DataLoader(tud.DataLoader):
             if self._runtime is None or not self._runtime.could_not_start(self, str(exc)):
                 raise
         return self._get_iterator()
+
+
+def _check_cache_and_name(cache: Any, name: Any) -> None:
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name should be a non-empty string, but got name={name!r}")
 
 
 def _auto_collation(given: dict[str, Any]) -> bool:
