@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.compat import pyg as compat_pyg
+
 
 def _is_pyg(obj: Any) -> bool:
     """A PyG ``Data``, ``HeteroData`` or ``Batch``: tensors live in its stores."""
@@ -37,7 +39,7 @@ def leaves(obj: Any, *, samples_only: bool = False) -> Iterator[Any]:
     if isinstance(obj, (torch.Tensor, np.ndarray, str, bytes)) or obj is None:
         yield obj
     elif _is_pyg(obj):
-        skip = COLLATION_KEYS if samples_only and hasattr(obj, "_slice_dict") else ()
+        skip = COLLATION_KEYS if samples_only and compat_pyg.is_collated(obj) else ()
         for store in obj.stores:
             for key, value in store.items():
                 if key not in skip:

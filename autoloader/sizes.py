@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from autoloader.batches import nbytes
+from autoloader.datasets import hooks
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader.files import atomic_write, output_kind, read_at_most
@@ -52,14 +53,11 @@ def sample_sizes(
         if dataset in _MEMO:
             return _MEMO[dataset]
     n = _length(dataset)
-    source: DataSource | None = None
-    if hasattr(dataset, "autoloader_source"):
-        source = dataset.autoloader_source()
+    source = hooks.said_source(dataset)
     sizes = _read_cache(source, n) if source is not None else None
     if sizes is None:
-        if hasattr(dataset, "autoloader_sizes"):
-            sizes = np.asarray(dataset.autoloader_sizes())
-        else:
+        sizes = hooks.said_sizes(dataset)
+        if sizes is None:
             sizes = _measure(dataset, n, progress, timeout)
         sizes = _check(sizes, n, dataset)
         if source is not None:

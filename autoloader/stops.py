@@ -37,7 +37,7 @@ def raise_if_stopped(exc: BaseException, loader: Any = None) -> None:
     Raises:
         KeyboardInterrupt: from ``exc``.
     """
-    from autoloader import compat  # torch is loaded: it raised ``exc``
+    from autoloader.compat import torch as compat  # torch is loaded: it raised ``exc``
 
     workers = compat.kept_workers(loader)
     stopped = any(stopped_by_signal(getattr(w, "exitcode", None)) for w in workers)

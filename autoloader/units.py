@@ -69,26 +69,3 @@ def format_bytes(n: float) -> str:
 
 
 MAX_WAIT_SECONDS = 2**31 // 1000  # the longest wait torch's stores take (int32 ms): 24 days
-
-
-def seconds_from_env(name: str, default: float) -> float:
-    """Seconds from the environment variable ``name``, or ``default`` where it is unset.
-
-    Raises:
-        UsageError: the variable is set to anything but seconds in (0, MAX_WAIT_SECONDS].
-    """
-    import os
-
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= MAX_WAIT_SECONDS:
-        raise UsageError(
-            f"environment variable {name}: expected seconds in (0, "
-            f"{MAX_WAIT_SECONDS}], found {raw!r}"
-        )
-    return value

@@ -675,7 +675,11 @@ def test_a_torch_without_our_internals_fails_at_import_with_one_line(
 ) -> None:
     from torch.utils.data import dataloader
 
-    from autoloader.compat import SUPPORTED_TORCH, UnsupportedTorchError, check_torch_internals
+    from autoloader.compat.torch import (
+        SUPPORTED_TORCH,
+        UnsupportedTorchError,
+        check_torch_internals,
+    )
 
     check_torch_internals()  # this torch has them
     monkeypatch.delattr(dataloader._BaseDataLoaderIter, "_next_index")
@@ -694,7 +698,7 @@ def test_the_worker_state_we_read_is_checked_at_import(monkeypatch: pytest.Monke
     own state: a torch whose ``__init__`` no longer sets it is refused at import too."""
     from torch.utils.data import dataloader
 
-    from autoloader.compat import UnsupportedTorchError, check_torch_internals
+    from autoloader.compat.torch import UnsupportedTorchError, check_torch_internals
 
     def renamed(self: object, loader: object) -> None:
         raise AssertionError("never called")
@@ -718,7 +722,7 @@ def test_the_check_reads_torchs_code_under_a_wrapper(monkeypatch: pytest.MonkeyP
 
     from torch.utils.data import DataLoader
 
-    from autoloader.compat import check_torch_internals
+    from autoloader.compat.torch import check_torch_internals
 
     init = DataLoader.__init__
 

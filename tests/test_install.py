@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autoloader._version import DISTRIBUTION
-from autoloader.compat import (
+from autoloader.compat.torch import (
     OLDEST_TORCH,
     SUPPORTED_TORCH,
     UnsupportedTorchError,

@@ -210,8 +210,8 @@ def test_a_stop_while_torch_is_still_importing_leaves_torch_alone(monkeypatch: A
     exit as before."""
     import torch
 
-    from autoloader import compat
     from autoloader.cli.interrupts import Interrupts
+    from autoloader.compat import torch as compat
 
     marked: list[bool] = []
     monkeypatch.setattr(compat, "mark_interpreter_exiting", lambda: marked.append(True))

@@ -165,7 +165,7 @@ def test_torchs_private_api_is_reached_through_one_module() -> None:
     iterators elsewhere only override torch's hooks (``_reset``, ``_next_index``, ...)."""
     found = {}
     for name in MODULES:
-        if name == "autoloader.compat":
+        if name.startswith("autoloader.compat"):
             continue
         used = set()
         for node in ast.walk(TREES[name]):
@@ -181,3 +181,99 @@ def test_torchs_private_api_is_reached_through_one_module() -> None:
         if used:
             found[name] = sorted(used)
     assert found == {}
+
+
+def test_dataset_hooks_are_read_in_one_module() -> None:
+    """What autoloader reads from a dataset beyond torch's protocol is declared in
+    ``autoloader.datasets.hooks``, and read there only: anywhere else, a hook named in a
+    ``getattr``/``hasattr`` or read as an attribute of another object is undocumented API.
+    A dataset may call its own hooks (``self.autoloader_blocks()``); plugins, which offer
+    the hooks, are not readers of them."""
+    from autoloader.datasets import hooks
+
+    named = set(hooks.HOOKS)
+    own = {n for n in named if n.startswith("autoloader_")}
+    found = {}
+    for name, tree in TREES.items():
+        if name == "autoloader.datasets.hooks" or not name.startswith("autoloader."):
+            continue
+        used = set()
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in named
+                and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
+            ):
+                used.add(node.args[1].value)
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr in own
+                and isinstance(node.ctx, ast.Load)
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                used.add(node.attr)
+        if used:
+            found[name] = sorted(used)
+    assert found == {}
+
+
+# other libraries' private names autoloader uses, by library: read or set on their objects
+# in ``autoloader.compat`` only
+OTHERS_PRIVATE = {
+    "fsspec": {"_raise_not_found_for_status", "_cat_ranges"},
+    "accelerate": {"_add_dataloader", "_remove_dataloader", "_shared_state"},
+    "accelerate's mark": {"_is_accelerate_prepared"},
+    "lightning": {
+        "__pl_saved_args",
+        "__pl_saved_kwargs",
+        "__pl_saved_default_kwargs",
+        "__pl_saved_arg_names",
+    },
+    "torch_geometric": {"_store", "_slice_dict", "_inc_dict", "_num_graphs", "_num_nodes"},
+    "multiprocessing": {"_resource_sharer"},
+    "argparse": {"_SubParsersAction", "_actions"},
+    "torch.distributed": {"_get_default_store"},
+}
+
+
+def test_other_libraries_privates_are_reached_through_one_door() -> None:
+    """fsspec's, Accelerate's, Lightning's, PyG's, multiprocessing's, argparse's and
+    torch.distributed's private names are used in ``autoloader.compat`` alone, where each
+    is checked against the installed version (``tests/test_compat.py``). A name read as
+    our own object's attribute (``self._store``) is ours."""
+    private = {n: lib for lib, names in OTHERS_PRIVATE.items() for n in names}
+    found = {}
+    for name, tree in TREES.items():
+        if name.startswith("autoloader.compat"):
+            continue
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                ours = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if not ours or private[node.attr] == "argparse":
+                    used.add(f"{private[node.attr]}: {node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in private:  # getattr
+                used.add(f"{private[node.value]}: {node.value}")
+        if used:
+            found[name] = sorted(used)
+    assert found == {}
+
+
+def test_autoloaders_environment_variables_are_read_in_one_module() -> None:
+    """Every ``AUTOLOADER_*`` variable is a knob of ``autoloader.knobs``, read by its one
+    parser: no other module names one in a string."""
+    named = re.compile(r"""["']AUTOLOADER_[A-Z_]+["']""")
+    readers = sorted(name for name, path in MODULES.items() if named.search(path.read_text()))
+    assert readers == ["autoloader.knobs"]
+
+
+def test_modules_stay_at_most_600_lines() -> None:
+    """A module past 600 lines owns more than one thing: split it by what it owns."""
+    long = {
+        name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert long == {}

@@ -24,6 +24,7 @@ from autoloader._version import __version__
 from autoloader.cli import address_space, interrupts
 from autoloader.cli.interrupts import INTERRUPTED
 from autoloader.cli.text import drop_stdout, printable
+from autoloader.compat import stdlib as compat_stdlib
 from autoloader.errors import AutoloaderError, UsageError, one_line
 from autoloader.redact import Redacting, redact
 
@@ -60,18 +61,13 @@ class Parser(argparse.ArgumentParser):
         )
 
     def _commands(self) -> list[str]:
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return list(action.choices)
-        return []
+        return list(compat_stdlib.subcommands(self))
 
     def _suggestion(self, unknown: list[str]) -> str:
         """``; did you mean --global-batch-size?`` for the first near miss, if any."""
-        known = [o for a in self._actions for o in a.option_strings]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for parser in action.choices.values():
-                    known += [o for a in parser._actions for o in a.option_strings]
+        known = [o for a in compat_stdlib.parser_actions(self) for o in a.option_strings]
+        for parser in compat_stdlib.subcommands(self).values():
+            known += [o for a in compat_stdlib.parser_actions(parser) for o in a.option_strings]
         for word in unknown:
             option = word.split("=", 1)[0]
             if option.startswith("--"):

@@ -126,7 +126,7 @@ class Interrupts:
             return
         self._ending = True
         if _imported("torch", "torch.utils.data.dataloader"):  # nothing to import now
-            from autoloader import compat
+            from autoloader.compat import torch as compat
 
             compat.mark_interpreter_exiting()
         threading.Thread(target=self._last_resort, daemon=True).start()
@@ -258,7 +258,7 @@ def stop_with_workers() -> None:
     interrupts = signal.getsignal(signal.SIGTERM)
     if not isinstance(interrupts, Interrupts) or interrupts.seen:
         return
-    from autoloader import compat
+    from autoloader.compat import torch as compat
 
     compat.set_torch_sigchld_handler()  # torch's, set once per process: not again after us
     torch_handler = signal.getsignal(signal.SIGCHLD)

@@ -12,8 +12,8 @@ from typing import Any
 
 from autoloader.cli.interrupts import committing, stop_with_workers
 from autoloader.datasets import open_dataset
+from autoloader.datasets.hooks import dataset_files
 from autoloader.datasets.reads import SampleError
-from autoloader.datasets.source import dataset_files
 from autoloader.errors import DatasetError, UsageError
 from autoloader.files import (
     check_writable,

@@ -16,8 +16,6 @@ closed is, and each retry is counted (``RETRIES``, which the loader's metrics ex
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import threading
 import time
@@ -25,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from autoloader import knobs
 from autoloader.errors import DatasetError
 
 T = TypeVar("T")
@@ -48,14 +47,13 @@ _TRANSIENT = re.compile(
 )
 
 
-DAY = 86400.0
-# each option's type and range: a timeout is positive (aiohttp takes 0 as none) and at
-# most a day; the retries and their first backoff keep the bound a finite number
-_RANGES: dict[str, tuple[type, float, float]] = {
-    "connect_timeout": (float, 0.001, DAY),
-    "read_timeout": (float, 0.001, DAY),
-    "retries": (int, 0, 100),
-    "backoff": (float, 0.0, 3600.0),
+# each option's knob: a timeout is positive (aiohttp takes 0 as none) and at most a day;
+# the retries and their first backoff keep the bound a finite number
+_KNOBS = {
+    "connect_timeout": knobs.SOURCE_CONNECT_TIMEOUT,
+    "read_timeout": knobs.SOURCE_READ_TIMEOUT,
+    "retries": knobs.SOURCE_RETRIES,
+    "backoff": knobs.SOURCE_BACKOFF,
 }
 
 
@@ -63,36 +61,17 @@ _RANGES: dict[str, tuple[type, float, float]] = {
 class SourceOptions:
     """The bounds of remote reads, in seconds and tries (see the module's docstring)."""
 
-    connect_timeout: float = 10.0
-    read_timeout: float = 30.0
-    retries: int = 3
-    backoff: float = 0.25
+    connect_timeout: float = knobs.SOURCE_CONNECT_TIMEOUT.default
+    read_timeout: float = knobs.SOURCE_READ_TIMEOUT.default
+    retries: int = knobs.SOURCE_RETRIES.default
+    backoff: float = knobs.SOURCE_BACKOFF.default
 
     @classmethod
     def from_environment(cls) -> SourceOptions:
         """``AUTOLOADER_SOURCE_CONNECT_TIMEOUT``, ``..._READ_TIMEOUT``, ``..._RETRIES``,
-        ``..._BACKOFF``; a value that is not a number within its range (``_RANGES``) is an
-        error naming the variable."""
-        values: dict[str, Any] = {}
-        for key, (kind, low, high) in _RANGES.items():
-            name = f"AUTOLOADER_SOURCE_{key.upper()}"
-            text = os.environ.get(name)
-            if text is None:
-                continue
-            try:
-                value = kind(text)
-            except ValueError:
-                value = None
-            # inf and nan would pass a comparison and fail later as the file's fault (a
-            # timeout handed to a client that takes an integer); 0 is no timeout to aiohttp
-            if value is None or not math.isfinite(value) or not low <= value <= high:
-                what = "an integer" if kind is int else "a number of seconds"
-                raise DatasetError(
-                    f"environment variable {name}: expected {what} in {low:g}..{high:g}, "
-                    f"found {text!r}"
-                )
-            values[key] = value
-        return cls(**values)
+        ``..._BACKOFF`` (``autoloader.knobs``); a value that is not a number within its
+        range is a ``DatasetError`` naming the variable."""
+        return cls(**{key: knob.read() for key, knob in _KNOBS.items()})
 
     @property
     def bound(self) -> float:

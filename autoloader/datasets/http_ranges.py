@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from autoloader.compat import fsspec as compat_fsspec
+
 MAX_RANGES = 64  # ranges in one request; a block of more sends several requests at once
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,7 @@ async def _one(fs: Any, url: str, start: int, stop: int) -> bytes:
     headers["Range"] = f"bytes={start}-{stop - 1}"
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
-        fs._raise_not_found_for_status(r, url)
+        compat_fsspec.raise_for_status(fs, r, url)
         whole = r.status == 200 and not (start == 0 and r.content_length == stop)
         if r.status != 206 and whole:
             r.close()  # the whole file follows: leave it unread
@@ -158,7 +160,7 @@ async def _multi(fs: Any, url: str, starts: list[int], stops: list[int]) -> list
     )
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
-        fs._raise_not_found_for_status(r, url)
+        compat_fsspec.raise_for_status(fs, r, url)
         if r.status != 206:
             r.close()  # the whole file follows: leave it unread
             return [None] * len(starts)

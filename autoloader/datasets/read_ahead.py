@@ -37,11 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoloader import knobs
 from autoloader.datasets import ranges
 
 READ_AHEAD_BYTES = 256 * 2**20  # block bytes one process fetches ahead and holds, at most
 DEFAULT_BLOCKS = 2  # a planned remote dataset's, where its plan measured no source
-ENVIRONMENT = "AUTOLOADER_READ_AHEAD"
+ENVIRONMENT = knobs.READ_AHEAD.name
 _WAIT_SLICE = 0.1  # seconds: how soon a wait for a fetch in flight sees a pending Ctrl-C
 
 Spans = tuple[tuple[int, int], ...]
@@ -50,7 +51,8 @@ Key = tuple[Any, Spans]  # the file's key (``remote_file.FileKey``) and the bloc
 
 def enabled() -> bool:
     """Whether read-ahead is on in this process (``AUTOLOADER_READ_AHEAD`` is not ``0``)."""
-    return os.environ.get(ENVIRONMENT, "1").strip().lower() not in ("0", "off", "false", "no")
+    on: bool = knobs.READ_AHEAD.read()
+    return on
 
 
 def merged(ranges: Sequence[tuple[int, int]], size: int) -> Spans:

@@ -1,18 +1,8 @@
-"""What a dataset can tell autoloader about itself without loading samples.
+"""Where a dataset's data lives, and a stamp that changes when it does (``DataSource``).
 
-A dataset class may define, all optional:
-
-``autoloader_sizes(self) -> numpy.ndarray``
-    bytes per sample computed without loading samples (from shapes, file sizes...).
-``autoloader_source(self) -> DataSource``
-    where the data lives and a stamp that changes when it changes, so that measured sizes
-    can be cached beside the data and invalidated.
-``autoloader_refresh(self) -> bool``
-    the dataset as its files are now: whether one changed since it was opened and is read
-    anew (its events as many and as large as before); a ``DatasetError`` naming the file
-    where its events differ. ``autoloader.DataLoader`` calls it as each epoch begins, so an
-    epoch never serves a changed file's events from what the old one left in memory, and
-    ends workers it keeps between epochs where it returns True.
+A dataset says it through ``autoloader_source()``, one of the hooks declared, with what
+each means, in ``autoloader.datasets.hooks``: its sizes are cached beside the data and
+invalidated by the stamp.
 """
 
 from __future__ import annotations
@@ -21,7 +11,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autoloader.redact import redact
 
@@ -96,24 +85,3 @@ def user_cache_dir() -> Path:
         import tempfile
 
         return Path(tempfile.gettempdir()) / f"autoloader-cache-{os.getuid()}"
-
-
-def dataset_files(dataset: Any) -> list[tuple[Path, str]]:
-    """The files a dataset reads or keeps beside it (its data and its size caches), each
-    with what it is: outputs must never replace them. A dataset of several files names
-    each (a plan beside them is no input); one that does not names its directory."""
-    source = getattr(dataset, "autoloader_source", None)
-    if not callable(source):
-        return []
-    try:
-        found = source()
-    except Exception:  # a dataset that cannot say where it lives has nothing to protect
-        return []
-    if found.url:  # nothing of it on this host but its size cache
-        return [(Path(found.fallback_cache_path), "the dataset's size cache")]
-    data = [(Path(f), "a file of the dataset") for f in found.files]
-    return [
-        *(data or [(Path(found.path), "the dataset")]),
-        (Path(found.cache_path), "the dataset's size cache"),
-        (Path(found.fallback_cache_path), "the dataset's size cache"),
-    ]

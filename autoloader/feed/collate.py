@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Any
 
-from autoloader.compat import default_collate_fn_map, torch_collate
+from autoloader.compat.torch import default_collate_fn_map, torch_collate
 from autoloader.feed.lazy import LazySamples
 
 

@@ -27,6 +27,8 @@ import threading
 import types
 from typing import Any
 
+from autoloader.datasets import hooks
+
 DEPTH = 4  # attribute levels below the dataset
 MOST = 2000  # objects looked at, at most: a dataset of many small objects is not walked whole
 ITEMS = 64  # the first items of a list, tuple, set or dict looked at
@@ -53,7 +55,7 @@ def fork_hazard(dataset: Any) -> str | None:
         if id(obj) in seen or isinstance(obj, _PLAIN):
             continue
         seen.add(id(obj))
-        if getattr(type(obj), "autoloader_fork_safe", False) is True:
+        if hooks.is_fork_safe(obj):
             continue
         what = _holds(obj)
         if what is not None:

@@ -21,7 +21,8 @@ from typing import Any
 import torch.multiprocessing
 from torch.utils.data import DataLoader
 
-from autoloader.compat import (
+from autoloader.compat import stdlib as compat_stdlib
+from autoloader.compat.torch import (
     BaseIter,
     MultiProcessIter,
     abandon_start,
@@ -196,7 +197,7 @@ class StartThreads:
     def __call__(self, worker_id: int) -> None:
         if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
             try:
-                _start_resource_sharer()
+                compat_stdlib.start_resource_sharer()
             except (RuntimeError, OSError, MemoryError):
                 os._exit(NO_THREAD_EXIT)
             _quiet_when_the_reader_leaves()
@@ -220,36 +221,17 @@ def failure_text(exc: BaseException) -> str:
     return one_line(exc)
 
 
-def _start_resource_sharer() -> None:
-    from multiprocessing import resource_sharer
-
-    sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
-    with sharer._lock:
-        if sharer._address is not None:
-            return
-        try:
-            sharer._start()
-        except BaseException:
-            listener, sharer._listener, sharer._address = sharer._listener, None, None
-            if listener is not None:
-                listener.close()
-            raise
-
-
 def _quiet_when_the_reader_leaves() -> None:
     """The sharer's thread hands each tensor's file descriptor to the training process
     and reports a failed hand-over through ``sys.excepthook``, as a traceback on the
     job's stderr. A hand-over the reader left half-way (the training process ended by a
     lost peer's watch, a kill, the OOM killer) is no error of the worker's: drop that one,
     report the rest."""
-    from multiprocessing import resource_sharer
-
-    sharer = resource_sharer._resource_sharer  # type: ignore[attr-defined]
     chained = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         left = issubclass(kind, (ConnectionError, EOFError))
-        if not (left and threading.current_thread() is sharer._thread):
+        if not (left and compat_stdlib.is_resource_sharer_thread(threading.current_thread())):
             chained(kind, value, tb)
 
     sys.excepthook = hook

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from autoloader.batches import nbytes, tensors
-from autoloader.compat import pin_memory, serve_new_shared
+from autoloader.compat.torch import pin_memory, serve_new_shared
 from autoloader.errors import UsageError
 from autoloader.feed.ring import ALIGN, Peer, Ring, open_ring
 from autoloader.host.budget import is_shm_failure, shm_fix, shm_space

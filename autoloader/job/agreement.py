@@ -20,16 +20,18 @@ from typing import Any
 
 import torch.distributed as dist
 
+from autoloader import knobs
+from autoloader.compat import torch_distributed as compat_torch_distributed
 from autoloader.errors import PlanError
-from autoloader.units import seconds_from_env
 
-DEFAULT_TIMEOUT = 120.0  # seconds; ranks build their loaders at slightly different times
+DEFAULT_TIMEOUT = knobs.AGREEMENT_TIMEOUT.default  # ranks build loaders at different times
 _generation = itertools.count()
 
 
 def agreement_timeout() -> float:
     """Seconds to wait for the other ranks (``AUTOLOADER_AGREEMENT_TIMEOUT``)."""
-    return seconds_from_env("AUTOLOADER_AGREEMENT_TIMEOUT", DEFAULT_TIMEOUT)
+    timeout: float = knobs.AGREEMENT_TIMEOUT.read()
+    return timeout
 
 
 def check_ranks_agree(digest: dict[str, Any], *, source: str) -> None:
@@ -101,9 +103,7 @@ def _value(v: Any) -> str:
 
 
 def _store() -> Any:
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
+    return compat_torch_distributed.default_store()
 
 
 def _has(store: Any, key: str) -> bool:

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from autoloader import knobs
 from autoloader.errors import JobError, UsageError
 from autoloader.job.liveness import Liveness, first_beat
 from autoloader.launch import (
@@ -23,7 +24,6 @@ from autoloader.launch import (
     local_rank,
     rank_and_world_size,
 )
-from autoloader.units import seconds_from_env
 
 log = logging.getLogger("autoloader")
 
@@ -88,13 +88,15 @@ def job_group(timeout: timedelta = timedelta(hours=1)) -> Iterator[bool]:
 
 
 _ROUND = 0  # collective tunes joined by this process
-JOIN_TIMEOUT_ENV = "AUTOLOADER_JOIN_TIMEOUT"
-DEFAULT_JOIN_TIMEOUT = 300.0  # ranks started together by srun, importing torch off shared storage
+JOIN_TIMEOUT_ENV = knobs.JOIN_TIMEOUT.name
+# ranks started together by srun, importing torch off shared storage
+DEFAULT_JOIN_TIMEOUT = knobs.JOIN_TIMEOUT.default
 
 
 def join_timeout() -> float:
     """Seconds every rank has to reach the rendezvous (``AUTOLOADER_JOIN_TIMEOUT``)."""
-    return seconds_from_env(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
+    timeout: float = knobs.JOIN_TIMEOUT.read()
+    return timeout
 
 
 def join(addr: str, port: int, rank: int, world: int, timeout: float, *, prefix: str) -> dist.Store:

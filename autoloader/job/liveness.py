@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from autoloader.units import seconds_from_env
+from autoloader import knobs
 
 log = logging.getLogger("autoloader")
 
 PREFIX = "liveness/"  # under the join's own prefix (``distributed.join``)
 INTERVAL = 1.0  # seconds between beats
-LIMIT_ENV = "AUTOLOADER_PEER_TIMEOUT"
-DEFAULT_LIMIT = 10.0  # seconds a rank may stay silent before it is called gone
+LIMIT_ENV = knobs.PEER_TIMEOUT.name
+DEFAULT_LIMIT = knobs.PEER_TIMEOUT.default  # seconds a rank may stay silent
 EXIT_STATUS = 2
 
 
@@ -39,7 +39,8 @@ def first_beat(store: object, rank: int) -> None:
 
 def peer_limit() -> float:
     """Seconds of silence before a rank is called gone (``AUTOLOADER_PEER_TIMEOUT``)."""
-    return seconds_from_env(LIMIT_ENV, DEFAULT_LIMIT)
+    limit: float = knobs.PEER_TIMEOUT.read()
+    return limit
 
 
 class Liveness:

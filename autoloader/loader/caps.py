@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autoloader.feed.depth import ADAPTED_PREFETCH_MAX
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.loader.host_fit import within_shm
 from autoloader.loader.settings import Settings
 
-MAX_PREFETCH_FACTOR = 16  # the deepest prefetch adaptation sets
+MAX_PREFETCH_FACTOR = ADAPTED_PREFETCH_MAX  # the deepest prefetch adaptation sets
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import logging
 import os
@@ -19,13 +18,14 @@ import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
 
-from autoloader import compat
 from autoloader.cache import NodeCache
-from autoloader.datasets.source import dataset_files
+from autoloader.compat import accelerate as compat_accelerate
+from autoloader.compat import torch as compat
+from autoloader.datasets import hooks
+from autoloader.datasets.hooks import dataset_files
 from autoloader.errors import AutoloaderError, UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
-from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
@@ -33,6 +33,7 @@ from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
 from autoloader.job.distributed import rank_and_world_size
+from autoloader.loader.adapting import runtime_for
 from autoloader.loader.arguments import (
     apply_threads,
     check_adapt_args,
@@ -40,7 +41,6 @@ from autoloader.loader.arguments import (
     device_prefetch,
 )
 from autoloader.loader.decisions import Adaptation
-from autoloader.loader.drift import MemoryWatch, PeakOf
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
@@ -58,7 +58,6 @@ from autoloader.loader.planned import (
     refresh_cache,
     shm_in_flight,
 )
-from autoloader.loader.policy import Adapter
 from autoloader.loader.position import (
     Data,
     Position,
@@ -68,7 +67,7 @@ from autoloader.loader.position import (
     saved_trial,
 )
 from autoloader.loader.position import state as position_state
-from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.runtime import Runtime
 from autoloader.loader.settings import Settings, user_fixed
 from autoloader.loader.survival import survival_for
 from autoloader.loader.trainers import (
@@ -78,7 +77,6 @@ from autoloader.loader.trainers import (
     lightning_record,
     mark_prepared,
 )
-from autoloader.loop_model import Evidence
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
@@ -145,10 +143,7 @@ class DataLoader(tud.DataLoader):
         **kwargs: Any,
     ) -> None:
         check_adapt_args(adapt, adapt_max_workers)
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise TypeError(f"name should be a non-empty string, but got name={name!r}")
+        _check_cache_and_name(cache, name)
         self.node_cache: NodeCache | None = None
         check_threads(num_threads)
         self._feed_device = check_device(device)
@@ -165,20 +160,7 @@ class DataLoader(tud.DataLoader):
         fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
         sizes: np.ndarray | None = None
         rank, world = 0, 1
-        self.grad_accum_steps = 1
-        self._cursor = Cursor()  # where the loader is: its iterators' meters
-        # the meter of the iterator iter() is making, and whether it times inside torch's
-        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
-        self._metering: Meter | None = None
-        self._meter_inside = False
-        self._live: Any = None  # a weak reference to torch's iterator of the epoch
-        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
-        self._data = Data(0)  # what a planned loader serves: a position's data
-        self._repeats = RepeatWatch()
-        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
-        self._host = HostBudget.probe() if plan is not None else None
-        # and this process's limits (open files, processes, address space), for adaptation
-        self._limits = ProcessLimits.probe() if plan is not None else None
+        self._begin_state(planned=plan is not None)
         if plan is not None:
             self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
             rank, world = rank_and_world_size()
@@ -219,9 +201,27 @@ class DataLoader(tud.DataLoader):
         self._survival = survival_for(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
-            self._runtime = _runtime(self, fixed, adapt_threshold, adapt_max_workers)
+            self._runtime = runtime_for(self, fixed, adapt_threshold, adapt_max_workers)
         if self.plan is not None and self._recorder is not None:
             self._watch_the_plan(self.plan, self._recorder, rank)
+
+    def _begin_state(self, *, planned: bool) -> None:
+        """What the loader keeps before torch's constructor runs: where it is, what it
+        serves, and, for a plan, this node's budgets read once."""
+        self.grad_accum_steps = 1
+        self._cursor = Cursor()  # where the loader is: its iterators' meters
+        # the meter of the iterator iter() is making, and whether it times inside torch's
+        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
+        self._metering: Meter | None = None
+        self._meter_inside = False
+        self._live: Any = None  # a weak reference to torch's iterator of the epoch
+        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
+        self._data = Data(0)  # what a planned loader serves: a position's data
+        self._repeats = RepeatWatch()
+        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
+        self._host = HostBudget.probe() if planned else None
+        # and this process's limits (open files, processes, address space), for adaptation
+        self._limits = ProcessLimits.probe() if planned else None
 
     @property
     def _position(self) -> Position:
@@ -458,12 +458,10 @@ class DataLoader(tud.DataLoader):
         one, end) or refused (the dataset's ``autoloader_refresh``), and the node cache
         drops a changed file's entries (``refresh_cache``; only where the dataset saw a
         change or cannot tell, so that the server is asked once per file and epoch)."""
-        refresh = getattr(self.dataset, "autoloader_refresh", None)
         changed: bool | None = None  # None: the dataset cannot tell; the cache's stamp can
         refused: AutoloaderError | None = None
         try:
-            if callable(refresh):
-                changed = bool(refresh())
+            changed = hooks.refresh(self.dataset)
         except AutoloaderError as exc:  # the changed file's entries go all the same
             refused = exc
         if self.node_cache is not None and changed is not False:
@@ -500,7 +498,7 @@ class DataLoader(tud.DataLoader):
         (``_metering``) where the loop receives them."""
         meter = self._metering
         assert meter is not None
-        accelerate = getattr(self, "_is_accelerate_prepared", False) and accelerator_active()
+        accelerate = compat_accelerate.is_prepared(self) and accelerator_active()
         wrapped = self._feed_device is not None or accelerate or self._runtime is not None
         # Counted and timed where the loop receives them: inside torch's iterator when
         # nothing wraps it (so iter() stays torch's own), else around the whole chain.
@@ -611,30 +609,11 @@ class DataLoader(tud.DataLoader):
         return self._get_iterator()
 
 
-def _runtime(
-    loader: DataLoader, fixed: frozenset[str], threshold: float, max_workers: int | None
-) -> Runtime:
-    """Adaptation (and, on CUDA, the drift watch) for a planned loader."""
-    plan = loader.plan
-    assert plan is not None
-    settings = Settings.of(loader)
-    assert loader._host is not None
-    limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
-    refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
-    limits = dataclasses.replace(limits, fork_refuses=refusal)
-    adapter = Adapter(
-        settings,
-        limits,
-        threshold=threshold,
-        fixed=fixed,
-        evidence=Evidence.from_search(plan.evidence.workers),
-        persistent=bool(loader.persistent_workers),
-    )
-    predicted, budget = plan.evidence.predicted_peak_bytes, plan.evidence.budget_bytes
-    watch = None
-    if predicted:
-        watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
-    return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
+def _check_cache_and_name(cache: Any, name: Any) -> None:
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache should be a boolean value, but got cache={cache!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name should be a non-empty string, but got name={name!r}")
 
 
 def _auto_collation(given: dict[str, Any]) -> bool:

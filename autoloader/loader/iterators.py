@@ -23,8 +23,8 @@ import weakref
 from collections import deque
 from typing import Any
 
-from autoloader import compat
-from autoloader.compat import MultiProcessIter, SingleProcessIter
+from autoloader.compat import torch as compat
+from autoloader.compat.torch import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import Sender, unpacked
 from autoloader.loader.lookahead import Lookahead

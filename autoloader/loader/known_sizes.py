@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from autoloader.datasets import hooks
 from autoloader.job.agreement import agreement_timeout
 from autoloader.plan import Plan
 from autoloader.sizes import (
@@ -51,7 +52,7 @@ def known_sizes(
         DatasetError: the dataset has no length or is empty; ``SampleError`` naming a
             sample that fails to load while being measured.
     """
-    if hasattr(dataset, "autoloader_source") or hasattr(dataset, "autoloader_sizes"):
+    if hooks.offers_sizes(dataset):
         return sample_sizes(dataset)
     carried = plan.sizes
     if carried is None and plan.source != "<dict>":

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from autoloader import compat
+from autoloader.compat import torch as compat
 from autoloader.samplers import SizeBatchSampler
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import hooks
 from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
@@ -79,7 +80,7 @@ def watch_growth(
     are transformed after they were sized (``autoloader_transformed``, e.g. a kNN graph
     built in the workers) is not measured against sizes it does not yield."""
     bp = plan.batching
-    if getattr(dataset, "autoloader_transformed", False):
+    if hooks.is_transformed(dataset):
         return None
     if not isinstance(sampler, SizeBatchSampler):
         return None

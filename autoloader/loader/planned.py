@@ -14,7 +14,7 @@ import torch
 
 from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.cache import NodeCache, hold
-from autoloader.datasets import read_ahead
+from autoloader.datasets import hooks, read_ahead
 from autoloader.datasets.location import Location
 from autoloader.errors import AutoloaderError, PlanError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
@@ -76,17 +76,16 @@ def attach_cache(
     the node's batches in flight take there (``in_flight_bytes``: this rank's, from
     ``shm_in_flight``), whatever the plan says: a hand-written ``[cache]`` without
     ``min_free_bytes`` never fills /dev/shm under the loader's own batches."""
-    use = getattr(dataset, "autoloader_node_cache", None)
-    source = getattr(dataset, "autoloader_source", None)
-    if not callable(use) or not callable(source):
+    if not hooks.takes_node_cache(dataset):
         if plan.cache is not None and enabled:
             log.info("autoloader: the plan's [cache] is not used: the dataset reads no blocks")
         return None
     cp = plan.cache
     if cp is None or not enabled:
-        use(None)
+        hooks.give_node_cache(dataset, None)
         return None
-    found = source()
+    found = hooks.said_source(dataset)
+    assert found is not None  # takes_node_cache: it says where it lives
     min_free = cp.min_free_bytes
     if cp.where == "shm":  # the tune's own floor, at the least
         min_free = max(min_free, shm_floor(in_flight_bytes))
@@ -100,9 +99,9 @@ def attach_cache(
         min_free_bytes=min_free,
     )
     if not hold(node):
-        use(None)
+        hooks.give_node_cache(dataset, None)
         return None
-    use(node)
+    hooks.give_node_cache(dataset, node)
     return node
 
 
@@ -172,20 +171,20 @@ def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:
     removed, never served; a persistent worker that still holds the old cache finds its
     directory gone and reads the files."""
     try:
-        stamp = dataset.autoloader_source().stamp
+        found = hooks.said_source(dataset)
     except (OSError, AutoloaderError):
         return node  # the epoch's own reads say what is wrong with the data
-    if stamp == node.stamp:
+    if found is None or found.stamp == node.stamp:
         return node
     log.warning(
         "autoloader: %s changed since its node cache was made: the old entries are removed",
         node.data,
     )
-    fresh = node.restamped(stamp)
+    fresh = node.restamped(found.stamp)
     if not hold(fresh) or not fresh._ready():  # _ready: the old stamp's directory goes
-        dataset.autoloader_node_cache(None)
+        hooks.give_node_cache(dataset, None)
         return None
-    dataset.autoloader_node_cache(fresh)
+    hooks.give_node_cache(dataset, fresh)
     return fresh
 
 
@@ -340,10 +339,10 @@ def read_ahead_blocks(plan: Plan | None, dataset: Any) -> int:
 def _reads_remote(dataset: Any) -> bool:
     """Whether ``dataset`` (or a dataset it wraps) reads files from a server."""
     for _ in range(8):
-        readers = getattr(dataset, "readers", None)
-        if readers is not None:
-            return any(isinstance(getattr(r, "path", None), Location) for r in readers)
-        dataset = getattr(dataset, "dataset", None)
+        paths = hooks.reader_paths(dataset)
+        if paths is not None:
+            return any(isinstance(p, Location) for p in paths)
+        dataset = hooks.wrapped(dataset)
         if dataset is None:
             return False
     return False

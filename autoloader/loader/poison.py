@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autoloader import compat
+from autoloader.compat import torch as compat
 
 
 def find_poison(loader: Any, indices: list[int]) -> tuple[int, int] | None:

@@ -20,8 +20,9 @@ from typing import Any
 
 import psutil
 
-from autoloader import compat
 from autoloader.batches import tensors
+from autoloader.compat import torch as compat
+from autoloader.feed.depth import DEVICE_PREFETCH_MAX
 from autoloader.host import cpus_per_rank, tree_memory_bytes, usable_cores
 from autoloader.host.budget import HostBudget
 from autoloader.host.limits import ProcessLimits
@@ -86,7 +87,7 @@ def _device_prefetch_max(plan: Plan, settings: Settings) -> int:
     if not (worst and budget and peak):
         return settings.device_prefetch  # no evidence: never deeper than planned
     spare = int((budget - peak) // worst)
-    return max(settings.device_prefetch, min(16, settings.device_prefetch + spare))
+    return max(settings.device_prefetch, min(DEVICE_PREFETCH_MAX, settings.device_prefetch + spare))
 
 
 # A reading of the workers' memory stands for MEMORY_EPOCHS epochs at the same count: a

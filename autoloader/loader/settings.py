@@ -63,7 +63,7 @@ def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
     place they are set on it); whether its workers change. Persistent workers of the old
     settings are ended cleanly, unless ``in_place``: the iterator in hand restarts its own
     workers at the new settings (survival's restart after deaths)."""
-    from autoloader import compat  # torch's: the depth above is read without torch
+    from autoloader.compat import torch as compat  # torch's: the depth above is read without torch
 
     workers = settings.num_workers
     prefetch = settings.prefetch_factor if workers > 0 else loader.prefetch_factor

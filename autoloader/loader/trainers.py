@@ -30,6 +30,8 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
+from autoloader.compat import accelerate as compat_accelerate
+from autoloader.compat import lightning as compat_lightning
 from autoloader.samplers.base import SizeBatchSampler
 
 
@@ -71,22 +73,19 @@ def lightning_record(batch_sampler: SizeBatchSampler, options: dict[str, Any]) -
         "sampler": None,
         **options,
     }
-    setattr(batch_sampler, "__pl_saved_args", (batch_sampler.sizes, batch_sampler.batch_size))
-    setattr(batch_sampler, "__pl_saved_kwargs", kwargs)
-    setattr(batch_sampler, "__pl_saved_default_kwargs", {})
-    setattr(batch_sampler, "__pl_saved_arg_names", ("sizes", "batch_size"))
+    args = (batch_sampler.sizes, batch_sampler.batch_size)
+    compat_lightning.record(batch_sampler, args, kwargs, ("sizes", "batch_size"))
 
 
 def mark_prepared(loader: Any) -> None:
     """Make Accelerate's ``prepare()`` keep the loader as it is (see the module notes)."""
-    loader._is_accelerate_prepared = True
+    compat_accelerate.mark_prepared(loader)
 
 
 def accelerator_active() -> bool:
     """An ``accelerate.Accelerator`` exists in this process (it steps by its own
     ``gradient_accumulation_steps``)."""
-    state_module = sys.modules.get("accelerate.state")
-    return state_module is not None and bool(state_module.GradientState._shared_state)
+    return compat_accelerate.gradient_state_exists()
 
 
 def accelerate_epoch(loader: Any, batches: Iterator[Any]) -> Iterator[Any]:
@@ -100,11 +99,11 @@ def accelerate_epoch(loader: Any, batches: Iterator[Any]) -> Iterator[Any]:
 
 def _registered(loader: Any, batches: Iterator[Any], state: Any) -> Iterator[Any]:
     loader.end_of_dataloader, loader.remainder = False, -1  # -1: no padded samples
-    state._add_dataloader(loader)
+    compat_accelerate.add_dataloader(state, loader)
     try:
         last = len(loader) - 1
         for i, batch in enumerate(batches):
             loader.end_of_dataloader = i >= last
             yield batch
     finally:
-        state._remove_dataloader(loader)
+        compat_accelerate.remove_dataloader(state, loader)

@@ -43,6 +43,7 @@ from autoloader.cache import NodeCache
 from autoloader.cache.lifetime import remove_base
 from autoloader.cache.owned import own, remove_home, remove_tree
 from autoloader.cache.store import cache_base
+from autoloader.datasets import hooks
 from autoloader.host.budget import SHM_MARGIN, HostBudget
 from autoloader.launch import local_world_size
 from autoloader.plan import CachePlan
@@ -87,10 +88,7 @@ def choose_cache(
     ``batch_bytes``: a mean batch's; ``shm_need_bytes``: this rank's batches in flight;
     ``worker_bytes``: what one worker holds; ``step_seconds``: one step, where timed;
     ``persistent_workers``: whether the workers live through every epoch."""
-    if not all(
-        callable(getattr(dataset, name, None))
-        for name in ("autoloader_read_block", "autoloader_blocks", "autoloader_node_cache")
-    ):
+    if not hooks.reads_blocks(dataset):
         return none("the dataset reads no storage blocks a node cache could keep")
     kept = _kept_by_one(dataset, where, workers, persistent_workers)
     if kept is not None:
@@ -111,11 +109,10 @@ def _kept_by_one(
     anyway: what the loader does without a cache is the baseline, not a decode per read.
     None where several processes would decode the same blocks (workers, the node's ranks,
     workers started anew each epoch) or the data outgrows one process's keep."""
-    keeps = getattr(dataset, "autoloader_cache_bytes", None)
-    decodes = getattr(dataset, "autoloader_decoded_bytes", None)
-    if not (callable(keeps) and callable(decodes)):
+    said_keep, decoded = hooks.said_cache_bytes(dataset), hooks.said_decoded_bytes(dataset)
+    if not isinstance(said_keep, int | np.integer) or decoded is None:
         return None  # not known without measuring: the measurement decides
-    keep, decoded = int(keeps()), int(decodes())
+    keep = int(said_keep)
     ranks = max(1, local_world_size())
     processes = max(1, workers) * ranks
     if processes > 1 or (workers > 0 and not persistent_workers) or decoded > keep:
@@ -146,7 +143,8 @@ class _Measured:
 def _measure(dataset: Any, where: str) -> _Measured | CacheChoice:
     """Blocks timed as a worker reads them, decoded and from a cache in ``where``; no
     cache (a ``CacheChoice``) where none can be written there or it is not faster."""
-    bounds = np.asarray(dataset.autoloader_blocks(), dtype=np.int64)
+    bounds = hooks.said_blocks(dataset)
+    assert bounds is not None  # the dataset reads blocks
     count = len(bounds) - 1
     fresh = pickle.loads(pickle.dumps(dataset))  # as a worker reads it: no warm caches
     source, cached, block_bytes = _time_blocks(fresh, count, where)
@@ -246,7 +244,7 @@ def _time_blocks(
     try:
         for b in picks.tolist():
             t = time.perf_counter()
-            block = np.asarray(dataset.autoloader_read_block(b))
+            block = hooks.read_block(dataset, b)
             source.append(time.perf_counter() - t)
             sizes.append(int(block.nbytes))
             probe.get(b, lambda block=block: block)  # written
@@ -324,9 +322,9 @@ def _never() -> np.ndarray:
 
 
 def _decoded_bytes(dataset: Any, block_bytes: list[int], count: int) -> int:
-    said = getattr(dataset, "autoloader_decoded_bytes", None)
-    if callable(said):
-        return int(said())
+    said = hooks.said_decoded_bytes(dataset)
+    if said is not None:
+        return said
     return int(np.mean(block_bytes) * count) if block_bytes else 0
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from autoloader.datasets import hooks
 from autoloader.datasets.reads import Guarded
 from autoloader.host.run_delay import run_delay
 from autoloader.samplers import RandomBatchSampler
@@ -205,10 +206,9 @@ def _windowed_batches_refused(
 
 def storage_blocks(dataset: Any) -> np.ndarray | None:
     """Where the dataset's storage blocks begin, then its length (None: not said)."""
-    named = getattr(dataset, "autoloader_blocks", None)
-    if named is None:
+    bounds = hooks.said_blocks(dataset)
+    if bounds is None:
         return None
-    bounds = np.asarray(named(), dtype=np.int64)
     if bounds.ndim != 1 or len(bounds) < 2 or np.any(np.diff(bounds) <= 0):
         return None
     return bounds
@@ -216,8 +216,7 @@ def storage_blocks(dataset: Any) -> np.ndarray | None:
 
 def cache_bytes(dataset: Any) -> int:
     """The samples' bytes one reading process keeps decoded, as the dataset says."""
-    said = getattr(dataset, "autoloader_cache_bytes", None)
-    value = said() if said is not None else None
+    value = hooks.said_cache_bytes(dataset)
     return value if isinstance(value, int) and value > 0 else DEFAULT_CACHE_BYTES
 
 

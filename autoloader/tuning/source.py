@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from autoloader.datasets import location
+from autoloader.datasets import hooks, location
 from autoloader.datasets.failures import retrying
 from autoloader.plan.schema import MAX_READ_AHEAD
 
@@ -32,8 +32,7 @@ _TRANSFER_SHARE = 0.8  # a block's request should spend this share transferring
 
 def remote_files(dataset: Any) -> list[location.Location]:
     """The remote files a dataset reads (its readers' locations), in order."""
-    readers = getattr(dataset, "readers", None) or []
-    return [r.path for r in readers if isinstance(getattr(r, "path", None), location.Location)]
+    return [p for p in hooks.reader_paths(dataset) or [] if isinstance(p, location.Location)]
 
 
 def probe(source: location.Location) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from autoloader.accelerator import nvml_index
+from autoloader.datasets import hooks
 from autoloader.errors import DatasetError, DeviceError, UsageError
 from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
@@ -117,8 +118,8 @@ def memory_model(
 def _transform_growth(team: Team, work: Workload) -> float:
     """How many times its stored bytes a transform makes a sample (1.0 without one):
     measured on rank 0, as the samples are the same on every rank."""
-    growth = getattr(work.dataset, "growth", None)
-    if not getattr(work.dataset, "autoloader_transformed", False) or growth is None:
+    growth = hooks.growth_of(work.dataset)
+    if growth is None:
         return 1.0
     measured: float = team.once(lambda: growth(work.sizes, work.timeout))
     if measured > 1.0:

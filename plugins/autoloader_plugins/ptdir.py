@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from autoloader import knobs
 from autoloader.datasets.source import DataSource
 from autoloader.errors import DatasetError
 from autoloader.sizes import nbytes_of
@@ -108,8 +109,7 @@ class _Plugin:
         return Path(spec).is_dir()
 
     def open(self, spec: str) -> PtDirectory:
-        trusted = os.environ.get("AUTOLOADER_PT_WEIGHTS_ONLY", "1").strip() == "0"
-        return PtDirectory(spec, weights_only=not trusted)
+        return PtDirectory(spec, weights_only=knobs.PT_WEIGHTS_ONLY.read())
 
 
 PLUGIN = _Plugin()

@@ -57,7 +57,7 @@ LOCK_LEFT_TAKEN = textwrap.dedent(
     """
     import torch
     from torch.utils.data import Dataset
-    from autoloader import compat
+    from autoloader.compat import torch as compat
     from autoloader.feed.start import StartSafeLoader
 
     class Numbers(Dataset):

@@ -329,7 +329,7 @@ def test_a_profilers_range_is_recorded_only_while_a_profiler_records(
     loop's CPU a batch with 8 workers on 2 cores): a loader takes its batches without it
     while no profiler records, and a trace taken with one, on this thread or on all of
     them, still shows each batch's."""
-    from autoloader import compat
+    from autoloader.compat import torch as compat
 
     assert compat._PLAIN_NEXT, "torch's iterator __next__ is not the body autoloader knows"
     config: dict[str, object] = {}

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from autoloader import compat
+from autoloader.compat import torch as compat
 from autoloader.datasets.reads import Guarded, NamedCollate, worker_timeout
 from autoloader.feed.collate import collate
 from autoloader.feed.start import StartSafeLoader, StartThreads, failure_text

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autoloader.feed.depth import PLANNED_PREFETCH_MAX
 from autoloader.host.budget import HostBudget
 from autoloader.tuning.workers.measure import PREFETCH_FACTOR, Candidate
 
-MAX_PREFETCH = 8
+MAX_PREFETCH = PLANNED_PREFETCH_MAX
 PERSISTENT_SHARE = 0.005  # restart cost worth avoiding: 0.5% of an epoch
 
 

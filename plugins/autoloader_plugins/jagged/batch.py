@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoloader.compat import pyg as compat_pyg
 from autoloader.feed.lazy import LazySamples
 from autoloader_plugins.jagged.reader import ranges_index
 
@@ -84,11 +85,11 @@ class EventColumns:
         np.cumsum(counts, out=ptr[1:])
         # small tensors from numpy: a torch call costs tens of us a batch on loaded CPUs
         out = type.__call__(_batch_class())
-        store = out._store
+        store = compat_pyg.store(out)
         # the store's keys in the order collate sets them: x, num_nodes, event fields
         store["x"] = torch.from_numpy(np.ascontiguousarray(x))
-        store._num_nodes = counts.tolist()
-        store["num_nodes"] = sum(store._num_nodes)
+        compat_pyg.set_num_nodes(store, counts.tolist())
+        store["num_nodes"] = int(counts.sum())
         slices = {"x": torch.from_numpy(ptr.copy())}
         incs = {"x": torch.from_numpy(np.zeros(n, dtype=np.int64))}
         for attr, value in zip(self.attrs, self.values, strict=True):
@@ -97,9 +98,7 @@ class EventColumns:
             incs[attr] = torch.from_numpy(np.zeros(n, dtype=np.int64))
         store["batch"] = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), counts))
         store["ptr"] = torch.from_numpy(ptr)
-        out._num_graphs = n
-        out._slice_dict = slices
-        out._inc_dict = incs
+        compat_pyg.set_collated(out, n, slices, incs)
         return out
 
 

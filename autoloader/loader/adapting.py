@@ -1,0 +1,41 @@
+"""The run-time adaptation a planned loader gets, built for it as ``survival_for`` builds
+its survival: the limits it adapts within (the plan's, the host's, a dataset that refuses
+a fork), the adapter over the plan's worker evidence, and on CUDA the drift watch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autoloader.feed.fork_hazards import fork_refusal
+from autoloader.loader.drift import MemoryWatch, PeakOf
+from autoloader.loader.policy import Adapter
+from autoloader.loader.runtime import Runtime, default_limits
+from autoloader.loader.settings import Settings
+from autoloader.loop_model import Evidence
+
+
+def runtime_for(
+    loader: Any, fixed: frozenset[str], threshold: float, max_workers: int | None
+) -> Runtime:
+    """Adaptation (and, on CUDA, the drift watch) for a planned ``DataLoader``."""
+    plan = loader.plan
+    assert plan is not None
+    settings = Settings.of(loader)
+    assert loader._host is not None
+    limits = default_limits(plan, settings, max_workers, loader._host, loader._limits)
+    refusal = fork_refusal(loader.dataset, loader.multiprocessing_context)
+    limits = dataclasses.replace(limits, fork_refuses=refusal)
+    adapter = Adapter(
+        settings,
+        limits,
+        threshold=threshold,
+        fixed=fixed,
+        evidence=Evidence.from_search(plan.evidence.workers),
+        persistent=bool(loader.persistent_workers),
+    )
+    predicted, budget = plan.evidence.predicted_peak_bytes, plan.evidence.budget_bytes
+    watch = None
+    if predicted:
+        watch = MemoryWatch(predicted, budget, PeakOf(loader._feed_device))
+    return Runtime(plan, adapter, watch, loader._recorder, loader._rank)
