@@ -21,9 +21,8 @@ from prometheus_client import CollectorRegistry
 from autoloader.cache import NodeCache
 from autoloader.compat import accelerate as compat_accelerate
 from autoloader.compat import torch as compat
-from autoloader.datasets import hooks
 from autoloader.datasets.hooks import dataset_files
-from autoloader.errors import AutoloaderError, UsageError
+from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.start import WorkersNotStarted
@@ -55,7 +54,7 @@ from autoloader.loader.planned import (
     digest,
     node_loader,
     read_ahead_blocks,
-    refresh_cache,
+    refreshed_data,
     shm_in_flight,
 )
 from autoloader.loader.position import (
@@ -63,6 +62,7 @@ from autoloader.loader.position import (
     Position,
     check_state,
     meaning,
+    sampler_to_resume,
     saved_settings,
     saved_trial,
 )
@@ -347,20 +347,8 @@ class DataLoader(tud.DataLoader):
             UsageError: a state given to a loader without a plan, or with the user's own
                 batch sampler (neither keeps a position: their ``state_dict()`` is {}).
         """
-        if self.plan is None:
-            if state_dict:
-                raise UsageError(
-                    "load_state_dict: this DataLoader was built without a plan "
-                    "and keeps no position"
-                )
-            return
-        sampler = self.batch_sampler
-        if not isinstance(sampler, SizeBatchSampler):
-            if state_dict:  # its state_dict() is {}: that loads, as without a plan
-                raise UsageError(
-                    "load_state_dict: the batch sampler is the caller's own, not the plan's: "
-                    "its position is not the loader's to restore"
-                )
+        sampler = sampler_to_resume(self.plan, self.batch_sampler, state_dict)
+        if sampler is None or self.plan is None:
             return
         epoch, served = check_state(
             state_dict, self.plan, self._data, meaning(sampler), sampler.steps_in_epoch
@@ -453,24 +441,12 @@ class DataLoader(tud.DataLoader):
         return batches
 
     def _refresh_data(self) -> None:
-        """The data as its files are now, as an epoch begins: a file changed since the
-        dataset was opened is read anew (workers kept between epochs, which hold the old
-        one, end) or refused (the dataset's ``autoloader_refresh``), and the node cache
-        drops a changed file's entries (``refresh_cache``; only where the dataset saw a
-        change or cannot tell, so that the server is asked once per file and epoch)."""
-        changed: bool | None = None  # None: the dataset cannot tell; the cache's stamp can
-        refused: AutoloaderError | None = None
-        try:
-            changed = hooks.refresh(self.dataset)
-        except AutoloaderError as exc:  # the changed file's entries go all the same
-            refused = exc
-        if self.node_cache is not None and changed is not False:
-            node = refresh_cache(self.node_cache, self.dataset)
-            if node is not self.node_cache and self._recorder is not None:
-                self._recorder.watch_cache(node.counts if node is not None else None)
-            self.node_cache = node
-        if refused is not None:
-            raise refused
+        """The data as its files are now (``planned.refreshed_data``): the node cache of
+        the data as it is, and the workers kept between epochs ended where a file changed."""
+        node, changed = refreshed_data(self.dataset, self.node_cache)
+        if node is not self.node_cache and self._recorder is not None:
+            self._recorder.watch_cache(node.counts if node is not None else None)
+        self.node_cache = node
         if changed:
             compat.end_persistent_iterator(self)
 

@@ -165,6 +165,31 @@ def shm_floor(in_flight_bytes: int) -> int:
     return int(in_flight_bytes * max(1, local_world_size()) / SHM_MARGIN)
 
 
+def refreshed_data(dataset: Any, node: NodeCache | None) -> tuple[NodeCache | None, bool]:
+    """The data as its files are now, as an epoch begins: a file changed since the
+    dataset was opened is read anew or refused (the dataset's ``autoloader_refresh``),
+    and the node cache drops a changed file's entries (``refresh_cache``; only where the
+    dataset saw a change or cannot tell, so that the server is asked once per file and
+    epoch). Returns the node cache to use and whether a file changed (workers kept
+    between epochs hold the old one).
+
+    Raises:
+        AutoloaderError: a file changed and cannot be read anew (after the cache's
+            entries of it are gone).
+    """
+    changed: bool | None = None  # None: the dataset cannot tell; the cache's stamp can
+    refused: AutoloaderError | None = None
+    try:
+        changed = hooks.refresh(dataset)
+    except AutoloaderError as exc:  # the changed file's entries go all the same
+        refused = exc
+    if node is not None and changed is not False:
+        node = refresh_cache(node, dataset)
+    if refused is not None:
+        raise refused
+    return node, bool(changed)
+
+
 def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:
     """``node``, or, where the data changed since it was made (its fingerprint), a cache
     of the data as it is now (None where that cannot be used): the old entries are

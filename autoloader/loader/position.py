@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoloader.errors import PlanError
+from autoloader.errors import PlanError, UsageError
 from autoloader.loader.settings import SETTINGS  # the settings adaptation moves
 from autoloader.loader.trials import RaiseOnTrial
 from autoloader.plan import Plan
@@ -286,3 +286,27 @@ def saved_settings(found: Mapping[str, Any]) -> dict[str, int]:
         for k, v in table.items()
         if k in SETTINGS and isinstance(v, int) and not isinstance(v, bool) and v >= 0
     }
+
+
+def sampler_to_resume(plan: Plan | None, sampler: Any, state: Mapping[str, Any]) -> Any:
+    """The plan's batch sampler a state resumes (None: an empty state, given to a loader
+    that keeps no position: nothing to do).
+
+    Raises:
+        UsageError: a state given to a loader without a plan, or with the user's own
+            batch sampler (neither keeps a position: their ``state_dict()`` is {}).
+    """
+    if plan is None:
+        if state:
+            raise UsageError(
+                "load_state_dict: this DataLoader was built without a plan and keeps no position"
+            )
+        return None
+    if not isinstance(sampler, SizeBatchSampler):
+        if state:  # its state_dict() is {}: that loads, as without a plan
+            raise UsageError(
+                "load_state_dict: the batch sampler is the caller's own, not the plan's: "
+                "its position is not the loader's to restore"
+            )
+        return None
+    return sampler
