@@ -413,7 +413,12 @@ class DataLoader(tud.DataLoader):
             self._warn_accumulation()
         self._check_epoch()
         began = time.perf_counter()
-        self._refresh_data()
+        node, changed = refreshed_data(self.dataset, self.node_cache)  # files as they are now
+        if node is not self.node_cache and self._recorder is not None:
+            self._recorder.watch_cache(node.counts if node is not None else None)
+        self.node_cache = node
+        if changed:  # workers kept between epochs hold the old file
+            compat.end_persistent_iterator(self)
         if self._runtime is not None:
             self._runtime.begin(self)  # the settings the last epoch decided
         sampler = self.batch_sampler
@@ -439,16 +444,6 @@ class DataLoader(tud.DataLoader):
             assert isinstance(batches, Metered)  # nothing is torch's own where it adapts
             return self._runtime.wrap(batches, self)
         return batches
-
-    def _refresh_data(self) -> None:
-        """The data as its files are now (``planned.refreshed_data``): the node cache of
-        the data as it is, and the workers kept between epochs ended where a file changed."""
-        node, changed = refreshed_data(self.dataset, self.node_cache)
-        if node is not self.node_cache and self._recorder is not None:
-            self._recorder.watch_cache(node.counts if node is not None else None)
-        self.node_cache = node
-        if changed:
-            compat.end_persistent_iterator(self)
 
     def _check_epoch(self) -> None:
         """A planned epoch begins over the data the loader was built for (its length), and
