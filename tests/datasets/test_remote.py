@@ -749,7 +749,8 @@ def test_a_file_replaced_on_the_server_between_two_epochs_is_read_anew_or_refuse
     file, _, part = FILES[layout].partition("#")
     name = f"replaced-{kind}-{cached:d}{Path(file).suffix}"
     write = {
-        "root": lambda p, ev: write_root(p, ev, events_per_basket=500),
+        "root": lambda p, ev: write_ttree(p, ev, events_per_basket=500),
+        "rntuple": lambda p, ev: write_root(p, ev, events_per_cluster=500),
         "parquet": lambda p, ev: write_parquet(p, ev, row_group_size=500),
         "h5": lambda p, ev: write_km3pipe_h5(p, ev, chunk_items=8192),
     }[layout]
