@@ -202,3 +202,22 @@ def test_a_file_replaced_between_two_epochs_is_read_anew_or_refused_naming_it(
     ):
         for _ in loader:
             pass
+
+
+@pytest.mark.parametrize("layout", ["h5", "root", "parquet"])
+def test_a_file_read_anew_closes_the_handle_it_replaces(tmp_path: Path, layout: str) -> None:
+    """The replaced reader's open file was left to the garbage collector. Over XRootD that
+    file is an XRootD client's, whose collection closes it synchronously with the
+    interpreter lock held: a read in flight on fsspec's thread, waiting for that lock,
+    hung the training process."""
+    write, name, part = _WRITERS[layout]
+    path = write(tmp_path / name, make_events(EVENTS, seed=1))
+    dataset = autoloader.open_dataset(f"{path}{part}")
+    dataset[0]  # its file open
+    (old,) = dataset.readers
+    assert old._h is not None
+    write(tmp_path / "new", doubled(make_events(EVENTS, seed=1)))
+    os.replace(tmp_path / "new", path)
+    assert dataset.autoloader_refresh()
+    assert dataset.readers[0] is not old
+    assert old._h is None  # closed as it was replaced, not at some later collection

@@ -213,14 +213,20 @@ class JaggedEvents(Dataset):
             or now.fields != self.fields
             or not np.array_equal(now.counts, self.counts)
         ):
+            for reader in getattr(now, "readers", []):
+                handles.close(reader)
             raise refused
+        adopted = {k for k, _ in changed}
+        for k, reader in enumerate(now.readers):
+            if k not in adopted:
+                handles.close(reader)  # read for its extents only: the old one reads on
         for k, _ in changed:
             log.warning(
                 "autoloader: %s changed since the dataset was opened; its events are as "
                 "many and as large: it is read anew",
                 self.readers[k].where.removeprefix("DATASET "),
             )
-            handles.forget(self.readers[k])
+            handles.close(self.readers[k])
             self.readers[k] = now.readers[k]
             self.readers[k].files = len(self.readers)
         self.event_values = now.event_values

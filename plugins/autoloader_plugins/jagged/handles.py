@@ -99,6 +99,16 @@ def forget(reader: Any) -> None:
     _open.pop(id(reader), None)
 
 
+def close(reader: Any) -> None:
+    """Close ``reader``'s file now (it is being replaced): not left to the garbage
+    collector, whose collection of an XRootD client's open file closes it synchronously
+    with the interpreter lock held, and can wait for ever on a callback that needs it."""
+    found = _open.pop(id(reader), None)
+    release = found() if found is not None else None
+    if release is not None:
+        release()
+
+
 def check_unchanged(reader: Any) -> None:
     """Refuse ``reader``'s local file where its size is not the one the dataset was
     opened on.
