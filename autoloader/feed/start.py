@@ -30,15 +30,14 @@ from autoloader.compat.torch import (
     shut_down_workers,
 )
 from autoloader.errors import one_line
-from autoloader.feed.depth import depth_of
 from autoloader.feed.start_method import (
     choose_start_method,
     end_forkserver,
     not_sent,
     script_refusal,
 )
-from autoloader.feed.transport import Sender, make_ring, unpacked
-from autoloader.host.budget import HELD_BY_LOOP, HostBudget
+from autoloader.feed.transport import Sender, make_ring, reused, unpacked
+from autoloader.host.budget import HostBudget, batches_held
 
 
 class WorkersNotStarted(RuntimeError):
@@ -134,13 +133,11 @@ class RingIter(StartSafeIter):
     def _collate_fn(self, fn: Any) -> None:
         loader = self.__dict__.get("_starting")
         if fn is not None and loader is not None and loader.num_workers > 0:
-            slots = loader.num_workers * depth_of(loader.prefetch_factor) + HELD_BY_LOOP
-            ring = self.__dict__.get("_ring")
-            if ring is None or ring.slots < slots:
+            slots = batches_held(loader.num_workers, loader.prefetch_factor)
+            ring = reused(self.__dict__.get("_ring"), slots)
+            if ring is None:
                 budget = HostBudget.probe().shm_budget_bytes
                 ring = make_ring(slots, TUNER_SLOT_BYTES, budget)
-            else:
-                ring.reclaim()
             self.__dict__["_ring"] = ring
             fn = Sender(fn, ring.peer() if ring is not None else None)
         self.__dict__["_worker_collate"] = fn

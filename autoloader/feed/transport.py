@@ -236,15 +236,9 @@ class Handle:
                 ring.release(self.slot, self.gen)
 
 
-def _received(
-    token: str,
-    slot: int,
-    gen: int,
-    end: int,
-    pickle_at: tuple[int, int],
-    buffers: tuple[int, int],
-) -> Handle:
-    handle = Handle(token, slot, gen, end, pickle_at, buffers)
+def _received(*fields: Any) -> Handle:
+    """A handle as the loop unpickles it: received, its slot freed if dropped unopened."""
+    handle = Handle(*fields)
     handle._received = True
     return handle
 
@@ -358,6 +352,15 @@ def unpacked(batch: Any, fell_back: Callable[[str], None] | None = None) -> Any:
             fell_back(batch.why)
         return batch.batch
     return batch
+
+
+def reused(ring: Ring | None, slots: int) -> Ring | None:
+    """``ring`` for a new run of workers, every slot the workers gone held freed, where
+    it is open and has ``slots`` slots (None: a new ring is needed)."""
+    if ring is None or ring.closed or ring.slots < slots:
+        return None
+    ring.reclaim()
+    return ring
 
 
 def make_ring(slots: int, slot_bytes: int, budget_bytes: int | None) -> Ring | None:

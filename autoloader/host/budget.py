@@ -35,6 +35,12 @@ HELD_BY_LOOP = 2
 NCCL_SHM = 1 << 30  # what NCCL's intra-node transport takes of /dev/shm, roughly, with 4-8 GPUs
 
 
+def batches_held(workers: int, prefetch: int | None) -> int:
+    """Batches a loader's workers and loop hold at once: ``workers`` x ``prefetch`` in
+    flight and the ``HELD_BY_LOOP`` the loop holds (none without workers)."""
+    return workers * depth_of(prefetch) + HELD_BY_LOOP if workers > 0 else 0
+
+
 def shm_fix(need: int | None = None) -> str:
     """How to give the container the shared memory ``need`` (this rank's batches in
     flight) asks for: every rank's share at the budget's margin, and NCCL's."""
@@ -116,9 +122,7 @@ class HostBudget:
     def shm_need(workers: int, prefetch: int | None, batch_bytes: float) -> int:
         """Shared memory ``workers`` x ``prefetch`` batches of ``batch_bytes`` may hold at
         once: those in flight and those the loop holds (none without workers)."""
-        if workers <= 0:
-            return 0
-        return int((workers * depth_of(prefetch) + HELD_BY_LOOP) * batch_bytes)
+        return int(batches_held(workers, prefetch) * batch_bytes)
 
     def shm_refuses(self, workers: int, prefetch: int | None, batch_bytes: float) -> str | None:
         """Why ``workers`` x ``prefetch`` batches do not fit /dev/shm (None: they do)."""

@@ -8,10 +8,9 @@ import logging
 import weakref
 from typing import Any
 
-from autoloader.feed.depth import depth_of
 from autoloader.feed.ring import Ring
-from autoloader.feed.transport import make_ring
-from autoloader.host.budget import HELD_BY_LOOP
+from autoloader.feed.transport import make_ring, reused
+from autoloader.host.budget import batches_held
 from autoloader.loader.planned import batch_bytes, running_batch_size
 from autoloader.units import format_bytes
 
@@ -32,10 +31,8 @@ def ring_shape(loader: Any) -> tuple[int, int, int | None]:
     """Slots, bytes per slot and the ring's budget for ``loader``'s settings now: the
     workers' batches in flight, those the loop holds and those the device feed holds."""
     plan = loader.plan
-    slots = (
-        loader.num_workers * depth_of(loader.prefetch_factor)
-        + HELD_BY_LOOP
-        + int(getattr(loader, "device_prefetch", 0) or 0)
+    slots = batches_held(loader.num_workers, loader.prefetch_factor) + int(
+        getattr(loader, "device_prefetch", 0) or 0
     )
     given = {"batch_sampler": loader.batch_sampler, "batch_size": loader.batch_size}
     worst = batch_bytes(plan, running_batch_size(plan, given), getattr(loader, "_sizes", None))
@@ -50,9 +47,9 @@ def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
     of the workers gone, where it has enough of them; else a new one (None: /dev/shm
     cannot hold it, said once)."""
     slots, slot_bytes, budget = ring_shape(loader)
-    if ring is not None and not ring.closed and ring.slots >= slots:
-        ring.reclaim()
-        return ring
+    again = reused(ring, slots)
+    if again is not None:
+        return again
     made = make_ring(slots, slot_bytes, budget)
     if made is None:
         if loader not in _NO_RING:
