@@ -154,19 +154,7 @@ def check_state(
             differ from this loader's.
     """
     source = plan.source
-    what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
-    if what not in (FORMAT, PREVIOUS, EARLIER):
-        # a later autoloader's format may mean other things by the same keys: never guessed
-        unknown = (
-            ", a format this version of autoloader does not know"
-            if isinstance(what, str) and what.startswith(_FAMILY)
-            else ""
-        )
-        raise PlanError(
-            f"{source}: load_state_dict: expected a state from "
-            f"autoloader.DataLoader.state_dict() ({FORMAT}, {PREVIOUS} or {EARLIER}), "
-            f"found {what!r}{unknown}"
-        )
+    what = _format_of(found, source)
     count = "steps" if what == FORMAT else "batches"
     for key, least in (("epoch", 0), (count, 0), ("world_size", 1)):
         value = found.get(key)
@@ -194,6 +182,49 @@ def check_state(
             f"another plan (batching {found.get('plan')}, this one "
             f"{plan_identity(plan)}): its position means nothing here"
         )
+    served = _served(found, count, steps_in_epoch, source)
+    if earlier:
+        log.info(
+            "autoloader: resuming a state of an earlier autoloader (%s): its batching "
+            "is taken as the plan's, its data checked by sample count",
+            EARLIER,
+        )
+    return found["epoch"], served
+
+
+def _format_of(found: Any, source: str) -> str:
+    """The state format ``found`` names.
+
+    Raises:
+        PlanError: not a loader state, or one of a format this version does not know.
+    """
+    what = found.get("format") if isinstance(found, Mapping) else type(found).__name__
+    if what not in (FORMAT, PREVIOUS, EARLIER):
+        # a later autoloader's format may mean other things by the same keys: never guessed
+        unknown = (
+            ", a format this version of autoloader does not know"
+            if isinstance(what, str) and what.startswith(_FAMILY)
+            else ""
+        )
+        raise PlanError(
+            f"{source}: load_state_dict: expected a state from "
+            f"autoloader.DataLoader.state_dict() ({FORMAT}, {PREVIOUS} or {EARLIER}), "
+            f"found {what!r}{unknown}"
+        )
+    return str(what)
+
+
+def _served(
+    found: Mapping[str, Any], count: str, steps_in_epoch: Callable[[int], int], source: str
+) -> Served:
+    """How far the saved epoch was served: its world size, the local batches served
+    over all its ranks (``count``: ``steps``, or an earlier format's ``batches`` of each
+    rank), and its nodes.
+
+    Raises:
+        PlanError: nodes that do not divide the world size, or more served than an epoch
+            of that world size hands out.
+    """
     world = found["world_size"]
     nodes = found.get("nodes", 1)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world % nodes:
@@ -213,13 +244,7 @@ def check_state(
             f"{source}: load_state_dict: key 'steps': expected at most the {most} local "
             f"batches an epoch of world_size {world} hands out, found {steps}"
         )
-    if earlier:
-        log.info(
-            "autoloader: resuming a state of an earlier autoloader (%s): its batching "
-            "is taken as the plan's, its data checked by sample count",
-            EARLIER,
-        )
-    return found["epoch"], Served(world, steps, nodes)
+    return Served(world, steps, nodes)
 
 
 def _as_planned(plan: Plan, means: Mapping[str, Any]) -> dict[str, Any]:
