@@ -11,8 +11,10 @@ uproot writes for ``f["Events"] = {...}``), a ROOT TTree with a ``nhits`` counte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -97,6 +99,30 @@ def write_offsets_h5(path: Path, ev: Events, *, counts: bool = False) -> Path:
     return path
 
 
+def _slices(ev: Events, per: int) -> Iterator[tuple[int, int, slice, np.ndarray]]:
+    """The events ``per`` at a time: first and last event, their items, their counts."""
+    offsets = ev.offsets
+    for start in range(0, len(ev.counts), per):
+        stop = min(start + per, len(ev.counts))
+        yield start, stop, slice(offsets[start], offsets[stop]), ev.counts[start:stop]
+
+
+def _hit_lists(ev: Events, items: slice, counts: np.ndarray, pos_as: str = "") -> dict[str, Any]:
+    """Each hit column of the events whose hits are ``items``, as an awkward list per event;
+    ``pos`` one list of 3-vectors (a ``std::array<float,3>``), or, with ``pos_as="xyz"``,
+    three columns ``posx``, ``posy``, ``posz``."""
+    import awkward as ak
+
+    lists = {c: ak.unflatten(ev.columns[c][items], counts) for c in ("time", "tot", "channel_id")}
+    pos = ev.columns["pos"][items]
+    if pos_as:
+        for k, axis in enumerate(pos_as):
+            lists[f"pos{axis}"] = ak.unflatten(pos[:, k], counts)
+    else:
+        lists["pos"] = ak.unflatten(ak.to_regular(pos, axis=1), counts)
+    return lists
+
+
 def write_root(path: Path, ev: Events, *, events_per_cluster: int = 5_000) -> Path:
     """An RNTuple ``Events`` as uproot writes one by default (``f["Events"] = {...}``,
     then ``extend``: a cluster each): ``hits``, a collection of records ``{time, tot,
@@ -105,18 +131,10 @@ def write_root(path: Path, ev: Events, *, events_per_cluster: int = 5_000) -> Pa
     import awkward as ak
     import uproot
 
-    offsets = ev.offsets
     with uproot.recreate(path) as f:
-        for start in range(0, len(ev.counts), events_per_cluster):
-            stop = min(start + events_per_cluster, len(ev.counts))
-            a, b = offsets[start], offsets[stop]
-            counts = ev.counts[start:stop]
-            record = {
-                c: ak.unflatten(ev.columns[c][a:b], counts) for c in ("time", "tot", "channel_id")
-            }
-            record["pos"] = ak.unflatten(ak.to_regular(ev.columns["pos"][a:b], axis=1), counts)
+        for start, stop, items, counts in _slices(ev, events_per_cluster):
             chunk = {
-                "hits": ak.zip(record, depth_limit=2),
+                "hits": ak.zip(_hit_lists(ev, items, counts), depth_limit=2),
                 "run_id": ev.run_id[start:stop],
                 "energy": ev.energy[start:stop],
             }
@@ -133,17 +151,9 @@ def write_ttree(path: Path, ev: Events, *, events_per_basket: int = 5_000) -> Pa
     import awkward as ak
     import uproot
 
-    offsets = ev.offsets
     with uproot.recreate(path) as f:
-        for start in range(0, len(ev.counts), events_per_basket):
-            stop = min(start + events_per_basket, len(ev.counts))
-            a, b = offsets[start], offsets[stop]
-            counts = ev.counts[start:stop]
-            fields = {
-                c: ak.unflatten(ev.columns[c][a:b], counts) for c in ("time", "tot", "channel_id")
-            }
-            for k in range(3):
-                fields[f"pos{'xyz'[k]}"] = ak.unflatten(ev.columns["pos"][a:b, k], counts)
+        for start, stop, items, counts in _slices(ev, events_per_basket):
+            fields = _hit_lists(ev, items, counts, pos_as="xyz")
             chunk = {
                 "hits": ak.zip(fields),
                 "run_id": ev.run_id[start:stop],
@@ -162,9 +172,7 @@ def write_parquet(path: Path, ev: Events, *, row_group_size: int = 5_000) -> Pat
     ``run_id`` and ``energy``, as awkward's ``to_parquet`` writes them."""
     import awkward as ak
 
-    counts = ev.counts
-    record = {c: ak.unflatten(ev.columns[c], counts) for c in ("time", "tot", "channel_id")}
-    record["pos"] = ak.unflatten(ak.to_regular(ev.columns["pos"], axis=1), counts)
+    record = _hit_lists(ev, slice(None), ev.counts)
     array = ak.zip(
         {"hits": ak.zip(record, depth_limit=2), "run_id": ev.run_id, "energy": ev.energy},
         depth_limit=1,
