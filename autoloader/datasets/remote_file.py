@@ -241,8 +241,13 @@ class RemoteFile(io.RawIOBase):
         super().close()
 
 
-_PAUSED = [0]  # reads in this process waiting with the collector paused
-_PAUSED_LOCK = threading.Lock()
+class _Paused:
+    """The reads in this process waiting with the collector paused, and whether it ran
+    before the first of them."""
+
+    lock = threading.Lock()
+    reads = 0
+    was_enabled = False
 
 
 @contextlib.contextmanager
@@ -255,15 +260,15 @@ def collector_paused() -> Any:
     read waits for the loop: the process hangs for ever (seen in a read of an HDF5 file
     over HTTP right after a dataset was opened anew). Reference counting still frees what
     it frees; only cycles wait for the read to end."""
-    with _PAUSED_LOCK:
-        _PAUSED[0] += 1
-        if _PAUSED[0] == 1:
-            _PAUSED.append(gc.isenabled())
+    with _Paused.lock:
+        _Paused.reads += 1
+        if _Paused.reads == 1:
+            _Paused.was_enabled = gc.isenabled()
             gc.disable()
     try:
         yield
     finally:
-        with _PAUSED_LOCK:
-            _PAUSED[0] -= 1
-            if _PAUSED[0] == 0 and _PAUSED.pop():
+        with _Paused.lock:
+            _Paused.reads -= 1
+            if _Paused.reads == 0 and _Paused.was_enabled:
                 gc.enable()
