@@ -168,6 +168,11 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         self._loader_held = loader  # a persistent iterator's next epoch
         self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
         self._wait_began = time.monotonic()
+        if first_iter and self._survival is not None:
+            # fresh workers, off torch's SIGCHLD handler before their first tasks are sent
+            # (``_started`` says why): one that dies on its first batch while torch's reset
+            # still sends tasks raised from that handler, out of the iterator's start
+            compat.forget_worker_pids(self)
         super()._reset(loader, first_iter)
         self._meter.taking_from(self._start)
 
