@@ -394,7 +394,7 @@ def shared(batch: Any, settings: str = "") -> Any:
             t.share_memory_()
         except RuntimeError as exc:
             if not is_shm_failure(str(exc)):
-                return batch  # not ours to judge: torch's path says what it is
+                raise  # torch's own error, from the worker: the feeding thread would lose it
             raise UsageError(no_room(nbytes(batch), settings)) from None
     return batch
 

@@ -72,12 +72,13 @@ def sharing_strategy() -> str:
 
 def is_shm_failure(text: str) -> bool:
     """Whether an error (or a worker's death) is the shared-memory filesystem running out:
-    torch's ``unable to allocate shared memory``, ENOSPC on a /dev/shm file, or a worker
-    killed by SIGBUS (a write into a full tmpfs mapping)."""
+    torch's ``unable to allocate shared memory``, ENOSPC on a /dev/shm file or on one of
+    torch's segments (``unable to write to file </torch_...>``, torch before 2.9), or a
+    worker killed by SIGBUS (a write into a full tmpfs mapping)."""
     low = text.lower()
     return (
         "shared memory" in low
-        or ("/dev/shm" in low and "no space" in low)
+        or (("/dev/shm" in low or "</torch_" in low) and "no space" in low)
         or "bus error" in low
         or "sigbus" in low
     )

@@ -91,6 +91,10 @@ def test_shared_memory_failures_are_recognised() -> None:
         "RuntimeError: unable to allocate shared memory(shm) for file "
         "</torch_1_2_0>: No space left on device (28)"
     )
+    assert is_shm_failure(  # torch before 2.9
+        "RuntimeError: unable to write to file </torch_18877_201131347_1>: "
+        "No space left on device (28)"
+    )
     assert is_shm_failure("DataLoader worker (pid 12) is killed by signal: Bus error.")
     assert not is_shm_failure("ValueError: sample 3 is corrupt")
 
