@@ -425,9 +425,12 @@ def open_input(
 
 
 BLOCK_BYTES = 4 * 2**20  # one request's bytes where a library reads through a file object
-# one request's bytes for metadata where the data's blocks are read by hold(): a footer read
-# fetches this much, not BLOCK_BYTES of the payload before it
-METADATA_BLOCK_BYTES = 256 * 2**10
+# one request's bytes for a footer (Parquet's) where the data's blocks are read by hold():
+# the footer is read once, from the end, in one request, not BLOCK_BYTES of the payload
+FOOTER_BLOCK_BYTES = 256 * 2**10
+# one request's bytes for metadata that sits between the data (HDF5's object headers and
+# chunk index nodes): small, so that opening or a chunk lookup fetches little payload
+METADATA_BLOCK_BYTES = 64 * 2**10
 
 
 def local_or_location(text: str | os.PathLike[str]) -> Path | Location:

@@ -13,10 +13,6 @@ from autoloader.datasets import location
 from autoloader.datasets.location import Location
 from autoloader.errors import DatasetError
 
-# a URL's request for HDF5 metadata and chunk index nodes, which sit between the chunks:
-# small, so that opening or a chunk lookup fetches little of the data around it
-METADATA_BLOCK_BYTES = 64 * 2**10
-
 
 def h5_file(
     path: Path | Location,

@@ -31,9 +31,9 @@ import h5py
 import numpy as np
 
 from autoloader.datasets import read_ahead
-from autoloader.datasets.location import Location
+from autoloader.datasets.location import METADATA_BLOCK_BYTES, Location
 from autoloader.errors import DatasetError
-from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
+from autoloader_plugins.h5file import h5_file
 from autoloader_plugins.jagged import handles
 from autoloader_plugins.jagged.extents import check_agreement
 from autoloader_plugins.jagged.reader import (

@@ -131,7 +131,7 @@ class ParquetTable(BlockReader):
         try:
             if isinstance(self.path, Location):
                 raw = location.open_input(
-                    self.path, location.METADATA_BLOCK_BYTES, known=self._said()
+                    self.path, location.FOOTER_BLOCK_BYTES, known=self._said()
                 )
                 self._hremote = raw
                 return pq.ParquetFile(raw)

@@ -166,7 +166,8 @@ class _Plugin:
 
 def _remote_nugraph(spec: JaggedSpec) -> Any:
     """A NuGraph/pynuml file behind a URL (``#SPLIT``), or None for another layout."""
-    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES, h5_file
+    from autoloader.datasets.location import METADATA_BLOCK_BYTES
+    from autoloader_plugins.h5file import h5_file
     from autoloader_plugins.nugraph import NuGraphEvents, is_nugraph
 
     where = location.parse_url(spec.path)

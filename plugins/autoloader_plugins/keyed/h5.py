@@ -67,7 +67,7 @@ def _table(h5: Any, name: str) -> tuple[list[str], Any] | None:
 def is_long_table(path: Path, name: str, key: str | None) -> bool:
     """Whether ``path#name`` is an HDF5 long table: with the default key column, or of
     its shape where ``?key=`` is given (a missing key is then this reader's to name)."""
-    from autoloader_plugins.h5file import METADATA_BLOCK_BYTES
+    from autoloader.datasets.location import METADATA_BLOCK_BYTES
 
     try:
         with open_h5(path, METADATA_BLOCK_BYTES) as h5:  # metadata only
