@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoloader.cli.cache_view import cache_line, cache_rows
+from autoloader.cli.shares_view import shares_line, shares_rows
 from autoloader.host.budget import HostBudget
 from autoloader.plan import Plan
 from autoloader.plan.view import View
@@ -39,6 +40,7 @@ def sections(plan: Plan) -> list[Section]:
         _source(tuning.sub("source")),
         _host(tuning.sub("host"), plan.loader.num_workers, plan.loader.prefetch_factor),
         _cache(plan),
+        _shares(plan),
     ]
     return [s for s in found if s is not None]
 
@@ -98,13 +100,9 @@ def render(plan: Plan, *, path: str | None = None) -> str:
         f"{', drop_last' if bp.drop_last else ''}"
     )
     out.append(f"read      {_order(bp.read_order, View.of(plan.dataset).count('num_samples'))}")
-    if bp.node_shares:
-        turn = (
-            f"turned by one node every {bp.rotate_every} epoch(s)"
-            if bp.rotate_every
-            else "fixed across epochs"
-        )
-        out.append(f"nodes     each node's ranks draw from its share of the blocks, {turn}")
+    shared = shares_line(plan)
+    if shared is not None:
+        out.append(shared)
     cached = cache_line(plan)
     if cached is not None:
         out.append(cached)
@@ -500,6 +498,14 @@ def _cache(plan: Plan) -> Section | None:
     if found is None:
         return None
     return Section("node cache (timed on this data)", *found)
+
+
+def _shares(plan: Plan) -> Section | None:
+    """``[tuning.node_shares]``: the figures the node shares were decided on, and why."""
+    found = shares_rows(plan)
+    if found is None:
+        return None
+    return Section("node shares (a job's nodes, each reading its share of the blocks)", *found)
 
 
 def _host(host: View, workers: int, prefetch: int | None) -> Section | None:

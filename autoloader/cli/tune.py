@@ -220,6 +220,14 @@ def _reading_options(g: Any) -> None:
         help="plan no node cache of decoded blocks",
     )
     g.add_argument(
+        "--no-node-shares",
+        dest="node_shares",
+        action="store_false",
+        help="plan no node shares: by default, in a windowed read order, each node of a job "
+        "reads its own share of the storage blocks where the data outgrows the node's cache "
+        "or comes from a server slower than it (the server then sends each byte once per job)",
+    )
+    g.add_argument(
         "--baseline",
         metavar='"key=value,..."',
         default=GIVEN["baseline"],

@@ -49,12 +49,14 @@ def tuning_table(
     read_order: Mapping[str, Any] | None = None,
     source: Mapping[str, Any] | None = None,
     cache: Mapping[str, Any] | None = None,
+    node_shares: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``[tuning]``: the worker search, each strategy's replay, the batch candidates, and
     (where they apply) the step time, the worker pinning, the device feed, each node, the
     baseline measured beside the plan, the intra-op threads choice, the host's
-    shared-memory and RAM budgets, the read order's measurement, the node cache's, and a
-    remote source's round trip and throughput."""
+    shared-memory and RAM budgets, the read order's measurement, the node cache's, a
+    remote source's round trip and throughput, and why the nodes of a job share the
+    blocks or not."""
     out: dict[str, Any] = {
         "workers": dict(workers),
         "strategies": {name: dict(r) for name, r in strategies.items()},
@@ -80,6 +82,8 @@ def tuning_table(
         out["source"] = dict(source)
     if cache is not None:
         out["cache"] = dict(cache)
+    if node_shares is not None:
+        out["node_shares"] = dict(node_shares)
     return out
 
 

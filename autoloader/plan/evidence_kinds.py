@@ -293,6 +293,23 @@ SCALARS: tuple[tuple[str, dict[str, Kinds]], ...] = (
         },
     ),
     (
+        "tuning.node_shares",
+        {
+            "chosen": (Key("str", choices=("shares", "none")),),
+            "reason": _STR,
+            "data_bytes": _BYTES,
+            "cache_budget_bytes": _BYTES,
+            "cache_budget_of": _STR,
+            "fits": ("bool",),
+            "remote": ("bool",),
+            "server": _STR,
+            "source_bytes_per_second": _AMOUNT,
+            "cache_speedup": _AMOUNT,
+            "nodes": (Key("int", minimum=1, maximum=MAX_RANKS),),
+            "rotate_every": _COUNT,
+        },
+    ),
+    (
         "tuning.host",
         {
             "shm_free_bytes": _BYTES,

@@ -22,6 +22,7 @@ from autoloader.tuning.devices import Headroom
 from autoloader.tuning.loop_stage import Trials
 from autoloader.tuning.memory_model import MemoryModel
 from autoloader.tuning.node_cache import CacheChoice
+from autoloader.tuning.node_shares import ROTATE_EVERY, SharesChoice
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice
 from autoloader.tuning.read_order import ReadOrder
@@ -47,11 +48,13 @@ class Findings:
     trials: Trials
     source: dict[str, Any] | None = None  # a server's round trip and throughput
     cache: CacheChoice | None = None
+    shares: SharesChoice | None = None  # node shares of the windowed order's blocks
 
 
 def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Plan:
     """The plan: ``[loader]`` and ``[batching]`` to apply, the rest as evidence."""
     b, order = found.batching, found.read_order.windows
+    shared = order is not None and found.shares is not None and found.shares.planned
     return Plan(
         meta={
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -76,6 +79,8 @@ def plan_of(dataset: Any, opts: TuneOptions, device: Any, found: Findings) -> Pl
             seed=opts.seed,
             drop_last=False,
             read_order=None if order is None else order.options(),
+            node_shares=True if shared else None,
+            rotate_every=ROTATE_EVERY if shared else None,
         ),
         memory=_memory(opts, found),
         cache=found.cache.plan if found.cache is not None else None,
@@ -174,4 +179,5 @@ def _tuning(opts: TuneOptions, device: Any, found: Findings) -> dict[str, Any]:
         read_order=found.read_order.evidence,
         source=found.source,
         cache=found.cache.evidence if found.cache is not None else None,
+        node_shares=found.shares.evidence if found.shares is not None else None,
     )

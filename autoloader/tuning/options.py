@@ -45,6 +45,7 @@ GIVEN: dict[str, Any] = {
     "read_order": "auto",
     "cache": True,  # False: plan no node cache (--no-cache)
     "cache_dir": None,  # a node-local directory for the node cache; None: /dev/shm
+    "node_shares": True,  # False: plan no node shares (--no-node-shares)
 }
 
 
@@ -74,6 +75,7 @@ class TuneOptions:
     baseline: LoopSettings | None  # the user's loader; None: not measured
     read_order: str  # "auto": windows where measured faster; "shuffle": never
     cache_where: str | None = "shm"  # the node cache's place: "shm", a directory; None: none
+    node_shares: bool = True  # False: plan no node shares, wherever they would pay
 
     @property
     def local_batch_size(self) -> int:
@@ -142,6 +144,8 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
         )
     memory_budget = check_budget(g["memory_budget"])
     cache_where = _cache_where(g["cache"], g["cache_dir"])
+    if not isinstance(g["node_shares"], bool):
+        raise UsageError(f"node_shares: expected true or false, but got {g['node_shares']!r}")
     return TuneOptions(
         global_batch_size=global_batch_size,
         world_size=world_size,
@@ -163,6 +167,7 @@ def tune_options(*, global_batch_size: Any, **given: Any) -> TuneOptions:
         baseline=parse_baseline(g["baseline"]),
         read_order=g["read_order"],
         cache_where=cache_where,
+        node_shares=g["node_shares"],
     )
 
 

@@ -1,6 +1,6 @@
 """The tuner's stages, in the order ``tune`` runs them: sizes, headroom, memory model,
 budget, batching, read order, timings, device prefetch, workers, trials (the plan's loop against the
-user's own, and the main process's threads).
+user's own, and the main process's threads), node cache, node shares.
 
 Each stage owns its inputs, its measurement and its piece of evidence, and takes the
 ``team`` (``Solo`` or ``Collective``) so that the same code runs alone or on every rank
@@ -25,6 +25,7 @@ from autoloader.feed.fork_hazards import fork_refusal
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host import cpus_per_rank
 from autoloader.host.budget import HostBudget
+from autoloader.launch import node_of_rank, rank_and_world_size
 from autoloader.plan import LoaderPlan
 from autoloader.samplers import make_sampler
 from autoloader.tuning import source as source_probe
@@ -38,6 +39,7 @@ from autoloader.tuning.host_limits import host_table, search_batch_bytes
 from autoloader.tuning.memory_model import MemoryModel, default_model, fit
 from autoloader.tuning.memory_model import from_dict as model_from_dict
 from autoloader.tuning.node_cache import CacheChoice, choose_cache, none
+from autoloader.tuning.node_shares import SharesChoice, choose_node_shares, figures_of, refused
 from autoloader.tuning.options import TuneOptions
 from autoloader.tuning.prefetch import PrefetchChoice, choose_device_prefetch
 from autoloader.tuning.read_order import ReadOrder, choose_read_order
@@ -458,6 +460,39 @@ def node_cache(
     )
     log.info("node cache: %s", found.evidence["reason"])
     return found
+
+
+def node_shares(
+    team: Team,
+    work: Workload,
+    opts: TuneOptions,
+    order: ReadOrder,
+    cache: CacheChoice,
+    remote: dict[str, Any] | None,
+) -> SharesChoice:
+    """Shares of the storage blocks for a job's nodes where rank 0 finds them paying
+    (``autoloader.tuning.node_shares``); ``--no-node-shares`` plans none."""
+    if not opts.node_shares:
+        return refused("--no-node-shares")
+    nodes = _nodes(team)
+    found: SharesChoice = team.once(
+        lambda: choose_node_shares(
+            windowed=order.windows is not None,
+            figures=figures_of(work.dataset, work.sizes, cache.evidence, remote, nodes),
+        )
+    )
+    return found
+
+
+def _nodes(team: Team) -> int | None:
+    """The job's nodes as its launcher numbers them (None: a tune alone, or a launcher
+    that does not say)."""
+    if isinstance(team, Solo):
+        return None
+    try:
+        return node_of_rank(*rank_and_world_size())[1]
+    except UsageError:
+        return None
 
 
 def _warn_shared(dataset: Any) -> None:

@@ -3,7 +3,8 @@
 which owns its measurement and its evidence:
 
     sizes -> headroom -> memory model -> budget -> batching -> read order -> timings -> loader
-          -> trials (the plan's loop against the user's own; threads) -> node cache -> plan
+          -> trials (the plan's loop against the user's own; threads) -> node cache
+          -> node shares -> plan
 
 Alone or on every rank of a job, the same code runs: ``Solo`` and ``Collective`` answer
 the few questions whose answer depends on it (who measures, whose budget limits).
@@ -55,6 +56,7 @@ def tune(
     read_order: str = GIVEN["read_order"],
     cache: bool = GIVEN["cache"],
     cache_dir: str | None = GIVEN["cache_dir"],
+    node_shares: bool = GIVEN["node_shares"],
 ) -> Plan:
     """Tune a loader for ``dataset`` on this node and return the plan.
 
@@ -97,6 +99,9 @@ def tune(
         cache: plan a node cache of decoded blocks where it measures faster and fits
             (``autoloader.tuning.node_cache``); False: none.
         cache_dir: a node-local directory for that cache (default: /dev/shm).
+        node_shares: in a windowed read order, give each node of a job a share of the
+            storage blocks where the data outgrows the node's cache or comes from a server
+            slower than it (``autoloader.tuning.node_shares``); False: never.
     """
     given = {k: v for k, v in locals().items() if k in GIVEN}  # the options, as given
     target = device if isinstance(device, torch.device) else None
@@ -150,6 +155,7 @@ def run(
         loader = stages.worker_search(team, work, opts, batching, times, where, prefetch)
         tried = loop_stage.trials(team, work, opts, model, budget.bytes, batching, loader, where)
         cache = stages.node_cache(team, work, opts, batching, times, loader)
+        shares = stages.node_shares(team, work, opts, order, cache, remote)
         found = Findings(
             sizes,
             room,
@@ -165,5 +171,6 @@ def run(
             tried,
             remote,
             cache,
+            shares,
         )
         return plan_of(dataset, opts, dev, found)
