@@ -141,10 +141,11 @@ def batch_bytes(plan: Plan, batch_size: int, sizes: np.ndarray | None) -> int:
     return int(worst * batch_size / planned)
 
 
-def fit_cache(loader: Any) -> None:
+def fit_cache(loader: Any, sizes: np.ndarray | None) -> None:
     """A /dev/shm node cache brought to the settings ``loader`` runs now (after adaptation
     or survival changed them): it leaves free what the node's batches in flight need at
-    those settings, giving back blocks where it holds that room already."""
+    those settings (its batches judged by the samples' ``sizes``, where known), giving
+    back blocks where it holds that room already."""
     node: NodeCache | None = getattr(loader, "node_cache", None)
     plan: Plan | None = getattr(loader, "plan", None)
     if node is None or plan is None or node.where != "shm":
@@ -154,7 +155,7 @@ def fit_cache(loader: Any) -> None:
         "prefetch_factor": loader.prefetch_factor,
         "batch_sampler": loader.batch_sampler,
     }
-    in_flight = shm_in_flight(plan, running, getattr(loader, "_sizes", None))
+    in_flight = shm_in_flight(plan, running, sizes)
     node.leave_free(max(plan.cache.min_free_bytes if plan.cache else 0, shm_floor(in_flight)))
 
 
@@ -206,7 +207,7 @@ def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:
         node.data,
     )
     fresh = node.restamped(found.stamp)
-    if not hold(fresh) or not fresh._ready():  # _ready: the old stamp's directory goes
+    if not hold(fresh) or not fresh.ready():  # ready: the old stamp's directory goes
         hooks.give_node_cache(dataset, None)
         return None
     hooks.give_node_cache(dataset, fresh)
