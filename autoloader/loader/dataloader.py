@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import os
@@ -13,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
@@ -28,10 +26,7 @@ from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
-from autoloader.host.budget import HostBudget
-from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
-from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapting import runtime_for
 from autoloader.loader.arguments import (
     apply_threads,
@@ -41,22 +36,10 @@ from autoloader.loader.arguments import (
 )
 from autoloader.loader.decisions import Adaptation
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
-from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
-from autoloader.loader.known_sizes import known_sizes
 from autoloader.loader.meter import Meter, Metered, NoDelay
 from autoloader.loader.outgrown import watch_growth
-from autoloader.loader.planned import (
-    accumulation_for,
-    apply_plan,
-    attach_cache,
-    check_data_fingerprint,
-    digest,
-    node_loader,
-    read_ahead_blocks,
-    refreshed_data,
-    shm_in_flight,
-)
+from autoloader.loader.planned import node_loader, refreshed_data, setup
 from autoloader.loader.position import (
     Data,
     Position,
@@ -81,7 +64,6 @@ from autoloader.loader.trainers import (
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
-from autoloader.sizes import dataset_length, fingerprint
 from autoloader.thresholds import WAIT_THRESHOLD
 
 log = logging.getLogger("autoloader")
@@ -145,7 +127,6 @@ class DataLoader(tud.DataLoader):
     ) -> None:
         check_adapt_args(adapt, adapt_max_workers)
         _check_cache_and_name(cache, name)
-        self.node_cache: NodeCache | None = None
         check_threads(num_threads)
         feed_device = check_device(device)
         self._accumulating = self._warned_accumulation = False
@@ -159,39 +140,27 @@ class DataLoader(tud.DataLoader):
             if k not in ("self", "dataset") and not (k in _SAMPLERS and v is None)
         }
         fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
-        sizes: np.ndarray | None = None
-        rank, world = 0, 1
-        self._begin_state()
-        # this node's /dev/shm and RAM, and this process's limits (open files, processes,
-        # address space), read once for a plan: its fit, adaptation, survival
-        host = HostBudget.probe() if plan is not None else None
-        limits = ProcessLimits.probe() if plan is not None else None
-        if plan is not None:
-            assert host is not None
-            self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
-            rank, world = rank_and_world_size()
-            given, sizes = self._planned(
-                dataset, given, fixed, check_fingerprint, rank, world, host
-            )
-            in_flight = shm_in_flight(self.plan, given, sizes)
-            self.node_cache = attach_cache(self.plan, dataset, cache, in_flight)
-        else:
-            self.plan = None
-            # Without a plan a malformed RANK only affects the metric label: never fail.
-            with contextlib.suppress(UsageError):
-                rank, _ = rank_and_world_size()
+        self._repeats = RepeatWatch()  # an epoch served whole again (epoch_checks)
+        made = setup(plan, dataset, given, fixed, check_fingerprint=check_fingerprint, cache=cache)
+        self.plan: Plan | None = made.plan
+        self._data = Data(made.samples, made.data_fingerprint)  # a planned loader's data
+        self.grad_accum_steps = made.grad_accum_steps
+        self.node_cache: NodeCache | None = made.node_cache
+        given, rank = made.given, made.rank
         if given.get("collate_fn") is None and _auto_collation(given):
             given["collate_fn"] = collate
-        recorder = BatchRecorder(loader_metrics(registry), rank, sizes, name) if metrics else None
+        recorder = None
+        if metrics:
+            recorder = BatchRecorder(loader_metrics(registry), rank, made.sizes, name)
         # what its iterators, survival and adaptation read of it while it runs
-        self._running = Running(recorder, rank, host, limits, feed_device, sizes)
+        self._running = Running(recorder, rank, made.host, made.limits, feed_device, made.sizes)
         # the label of its metrics (None: none recorded, and no name given)
         self.name = recorder.name if recorder is not None else name
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
             self._hand_to_trainers(self.batch_sampler, self.plan)
         if isinstance(self.batch_sampler, SizeBatchSampler):
-            self.batch_sampler.read_ahead_blocks = read_ahead_blocks(self.plan, dataset)
+            self.batch_sampler.read_ahead_blocks = made.read_ahead_blocks
         self.device_prefetch = device_prefetch(self.plan, prefetch_override)
         if feed_device is not None and not self.pin_memory:
             warnings.warn(
@@ -212,12 +181,6 @@ class DataLoader(tud.DataLoader):
         self._survival = survival_for(self, self._running, self._runtime)
         if self.plan is not None and recorder is not None:
             self._watch_the_plan(self.plan, recorder, rank)
-
-    def _begin_state(self) -> None:
-        """What the loader keeps before torch's constructor runs: what it serves."""
-        self.grad_accum_steps = 1
-        self._data = Data(0)  # what a planned loader serves: a position's data
-        self._repeats = RepeatWatch()
 
     def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
         """A planned loader is sharded across ranks already: trainers must not shard it
@@ -241,34 +204,6 @@ class DataLoader(tud.DataLoader):
         runtime = self._runtime
         stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
         watch_growth(plan, self.batch_sampler, recorder, rank, stale, self.dataset)
-
-    def _planned(
-        self,
-        dataset: Any,
-        given: dict[str, Any],
-        fixed: frozenset[str],
-        check_fingerprint: bool,
-        rank: int,
-        world: int,
-        host: HostBudget,
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
-        """Torch's arguments from the plan, and the sample sizes, once every check has
-        passed: the data (fingerprint), the world size (accumulation), the other ranks;
-        ``fixed``: the settings the user gave, kept as given."""
-        plan = self.plan
-        assert plan is not None
-        n = dataset_length(dataset)
-        verify = check_fingerprint and plan.fingerprint is not None
-        sizes = known_sizes(plan, dataset, world, verify=verify)
-        self._data = Data(n, fingerprint(sizes) if sizes is not None else None)
-        if check_fingerprint:
-            check_data_fingerprint(plan, self._data.fingerprint, n)
-        self.grad_accum_steps = accumulation_for(plan, world)
-        given = apply_plan(plan, given, sizes, rank, world, n)
-        given = fit_to_host(plan, given, fixed, host)
-        data = self._data.fingerprint or f"{n} samples"
-        check_ranks_agree(digest(plan, given, data, self.grad_accum_steps), source=plan.source)
-        return given, sizes
 
     @property
     def adaptations(self) -> list[Adaptation]:

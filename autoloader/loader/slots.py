@@ -11,7 +11,7 @@ from typing import Any
 from autoloader.feed.ring import Ring
 from autoloader.feed.transport import make_ring, reused
 from autoloader.host.budget import batches_held
-from autoloader.loader.planned import batch_bytes, running_batch_size
+from autoloader.loader.largest_batch import batch_bytes, running_batch_size
 from autoloader.loader.running import Running
 from autoloader.units import format_bytes
 
