@@ -37,17 +37,17 @@ from autoloader.loader.arguments import (
 from autoloader.loader.decisions import Adaptation
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
-from autoloader.loader.meter import Meter, Metered, NoDelay
+from autoloader.loader.meter import Meter, Metered, NoDelay, restart_at
 from autoloader.loader.outgrown import watch_growth
 from autoloader.loader.planned import node_loader, refreshed_data, setup
 from autoloader.loader.position import (
     Data,
-    Position,
     check_state,
     meaning,
     sampler_to_resume,
     saved_settings,
     saved_trial,
+    start_of,
 )
 from autoloader.loader.position import state as position_state
 from autoloader.loader.running import Running
@@ -281,7 +281,7 @@ class DataLoader(tud.DataLoader):
         check_ranks_agree({"resumed epoch": epoch}, source=self.plan.source)
         sampler.set_epoch(epoch)
         sampler.resume_from(served)
-        self._running.cursor.rest(Position(epoch, sampler.resume, sampler.carry))
+        self._running.cursor.rest(start_of(sampler))
         if self._runtime is not None and self._runtime.adapter is not None:
             self._runtime.adapter.restore(saved_settings(state_dict), saved_trial(state_dict))
 
@@ -355,10 +355,11 @@ class DataLoader(tud.DataLoader):
         delay = None if self._runtime is not None else NoDelay
         if self.plan is not None and isinstance(sampler, SizeBatchSampler):
             # this iterator's own count, the loader's position from now on
+            start = start_of(sampler)
             meter = Meter(
-                sampler.epoch,
-                sampler.resume,
-                carry=sampler.carry,
+                start.epoch,
+                start.batches,
+                carry=start.carry,
                 recorder=recorder,
                 cursor=self._running.cursor,
                 delay=delay,
@@ -433,15 +434,16 @@ class DataLoader(tud.DataLoader):
                 "restart_workers: expected a planned DataLoader in an epoch, "
                 "found no position to restart at"
             )
-        compat.shut_down_workers(self._running.handover.live_iterator())
-        compat.forget_iterator(self)
-        at = meter.position.batches
-        sampler.resume_at(at)
-        meter.taking_from(at)
+        restart_at(sampler, meter, meter.position.batches, self._stop_workers)
         meter.restarted()
         if self._runtime is not None:
             self._runtime.begin(self)
         return self._metered(meter)
+
+    def _stop_workers(self) -> None:
+        """The epoch's workers shut down, and torch's iterator of them forgotten."""
+        compat.shut_down_workers(self._running.handover.live_iterator())
+        compat.forget_iterator(self)
 
     def _warn_accumulation(self) -> None:
         if self._warned_accumulation or accelerator_active():

@@ -28,13 +28,15 @@ from autoloader.compat.torch import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import Sender, unpacked
 from autoloader.loader.lookahead import Lookahead
-from autoloader.loader.meter import Meter
+from autoloader.loader.meter import Meter, restart_at
+from autoloader.loader.position import start_of
 from autoloader.loader.running import Running
 from autoloader.loader.settings import named
 from autoloader.loader.slots import ring_for
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
+from autoloader.samplers import SizeBatchSampler
 
 
 class _Recording:
@@ -176,7 +178,8 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._loader_held = loader  # a persistent iterator's next epoch
-        self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
+        sampler = loader.batch_sampler  # where it starts, read before iter() takes it
+        self._start = start_of(sampler).batches if isinstance(sampler, SizeBatchSampler) else 0
         self._wait_began = time.monotonic()
         if first_iter and self._survival is not None:
             # fresh workers, off torch's SIGCHLD handler before their first tasks are sent
@@ -376,11 +379,9 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     def _restart(self) -> None:
         """New workers (as many as the loader now asks for), the batch sampler resumed at
-        the first batch not yet handed out; this object carries on."""
+        the first batch not yet handed out (``meter.restart_at``); this object carries on."""
         loader = self._loader()
-        at = self._meter.taken
-        self._shutdown_workers()
-        loader.batch_sampler.resume_at(at)
+        restart_at(loader.batch_sampler, self._meter, self._meter.taken, self._shutdown_workers)
         self._start_workers(loader)
         self._started()
 
