@@ -45,12 +45,11 @@ def hold(cache: NodeCache) -> bool:
             if not cache.keep:  # one user that does not keep it: removed
                 _HELD[key] = (_HELD[key][0], False, _HELD[key][2])
             return True
-        if not cache._ready():  # the place is not the user's own: nothing looked at
+        if not cache.ready():  # the place is not the user's own: nothing looked at
             return False
         remove_older(cache.home.parent, cache.older_homes())  # never served: their room back
         for _ in range(8):
-            cache._ready_pid = None
-            if not cache._ready():
+            if not cache.ready(again=True):
                 return False
             lock = cache.home / "users.lock"
             try:

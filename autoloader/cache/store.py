@@ -363,8 +363,15 @@ class NodeCache:
         return c.hits, c.misses, self.used_bytes()
 
     # -- the directory -------------------------------------------------------------------
+    def ready(self, *, again: bool = False) -> bool:
+        """The directory exists, the user's alone; older stamps of this data removed.
+        Looked at once per process; ``again``: looked at afresh (the directory may have
+        gone since: a last user of another job removed it)."""
+        if again:
+            self._ready_pid = None
+        return self._ready()
+
     def _ready(self) -> bool:
-        """The directory exists, the user's alone; older stamps of this data removed."""
         if self._ready_pid == os.getpid():
             return True
         if self._broken:

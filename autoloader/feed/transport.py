@@ -239,7 +239,7 @@ class Handle:
 def _received(*fields: Any) -> Handle:
     """A handle as the loop unpickles it: received, its slot freed if dropped unopened."""
     handle = Handle(*fields)
-    handle._received = True
+    handle._received = True  # Handle's own flag, set where this module unpickles one
     return handle
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import os
@@ -13,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data as tud
 from prometheus_client import CollectorRegistry
@@ -28,10 +26,7 @@ from autoloader.feed.device import DeviceFeed, check_device
 from autoloader.feed.start import WorkersNotStarted
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
-from autoloader.host.budget import HostBudget
-from autoloader.host.limits import ProcessLimits
 from autoloader.job.agreement import check_ranks_agree
-from autoloader.job.distributed import rank_and_world_size
 from autoloader.loader.adapting import runtime_for
 from autoloader.loader.arguments import (
     apply_threads,
@@ -41,32 +36,21 @@ from autoloader.loader.arguments import (
 )
 from autoloader.loader.decisions import Adaptation
 from autoloader.loader.epoch_checks import RepeatWatch, check_length
-from autoloader.loader.host_fit import fit_to_host
 from autoloader.loader.iterators import RecordingMultiProcessingIter, RecordingSingleProcessIter
-from autoloader.loader.known_sizes import known_sizes
-from autoloader.loader.meter import Cursor, Meter, Metered, NoDelay
+from autoloader.loader.meter import Meter, Metered, NoDelay, restart_at
 from autoloader.loader.outgrown import watch_growth
-from autoloader.loader.planned import (
-    accumulation_for,
-    apply_plan,
-    attach_cache,
-    check_data_fingerprint,
-    digest,
-    node_loader,
-    read_ahead_blocks,
-    refreshed_data,
-    shm_in_flight,
-)
+from autoloader.loader.planned import node_loader, refreshed_data, setup
 from autoloader.loader.position import (
     Data,
-    Position,
     check_state,
     meaning,
     sampler_to_resume,
     saved_settings,
     saved_trial,
+    start_of,
 )
 from autoloader.loader.position import state as position_state
+from autoloader.loader.running import Running
 from autoloader.loader.runtime import Runtime
 from autoloader.loader.settings import Settings, user_fixed
 from autoloader.loader.survival import survival_for
@@ -80,7 +64,6 @@ from autoloader.loader.trainers import (
 from autoloader.metrics.loader import BatchRecorder, LoaderStats, loader_metrics
 from autoloader.plan import Plan
 from autoloader.samplers import SizeBatchSampler
-from autoloader.sizes import dataset_length, fingerprint
 from autoloader.thresholds import WAIT_THRESHOLD
 
 log = logging.getLogger("autoloader")
@@ -144,9 +127,8 @@ class DataLoader(tud.DataLoader):
     ) -> None:
         check_adapt_args(adapt, adapt_max_workers)
         _check_cache_and_name(cache, name)
-        self.node_cache: NodeCache | None = None
         check_threads(num_threads)
-        self._feed_device = check_device(device)
+        feed_device = check_device(device)
         self._accumulating = self._warned_accumulation = False
         prefetch_override = kwargs.pop("device_prefetch", None)
         bound = _TORCH_SIGNATURE.bind(None, dataset, *args, **kwargs)
@@ -158,76 +140,47 @@ class DataLoader(tud.DataLoader):
             if k not in ("self", "dataset") and not (k in _SAMPLERS and v is None)
         }
         fixed = user_fixed(given, prefetch_override)  # by keyword or by position alike
-        sizes: np.ndarray | None = None
-        rank, world = 0, 1
-        self._begin_state(planned=plan is not None)
-        if plan is not None:
-            self.plan: Plan | None = plan if isinstance(plan, Plan) else Plan.load(plan)
-            rank, world = rank_and_world_size()
-            given, sizes = self._planned(dataset, given, fixed, check_fingerprint, rank, world)
-            in_flight = shm_in_flight(self.plan, given, sizes)
-            self.node_cache = attach_cache(self.plan, dataset, cache, in_flight)
-        else:
-            self.plan = None
-            # Without a plan a malformed RANK only affects the metric label: never fail.
-            with contextlib.suppress(UsageError):
-                rank, _ = rank_and_world_size()
+        self._repeats = RepeatWatch()  # an epoch served whole again (epoch_checks)
+        made = setup(plan, dataset, given, fixed, check_fingerprint=check_fingerprint, cache=cache)
+        self.plan: Plan | None = made.plan
+        self._data = Data(made.samples, made.data_fingerprint)  # a planned loader's data
+        self.grad_accum_steps = made.grad_accum_steps
+        self.node_cache: NodeCache | None = made.node_cache
+        given, rank = made.given, made.rank
         if given.get("collate_fn") is None and _auto_collation(given):
             given["collate_fn"] = collate
-        self._sizes = sizes
-        self._recorder = (
-            BatchRecorder(loader_metrics(registry), rank, sizes, name) if metrics else None
-        )
+        recorder = None
+        if metrics:
+            recorder = BatchRecorder(loader_metrics(registry), rank, made.sizes, name)
+        # what its iterators, survival and adaptation read of it while it runs
+        self._running = Running(recorder, rank, made.host, made.limits, feed_device, made.sizes)
         # the label of its metrics (None: none recorded, and no name given)
-        self.name = self._recorder.name if self._recorder is not None else name
+        self.name = recorder.name if recorder is not None else name
         super().__init__(dataset, **given)
         if isinstance(self.batch_sampler, SizeBatchSampler) and self.plan is not None:
             self._hand_to_trainers(self.batch_sampler, self.plan)
         if isinstance(self.batch_sampler, SizeBatchSampler):
-            self.batch_sampler.read_ahead_blocks = read_ahead_blocks(self.plan, dataset)
+            self.batch_sampler.read_ahead_blocks = made.read_ahead_blocks
         self.device_prefetch = device_prefetch(self.plan, prefetch_override)
-        if self._feed_device is not None and not self.pin_memory:
+        if feed_device is not None and not self.pin_memory:
             warnings.warn(
-                f"autoloader.DataLoader(device={str(self._feed_device)!r}) without "
+                f"autoloader.DataLoader(device={str(feed_device)!r}) without "
                 "pin_memory: copies from pageable memory cannot overlap the step",
                 stacklevel=2,
             )
-        if self._recorder is not None:
-            self._configure_metrics(self._recorder)
+        if recorder is not None:
+            self._configure_metrics(recorder)
             if self.node_cache is not None:
-                self._recorder.watch_cache(self.node_cache.counts)
+                recorder.watch_cache(self.node_cache.counts)
         self.num_threads = apply_threads(self.plan, num_threads)
-        self._rank = rank
-        self._survival = survival_for(self, rank)
         self._runtime: Runtime | None = None
         if self.plan is not None and adapt:
-            self._runtime = runtime_for(self, fixed, adapt_threshold, adapt_max_workers)
-        if self.plan is not None and self._recorder is not None:
-            self._watch_the_plan(self.plan, self._recorder, rank)
-
-    def _begin_state(self, *, planned: bool) -> None:
-        """What the loader keeps before torch's constructor runs: where it is, what it
-        serves, and, for a plan, this node's budgets read once."""
-        self.grad_accum_steps = 1
-        self._cursor = Cursor()  # where the loader is: its iterators' meters
-        # the meter of the iterator iter() is making, and whether it times inside torch's
-        # iterator (nothing wraps it) or around the chain (autoloader.loader.meter)
-        self._metering: Meter | None = None
-        self._meter_inside = False
-        self._live: Any = None  # a weak reference to torch's iterator of the epoch
-        self._live_meter: Meter | None = None  # the meter of the iter() that made it last
-        self._data = Data(0)  # what a planned loader serves: a position's data
-        self._repeats = RepeatWatch()
-        # this node's /dev/shm and RAM, read once: the plan's fit, adaptation, survival
-        self._host = HostBudget.probe() if planned else None
-        # and this process's limits (open files, processes, address space), for adaptation
-        self._limits = ProcessLimits.probe() if planned else None
-
-    @property
-    def _position(self) -> Position:
-        """Where the loader is: the position of the iterator it last handed out or last
-        served a batch from (``meter.Cursor``)."""
-        return self._cursor.position
+            self._runtime = runtime_for(
+                self, self._running, fixed, adapt_threshold, adapt_max_workers
+            )
+        self._survival = survival_for(self, self._running, self._runtime)
+        if self.plan is not None and recorder is not None:
+            self._watch_the_plan(self.plan, recorder, rank)
 
     def _hand_to_trainers(self, sampler: SizeBatchSampler, plan: Plan) -> None:
         """A planned loader is sharded across ranks already: trainers must not shard it
@@ -252,34 +205,6 @@ class DataLoader(tud.DataLoader):
         stale = runtime.mark_stale if runtime is not None else recorder.plan_stale
         watch_growth(plan, self.batch_sampler, recorder, rank, stale, self.dataset)
 
-    def _planned(
-        self,
-        dataset: Any,
-        given: dict[str, Any],
-        fixed: frozenset[str],
-        check_fingerprint: bool,
-        rank: int,
-        world: int,
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
-        """Torch's arguments from the plan, and the sample sizes, once every check has
-        passed: the data (fingerprint), the world size (accumulation), the other ranks;
-        ``fixed``: the settings the user gave, kept as given."""
-        plan = self.plan
-        assert plan is not None
-        n = dataset_length(dataset)
-        verify = check_fingerprint and plan.fingerprint is not None
-        sizes = known_sizes(plan, dataset, world, verify=verify)
-        self._data = Data(n, fingerprint(sizes) if sizes is not None else None)
-        if check_fingerprint:
-            check_data_fingerprint(plan, self._data.fingerprint, n)
-        self.grad_accum_steps = accumulation_for(plan, world)
-        given = apply_plan(plan, given, sizes, rank, world, n)
-        assert self._host is not None
-        given = fit_to_host(plan, given, fixed, self._host)
-        data = self._data.fingerprint or f"{n} samples"
-        check_ranks_agree(digest(plan, given, data, self.grad_accum_steps), source=plan.source)
-        return given, sizes
-
     @property
     def adaptations(self) -> list[Adaptation]:
         """Each change run-time adaptation made: epoch, setting, from, to, and why."""
@@ -297,10 +222,10 @@ class DataLoader(tud.DataLoader):
         if self.plan is None:
             raise UsageError("save_plan: this DataLoader was built without a plan")
         refuse_inputs(Path(path), dataset_files(self.dataset), "save_plan:")
-        runtime = self._runtime or Runtime(self.plan, None, None, self._recorder, self._rank)
+        runtime = self._runtime or Runtime(self.plan, None, None, self._running)
         adapted = runtime.adapted_plan(node_loader(self.plan))
         saved = Plan.from_dict(adapted.to_dict(), source=os.fspath(path))
-        saved.sizes = self.plan.sizes if self.plan.sizes is not None else self._sizes
+        saved.sizes = self.plan.sizes if self.plan.sizes is not None else self._running.sizes
         saved.save(path)
 
     def state_dict(self) -> dict[str, Any]:
@@ -316,7 +241,7 @@ class DataLoader(tud.DataLoader):
         if self.plan is None or not isinstance(sampler, SizeBatchSampler):
             return {}
         adapter = self._runtime.adapter if self._runtime is not None else None
-        where = self._position
+        where = self._running.position
         return position_state(
             where.epoch,
             sampler.served(where.batches, where.carry),
@@ -356,14 +281,14 @@ class DataLoader(tud.DataLoader):
         check_ranks_agree({"resumed epoch": epoch}, source=self.plan.source)
         sampler.set_epoch(epoch)
         sampler.resume_from(served)
-        self._cursor.rest(Position(epoch, sampler.resume, sampler.carry))
+        self._running.cursor.rest(start_of(sampler))
         if self._runtime is not None and self._runtime.adapter is not None:
             self._runtime.adapter.restore(saved_settings(state_dict), saved_trial(state_dict))
 
     def _settings(self) -> dict[str, Any]:
         if self._runtime is not None and self._runtime.adapter is not None:
             return self._runtime.adapter.settings.saved()
-        return Settings.of(self).saved()
+        return Settings.of(self, self._running.feed_device).saved()
 
     @property
     def stats(self) -> LoaderStats:
@@ -371,12 +296,13 @@ class DataLoader(tud.DataLoader):
         as measured), the worst batch, the time waited (all zero with ``metrics=False``).
         A batch measured at 1.5x the plan's predicted worst is warned about once and marks
         the plan stale (``plan_stale``)."""
-        if self._recorder is None:
+        recorder = self._running.recorder
+        if recorder is None:
             return LoaderStats()
-        ooms = self._recorder.oom_count()
+        ooms = recorder.oom_count()
         if ooms and self._runtime is not None:
             self._runtime.mark_stale(f"oom_guard caught {ooms} out-of-memory error(s)")
-        return self._recorder.stats
+        return recorder.stats
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the batch sampler or sampler that takes one."""
@@ -414,8 +340,9 @@ class DataLoader(tud.DataLoader):
         self._check_epoch()
         began = time.perf_counter()
         node, changed = refreshed_data(self.dataset, self.node_cache)  # files as they are now
-        if node is not self.node_cache and self._recorder is not None:
-            self._recorder.watch_cache(node.counts if node is not None else None)
+        recorder = self._running.recorder
+        if node is not self.node_cache and recorder is not None:
+            recorder.watch_cache(node.counts if node is not None else None)
         self.node_cache = node
         if changed:  # workers kept between epochs hold the old file
             compat.end_persistent_iterator(self)
@@ -428,16 +355,17 @@ class DataLoader(tud.DataLoader):
         delay = None if self._runtime is not None else NoDelay
         if self.plan is not None and isinstance(sampler, SizeBatchSampler):
             # this iterator's own count, the loader's position from now on
+            start = start_of(sampler)
             meter = Meter(
-                sampler.epoch,
-                sampler.resume,
-                carry=sampler.carry,
-                recorder=self._recorder,
-                cursor=self._cursor,
+                start.epoch,
+                start.batches,
+                carry=start.carry,
+                recorder=recorder,
+                cursor=self._running.cursor,
                 delay=delay,
             )
         else:
-            meter = Meter(recorder=self._recorder, delay=delay)
+            meter = Meter(recorder=recorder, delay=delay)
         batches = self._metered(meter)
         meter.opening = time.perf_counter() - began  # the workers' start: a wait too
         if self._runtime is not None:
@@ -452,50 +380,40 @@ class DataLoader(tud.DataLoader):
         if self.plan is None or not isinstance(sampler, SizeBatchSampler):
             return
         check_length(self.dataset, self._data.samples, self.plan.source)
-        last = (self._position.epoch, self._position.batches)
+        last = (self._running.position.epoch, self._running.position.batches)
         self._repeats.begins(sampler.epoch, last, len(sampler), sampler.shuffle)
 
     def _metered(self, meter: Meter) -> Iterator[Any]:
-        """The epoch's batches (``_chain``), counted and timed by ``meter``."""
-        self._metering = meter
-        try:
-            return self._chain()
-        finally:
-            self._metering = None
-
-    def _chain(self) -> Iterator[Any]:
         """The epoch's batches from the batch sampler's position: torch's iterator, then
-        the device feed and Accelerate's bookkeeping, through the meter of this ``iter()``
-        (``_metering``) where the loop receives them."""
-        meter = self._metering
-        assert meter is not None
+        the device feed and Accelerate's bookkeeping, through ``meter`` (this ``iter()``'s,
+        handed to the iterator torch makes or resets) where the loop receives them."""
+        running, handover = self._running, self._running.handover
         accelerate = compat_accelerate.is_prepared(self) and accelerator_active()
-        wrapped = self._feed_device is not None or accelerate or self._runtime is not None
+        feed = running.feed_device
+        wrapped = feed is not None or accelerate or self._runtime is not None
         # Counted and timed where the loop receives them: inside torch's iterator when
         # nothing wraps it (so iter() stays torch's own), else around the whole chain.
-        self._meter_inside = self._recorder is not None and not wrapped
-        previous = self._live() if self._live is not None else None
-        batches: Iterator[Any] = super().__iter__()
-        if batches is previous and self._live_meter is not None:
+        inside = running.recorder is not None and not wrapped
+        previous = handover.live_iterator()
+        handover.meter, handover.inside = meter, inside
+        try:
+            batches: Iterator[Any] = super().__iter__()
+        finally:
+            handover.meter = None
+        if batches is previous and handover.live_meter is not None:
             # torch reset its iterator of persistent workers for this iter(): a chain
             # made over it earlier (the loop's, where a peek made this one) now serves
             # this pass, so its batches count here and the position follows the reset
-            self._live_meter.superseded_by(meter)
-        self._live = weakref.ref(batches)  # not held: an abandoned epoch's workers end
-        self._live_meter = meter
-        if self._feed_device is not None:
-            batches = DeviceFeed(batches, self._feed_device, self.device_prefetch, self._recorder)
+            handover.live_meter.superseded_by(meter)
+        handover.live = weakref.ref(batches)  # not held: an abandoned epoch's workers end
+        handover.live_meter = meter
+        if feed is not None:
+            batches = DeviceFeed(batches, feed, self.device_prefetch, running.recorder)
         if accelerate:  # planned: Accelerate keeps it
             batches = accelerate_epoch(self, batches)
-        if not self._meter_inside and (wrapped or meter.positioned):
+        if not inside and (wrapped or meter.positioned):
             batches = Metered(batches, meter)
         return batches
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled and deep-copied as torch's loader is: without a live iterator."""
-        state = self.__dict__.copy()
-        state["_live"] = state["_live_meter"] = None
-        return state
 
     def restart_workers(self) -> Iterator[Any]:
         """Restart the epoch the loop is in at the loader's position, with the settings
@@ -509,22 +427,23 @@ class DataLoader(tud.DataLoader):
             UsageError: the loader keeps no position (no plan, or the caller's own batch
                 sampler), or no epoch of it has begun.
         """
-        meter = self._cursor.meter
+        meter = self._running.cursor.meter
         sampler = self.batch_sampler
         if meter is None or self.plan is None or not isinstance(sampler, SizeBatchSampler):
             raise UsageError(
                 "restart_workers: expected a planned DataLoader in an epoch, "
                 "found no position to restart at"
             )
-        compat.shut_down_workers(self._live() if self._live is not None else None)
-        compat.forget_iterator(self)
-        at = meter.position.batches
-        sampler.resume_at(at)
-        meter.taking_from(at)
+        restart_at(sampler, meter, meter.position.batches, self._stop_workers)
         meter.restarted()
         if self._runtime is not None:
             self._runtime.begin(self)
         return self._metered(meter)
+
+    def _stop_workers(self) -> None:
+        """The epoch's workers shut down, and torch's iterator of them forgotten."""
+        compat.shut_down_workers(self._running.handover.live_iterator())
+        compat.forget_iterator(self)
 
     def _warn_accumulation(self) -> None:
         if self._warned_accumulation or accelerator_active():
@@ -566,13 +485,13 @@ class DataLoader(tud.DataLoader):
     def _get_iterator(self) -> compat.BaseIter:
         if isinstance(self.batch_sampler, SizeBatchSampler):
             self.batch_sampler.readers = max(1, self.num_workers)  # workers restarted
-        if self._recorder is None:
+        if self._running.recorder is None:
             return super()._get_iterator()
         if self.num_workers == 0:
-            return RecordingSingleProcessIter(self)
+            return RecordingSingleProcessIter(self, self._running)
         self.check_worker_number_rationality()
         try:
-            return RecordingMultiProcessingIter(self)
+            return RecordingMultiProcessingIter(self, self._running, self._survival)
         except WorkersNotStarted as exc:
             # a raise's workers that cannot start: its count before, and the epoch goes on
             if self._runtime is None or not self._runtime.could_not_start(self, str(exc)):

@@ -16,7 +16,7 @@ from typing import Any
 
 from autoloader.feed.depth import depth_of
 from autoloader.host.budget import HostBudget
-from autoloader.loader.planned import batch_bytes, running_batch_size
+from autoloader.loader.largest_batch import batch_bytes, running_batch_size
 from autoloader.plan import Plan
 
 log = logging.getLogger("autoloader")

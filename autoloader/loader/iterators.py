@@ -28,32 +28,44 @@ from autoloader.compat.torch import MultiProcessIter, SingleProcessIter
 from autoloader.feed.start import StartSafe, raised_in_worker
 from autoloader.feed.transport import Sender, unpacked
 from autoloader.loader.lookahead import Lookahead
-from autoloader.loader.meter import Meter
+from autoloader.loader.meter import Meter, restart_at
+from autoloader.loader.position import start_of
+from autoloader.loader.running import Running
 from autoloader.loader.settings import named
 from autoloader.loader.slots import ring_for
 from autoloader.loader.stalls import Stall, process_state
 from autoloader.loader.survival import POLL_SECONDS, Death, Survival
 from autoloader.metrics.loader import BatchRecorder
+from autoloader.samplers import SizeBatchSampler
 
 
 class _Recording:
-    """Records each batch torch's iterator yields, and counts it taken on the meter."""
+    """Records each batch torch's iterator yields, and counts it taken on the meter: that
+    of the ``iter()`` which made or reset it, handed over by the loader (``running``)."""
 
     _recorder: BatchRecorder
     _pending: deque[Any]
     _meter: Meter
 
-    def __init__(self, loader: Any) -> None:
-        self._recorder = loader._recorder
-        self._meter = loader._metering
-        self._inside = loader._meter_inside  # the meter times the loop's next() here
+    def __init__(self, loader: Any, running: Running) -> None:
+        assert running.recorder is not None  # the loader's own iterators record
+        self._running = running
+        self._recorder = running.recorder
+        self._inside = False
+        self._take_meter()
         self._pending = deque()
         super().__init__(loader)  # type: ignore[call-arg]
 
+    def _take_meter(self) -> None:
+        """The meter of the ``iter()`` under way, and whether it times the loop's
+        ``next()`` here; kept where none is (new workers inside one ``iter()``)."""
+        handover = self._running.handover
+        if handover.meter is not None:
+            self._meter, self._inside = handover.meter, handover.inside
+
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._pending.clear()
-        if loader._metering is not None:  # a new iter(), not new workers inside one
-            self._meter, self._inside = loader._metering, loader._meter_inside
+        self._take_meter()  # a new iter(), not new workers inside one
         super()._reset(loader, first_iter)  # type: ignore[misc]
 
     def _next_index(self) -> Any:
@@ -111,16 +123,16 @@ class RecordingSingleProcessIter(_Recording, SingleProcessIter):
 class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProcessIter):
     """torch's multi-process iterator, recording each batch. For a planned loader with
     persistent workers it reads the next epoch's first batches while an epoch ends
-    (``autoloader.loader.lookahead``). For a planned loader (``loader._survival``) it also
+    (``autoloader.loader.lookahead``). For a planned loader (given its ``survival``) it also
     survives its workers (``autoloader.loader.survival``): a dead worker, or workers past
     their memory budget, and it restarts them in place at the batch the loop waits for:
     the same object goes on, whoever holds it. It names a worker that holds the awaited
     batch too long (``autoloader.loader.stalls``), and with ``timeout=`` ends the wait
     ``timeout`` seconds after the loop asked, naming it."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, running: Running, survival: Survival | None) -> None:
         self._owner = os.getpid()  # the process whose workers these are
-        self._survival: Survival | None = getattr(loader, "_survival", None)
+        self._survival = survival
         # without a plan, torch's error where workers cannot start (nothing left of them)
         self._named_failure = getattr(loader, "plan", None) is not None
         self._loader_ref = weakref.ref(loader)
@@ -133,7 +145,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         self._wait_began, self._waiting = time.monotonic(), False
         self._stall_warned = False
         self._expired: Stall | None = None  # the wait the watchdog ended (timeout=)
-        super().__init__(loader)
+        super().__init__(loader, running)
         self._started()
         if self._survival is not None and self._survival.stalls is not None:
             _Watchdog(self).start()
@@ -150,7 +162,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         loader = self._loader_ref()
         planned = getattr(loader, "plan", None) is not None
         if planned and fn is not None:
-            self._ring = ring_for(loader, self.__dict__.get("_ring"))
+            self._ring = ring_for(loader, self._running, self.__dict__.get("_ring"))
             peer = self._ring.peer() if self._ring is not None else None
             fn = Sender(fn, peer, settings=named(loader))
         self.__dict__["_worker_collate"] = fn
@@ -166,7 +178,8 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._loader_held = loader  # a persistent iterator's next epoch
-        self._start = getattr(loader.batch_sampler, "resume", 0)  # read before iter() takes it
+        sampler = loader.batch_sampler  # where it starts, read before iter() takes it
+        self._start = start_of(sampler).batches if isinstance(sampler, SizeBatchSampler) else 0
         self._wait_began = time.monotonic()
         if first_iter and self._survival is not None:
             # fresh workers, off torch's SIGCHLD handler before their first tasks are sent
@@ -187,7 +200,7 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
         # torch polls its workers' liveness every 5 s; a planned loader checks each second
         return super()._try_get_data(POLL_SECONDS)
 
-    def _watch_wait(self) -> None:
+    def watch_wait(self) -> None:
         """From the watchdog thread, each ``POLL_SECONDS``: the loop's wait for one batch,
         wherever it is blocked (receiving a batch a stopped worker sent earlier blocks in
         fetching its shared memory from that worker, where no timeout applies). Past what
@@ -366,17 +379,15 @@ class RecordingMultiProcessingIter(_Recording, StartSafe, Lookahead, MultiProces
 
     def _restart(self) -> None:
         """New workers (as many as the loader now asks for), the batch sampler resumed at
-        the first batch not yet handed out; this object carries on."""
+        the first batch not yet handed out (``meter.restart_at``); this object carries on."""
         loader = self._loader()
-        at = self._meter.taken
-        self._shutdown_workers()
-        loader.batch_sampler.resume_at(at)
+        restart_at(loader.batch_sampler, self._meter, self._meter.taken, self._shutdown_workers)
         self._start_workers(loader)
         self._started()
 
 
 class _Watchdog(threading.Thread):
-    """Watches one planned iterator's waits from beside the loop (``_watch_wait``), until
+    """Watches one planned iterator's waits from beside the loop (``watch_wait``), until
     the iterator is gone; holds it only while looking."""
 
     def __init__(self, it: RecordingMultiProcessingIter) -> None:
@@ -390,7 +401,7 @@ class _Watchdog(threading.Thread):
             if it is None:
                 return
             try:
-                it._watch_wait()
+                it.watch_wait()
             except Exception:  # torch's state read mid-change: look again
                 pass
             del it

@@ -31,8 +31,8 @@ class _Part:
         return cls(
             steady,
             m.loading_seconds * steady,
-            m.steady_samples_per_second * (m.loop_seconds - m._warm),
-            m.loop_seconds - m._warm,
+            m.steady_samples_per_second * (m.loop_seconds - m.warm),
+            m.loop_seconds - m.warm,
             max(0.0, m.wait_seconds - m.first_wait_seconds),
             m.batch is not None,
             m.cores.others if m.cores is not None else None,
@@ -73,7 +73,7 @@ class Loading:
     @classmethod
     def of(cls, workers: int, seconds: float, samples_per_second: float) -> Loading:
         """A reference from one figure (one batch's weight), filled on as ``reference``."""
-        ref = cls(span=None)
+        ref = cls(span=None)  # its own class's fields, set on a new one
         ref.workers = workers
         if seconds > 0:
             ref._parts = [_Part(1, seconds, samples_per_second * seconds, seconds, 0.0, False)]
@@ -81,7 +81,7 @@ class Loading:
 
     def reference(self) -> Loading:
         """A copy that goes on filling to ``SPAN`` batches at this count, then holds."""
-        ref = Loading(span=None)
+        ref = Loading(span=None)  # its own class's fields, copied
         ref.workers, ref._parts, ref.afresh = self.workers, list(self._parts), self.afresh
         return ref
 

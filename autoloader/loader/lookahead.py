@@ -36,6 +36,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from autoloader.compat import torch as compat
+from autoloader.loader.position import start_of
 from autoloader.samplers import SizeBatchSampler
 
 
@@ -108,7 +109,9 @@ class Lookahead:
         sampler = loader.batch_sampler
         if compat.received(self) != ahead.end:
             return False  # this epoch did not end here
-        if sampler is not ahead.sampler or sampler.epoch != ahead.epoch or sampler.resume:
+        if sampler is not ahead.sampler or sampler.epoch != ahead.epoch:
+            return False
+        if start_of(sampler).batches:  # resumed: the batches read ahead are not its next
             return False
         batches = sampler.batches_for(sampler.epoch)
         return len(batches) >= len(ahead.sent) and all(

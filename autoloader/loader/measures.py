@@ -46,7 +46,8 @@ class EpochMeasure:
     cores: Cores | None = None
 
     @property
-    def _warm(self) -> float:
+    def warm(self) -> float:
+        """The transient's seconds of the loop: ``warm_seconds``, else the first wait."""
         return self.first_wait_seconds if self.warm_seconds is None else self.warm_seconds
 
     @property
@@ -77,15 +78,15 @@ class EpochMeasure:
         """The wait share past the transient: worker start-up, cold caches and the first
         fill of the prefetch queue are not the starvation that more workers cure (they
         start more slowly)."""
-        loop = self.loop_seconds - self._warm
+        loop = self.loop_seconds - self.warm
         return (self.wait_seconds - self.first_wait_seconds) / loop if loop > 0 else 0.0
 
     @property
     def steady_samples_per_second(self) -> float:
         """Samples/s past the transient (a raise is judged on what it keeps, not on the
         start-up of the workers it added)."""
-        loop = self.loop_seconds - self._warm
-        if loop <= 0 or self.steady_batches < 1 or self._warm <= 0:
+        loop = self.loop_seconds - self.warm
+        if loop <= 0 or self.steady_batches < 1 or self.warm <= 0:
             return self.samples_per_second
         return self.samples * self.steady_batches / self.batches / loop
 
@@ -107,7 +108,7 @@ class EpochMeasure:
             return 0.0
         if not self.workers:
             return max(0.0, self.wait_seconds - self.first_wait_seconds) / steady
-        return max(0.0, self.loop_seconds - self._warm) / steady
+        return max(0.0, self.loop_seconds - self.warm) / steady
 
 
 def others_moved(before: float | None, now: float | None) -> str | None:

@@ -237,6 +237,17 @@ class Meter:
             self._cursor.follow(self)
 
 
+def restart_at(sampler: Any, meter: Meter, batch: int, stop: Callable[[], None]) -> None:
+    """The one restart of an epoch's workers at its ``batch``, in place (survival's: the
+    iterator carries on, at the first batch it has not taken) or with new settings
+    (``DataLoader.restart_workers``: a new iterator, at the first batch not served): the
+    old workers stopped (``stop``), the batch sampler resumed at ``batch``, and ``meter``
+    told that torch's iterator hands that batch into the chain next."""
+    stop()
+    sampler.resume_at(batch)
+    meter.taking_from(batch)
+
+
 def _sampled_delay() -> SampledDelay:
     return SampledDelay()
 

@@ -1,12 +1,16 @@
 """How a plan becomes torch DataLoader arguments: the planned batch sampler, this node's
 ``[loader]`` table, gradient accumulation for the job's world size, and what every rank
-must agree on. ``autoloader.DataLoader`` calls these once, at construction."""
+must agree on. ``autoloader.DataLoader`` calls ``setup`` once, at construction, and wires
+the ``Setup`` it returns."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,15 +20,112 @@ from autoloader.accelerator import accelerator_available, nvml_index
 from autoloader.cache import NodeCache, hold
 from autoloader.datasets import hooks, read_ahead
 from autoloader.datasets.location import Location
-from autoloader.errors import AutoloaderError, PlanError
+from autoloader.errors import AutoloaderError, PlanError, UsageError
 from autoloader.feed.placement import PinWorkers, gpu_local_cpus
 from autoloader.host.budget import SHM_MARGIN, HostBudget
+from autoloader.host.limits import ProcessLimits
+from autoloader.job.agreement import check_ranks_agree
+from autoloader.job.distributed import rank_and_world_size
 from autoloader.launch import launched_local_rank, local_world_size, node_of_rank
+from autoloader.loader.host_fit import fit_to_host
+from autoloader.loader.known_sizes import known_sizes
+from autoloader.loader.largest_batch import batch_bytes, running_batch_size
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import STRATEGIES, SizeBatchSampler, make_sampler
 from autoloader.samplers.order import Windows
+from autoloader.sizes import dataset_length, fingerprint
 
 log = logging.getLogger("autoloader")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``autoloader.DataLoader`` is built from: torch's arguments, and, with a plan,
+    what the plan made of them here, every check passed.
+
+    Args:
+        plan: the plan (None: the loader is torch's own).
+        given: torch's keyword arguments: the plan's, the caller's own winning, fitted to
+            this host.
+        rank: this rank (0 where the launcher's is malformed and there is no plan).
+        sizes: the samples' sizes (None: the batches do not depend on them).
+        samples: the dataset's length (0 without a plan).
+        data_fingerprint: the sizes' fingerprint (None: sizes not known).
+        grad_accum_steps: micro-batches per optimiser step on this world size.
+        host: this node's /dev/shm and RAM budgets, read once (None without a plan).
+        limits: this process's limits, read once (None without a plan).
+        node_cache: the plan's node cache, handed to the dataset (None: none used).
+        read_ahead_blocks: the remote blocks each reading process fetches ahead.
+    """
+
+    plan: Plan | None
+    given: dict[str, Any]
+    rank: int = 0
+    sizes: np.ndarray | None = None
+    samples: int = 0
+    data_fingerprint: str | None = None
+    grad_accum_steps: int = 1
+    host: HostBudget | None = None
+    limits: ProcessLimits | None = None
+    node_cache: NodeCache | None = None
+    read_ahead_blocks: int = 0
+
+
+def setup(
+    plan: str | os.PathLike[str] | Plan | None,
+    dataset: Any,
+    given: dict[str, Any],
+    fixed: frozenset[str],
+    *,
+    check_fingerprint: bool,
+    cache: bool,
+) -> Setup:
+    """The ``Setup`` of a loader of ``dataset`` with torch's arguments ``given`` and
+    ``plan`` (a path, a ``Plan``, or None); ``fixed``: the settings the user gave, kept as
+    given. With a plan, every check has passed: the data (fingerprint), the world size
+    (accumulation), the other ranks (what must match).
+
+    Raises:
+        PlanError: the plan cannot be read, is of other data, or cannot keep its global
+            batch on this world size, or the ranks disagree.
+    """
+    if plan is None:
+        rank = 0
+        # Without a plan a malformed RANK only affects the metric label: never fail.
+        with contextlib.suppress(UsageError):
+            rank, _ = rank_and_world_size()
+        ahead = 0  # the caller's own planned batch sampler reads ahead too
+        if isinstance(given.get("batch_sampler"), SizeBatchSampler):
+            ahead = read_ahead_blocks(None, dataset)
+        return Setup(None, given, rank, read_ahead_blocks=ahead)
+    # this node's /dev/shm and RAM, and this process's limits (open files, processes,
+    # address space), read once: the plan's fit, adaptation, survival
+    host, limits = HostBudget.probe(), ProcessLimits.probe()
+    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    rank, world = rank_and_world_size()
+    n = dataset_length(dataset)
+    verify = check_fingerprint and plan.fingerprint is not None
+    sizes = known_sizes(plan, dataset, world, verify=verify)
+    found = fingerprint(sizes) if sizes is not None else None
+    if check_fingerprint:
+        check_data_fingerprint(plan, found, n)
+    accum = accumulation_for(plan, world)
+    given = fit_to_host(plan, apply_plan(plan, given, sizes, rank, world, n), fixed, host)
+    check_ranks_agree(digest(plan, given, found or f"{n} samples", accum), source=plan.source)
+    node = attach_cache(plan, dataset, cache, shm_in_flight(plan, given, sizes))
+    return Setup(
+        plan,
+        given,
+        rank,
+        sizes,
+        n,
+        found,
+        accum,
+        host,
+        limits,
+        node,
+        read_ahead_blocks(plan, dataset),
+    )
 
 
 def apply_plan(
@@ -116,35 +217,11 @@ def shm_in_flight(plan: Plan, given: Mapping[str, Any], sizes: np.ndarray | None
     return HostBudget.shm_need(workers, given.get("prefetch_factor"), float(batch))
 
 
-def running_batch_size(plan: Plan, given: Mapping[str, Any]) -> int:
-    """Samples per batch the loader runs with torch's arguments ``given``: its batch
-    sampler's, else the ``batch_size`` torch batches a sampler with, else the plan's."""
-    sampler = given.get("batch_sampler")
-    size = getattr(sampler, "batch_size", None) if sampler is not None else given.get("batch_size")
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    return max(1, plan.batching.local_batch_size)
-
-
-def batch_bytes(plan: Plan, batch_size: int, sizes: np.ndarray | None) -> int:
-    """The largest batch of ``batch_size`` samples: the plan's worst batch (measured or
-    replayed by the tune) where the loader runs the plan's batch size; else the
-    ``batch_size`` largest samples, else the plan's worst scaled to ``batch_size``
-    (0: nothing known)."""
-    planned = max(1, plan.batching.local_batch_size)
-    worst = plan.evidence.worst_batch_bytes
-    if worst and batch_size == planned:
-        return int(worst)
-    if sizes is not None and len(sizes):
-        k = min(len(sizes), batch_size)
-        return int(np.partition(np.asarray(sizes), len(sizes) - k)[-k:].sum())
-    return int(worst * batch_size / planned)
-
-
-def fit_cache(loader: Any) -> None:
+def fit_cache(loader: Any, sizes: np.ndarray | None) -> None:
     """A /dev/shm node cache brought to the settings ``loader`` runs now (after adaptation
     or survival changed them): it leaves free what the node's batches in flight need at
-    those settings, giving back blocks where it holds that room already."""
+    those settings (its batches judged by the samples' ``sizes``, where known), giving
+    back blocks where it holds that room already."""
     node: NodeCache | None = getattr(loader, "node_cache", None)
     plan: Plan | None = getattr(loader, "plan", None)
     if node is None or plan is None or node.where != "shm":
@@ -154,7 +231,7 @@ def fit_cache(loader: Any) -> None:
         "prefetch_factor": loader.prefetch_factor,
         "batch_sampler": loader.batch_sampler,
     }
-    in_flight = shm_in_flight(plan, running, getattr(loader, "_sizes", None))
+    in_flight = shm_in_flight(plan, running, sizes)
     node.leave_free(max(plan.cache.min_free_bytes if plan.cache else 0, shm_floor(in_flight)))
 
 
@@ -206,7 +283,7 @@ def refresh_cache(node: NodeCache, dataset: Any) -> NodeCache | None:
         node.data,
     )
     fresh = node.restamped(found.stamp)
-    if not hold(fresh) or not fresh._ready():  # _ready: the old stamp's directory goes
+    if not hold(fresh) or not fresh.ready():  # ready: the old stamp's directory goes
         hooks.give_node_cache(dataset, None)
         return None
     hooks.give_node_cache(dataset, fresh)

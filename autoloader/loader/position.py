@@ -108,6 +108,14 @@ class Position:
     carry: Served | None = None
 
 
+def start_of(sampler: SizeBatchSampler) -> Position:
+    """Where the next iterator over ``sampler`` starts: its epoch, the batches of it that
+    iterator skips (a position resumed: ``resume_at``) and the part another world size
+    served (``resume_from``). The batch sampler holds the offset, for its own iterator
+    skips it; the loader, its iterators and their lookahead read it here, and only here."""
+    return Position(sampler.epoch, sampler.resume, sampler.carry)
+
+
 def state(
     epoch: int,
     served: Served,

@@ -34,9 +34,9 @@ from autoloader.loader.drift import Drift, MemoryWatch
 from autoloader.loader.measures import MIN_WINDOW, EpochMeasure
 from autoloader.loader.meter import Metered, Reading
 from autoloader.loader.policy import Adapter
+from autoloader.loader.running import Running
 from autoloader.loader.settings import SETTINGS, Settings, apply, depth_of
 from autoloader.loader.windows import Window, window_size
-from autoloader.metrics.loader import BatchRecorder
 from autoloader.plan import LoaderPlan, Plan
 from autoloader.samplers import SizeBatchSampler
 from autoloader.sizes import nbytes_of
@@ -150,14 +150,14 @@ class Runtime:
         plan: Plan,
         adapter: Adapter | None,
         watch: MemoryWatch | None,
-        recorder: BatchRecorder | None,
-        rank: int,
+        running: Running,
     ) -> None:
         self.plan = plan
         self.adapter = adapter
         self.watch = watch
-        self.recorder = recorder
-        self.rank = rank
+        self.running = running  # what the loader's parts share (loader.running)
+        self.recorder = recorder = running.recorder
+        self.rank = running.rank
         self.epoch = 0  # complete epochs so far
         self.last: EpochMeasure | None = None
         self.drift: Drift | None = None
@@ -177,7 +177,7 @@ class Runtime:
         if self.adapter is None:
             return
         want = self.adapter.settings
-        if apply(loader, want) and self.recorder is not None:
+        if apply(loader, want, sizes=self.running.sizes) and self.recorder is not None:
             self.recorder.workers_changed(want.num_workers)
 
     def could_not_start(self, loader: Any, why: str) -> bool:
@@ -189,7 +189,7 @@ class Runtime:
         if trial is None or trial.setting != "num_workers" or loader.num_workers != trial.after:
             return False
         assert adapter is not None
-        position = loader._position
+        position = self.running.position
         # the counts between stay open: a sized raise may have jumped past ones that start
         change = adapter.hold_down(
             trial.before,
@@ -198,7 +198,7 @@ class Runtime:
             f"{why}; back to {trial.before}, never raised to {trial.after} or past it again",
             cap=trial.after - 1,
         )
-        self._record(change)
+        self.record(change)
         self.begin(loader)
         return True
 
@@ -231,10 +231,12 @@ class Runtime:
             return []
         changes = self.adapter.decide(m)
         for change in changes:
-            self._record(change)
+            self.record(change)
         return changes
 
-    def _record(self, change: Adaptation) -> None:
+    def record(self, change: Adaptation) -> None:
+        """Say ``change`` (the adapter's, or survival's step down through it): logged and
+        counted in the metrics."""
         when = f"epoch {change.epoch}" + (f" batch {change.batch}" if change.batch else "")
         log.info(
             "autoloader: rank %d, after %s: %s %d -> %d (%s; %.1f samples/s)",
@@ -518,7 +520,7 @@ class EpochIter:
         """The CPU of the workers loading the epoch now, and of this process, from now on
         (None without workers, or without adaptation to read it)."""
         adapter = self._runtime.adapter
-        live = self._loader._live() if getattr(self._loader, "_live", None) else None
+        live = self._runtime.running.handover.live_iterator()
         pids = [w.pid for w in compat.workers(live) if w.pid is not None]
         if adapter is None or not pids:
             return None

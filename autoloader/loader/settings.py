@@ -52,17 +52,20 @@ class Settings:
         return {k: v for k in SETTINGS if (v := getattr(self, k)) is not None}
 
     @classmethod
-    def of(cls, loader: Any) -> Settings:
-        """The settings ``loader`` runs now."""
-        feed = loader.device_prefetch if loader._feed_device is not None else None
+    def of(cls, loader: Any, feed_device: Any) -> Settings:
+        """The settings ``loader`` runs now; ``feed_device``: where its device feed copies
+        batches (None: it has none, and no ``device_prefetch``)."""
+        feed = loader.device_prefetch if feed_device is not None else None
         return cls(loader.num_workers, loader.prefetch_factor, feed)
 
 
-def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
+def apply(loader: Any, settings: Settings, *, in_place: bool = False, sizes: Any = None) -> bool:
     """Bring torch's ``loader`` to ``settings`` before its next iterator starts (the one
     place they are set on it); whether its workers change. Persistent workers of the old
     settings are ended cleanly, unless ``in_place``: the iterator in hand restarts its own
-    workers at the new settings (survival's restart after deaths)."""
+    workers at the new settings (survival's restart after deaths). ``sizes``: the samples'
+    sizes the loader knows (``Running.sizes``), which its largest batch is judged by where
+    it runs another batch size than the plan's."""
     from autoloader.compat import torch as compat  # torch's: the depth above is read without torch
 
     workers = settings.num_workers
@@ -75,7 +78,7 @@ def apply(loader: Any, settings: Settings, *, in_place: bool = False) -> bool:
         loader.prefetch_factor = prefetch
         from autoloader.loader.planned import fit_cache  # it imports torch; this module not
 
-        fit_cache(loader)  # a /dev/shm cache leaves the new batches in flight their room
+        fit_cache(loader, sizes)  # a /dev/shm cache leaves the new batches in flight their room
     if settings.device_prefetch is not None:
         loader.device_prefetch = settings.device_prefetch
     return workers_changed

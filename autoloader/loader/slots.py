@@ -11,7 +11,8 @@ from typing import Any
 from autoloader.feed.ring import Ring
 from autoloader.feed.transport import make_ring, reused
 from autoloader.host.budget import batches_held
-from autoloader.loader.planned import batch_bytes, running_batch_size
+from autoloader.loader.largest_batch import batch_bytes, running_batch_size
+from autoloader.loader.running import Running
 from autoloader.units import format_bytes
 
 log = logging.getLogger("autoloader")
@@ -27,26 +28,26 @@ _NO_RING: weakref.WeakSet[Any] = weakref.WeakSet()
 _UNPINNED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def ring_shape(loader: Any) -> tuple[int, int, int | None]:
-    """Slots, bytes per slot and the ring's budget for ``loader``'s settings now: the
-    workers' batches in flight, those the loop holds and those the device feed holds."""
+def ring_shape(loader: Any, running: Running) -> tuple[int, int, int | None]:
+    """Slots, bytes per slot and the ring's budget for ``loader``'s settings now (the
+    loader ``running`` is of): the workers' batches in flight, those the loop holds and
+    those the device feed holds."""
     plan = loader.plan
     slots = batches_held(loader.num_workers, loader.prefetch_factor) + int(
         getattr(loader, "device_prefetch", 0) or 0
     )
     given = {"batch_sampler": loader.batch_sampler, "batch_size": loader.batch_size}
-    worst = batch_bytes(plan, running_batch_size(plan, given), getattr(loader, "_sizes", None))
+    worst = batch_bytes(plan, running_batch_size(plan, given), running.sizes)
     slot = max(MIN_SLOT_BYTES, int(worst * SLOT_MARGIN)) if worst else UNKNOWN_SLOT_BYTES
-    host = getattr(loader, "_host", None)
-    budget = getattr(host, "shm_budget_bytes", None)
+    budget = running.host.shm_budget_bytes if running.host is not None else None
     return slots, slot, budget
 
 
-def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
+def ring_for(loader: Any, running: Running, ring: Ring | None) -> Ring | None:
     """The ring for the workers ``loader`` starts now: ``ring`` again, its slots freed
     of the workers gone, where it has enough of them; else a new one (None: /dev/shm
     cannot hold it, said once)."""
-    slots, slot_bytes, budget = ring_shape(loader)
+    slots, slot_bytes, budget = ring_shape(loader, running)
     again = reused(ring, slots)
     if again is not None:
         return again
@@ -62,16 +63,16 @@ def ring_for(loader: Any, ring: Ring | None) -> Ring | None:
                 format_bytes(slot_bytes),
             )
         return None
-    _register(loader, made)
+    _register(loader, running, made)
     return made
 
 
-def _register(loader: Any, ring: Ring) -> None:
+def _register(loader: Any, running: Running, ring: Ring) -> None:
     """On CUDA with the loader's device feed, the ring registered as pinned memory, so
     the feed copies each batch from its slot (it holds the slot until the copy is done).
     Without the feed a loop's own ``.to(non_blocking=True)`` could outlive the slot: the
     pin thread copies as before. Where registering fails, said once."""
-    device = getattr(loader, "_feed_device", None)
+    device = running.feed_device
     if device is None or device.type != "cuda" or not loader.pin_memory:
         return
     from autoloader.feed.device import register_ring

@@ -40,6 +40,8 @@ from autoloader.host import tree_memory_bytes, tree_resident_bytes
 from autoloader.host.budget import loader_shm_bytes
 from autoloader.loader.background import Background
 from autoloader.loader.poison import find_poison
+from autoloader.loader.running import Running
+from autoloader.loader.runtime import Runtime
 from autoloader.loader.settings import Settings, apply, named
 from autoloader.loader.stalls import StallWatch, stall_after
 from autoloader.samplers import SizeBatchSampler
@@ -114,12 +116,17 @@ class Survival:
         recorder: the loader's metrics (restarts, shared memory), if any.
         memory_budget: bytes the worker processes may hold (None: not watched).
         stalls: names a worker that holds the awaited batch too long (None: not watched).
+        running: what the loader's parts share (``loader.running``): its position, sizes
+            and device feed.
+        runtime: the loader's adaptation, which a step down is recorded by (None: none).
     """
 
     rank: int
     recorder: Any = None
     memory_budget: int | None = None
     stalls: StallWatch | None = None  # the wait for one batch past what it should take
+    running: Running = field(default_factory=Running)  # the loader's position, sizes, feed
+    runtime: Runtime | None = None  # the loader's adaptation: a step down goes through it
     deaths: list[Death] = field(default_factory=list)
     restarts: int = 0
     _checked_at: float = 0.0
@@ -257,17 +264,18 @@ class Survival:
         fewer = max(1, workers // 2)
         if fewer == workers:
             return
-        runtime = getattr(loader, "_runtime", None)
-        adapter = getattr(runtime, "adapter", None)
-        position = loader._position
+        runtime = self.runtime
+        adapter = runtime.adapter if runtime is not None else None
+        position = self.running.position
         if runtime is not None and adapter is not None:
             change = adapter.hold_down(fewer, position.epoch, position.batches, why)
-            runtime._record(change)
+            runtime.record(change)
         else:
             log.warning(
                 "autoloader: rank %d: num_workers %d -> %d (%s)", self.rank, workers, fewer, why
             )
-        apply(loader, replace(Settings.of(loader), num_workers=fewer), in_place=True)
+        fed = Settings.of(loader, self.running.feed_device)
+        apply(loader, replace(fed, num_workers=fewer), in_place=True, sizes=self.running.sizes)
         if self.recorder is not None:
             self.recorder.workers_changed(fewer)
 
@@ -283,18 +291,20 @@ class Survival:
             self.recorder.worker_restarted(reason)
 
 
-def survival_for(loader: Any, rank: int) -> Survival | None:
-    """The survival of ``loader`` (a planned ``autoloader.DataLoader``), where it can
-    survive its workers: with its position (the plan's batch sampler) and its own
-    iterators (metrics on); None elsewhere."""
-    if loader.plan is None or loader._recorder is None or loader._host is None:
+def survival_for(loader: Any, running: Running, runtime: Runtime | None) -> Survival | None:
+    """The survival of ``loader`` (a planned ``autoloader.DataLoader``, which ``running``
+    is of; ``runtime``: its adaptation, if any), where it can survive its workers: with
+    its position (the plan's batch sampler) and its own iterators (metrics on); None
+    elsewhere."""
+    recorder, host = running.recorder, running.host
+    if loader.plan is None or recorder is None or host is None:
         return None
     if not isinstance(loader.batch_sampler, SizeBatchSampler):
         return None
-    loader._recorder.survival_started()
+    recorder.survival_started()
     planned = loader.plan.evidence.host
-    budget = loader._host.memory_budget_bytes
+    budget = host.memory_budget_bytes
     if planned is not None:
         budget = min(budget, planned.memory_budget_bytes)
-    stalls = StallWatch(stall_after(loader.plan), rank, loader._recorder)
-    return Survival(rank, loader._recorder, budget, stalls)
+    stalls = StallWatch(stall_after(loader.plan), running.rank, recorder)
+    return Survival(running.rank, recorder, budget, stalls, running=running, runtime=runtime)

@@ -270,7 +270,7 @@ def _time_blocks(
 def _claim(probe: NodeCache) -> int | None:
     """Mark ``probe``'s directory as a running tune's: a lock held while it runs (the
     kernel drops it with the process, SIGKILL included); the descriptor, or None."""
-    if not probe._ready():
+    if not probe.ready():
         return None
     tmp = probe.home / f".{PROBE_LOCK}.{os.getpid()}"
     try:

@@ -224,13 +224,13 @@ def test_an_epoch_is_timed_from_iter_where_its_workers_start(
     """Without persistent workers each ``iter()`` starts new ones (here it forks 4): the
     loop waits for that as for a batch, so the epoch's samples/s counts it, and a raise
     that adds workers is charged for their start every epoch."""
-    chain = DataLoader._chain
+    metered = DataLoader._metered
 
-    def slow_start(self: DataLoader) -> Any:  # a start of 0.3 s: the workers' forks
-        time.sleep(0.3)  # alone take 10-40 ms, as long as a preemption on a loaded machine
-        return chain(self)
+    def slow_start(self: DataLoader, meter: Any) -> Any:  # a start of 0.3 s: the workers'
+        time.sleep(0.3)  # forks alone take 10-40 ms, as long as a preemption on a loaded machine
+        return metered(self, meter)
 
-    monkeypatch.setattr(DataLoader, "_chain", slow_start)
+    monkeypatch.setattr(DataLoader, "_metered", slow_start)
     registry = CollectorRegistry()
     loader = DataLoader(
         Slow(n=16, delay=0), plan=planned(4), check_fingerprint=False, registry=registry
