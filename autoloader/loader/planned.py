@@ -112,7 +112,8 @@ def setup(
     accum = accumulation_for(plan, world)
     given = fit_to_host(plan, apply_plan(plan, given, sizes, rank, world, n), fixed, host)
     check_ranks_agree(digest(plan, given, found or f"{n} samples", accum), source=plan.source)
-    node = attach_cache(plan, dataset, cache, shm_in_flight(plan, given, sizes))
+    nodes = node_of_rank(rank, world)[1] if plan.batching.node_shares else 1
+    node = attach_cache(plan, dataset, cache, shm_in_flight(plan, given, sizes), nodes)
     return Setup(
         plan,
         given,
@@ -168,7 +169,7 @@ def apply_plan(
 
 
 def attach_cache(
-    plan: Plan, dataset: Any, enabled: bool, in_flight_bytes: int = 0
+    plan: Plan, dataset: Any, enabled: bool, in_flight_bytes: int = 0, nodes: int = 1
 ) -> NodeCache | None:
     """The plan's node cache, handed to a dataset that reads storage blocks through one
     (``autoloader_node_cache``); None where the plan has none, ``cache=False`` turned it
@@ -176,7 +177,10 @@ def attach_cache(
     read from its files, as without a cache). A cache in /dev/shm leaves free at least what
     the node's batches in flight take there (``in_flight_bytes``: this rank's, from
     ``shm_in_flight``), whatever the plan says: a hand-written ``[cache]`` without
-    ``min_free_bytes`` never fills /dev/shm under the loader's own batches."""
+    ``min_free_bytes`` never fills /dev/shm under the loader's own batches. With node
+    shares over ``nodes`` nodes a node reads only its share of the blocks: the plan's
+    share of the whole data (what its bytes hold of it) is that many times its share of
+    the node's, within the same bytes."""
     if not hooks.takes_node_cache(dataset):
         if plan.cache is not None and enabled:
             log.info("autoloader: the plan's [cache] is not used: the dataset reads no blocks")
@@ -195,7 +199,7 @@ def attach_cache(
         f"{found.path}#{found.part}",
         found.stamp,
         budget_bytes=cp.bytes,
-        share=cp.share,
+        share=min(1.0, cp.share * nodes),
         keep=cp.keep,
         min_free_bytes=min_free,
     )

@@ -113,6 +113,35 @@ def test_a_share_of_the_blocks_is_cached_and_the_rest_read_from_the_files(
     assert len(list(node.directory.glob("*.npy"))) == 2
 
 
+def test_with_node_shares_a_node_keeps_as_many_of_its_own_blocks_as_the_bytes_hold(
+    specs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's ``[cache] share`` is of the whole data; with node shares over N nodes a
+    node reads only its 1/N of the blocks, so it keeps N times that share of them (within
+    the same bytes), not a 1/N of what its cache could hold."""
+    table = _plan(tmp_path, 0, "0.2").to_dict()
+    table["batching"].update(
+        world_size=4, read_order={"block": 200, "window": 400}, node_shares=True
+    )
+    table["batching"]["local_batch_size"] = 8
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    shares = {}
+    for per_node in (4, 2, 1):  # 1, 2 and 4 nodes of the job's 4 ranks
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+        monkeypatch.setenv("GROUP_RANK", "0")
+        loader = autoloader.DataLoader(
+            autoloader.open_dataset(specs["parquet"]),
+            plan=autoloader.Plan.from_dict(table),
+            check_fingerprint=False,
+            adapt=False,
+        )
+        assert loader.node_cache is not None
+        shares[4 // per_node] = loader.node_cache.share
+        release(str(loader.node_cache.home))
+    assert shares == {1: 0.2, 2: 0.4, 4: 0.8}
+
+
 def _share_keeping(dataset: object, kept: int) -> float:
     """A share of the blocks that keeps exactly ``kept`` of ``dataset``'s: the cache keeps
     a block by a hash of its key, whose path is this test's temporary directory, so a
