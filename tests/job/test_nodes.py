@@ -9,6 +9,7 @@ that load it run in a process of their own)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import tempfile
 from collections import Counter
@@ -116,3 +117,36 @@ def test_the_server_sends_each_byte_once_per_job_and_each_node_caches_its_share(
     for k, report in enumerate(firsts):
         items = sorted(shape[0] for shape in report["entries"])
         assert items == sorted(hits[shares[k]].tolist())  # its share's blocks, no other
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "plan_world", "accum"), [((2, 2), (1, 2), 4, 1), ((1, 2), (2, 2), 2, 2)]
+)
+def test_a_node_shared_epoch_resumes_mid_way_on_another_node_count(
+    tmp_path: Path, old: tuple[int, int], new: tuple[int, int], plan_world: int, accum: int
+) -> None:
+    """Saved by ``old`` nodes x ranks (every rank loading the state rank 0 saved), resumed
+    by ``new``: the rest of the epoch serves every event the saved part had not, once over
+    the new ranks, and the next epoch is a fresh one of the new nodes (its shares dealt
+    anew). ``tests/distributed/elastic_ranks.py`` with ``--shares``: 150 events, 15
+    blocks."""
+    import torch
+
+    script = TESTS / "distributed" / "elastic_ranks.py"
+    args = [str(tmp_path), "save", str(plan_world), str(accum), "5", "--shares"]
+    run_nodes(script, lambda k: args, nodes=old[0], per_node=old[1], timeout=150)
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert (state["steps"], state.get("nodes", 1)) == (5 * old[0] * old[1], old[0])
+    args = [str(tmp_path), "resume", str(plan_world), str(accum), "--shares"]
+    run_nodes(script, lambda k: args, nodes=new[0], per_node=new[1], timeout=150)
+    world = new[0] * new[1]
+    saved = [json.loads(p.read_text()) for p in tmp_path.glob("save-rank*.json")]
+    resumed = [json.loads((tmp_path / f"resume-rank{r}.json").read_text()) for r in range(world)]
+    assert len(saved) == old[0] * old[1] and all(len(x) == 5 for x in saved)
+    assert {len(r["rest"]) for r in resumed} == {resumed[0]["length"]}  # same on every rank
+    assert all(r["accum"] * 4 * world == 4 * plan_world * accum for r in resumed)
+    served = [i for x in saved for b in x for i in b]
+    served += [i for r in resumed for b in r["rest"] for i in b]
+    counts = Counter(served)
+    assert set(counts) == set(range(150)) and sum(counts.values()) - 150 < world
+    assert all(r["after"] == r["fresh"] for r in resumed)  # then epochs of the new nodes
