@@ -23,7 +23,7 @@ from autoloader.datasets.hooks import dataset_files
 from autoloader.errors import UsageError
 from autoloader.feed.collate import collate
 from autoloader.feed.device import DeviceFeed, check_device
-from autoloader.feed.start import WorkersNotStarted
+from autoloader.feed.start import WorkersNotStarted, choose_start_method
 from autoloader.files import refuse_inputs
 from autoloader.host import usable_cpus
 from autoloader.job.agreement import check_ranks_agree
@@ -486,6 +486,8 @@ class DataLoader(tud.DataLoader):
         if isinstance(self.batch_sampler, SizeBatchSampler):
             self.batch_sampler.readers = max(1, self.num_workers)  # workers restarted
         if self._running.recorder is None:
+            if self.num_workers:  # torch's iterator: not forked where a fork may hang
+                choose_start_method(self)
             return super()._get_iterator()
         if self.num_workers == 0:
             return RecordingSingleProcessIter(self, self._running)

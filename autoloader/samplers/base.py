@@ -254,7 +254,16 @@ class SizeBatchSampler(Sampler[list[int]]):
             full, tail = self.global_batches(epoch)
             parts = self.node_parts
         out = list(node_rank_share(full, self.sizes, self.num_replicas, parts, self.rank))
-        if len(tail):
+        if len(tail) and parts > 1:  # each node's spare samples to its own ranks
+            assert self.read_order is not None
+            node_of = self.read_order.owners(self.sizes, parts, epoch)[
+                tail // self.read_order.block
+            ]
+            laid = node_tail(tail, node_of, parts, self.num_replicas)
+            out.extend(
+                node_rank_share(laid[None, :], self.sizes, self.num_replicas, parts, self.rank)
+            )
+        elif len(tail):
             padded = pad_last_batch(tail, self.num_replicas)
             out.extend(rank_share(padded[None, :], self.sizes, self.num_replicas, self.rank))
         assert carry is not None or len(out) == self._batches_in_epoch(self.num_replicas)
@@ -333,13 +342,18 @@ class SizeBatchSampler(Sampler[list[int]]):
         in a windowed order of its own. Every node serves the same number of events: a
         share of more than that gives its last samples in read order to the shares of
         fewer (a block's worth or a global batch's at most: the shares are balanced), and
-        what is left, less than a global batch, is the tail."""
+        what is left, less than a global batch, is the tail. The samples a share gives are
+        its highest indices, not its last in read order: with fixed shares the same blocks
+        every epoch, so a node fetches another's blocks for them once per job, not anew
+        each epoch."""
         nodes = self.num_nodes
         g = self.global_batch_size
         quota = n // g * (g // nodes)
         shares = windows.shares(self.sizes, nodes, epoch)
         sequences = [windows.share_sequence(b, n, rng) for b in shares]
-        spare = np.concatenate([np.empty(0, dtype=np.int64)] + [s[quota:] for s in sequences])
+        cuts = [beyond(s, quota) for s in sequences]
+        sequences = [s for s, _ in cuts]
+        spare = np.concatenate([np.empty(0, dtype=np.int64)] + [extra for _, extra in cuts])
         view = copy.copy(self)
         view.num_replicas, view.num_nodes, view._read_ahead = self.num_replicas // nodes, 1, None
         parts = []
@@ -387,6 +401,33 @@ def even_pools(sequence: np.ndarray, sizes: np.ndarray, whole: int, step: int) -
             i, j = mine[:swaps], theirs[:swaps]
             here[i], there[j] = there[j].copy(), here[i].copy()
     return out
+
+
+def beyond(sequence: np.ndarray, quota: int) -> tuple[np.ndarray, np.ndarray]:
+    """``sequence`` less its samples beyond the first ``quota``, those being its highest
+    indices (ascending); the rest keeps its order."""
+    if len(sequence) <= quota:
+        return sequence, sequence[:0]
+    cut = np.sort(sequence)[quota]
+    return sequence[sequence < cut], np.sort(sequence[sequence >= cut])
+
+
+def node_tail(tail: np.ndarray, node_of: np.ndarray, nodes: int, world: int) -> np.ndarray:
+    """The short last global batch laid out by node (``nodes`` equal parts, node 0's
+    first, padded so that it splits evenly over ``world`` ranks): each node's part holds
+    the samples of its own share first (``node_of``: each sample's node), those a part
+    has no room for fill the parts short of their own, and a part still short repeats its
+    first samples (the tail's, where it has none)."""
+    per = -(-len(tail) // world) * (world // nodes)
+    own = [tail[node_of == k] for k in range(nodes)]
+    parts = [o[:per] for o in own]
+    extra = np.concatenate([o[per:] for o in own])
+    for k in range(nodes):
+        need = per - len(parts[k])
+        parts[k], extra = np.concatenate([parts[k], extra[:need]]), extra[need:]
+        if len(parts[k]) < per:
+            parts[k] = np.resize(parts[k] if len(parts[k]) else tail, per)
+    return np.concatenate(parts)
 
 
 def pad_last_batch(tail: np.ndarray, num_replicas: int) -> np.ndarray:

@@ -74,6 +74,11 @@ class Windows:
         the lightest node among those with the fewest blocks (so the nodes hold a block's
         worth of events at most apart), then turned by one node every ``rotate_every``
         epochs (0: the same shares every epoch). Every rank computes the same shares."""
+        owner = self.owners(sizes, nodes, epoch)
+        return [np.flatnonzero(owner == k) for k in range(nodes)]
+
+    def owners(self, sizes: np.ndarray, nodes: int, epoch: int) -> np.ndarray:
+        """The node each block is dealt to in ``epoch`` (``shares``)."""
         n = len(sizes)
         starts = np.arange(0, n, self.block)
         weights = np.add.reduceat(sizes.astype(np.int64), starts) if n else starts
@@ -86,7 +91,7 @@ class Windows:
             owner[b], count[k], load[k] = k, count[k] + 1, load[k] + weights[b]
         if self.rotate_every:
             owner = (owner + epoch // self.rotate_every) % nodes
-        return [np.flatnonzero(owner == k) for k in range(nodes)]
+        return owner
 
     def pool(self, global_batch: int, batches: int) -> int:
         """Samples a strategy arranges together: whole global batches, at least a block

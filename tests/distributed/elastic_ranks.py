@@ -4,6 +4,10 @@ resumed by another, as Lightning restores it (every rank loads the state rank 0 
   torchrun --nproc_per_node W elastic_ranks.py OUT save PLAN_WORLD ACCUM STOP
   torchrun --nproc_per_node W' elastic_ranks.py OUT resume PLAN_WORLD ACCUM
 
+With ``--shares`` after the arguments, the plan reads in windows of 10-event blocks with
+node shares: run it on several simulated nodes (``tests/nodes_job.py``) to resume on
+another node count.
+
 ``save``: each rank serves STOP batches of epoch 1 and writes them to OUT/save-rank<R>.json;
 rank 0 saves the loader's state to OUT/state.pt. ``resume``: each rank loads it, serves the
 rest of epoch 1 and epoch 2, and writes them, its gradient accumulation and epoch 2 of a
@@ -33,21 +37,18 @@ class Varied(Dataset):
         return torch.full((i * 7 % 23 + 1,), float(i))
 
 
-def plan(world: int, accum: int) -> Plan:
-    return Plan.from_dict(
-        {
-            "schema": 1,
-            "loader": {"num_workers": 1},
-            "batching": {
-                "strategy": "kk",
-                "local_batch_size": 4,
-                "world_size": world,
-                "grad_accum_steps": accum,
-                "global_batch_size": 4 * world * accum,
-                "seed": 11,
-            },
-        }
-    )
+def plan(world: int, accum: int, shares: bool = False) -> Plan:
+    batching = {
+        "strategy": "kk",
+        "local_batch_size": 4,
+        "world_size": world,
+        "grad_accum_steps": accum,
+        "global_batch_size": 4 * world * accum,
+        "seed": 11,
+    }
+    if shares:
+        batching.update(read_order={"block": 10, "window": 30}, node_shares=True)
+    return Plan.from_dict({"schema": 1, "loader": {"num_workers": 1}, "batching": batching})
 
 
 def loader(the_plan: Plan) -> DataLoader:
@@ -67,14 +68,16 @@ def epoch(it: DataLoader, number: int, stop: int | None = None) -> list[list[int
 
 
 def main() -> None:
-    out, mode = Path(sys.argv[1]), sys.argv[2]
-    world, accum = int(sys.argv[3]), int(sys.argv[4])
+    shares = "--shares" in sys.argv
+    argv = [a for a in sys.argv if a != "--shares"]
+    out, mode = Path(argv[1]), argv[2]
+    world, accum = int(argv[3]), int(argv[4])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    the_plan = plan(world, accum)
+    the_plan = plan(world, accum, shares)
     ranks = loader(the_plan)
     if mode == "save":
-        served = epoch(ranks, 1, int(sys.argv[5]))
+        served = epoch(ranks, 1, int(argv[5]))
         (out / f"save-rank{rank}.json").write_text(json.dumps(served))
         if rank == 0:
             torch.save(ranks.state_dict(), out / "state.pt")

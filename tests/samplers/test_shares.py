@@ -189,3 +189,28 @@ def test_a_node_shared_epoch_resumed_on_any_world_size_serves_every_event_once(
     counts = Counter([i for r in first for b in r[:cut] for i in b] + [i for r in rest for i in r])
     assert set(counts) == set(range(len(arr)))
     assert sum(counts.values()) - len(arr) < max(world, new)
+
+
+@pytest.mark.parametrize("name", ["kk", "random", "balance"])
+def test_a_node_reads_outside_its_share_the_same_few_blocks_every_epoch(name: str) -> None:
+    """The last global batch gives each node's spare samples to its own ranks, and a
+    larger share gives a smaller one its highest indices: with fixed shares the blocks a
+    node reads of another's share are the same every epoch (fetched once per job), and
+    none where the shares hold the same number of events."""
+    for n, block in ((4000, 100), (4130, 100)):  # 40 equal blocks; 42 and a short one
+        sizes = np.random.default_rng(4).integers(1, 400, n)
+        order = Windows(block, 4 * block, node_shares=True)
+        node = share_of(sizes, order, 2, 0)
+        outside: list[set[int]] = [set(), set()]
+        for epoch in range(4):
+            ranks = job(name, sizes, 16, 2, 2, order, epoch=epoch)
+            for k in range(2):
+                found = {i // block for r in ranks[2 * k : 2 * k + 2] for b in r for i in b}
+                found = {b for b in found if node[b * block] != k}
+                assert epoch == 0 or found == outside[k]
+                outside[k] = found
+        events = [int((node == k).sum()) for k in range(2)]
+        if events[0] == events[1]:
+            assert outside == [set(), set()]
+        else:
+            assert sum(map(len, outside)) <= 2  # a block's worth of events at most given
