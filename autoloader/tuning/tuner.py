@@ -99,9 +99,8 @@ def tune(
         cache: plan a node cache of decoded blocks where it measures faster and fits
             (``autoloader.tuning.node_cache``); False: none.
         cache_dir: a node-local directory for that cache (default: /dev/shm).
-        node_shares: in a windowed read order, give each node of a job a share of the
-            storage blocks where the data outgrows the node's cache or comes from a server
-            slower than it (``autoloader.tuning.node_shares``); False: never.
+        node_shares: give each node of a job a share of a windowed order's blocks where
+            they pay (``autoloader.tuning.node_shares``); False: never.
     """
     given = {k: v for k, v in locals().items() if k in GIVEN}  # the options, as given
     target = device if isinstance(device, torch.device) else None
