@@ -20,6 +20,8 @@ DISTRIBUTIONS = {
     "accelerate": "accelerate",
     "lightning": "pytorch-lightning",
     "pyg": "torch-geometric",
+    "prometheus": "prometheus-client",
+    "fsspec_xrootd": "fsspec-xrootd",
     "stdlib": None,
 }
 
