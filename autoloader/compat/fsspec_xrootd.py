@@ -8,6 +8,7 @@ Checked against fsspec-xrootd 0.5.5 (the suite's).
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from typing import Any
 
@@ -16,22 +17,45 @@ CHECKED = "0.5.5"
 
 
 def missing() -> list[str]:
-    """The private names this module uses that the installed fsspec-xrootd lacks (the
-    cache's and the filesystem's own attributes: named where they are set)."""
-    import inspect
+    """The private names this module uses that the installed fsspec-xrootd lacks: the
+    cache's method, and the cache's and the filesystem's attributes where they are set.
+    Read from its source, not imported: importing it loads XRootD's client, after which
+    this process's loaders start their workers from a forkserver
+    (``autoloader.feed.start_method``)."""
+    import importlib.util
+    from pathlib import Path
 
-    from fsspec_xrootd.xrootd import ReadonlyFileHandleCache, XRootDFileSystem
-
-    gone = [] if hasattr(ReadonlyFileHandleCache, "_close") else ["ReadonlyFileHandleCache._close"]
-    cache = inspect.getsource(ReadonlyFileHandleCache)
-    gone += [
-        f"ReadonlyFileHandleCache.{n}"
-        for n in ("_cache", "_prune_task")
-        if f"self.{n} =" not in cache and f"self.{n}:" not in cache
-    ]
-    if "self._readonly_filehandle_cache =" not in inspect.getsource(XRootDFileSystem):
-        gone.append("XRootDFileSystem._readonly_filehandle_cache")
+    spec = importlib.util.find_spec("fsspec_xrootd")
+    if spec is None or spec.origin is None:
+        return ["fsspec_xrootd.xrootd"]
+    tree = ast.parse((Path(spec.origin).parent / "xrootd.py").read_text())
+    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+    wanted = {
+        "ReadonlyFileHandleCache": ("_close", "_cache", "_prune_task"),
+        "XRootDFileSystem": ("_readonly_filehandle_cache",),
+    }
+    gone = []
+    for name, attrs in wanted.items():
+        found = _defined(classes[name]) if name in classes else set()
+        gone += [f"{name}.{a}" for a in attrs if a not in found]
     return gone
+
+
+def _defined(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: its methods and what its methods set on ``self``."""
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        names.update(
+            t.attr
+            for t in targets
+            if isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name)
+            and t.value.id == "self"
+        )
+    return names
 
 
 def handle_cache(fs: Any) -> Any | None:
