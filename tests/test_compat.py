@@ -20,6 +20,8 @@ DISTRIBUTIONS = {
     "accelerate": "accelerate",
     "lightning": "pytorch-lightning",
     "pyg": "torch-geometric",
+    "prometheus": "prometheus-client",
+    "fsspec_xrootd": "fsspec-xrootd",
     "stdlib": None,
 }
 
@@ -62,3 +64,14 @@ def test_torchs_names_read_through_the_package_as_before() -> None:
 
     assert compat.BaseIter is door.BaseIter
     assert compat.SUPPORTED_TORCH == door.SUPPORTED_TORCH
+
+
+def test_checking_fsspec_xrootd_loads_no_xrootd_client() -> None:
+    """XRootD's client, once loaded, makes this process's loaders start their workers
+    from a forkserver: checking its door must not load it."""
+    code = (
+        "import sys; from autoloader.compat import fsspec_xrootd; fsspec_xrootd.missing(); "
+        "assert 'XRootD' not in sys.modules, 'XRootD imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -234,15 +234,24 @@ OTHERS_PRIVATE = {
         "__pl_saved_arg_names",
     },
     "torch_geometric": {"_store", "_slice_dict", "_inc_dict", "_num_graphs", "_num_nodes"},
-    "multiprocessing": {"_resource_sharer"},
+    "prometheus_client": {"_value", "_upper_bounds", "_buckets", "_sum"},
+    "fsspec_xrootd": {"_readonly_filehandle_cache", "_prune_task", "_cache", "_close"},
+    "multiprocessing": {
+        "_resource_sharer",
+        "_forkserver",
+        "_forkserver_pid",
+        "_inheriting",
+        "_fixup_main_from_name",
+        "_fixup_main_from_path",
+    },
     "argparse": {"_SubParsersAction", "_actions"},
     "torch.distributed": {"_get_default_store"},
 }
 
 
 def test_other_libraries_privates_are_reached_through_one_door() -> None:
-    """fsspec's, Accelerate's, Lightning's, PyG's, multiprocessing's, argparse's and
-    torch.distributed's private names are used in ``autoloader.compat`` alone, where each
+    """fsspec's, fsspec-xrootd's, Accelerate's, Lightning's, PyG's, prometheus_client's,
+    multiprocessing's, argparse's and torch.distributed's private names are used in ``autoloader.compat`` alone, where each
     is checked against the installed version (``tests/test_compat.py``). A name read as
     our own object's attribute (``self._store``) is ours."""
     private = {n: lib for lib, names in OTHERS_PRIVATE.items() for n in names}

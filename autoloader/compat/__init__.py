@@ -13,12 +13,18 @@ one line naming the library and what is missing. The modules:
 ``lightning``          the record of a sampler's arguments (``loader.trainers``)
 ``pyg``                a ``Batch``'s storage and collation state (the jagged plugin's
                        batches, ``batches``)
-``stdlib``             multiprocessing's resource sharer (``feed.start``), argparse's
-                       subcommands and actions (``cli``)
+``prometheus``         a counter's value, a histogram's buckets and sum (``metrics.loader``)
+``fsspec_xrootd``      the XRootD filesystem's handle cache and its pruner
+                       (``datasets.location``)
+``stdlib``             multiprocessing's resource sharer (``feed.start``), forkserver
+                       (``feed.start_method``) and spawn's import of the script
+                       (``feed.forkserver_child``), argparse's subcommands and actions
+                       (``cli``)
 
 This package imports nothing itself, so the command line reaches argparse's privates
-without importing torch. A name not found here is torch's door's (``compat.torch``):
-``from autoloader import compat`` then ``compat.BaseIter`` reads as it always has.
+without importing torch, and the forkserver multiprocessing's before it. A name not
+found here is torch's door's (``compat.torch``): ``from autoloader import compat`` then
+``compat.BaseIter`` reads as it always has.
 """
 
 from __future__ import annotations
@@ -26,7 +32,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-DOORS = ("torch", "torch_distributed", "fsspec", "accelerate", "lightning", "pyg", "stdlib")
+DOORS = (
+    "torch",
+    "torch_distributed",
+    "fsspec",
+    "accelerate",
+    "lightning",
+    "pyg",
+    "prometheus",
+    "fsspec_xrootd",
+    "stdlib",
+)
 
 
 def __getattr__(name: str) -> Any:

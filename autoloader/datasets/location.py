@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from autoloader.compat import fsspec_xrootd as compat_fsspec_xrootd
 from autoloader.datasets.failures import (  # noqa: F401 - also named here
     RETRIES,
     SourceError,
@@ -207,8 +208,8 @@ def _pruned_quietly(fs: Any) -> None:
     kept and nobody used for 30 s) survive a close the server or client refuses
     ("Invalid operation"): the handle leaves its cache before the close is sent, so
     nothing is lost, but the exception ended the task, and asyncio printed it at exit."""
-    cache = getattr(fs, "_readonly_filehandle_cache", None)
-    close = getattr(type(cache), "_close", None)
+    cache = compat_fsspec_xrootd.handle_cache(fs)
+    close = compat_fsspec_xrootd.cache_close(cache)
     if close is None:
         return
     owner = weakref.ref(cache)  # no cycle through the cache: it goes as it went before
@@ -222,7 +223,7 @@ def _pruned_quietly(fs: Any) -> None:
         except OSError as exc:
             log.debug("a kept XRootD handle did not close: %s", redact(str(exc)))
 
-    cache._close = close_or_drop  # type: ignore[union-attr]
+    compat_fsspec_xrootd.set_cache_close(cache, close_or_drop)
 
 
 _QUIET_EXIT: list[bool] = []
@@ -282,7 +283,8 @@ def _close_files_at_exit() -> None:
         for obj in gc.get_objects():
             with contextlib.suppress(Exception):
                 if isinstance(obj, caches):
-                    getattr(obj, "_cache", {}).clear()  # its handles are Files: closed here
+                    # its handles are Files: closed here
+                    compat_fsspec_xrootd.drop_kept_handles(obj)
                     _stop_pruner(obj)
                 elif isinstance(obj, File) and obj.is_open():
                     obj.close(callback=lambda *_: answered.release())
@@ -297,7 +299,7 @@ def _stop_pruner(cache: Any) -> None:
     """Cancel fsspec-xrootd's pruner task of ``cache`` on its loop (fsspec's thread, which
     outlives this hook): it never calls XRootD's client after the client's threads stop,
     and an exception it ended with is taken, not printed as the interpreter ends."""
-    task = getattr(cache, "_prune_task", None)
+    task = compat_fsspec_xrootd.pruner(cache)
     if task is None:
         return
     if task.done():

@@ -21,8 +21,10 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Mapping
-from multiprocessing import process, spawn
+from multiprocessing import spawn
 from typing import Any
+
+from autoloader.compat import stdlib as compat_stdlib
 
 _prepare = spawn.prepare
 
@@ -33,7 +35,7 @@ class ScriptNotImported(RuntimeError):
 
 class LazyMain(types.ModuleType):
     """The parent's script as ``__main__`` in a worker: imported on the first name asked
-    (``how``: spawn's own ``_fixup_main_from_path`` or ``_fixup_main_from_name``)."""
+    (``how``: spawn's own import from the script's path or by its module's name)."""
 
     def __init__(self, how: Any, where: str) -> None:
         super().__init__("__mp_main__")
@@ -43,24 +45,17 @@ class LazyMain(types.ModuleType):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)  # asked of every module (pickle, warnings): no import
         how, where = self.__dict__["_autoloader_import"]
-        me = process.current_process()
-        inheriting = getattr(me, "_inheriting", False)
-        me._inheriting = True  # type: ignore[attr-defined]  # a script that starts processes: refused
-        try:
-            how(where)
-        except BaseException as exc:
-            raise ScriptNotImported(
-                f"a DataLoader worker needs {name!r} from the script {where}, and importing "
-                f"the script for it failed ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}): put the "
-                'script\'s work under `if __name__ == "__main__":`, or define '
-                f"{name!r} in a module the script imports"
-            ) from None
-        finally:
-            if inheriting:
-                me._inheriting = True  # type: ignore[attr-defined]
-            else:
-                del me._inheriting  # type: ignore[attr-defined]
+        with compat_stdlib.refusing_new_processes():  # a script that starts processes
+            try:
+                how(where)
+            except BaseException as exc:
+                raise ScriptNotImported(
+                    f"a DataLoader worker needs {name!r} from the script {where}, and "
+                    f"importing the script for it failed ({type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}): put "
+                    'the script\'s work under `if __name__ == "__main__":`, or define '
+                    f"{name!r} in a module the script imports"
+                ) from None
         found = sys.modules["__main__"]
         if found is self:
             raise AttributeError(name)
@@ -74,9 +69,9 @@ def prepare(data: Mapping[str, Any]) -> None:
     path = data.pop("init_main_from_path", None)
     _prepare(data)
     if name is not None:
-        sys.modules["__main__"] = LazyMain(spawn._fixup_main_from_name, name)  # type: ignore[attr-defined]
+        sys.modules["__main__"] = LazyMain(compat_stdlib.main_importer(by_path=False), name)
     elif path is not None:
-        sys.modules["__main__"] = LazyMain(spawn._fixup_main_from_path, path)  # type: ignore[attr-defined]
+        sys.modules["__main__"] = LazyMain(compat_stdlib.main_importer(by_path=True), path)
 
 
 spawn.prepare = prepare

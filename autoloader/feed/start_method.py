@@ -36,6 +36,8 @@ import sys
 import threading
 from typing import Any
 
+from autoloader.compat import stdlib as compat_stdlib
+
 # what the forkserver imports once, before forking workers: what running a worker needs,
 # and the readers' libraries this process has loaded (none of them loads XRootD's client)
 PRELOAD = [
@@ -97,7 +99,7 @@ def end_forkserver(loader: Any) -> None:
     context = loader.multiprocessing_context
     if getattr(context, "get_start_method", lambda: None)() != "forkserver":
         return
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    pid = compat_stdlib.forkserver_pid()
     if pid:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from autoloader.compat import prometheus as compat_prometheus
 from autoloader.datasets.failures import RETRIES
 from autoloader.metrics.multiproc import writable_metrics_dir
 from autoloader.sizes import nbytes_of
@@ -503,8 +504,8 @@ class BatchRecorder:
     def oom_count(self) -> int:
         """Out-of-memory errors ``oom_guard`` counted on this rank (same registry)."""
         child = self.metrics.oom.labels(rank=self.rank)
-        value = getattr(child, "_value", None)
-        return int(value.get()) if value is not None else 0
+        value = compat_prometheus.counter_value(child)
+        return int(value) if value is not None else 0
 
     def flush(self, now: float | None = None) -> None:
         """Bring the Prometheus metrics up to date with every recorded batch."""
@@ -525,16 +526,15 @@ class BatchRecorder:
 def _observe_all(child: Any, values: list[float] | list[int]) -> None:
     """``child.observe(v)`` for every value, as one bucket count per bucket.
 
-    Uses the histogram child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (as its own
-    ``observe`` does); falls back to ``observe`` if a prometheus_client lacks them.
+    Adds to the histogram child's buckets and sum (as its own ``observe`` does,
+    ``compat.prometheus``); falls back to ``observe`` if a prometheus_client lacks them.
     """
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if bounds is None or buckets is None or total is None:
+    parts = compat_prometheus.histogram_parts(child)
+    if parts is None:
         for v in values:
             child.observe(v)
         return
+    bounds, buckets, total = parts
     counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
     for i in np.flatnonzero(counts):
         buckets[i].inc(int(counts[i]))
