@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,10 @@ def test_modules_stay_at_most_600_lines() -> None:
         name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 600
     }
     assert long == {}
+
+
+def test_test_modules_have_names_of_their_own() -> None:
+    """The tests' folders are not packages, so pytest imports each test module by its file
+    name alone: two of one name in different folders fail the collection of the second."""
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []
