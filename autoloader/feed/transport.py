@@ -29,6 +29,7 @@ import io
 import pickle
 import threading
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -387,7 +388,7 @@ def shared(batch: Any, settings: str = "") -> Any:
     """
     if torch.utils.data.get_worker_info() is None:
         return batch
-    for t in tensors(batch):
+    for t in _reached(batch):
         if t.device.type != "cpu" or t.layout != torch.strided or t.is_shared():
             continue
         try:
@@ -397,6 +398,34 @@ def shared(batch: Any, settings: str = "") -> Any:
                 raise  # torch's own error, from the worker: the feeding thread would lose it
             raise UsageError(no_room(nbytes(batch), settings)) from None
     return batch
+
+
+class _Reach(ForkingPickler):
+    """Pickles a batch as the worker's queue will, without its tensors' bytes: each
+    tensor is noted instead, and arrays are skipped."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), pickle.HIGHEST_PROTOCOL)
+        self.found: list[torch.Tensor] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            self.found.append(obj)
+            return len(self.found)
+        return 0 if isinstance(obj, np.ndarray) else None
+
+
+def _reached(batch: Any) -> list[torch.Tensor]:
+    """Every tensor that pickling ``batch`` reaches: those its containers hold, and those
+    only its own pickling shows (a PyG batch's collation state, an object's attributes),
+    which the queue's thread would otherwise move itself. Where ``batch`` cannot be
+    pickled, those its containers hold (the queue then says why)."""
+    reach = _Reach()
+    try:
+        reach.dump(batch)
+    except Exception:  # the queue's own pickling reports it
+        return list(tensors(batch))
+    return reach.found
 
 
 def no_room(batch_bytes: int | None, settings: str) -> str:

@@ -333,3 +333,34 @@ def test_a_worker_killed_at_any_point_of_a_slot_is_survived_with_the_same_batche
     assert got[0] == want[0]  # the same samples, in the same order
     free, slots = map(int, got[1].split())
     assert free >= slots  # nothing held by a dead worker or a lost handle
+
+
+def _shared_in_a_worker(samples: list[Any]) -> list[bool]:
+    """Collates PyG graphs and moves the batch torch's way in the worker; says whether its
+    pickling reaches more tensors than its stores hold, then of each whether it is in
+    shared memory."""
+    from torch_geometric.data import Batch
+
+    from autoloader.batches import tensors
+    from autoloader.feed.transport import _reached, shared
+
+    batch = shared(Batch.from_data_list(samples))
+    reached = _reached(batch)
+    return [len(reached) > len(list(tensors(batch)))] + [t.is_shared() for t in reached]
+
+
+def test_a_batch_moved_torchs_way_in_the_worker_leaves_no_tensor_to_the_queues_thread() -> None:
+    """A PyG batch keeps its collation state (which slices of it each graph is) in tensors
+    outside its stores. Moved to shared memory in the worker, every tensor its pickling
+    reaches goes, not only those of its stores: one left behind is moved by the thread
+    that feeds the worker's queue, where a full /dev/shm is printed and the batch lost
+    (seen under torch 2.8 with a small /dev/shm)."""
+    from torch_geometric.data import Data
+
+    graphs = [Data(x=torch.randn(3 + i, 4), y=torch.tensor([i])) for i in range(8)]
+    loader = torch.utils.data.DataLoader(
+        graphs, batch_size=4, num_workers=1, collate_fn=_shared_in_a_worker
+    )
+    for answer in loader:
+        assert answer[0], "the batch's pickling reaches no tensor beyond its stores"
+        assert all(answer[1:]), answer
