@@ -112,7 +112,7 @@ def setup(
     accum = accumulation_for(plan, world)
     given = fit_to_host(plan, apply_plan(plan, given, sizes, rank, world, n), fixed, host)
     check_ranks_agree(digest(plan, given, found or f"{n} samples", accum), source=plan.source)
-    nodes = node_of_rank(rank, world)[1] if plan.batching.node_shares else 1
+    nodes = sharing_nodes(plan, rank, world)
     node = attach_cache(plan, dataset, cache, shm_in_flight(plan, given, sizes), nodes)
     return Setup(
         plan,
@@ -316,11 +316,17 @@ def planned_sampler(
             num_replicas=world,
             rank=rank,
             read_order=read_order(plan),
-            num_nodes=node_of_rank(rank, world)[1] if bp.node_shares else 1,
+            num_nodes=sharing_nodes(plan, rank, world),
             **bp.options,
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"{plan.source}: [batching]: {exc}") from None
+
+
+def sharing_nodes(plan: Plan, rank: int, world: int) -> int:
+    """The nodes whose shares of the blocks the plan's order deals (1: no node shares):
+    the job's nodes where the plan has ``node_shares``."""
+    return node_of_rank(rank, world)[1] if plan.batching.node_shares else 1
 
 
 def read_order(plan: Plan) -> Windows | None:
